@@ -1,0 +1,87 @@
+#include "common/report.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include <cuda_runtime_api.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace epfabric::bench {
+
+Summary Summarize(std::vector<double> samples) {
+  Summary s;
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  auto at = [&](double q) { return samples[static_cast<size_t>(q * (samples.size() - 1) + 0.5)]; };
+  s.median = at(0.5);
+  s.p10 = at(0.1);
+  s.p90 = at(0.9);
+  s.min = samples.front();
+  s.max = samples.back();
+  s.count = samples.size();
+  return s;
+}
+
+std::string CudaDeviceName(int ordinal) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "host";
+  }
+  return prop.name;
+}
+
+Report::Report(std::string name)
+    : name_(std::move(name)), date_(absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())) {}
+
+void Report::SetConfig(const std::string& key, std::variant<double, std::string> value) { config_[key] = value; }
+
+void Report::SetResult(const std::string& key, double value) { results_[key] = value; }
+
+absl::StatusOr<std::string> Report::ToJson() const {
+  google::protobuf::Struct doc;
+  auto& fields = *doc.mutable_fields();
+  fields["name"].set_string_value(name_);
+  fields["device"].set_string_value(device_.empty() ? CudaDeviceName() : device_);
+  fields["date"].set_string_value(date_);
+  const char* commit = std::getenv("EPF_COMMIT");
+  fields["commit"].set_string_value(commit != nullptr && *commit != '\0' ? commit : "unknown");
+  auto& config = *fields["config"].mutable_struct_value()->mutable_fields();
+  for (const auto& [key, value] : config_) {
+    if (const double* d = std::get_if<double>(&value)) {
+      config[key].set_number_value(*d);
+    } else {
+      config[key].set_string_value(std::get<std::string>(value));
+    }
+  }
+  auto& results = *fields["results"].mutable_struct_value()->mutable_fields();
+  for (const auto& [key, value] : results_) results[key].set_number_value(value);
+
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  const auto status = google::protobuf::util::MessageToJsonString(doc, &json, options);
+  if (!status.ok()) return absl::InternalError(absl::StrCat("cannot render JSON: ", status.ToString()));
+  return json;
+}
+
+absl::StatusOr<std::string> Report::WriteTo(const std::string& dir) const {
+  absl::StatusOr<std::string> json = ToJson();
+  if (!json.ok()) return json.status();
+  std::string stamp = date_;
+  std::replace(stamp.begin(), stamp.end(), ':', '-');
+  const std::string path = absl::StrCat(dir, "/", name_, "-", stamp, ".json");
+  std::ofstream out(path);
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  out << *json;
+  if (!out.good()) return absl::DataLossError(absl::StrCat("short write to ", path));
+  return path;
+}
+
+}  // namespace epfabric::bench
