@@ -1,0 +1,187 @@
+#include "epctl/commands.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "epfabric/v1/ops.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace epfabric::epctl {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+void SetDeadline(grpc::ClientContext& context, const GlobalOptions& options) {
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(options.timeout_ms));
+}
+
+std::string RpcError(const std::string& what, const GlobalOptions& options, const grpc::Status& status) {
+  return absl::StrCat("epctl: ", what, " on ", TargetOf(options), " failed: ",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+                      status.error_message());
+}
+
+int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+              std::ostream& err) {
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  HealthCheckRequest request;
+  request.set_service(options.service);
+  HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) {
+    err << RpcError("health check", options, status) << "\n";
+    return 1;
+  }
+  const std::string name = HealthCheckResponse::ServingStatus_Name(response.status());
+  if (options.json) {
+    out << ToJson(response);
+  } else {
+    out << (options.service.empty() ? "epfabricd" : options.service) << ": " << name << "\n";
+  }
+  return response.status() == HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+int RunTopology(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+                std::ostream& err) {
+  auto stub = v1::Ops::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  v1::Topology topology;
+  const grpc::Status status = stub->GetTopology(&context, v1::GetTopologyRequest(), &topology);
+  if (!status.ok()) {
+    err << RpcError("GetTopology", options, status) << "\n";
+    return 1;
+  }
+  out << (options.json ? ToJson(topology) : FormatTopology(topology));
+  return 0;
+}
+
+std::string BackendName(v1::Backend backend) {
+  switch (backend) {
+    case v1::BACKEND_CUDA:
+      return "cuda";
+    case v1::BACKEND_HOST:
+      return "host";
+    default:
+      return "unspecified";
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateGlobalOptions(const GlobalOptions& options) {
+  if (options.socket.empty() == options.address.empty()) {
+    return absl::InvalidArgumentError("give exactly one of --socket=PATH and --address=HOST:PORT");
+  }
+  if (options.timeout_ms <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--timeout_ms: ", options.timeout_ms, " is not positive"));
+  }
+  return absl::OkStatus();
+}
+
+std::string TargetOf(const GlobalOptions& options) {
+  return options.socket.empty() ? options.address : absl::StrCat("unix:", options.socket);
+}
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"health", "Is the daemon serving? (grpc.health.v1; exit 0 only when SERVING)",
+       "epctl health [--service=NAME] [--json]\n"
+       "  Asks the daemon's grpc.health.v1 service. Without --service it reports the daemon as a whole; with\n"
+       "  --service=epfabric.v1.Control (or .Ops, .Peer) that service. Exit status 0 only when SERVING.\n",
+       RunHealth},
+      {"topology", "GPUs, their NVLink/peer matrix, RDMA NICs, host id and daemon identity",
+       "epctl topology [--json]\n"
+       "  Prints Ops.GetTopology: the host id, this daemon (rank, backend, device, addresses), every GPU (name,\n"
+       "  UUID, PCI bus id, memory, SMs, compute capability, NUMA node), the GPU-to-GPU matrix (NV<n> = n active\n"
+       "  NVLink links, P2P = peer access without NVLink, - = none) and the RDMA NICs with their ports.\n",
+       RunTopology},
+  };
+  return *commands;
+}
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& command : Commands()) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
+std::string LinkCell(const v1::GpuLink* link) {
+  if (link == nullptr) return "X";
+  if (link->nvlink_links() > 0) return absl::StrCat("NV", link->nvlink_links());
+  return link->peer_access() ? "P2P" : "-";
+}
+
+std::string FormatTopology(const v1::Topology& t) {
+  std::string s;
+  absl::StrAppend(&s, "host      ", t.host_id().empty() ? "(unknown)" : t.host_id(), "  ", t.hostname(), "\n");
+  const v1::DaemonInfo& d = t.daemon();
+  absl::StrAppend(&s, "daemon    rank ", d.rank(), "/", d.world_size(), "  backend ", BackendName(d.backend()),
+                  d.device() >= 0 ? absl::StrCat("  device ", d.device()) : "", "  version ", d.version(), "\n");
+  absl::StrAppend(&s, "          peer ", d.peer_address(), "  socket ", d.client_socket(), "  pid ", d.pid(), "\n");
+
+  absl::StrAppend(&s, "\nGPUs (", t.gpus_size(), ")\n");
+  if (t.gpus_size() > 0) {
+    absl::StrAppend(&s, absl::StrFormat("  %-4s %-24s %-40s %-13s %9s %4s %4s %5s\n", "GPU", "name", "uuid", "pci",
+                                        "memory", "SMs", "cc", "numa"));
+  }
+  for (const v1::Gpu& g : t.gpus()) {
+    absl::StrAppend(&s, absl::StrFormat("  %-4d %-24s %-40s %-13s %6.1f GB %4d %2d.%d %5d\n", g.ordinal(), g.name(),
+                                        g.uuid(), g.pci_bus_id(), g.memory_bytes() / 1e9, g.sm_count(), g.cc_major(),
+                                        g.cc_minor(), g.numa_node()));
+  }
+  if (t.gpus_size() > 1) {
+    std::map<std::pair<int, int>, const v1::GpuLink*> links;
+    for (const v1::GpuLink& link : t.gpu_links()) links[{link.from(), link.to()}] = &link;
+    absl::StrAppend(&s, "\nGPU links (NV<n>: active NVLink links, P2P: peer access only, -: none)\n       ");
+    for (const v1::Gpu& g : t.gpus()) absl::StrAppend(&s, absl::StrFormat("%-7s", absl::StrCat("GPU", g.ordinal())));
+    absl::StrAppend(&s, "\n");
+    for (const v1::Gpu& from : t.gpus()) {
+      absl::StrAppend(&s, absl::StrFormat("  %-5s", absl::StrCat("GPU", from.ordinal())));
+      for (const v1::Gpu& to : t.gpus()) {
+        const v1::GpuLink* link = nullptr;
+        bool self = from.ordinal() == to.ordinal();
+        if (!self) {
+          auto it = links.find({from.ordinal(), to.ordinal()});
+          static const v1::GpuLink kNoLink;
+          link = it != links.end() ? it->second : &kNoLink;
+        }
+        absl::StrAppend(&s, absl::StrFormat("%-7s", LinkCell(link)));
+      }
+      absl::StrAppend(&s, "\n");
+    }
+  }
+
+  absl::StrAppend(&s, "\nRDMA NICs (", t.nics_size(), ")\n");
+  for (const v1::RdmaNic& n : t.nics()) {
+    absl::StrAppend(&s, absl::StrFormat("  %-10s pci %-13s numa %-3d fw %s\n", n.name(),
+                                        n.pci_address().empty() ? "?" : n.pci_address(), n.numa_node(),
+                                        n.firmware()));
+    for (const v1::RdmaPort& p : n.ports()) {
+      absl::StrAppend(&s, absl::StrFormat("    port %u %-7s %-10s %6.0f Gb/s  gid %s\n", p.port(), p.state(),
+                                          p.link_layer(), p.rate_gbps(), p.gid().empty() ? "-" : p.gid()));
+    }
+  }
+  return s;
+}
+
+}  // namespace epfabric::epctl

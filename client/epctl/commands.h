@@ -1,0 +1,53 @@
+// epctl's verbs, one function each, separated from main() so that parsing and formatting are tested without a
+// daemon. Every verb speaks plain text by default and JSON with --json.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+#include "epfabric/v1/ops.pb.h"
+
+namespace epfabric::epctl {
+
+// Where to reach the daemon and how to print.
+struct GlobalOptions {
+  std::string socket;   // Unix socket path (clients and local tooling)
+  std::string address;  // host:port of the peer port (remote tooling)
+  int timeout_ms = 5000;
+  bool json = false;
+  std::string service;  // health: which service ("" = the daemon as a whole)
+};
+
+// Exactly one of --socket / --address; a positive timeout.
+absl::Status ValidateGlobalOptions(const GlobalOptions& options);
+
+// The gRPC target for the options: "unix:PATH" or "HOST:PORT".
+std::string TargetOf(const GlobalOptions& options);
+
+struct Command {
+  std::string name;
+  std::string summary;  // one line for the command list
+  std::string help;     // `epctl NAME --help`
+  // Runs the verb; returns the process exit code. Errors go to `err` as one line.
+  std::function<int(const GlobalOptions&, const std::shared_ptr<grpc::Channel>&, std::ostream& out,
+                    std::ostream& err)>
+      run;
+};
+
+const std::vector<Command>& Commands();
+const Command* FindCommand(const std::string& name);
+
+// The readable form of a topology: host, daemon, GPUs, GPU-to-GPU matrix, NICs.
+std::string FormatTopology(const v1::Topology& topology);
+
+// The peer matrix cell for one ordered GPU pair: "X" (self), "NV<n>", "P2P" (peer access without NVLink, or
+// NVLink unknown), "-" (no peer access).
+std::string LinkCell(const v1::GpuLink* link);
+
+}  // namespace epfabric::epctl

@@ -1,0 +1,67 @@
+// epctl: the ops command line for epfabricd. `epctl [--socket=PATH | --address=HOST:PORT] COMMAND [--json]`.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "epctl/commands.h"
+#include "epfabric/common/cli.h"
+
+ABSL_FLAG(std::string, socket, "", "Unix socket of the daemon (its --client_socket).");
+ABSL_FLAG(std::string, address, "", "host:port of the daemon's peer port, instead of --socket.");
+ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call in milliseconds.");
+ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
+ABSL_FLAG(std::string, service, "", "health: the service to ask about (default: the daemon as a whole).");
+
+namespace {
+
+void PrintUsage(std::ostream& out) {
+  out << "epctl: ops tool for epfabricd.\n"
+         "Usage: epctl (--socket=PATH | --address=HOST:PORT) [--json] [--timeout_ms=N] COMMAND\n"
+         "       epctl COMMAND --help\n\nCommands:\n";
+  for (const auto& command : epfabric::epctl::Commands()) {
+    out << "  " << command.name << std::string(10 - std::min<size_t>(9, command.name.size()), ' ') << command.summary
+        << "\n";
+  }
+  out << "\nFlags:\n" << epfabric::cli::FlagsHelp("epctl/main.cc");
+}
+
+int UsageError(const std::string& message) {
+  std::cerr << "epctl: " << message << "\n";
+  return epfabric::cli::kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto args = epfabric::cli::ParseFlags(argc, argv);
+  if (!args.ok()) return UsageError(std::string(args.status().message()));
+  if (args->positional.empty()) {
+    if (args->help) {
+      PrintUsage(std::cout);
+      return epfabric::cli::kExitOk;
+    }
+    PrintUsage(std::cerr);
+    return epfabric::cli::kExitUsage;
+  }
+  if (args->positional.size() > 1) return UsageError("unexpected argument '" + args->positional[1] + "'");
+  const epfabric::epctl::Command* command = epfabric::epctl::FindCommand(args->positional[0]);
+  if (command == nullptr) return UsageError("unknown command '" + args->positional[0] + "' (see epctl --help)");
+  if (args->help) {
+    std::cout << command->help;
+    return epfabric::cli::kExitOk;
+  }
+
+  epfabric::epctl::GlobalOptions options;
+  options.socket = absl::GetFlag(FLAGS_socket);
+  options.address = absl::GetFlag(FLAGS_address);
+  options.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
+  options.json = absl::GetFlag(FLAGS_json);
+  options.service = absl::GetFlag(FLAGS_service);
+  if (absl::Status valid = epfabric::epctl::ValidateGlobalOptions(options); !valid.ok()) {
+    return UsageError(std::string(valid.message()));
+  }
+  auto channel = grpc::CreateChannel(epfabric::epctl::TargetOf(options), grpc::InsecureChannelCredentials());
+  return command->run(options, channel, std::cout, std::cerr);
+}

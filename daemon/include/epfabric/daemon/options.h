@@ -1,0 +1,53 @@
+// What an epfabricd is told to be: parsed from flags by main(), validated before anything starts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace epfabric::daemon {
+
+enum class BackendChoice { kAuto, kCuda, kHost };
+
+absl::StatusOr<BackendChoice> ParseBackendChoice(const std::string& text);
+
+struct DaemonOptions {
+  int rank = 0;
+  int world_size = 1;
+  // host:port of rank 0's peer server. Required when world_size > 1.
+  std::string coordinator;
+  // host:port for this daemon's peer server; port 0 picks a free port.
+  std::string peer_listen = "127.0.0.1:0";
+  // Allow a non-loopback peer_listen without mutual TLS.
+  bool insecure_peer_port = false;
+  // Unix socket for clients and local ops tooling.
+  std::string client_socket;
+  // Permission bits of the client socket file.
+  uint32_t client_socket_mode = 0660;
+  BackendChoice backend = BackendChoice::kAuto;
+  // CUDA ordinal; -1 picks rank modulo the number of visible GPUs.
+  int device = -1;
+  // spdlog level name.
+  std::string log_level = "info";
+  // Overrides the machine id used to tell hosts apart (Kubernetes: the node name).
+  std::string host_id;
+  // Root of sysfs and of /etc, /proc: tests point it at a fake tree.
+  std::string system_root = "/";
+};
+
+// Checks every field and their combinations. The error message starts with the offending flag ("--rank: ...").
+absl::Status ValidateOptions(const DaemonOptions& options);
+
+// Splits "host:port" ("[::1]:7000" for IPv6). The port must be 0..65535; the host must not be empty.
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text);
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackHost(const std::string& host);
+
+}  // namespace epfabric::daemon

@@ -1,0 +1,106 @@
+// epfabricd: one per GPU. Parses flags, starts the daemon, waits for SIGTERM/SIGINT, shuts down cleanly.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "epfabric/common/cli.h"
+#include "epfabric/daemon/daemon.h"
+#include "logging.h"
+
+ABSL_FLAG(int, rank, 0, "This daemon's rank in the fabric (0 is the coordinator).");
+ABSL_FLAG(int, world_size, 1, "Number of daemons in the fabric.");
+ABSL_FLAG(std::string, coordinator, "", "host:port of rank 0's peer server; required when --world_size > 1.");
+ABSL_FLAG(std::string, peer_listen, "127.0.0.1:0",
+          "host:port for the peer server (port 0 picks a free one). Loopback only unless --insecure_peer_port.");
+ABSL_FLAG(bool, insecure_peer_port, false, "Allow a non-loopback --peer_listen without TLS.");
+ABSL_FLAG(std::string, client_socket, "", "Path of the Unix socket for clients and local tooling (required).");
+ABSL_FLAG(std::string, client_socket_mode, "0660", "Permission bits of the client socket, in octal.");
+ABSL_FLAG(std::string, backend, "auto", "auto (cuda when a GPU is visible, else host), cuda or host.");
+ABSL_FLAG(int, device, -1, "CUDA device ordinal; -1 picks rank modulo the number of visible GPUs.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(std::string, host_id, "", "Overrides the machine id that tells hosts apart (e.g. the Kubernetes node).");
+ABSL_FLAG(std::string, system_root, "/", "Root under which /sys and /etc are read (for tests).");
+ABSL_FLAG(bool, version, false, "Print the version and exit.");
+
+namespace {
+
+using epfabric::daemon::DaemonOptions;
+
+constexpr const char* kUsage =
+    "epfabricd: the epfabric daemon, one per GPU. Serves clients on a Unix socket and peers on a TCP port.\n"
+    "Usage: epfabricd --client_socket=PATH [--rank=R --world_size=W --coordinator=HOST:PORT] [flags]\n\nFlags:\n";
+
+absl::StatusOr<DaemonOptions> OptionsFromFlags() {
+  DaemonOptions o;
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.peer_listen = absl::GetFlag(FLAGS_peer_listen);
+  o.insecure_peer_port = absl::GetFlag(FLAGS_insecure_peer_port);
+  o.client_socket = absl::GetFlag(FLAGS_client_socket);
+  const std::string mode = absl::GetFlag(FLAGS_client_socket_mode);
+  if (mode.empty() || mode.find_first_not_of("01234567") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--client_socket_mode: '", mode, "' is not an octal mode"));
+  }
+  o.client_socket_mode = static_cast<uint32_t>(std::stoul(mode.substr(0, 6), nullptr, 8));
+  auto backend = epfabric::daemon::ParseBackendChoice(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return backend.status();
+  o.backend = *backend;
+  o.device = absl::GetFlag(FLAGS_device);
+  o.log_level = absl::GetFlag(FLAGS_log_level);
+  o.host_id = absl::GetFlag(FLAGS_host_id);
+  o.system_root = absl::GetFlag(FLAGS_system_root);
+  if (absl::Status valid = epfabric::daemon::ValidateOptions(o); !valid.ok()) return valid;
+  return o;
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "epfabricd: %s\n", message.c_str());
+  return epfabric::cli::kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the termination signals before any thread exists (gRPC starts several), so that only sigwait() below
+  // receives them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto args = epfabric::cli::ParseFlags(argc, argv);
+  if (!args.ok()) return UsageError(std::string(args.status().message()));
+  if (args->help) {
+    std::printf("%s%s", kUsage, epfabric::cli::FlagsHelp("daemon/main.cc").c_str());
+    return epfabric::cli::kExitOk;
+  }
+  if (absl::GetFlag(FLAGS_version)) {
+    std::printf("epfabricd %s\n", EPF_VERSION);
+    return epfabric::cli::kExitOk;
+  }
+  if (!args->positional.empty()) return UsageError(absl::StrCat("unexpected argument '", args->positional[0], "'"));
+  auto options = OptionsFromFlags();
+  if (!options.ok()) return UsageError(std::string(options.status().message()));
+
+  epfabric::daemon::SetLogLevel(options->log_level);
+  auto log = epfabric::daemon::Logger("daemon");
+  auto daemon = epfabric::daemon::Daemon::Start(*options);
+  if (!daemon.ok()) {
+    log->error("{}", std::string(daemon.status().message()));
+    return epfabric::cli::kExitFailure;
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  log->info("received {}", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Leave room within the 2-second budget for releasing resources after the drain.
+  (*daemon)->Shutdown(absl::Milliseconds(1500));
+  return epfabric::cli::kExitOk;
+}

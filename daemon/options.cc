@@ -1,0 +1,113 @@
+#include "epfabric/daemon/options.h"
+
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/common.h"
+
+namespace epfabric::daemon {
+
+absl::StatusOr<BackendChoice> ParseBackendChoice(const std::string& text) {
+  if (text == "auto") return BackendChoice::kAuto;
+  if (text == "cuda") return BackendChoice::kCuda;
+  if (text == "host") return BackendChoice::kHost;
+  return absl::InvalidArgumentError(absl::StrCat("--backend: '", text, "' is not one of auto, cuda, host"));
+}
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& text) {
+  HostPort result;
+  std::string port_text;
+  if (absl::StartsWith(text, "[")) {
+    const size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not [ipv6]:port"));
+    }
+    result.host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    const size_t colon = text.rfind(':');
+    if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not host:port"));
+    result.host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (absl::StrContains(result.host, ':')) {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "': write IPv6 addresses as [addr]:port"));
+    }
+  }
+  if (result.host.empty()) return absl::InvalidArgumentError(absl::StrCat("'", text, "' has no host"));
+  if (!absl::SimpleAtoi(port_text, &result.port) || result.port < 0 || result.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' has no port in 0..65535"));
+  }
+  return result;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+namespace {
+
+absl::Status FlagError(const char* flag, const std::string& message) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", message));
+}
+
+}  // namespace
+
+absl::Status ValidateOptions(const DaemonOptions& o) {
+  if (o.world_size < 1 || o.world_size > 4096) {
+    return FlagError("world_size", absl::StrCat(o.world_size, " is not in 1..4096"));
+  }
+  if (o.rank < 0 || o.rank >= o.world_size) {
+    return FlagError("rank", absl::StrCat(o.rank, " is not in 0..", o.world_size - 1, " (--world_size=", o.world_size,
+                                          ")"));
+  }
+  if (o.world_size > 1 && o.coordinator.empty()) {
+    return FlagError("coordinator", "required when --world_size > 1 (host:port of rank 0's peer server)");
+  }
+  if (!o.coordinator.empty()) {
+    auto coordinator = ParseHostPort(o.coordinator);
+    if (!coordinator.ok()) return FlagError("coordinator", std::string(coordinator.status().message()));
+    if (coordinator->port == 0) return FlagError("coordinator", "port 0 cannot be dialled");
+  }
+  auto listen = ParseHostPort(o.peer_listen);
+  if (!listen.ok()) return FlagError("peer_listen", std::string(listen.status().message()));
+  if (!IsLoopbackHost(listen->host) && !o.insecure_peer_port) {
+    return FlagError("peer_listen",
+                     absl::StrCat("'", listen->host,
+                                  "' is not a loopback address; the peer port has no TLS yet, so pass "
+                                  "--insecure_peer_port to listen on it anyway"));
+  }
+  if (o.client_socket.empty()) return FlagError("client_socket", "required (path of the client Unix socket)");
+  if (o.client_socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return FlagError("client_socket",
+                     absl::StrCat("path is ", o.client_socket.size(), " bytes; Unix sockets allow at most ",
+                                  sizeof(sockaddr_un{}.sun_path) - 1));
+  }
+  const std::filesystem::path parent = std::filesystem::absolute(o.client_socket).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(parent, ec)) {
+    return FlagError("client_socket", absl::StrCat("directory '", parent.string(), "' does not exist"));
+  }
+  if ((o.client_socket_mode & ~0777u) != 0) {
+    return FlagError("client_socket_mode", "only permission bits (0..0777) are allowed");
+  }
+  if ((o.client_socket_mode & 0600u) != 0600u) {
+    return FlagError("client_socket_mode", "the daemon's own user needs read and write (0600)");
+  }
+  if (o.device < -1) return FlagError("device", absl::StrCat(o.device, " is not a CUDA ordinal (or -1 for auto)"));
+  if (o.backend == BackendChoice::kHost && o.device >= 0) {
+    return FlagError("device", "applies only to --backend=cuda or auto");
+  }
+  if (spdlog::level::from_str(o.log_level) == spdlog::level::off && o.log_level != "off") {
+    return FlagError("log_level",
+                     absl::StrCat("'", o.log_level, "' is not one of trace, debug, info, warn, error, critical, off"));
+  }
+  if (o.host_id.size() > 256) return FlagError("host_id", "longer than 256 bytes");
+  return absl::OkStatus();
+}
+
+}  // namespace epfabric::daemon
