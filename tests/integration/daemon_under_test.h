@@ -1,0 +1,40 @@
+// A real epfabricd process on a temporary Unix socket and a loopback port, ready (health SERVING) when Start
+// returns, stopped and cleaned up when destroyed.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "integration/subprocess.h"
+
+namespace epfabric::testing {
+
+// Paths of the binaries under test (set by CMake).
+inline const char* DaemonBinary() { return EPF_DAEMON_BINARY; }
+inline const char* EpctlBinary() { return EPF_EPCTL_BINARY; }
+
+class DaemonUnderTest {
+ public:
+  // Starts epfabricd --client_socket=<tmp>/d.sock --peer_listen=127.0.0.1:0 plus `extra_flags`.
+  static absl::StatusOr<std::unique_ptr<DaemonUnderTest>> Start(const std::vector<std::string>& extra_flags = {});
+
+  // SIGTERM, then SIGKILL if it has not exited after 3 s; removes the temporary directory.
+  ~DaemonUnderTest();
+
+  const std::string& socket() const { return socket_; }
+  Subprocess& process() { return *process_; }
+  std::shared_ptr<grpc::Channel> SocketChannel() const;
+  // host:port of the peer server, from Ops.GetTopology.
+  absl::StatusOr<std::string> PeerAddress() const;
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+}  // namespace epfabric::testing

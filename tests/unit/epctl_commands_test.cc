@@ -1,0 +1,104 @@
+#include <gtest/gtest.h>
+
+#include "epctl/commands.h"
+
+namespace epfabric::epctl {
+namespace {
+
+v1::Topology TwoGpusWithNvLink() {
+  v1::Topology t;
+  t.set_host_id("host-1");
+  t.set_hostname("gpu-node");
+  t.mutable_daemon()->set_rank(1);
+  t.mutable_daemon()->set_world_size(2);
+  t.mutable_daemon()->set_backend(v1::BACKEND_CUDA);
+  t.mutable_daemon()->set_device(1);
+  for (int i = 0; i < 2; ++i) {
+    v1::Gpu* g = t.add_gpus();
+    g->set_ordinal(i);
+    g->set_name("NVIDIA H200");
+    g->set_uuid("GPU-" + std::to_string(i));
+    g->set_pci_bus_id(i == 0 ? "0000:18:00.0" : "0000:2a:00.0");
+    g->set_memory_bytes(150'000'000'000ull);
+    g->set_sm_count(132);
+    g->set_cc_major(9);
+    g->set_numa_node(i);
+  }
+  for (auto [from, to] : {std::pair{0, 1}, std::pair{1, 0}}) {
+    v1::GpuLink* l = t.add_gpu_links();
+    l->set_from(from);
+    l->set_to(to);
+    l->set_peer_access(true);
+    l->set_nvlink_known(true);
+    l->set_nvlink_links(18);
+  }
+  v1::RdmaNic* nic = t.add_nics();
+  nic->set_name("mlx5_0");
+  nic->set_pci_address("0000:3b:00.0");
+  v1::RdmaPort* port = nic->add_ports();
+  port->set_port(1);
+  port->set_state("ACTIVE");
+  port->set_link_layer("InfiniBand");
+  port->set_rate_gbps(400);
+  return t;
+}
+
+TEST(FormatTopology, ShowsGpusMatrixAndNics) {
+  const std::string text = FormatTopology(TwoGpusWithNvLink());
+  EXPECT_NE(text.find("host      host-1  gpu-node"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1/2  backend cuda  device 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPUs (2)"), std::string::npos);
+  EXPECT_NE(text.find("NVIDIA H200"), std::string::npos);
+  EXPECT_NE(text.find("150.0 GB"), std::string::npos) << text;
+  EXPECT_NE(text.find("  GPU0 X      NV18   \n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  GPU1 NV18   X      \n"), std::string::npos) << text;
+  EXPECT_NE(text.find("mlx5_0"), std::string::npos);
+  EXPECT_NE(text.find("port 1 ACTIVE  InfiniBand    400 Gb/s"), std::string::npos) << text;
+}
+
+TEST(FormatTopology, EmptyHost) {
+  v1::Topology t;
+  const std::string text = FormatTopology(t);
+  EXPECT_NE(text.find("host      (unknown)"), std::string::npos) << text;
+  EXPECT_NE(text.find("GPUs (0)"), std::string::npos);
+  EXPECT_EQ(text.find("GPU links"), std::string::npos);
+  EXPECT_NE(text.find("RDMA NICs (0)"), std::string::npos);
+}
+
+TEST(LinkCell, Kinds) {
+  EXPECT_EQ(LinkCell(nullptr), "X");
+  v1::GpuLink link;
+  EXPECT_EQ(LinkCell(&link), "-");
+  link.set_peer_access(true);
+  EXPECT_EQ(LinkCell(&link), "P2P");
+  link.set_nvlink_links(4);
+  EXPECT_EQ(LinkCell(&link), "NV4");
+}
+
+TEST(GlobalOptions, ExactlyOneTarget) {
+  GlobalOptions o;
+  EXPECT_FALSE(ValidateGlobalOptions(o).ok());
+  o.socket = "/run/epf.sock";
+  EXPECT_TRUE(ValidateGlobalOptions(o).ok());
+  EXPECT_EQ(TargetOf(o), "unix:/run/epf.sock");
+  o.address = "10.0.0.1:7000";
+  EXPECT_FALSE(ValidateGlobalOptions(o).ok());
+  o.socket.clear();
+  EXPECT_EQ(TargetOf(o), "10.0.0.1:7000");
+  o.timeout_ms = 0;
+  EXPECT_EQ(ValidateGlobalOptions(o).message(), "--timeout_ms: 0 is not positive");
+}
+
+TEST(Commands, EveryCommandHasHelpAndRunner) {
+  ASSERT_FALSE(Commands().empty());
+  for (const Command& c : Commands()) {
+    EXPECT_FALSE(c.summary.empty()) << c.name;
+    EXPECT_NE(c.help.find("epctl " + c.name), std::string::npos) << c.name;
+    EXPECT_TRUE(static_cast<bool>(c.run)) << c.name;
+    EXPECT_EQ(FindCommand(c.name), &c);
+  }
+  EXPECT_EQ(FindCommand("nope"), nullptr);
+}
+
+}  // namespace
+}  // namespace epfabric::epctl
