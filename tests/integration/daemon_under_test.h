@@ -2,6 +2,7 @@
 // returns, stopped and cleaned up when destroyed.
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,9 +14,16 @@
 
 namespace epfabric::testing {
 
-// Paths of the binaries under test (set by CMake).
-inline const char* DaemonBinary() { return EPF_DAEMON_BINARY; }
-inline const char* EpctlBinary() { return EPF_EPCTL_BINARY; }
+// Paths of the binaries under test: $EPF_DAEMON_BINARY / $EPF_EPCTL_BINARY when set (a bundle on the GPU
+// machine), else the build tree's (set by CMake).
+inline const char* DaemonBinary() {
+  const char* env = std::getenv("EPF_DAEMON_BINARY");
+  return env != nullptr && *env != '\0' ? env : EPF_DAEMON_BINARY;
+}
+inline const char* EpctlBinary() {
+  const char* env = std::getenv("EPF_EPCTL_BINARY");
+  return env != nullptr && *env != '\0' ? env : EPF_EPCTL_BINARY;
+}
 
 class DaemonUnderTest {
  public:
