@@ -58,12 +58,11 @@ absl::Status ClaimSocketPath(const std::string& path) {
   const bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
   if (live) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--client_socket: ", path, " is in use by a running daemon"));
+    return absl::FailedPreconditionError(absl::StrCat("--client_socket: ", path, " is in use by a running daemon"));
   }
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::FailedPreconditionError(absl::StrCat("--client_socket: cannot remove stale ", path, ": ",
-                                                      strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--client_socket: cannot remove stale ", path, ": ", strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -187,8 +186,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       return absl::UnavailableError(absl::StrCat("--peer_listen: cannot listen on ", options.peer_listen));
     }
     const bool ipv6 = listen->host.find(':') != std::string::npos;
-    state->peer_address = ipv6 ? absl::StrCat("[", listen->host, "]:", selected_port)
-                               : absl::StrCat(listen->host, ":", selected_port);
+    state->peer_address =
+        ipv6 ? absl::StrCat("[", listen->host, "]:", selected_port) : absl::StrCat(listen->host, ":", selected_port);
     SetServing(*state->peer_server, {kPeerService, kOpsService});
   }
 

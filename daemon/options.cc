@@ -62,8 +62,8 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
     return FlagError("world_size", absl::StrCat(o.world_size, " is not in 1..4096"));
   }
   if (o.rank < 0 || o.rank >= o.world_size) {
-    return FlagError("rank", absl::StrCat(o.rank, " is not in 0..", o.world_size - 1, " (--world_size=", o.world_size,
-                                          ")"));
+    return FlagError("rank",
+                     absl::StrCat(o.rank, " is not in 0..", o.world_size - 1, " (--world_size=", o.world_size, ")"));
   }
   if (o.world_size > 1 && o.coordinator.empty()) {
     return FlagError("coordinator", "required when --world_size > 1 (host:port of rank 0's peer server)");
@@ -76,10 +76,9 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   auto listen = ParseHostPort(o.peer_listen);
   if (!listen.ok()) return FlagError("peer_listen", std::string(listen.status().message()));
   if (!IsLoopbackHost(listen->host) && !o.insecure_peer_port) {
-    return FlagError("peer_listen",
-                     absl::StrCat("'", listen->host,
-                                  "' is not a loopback address; the peer port has no TLS yet, so pass "
-                                  "--insecure_peer_port to listen on it anyway"));
+    return FlagError("peer_listen", absl::StrCat("'", listen->host,
+                                                 "' is not a loopback address; the peer port has no TLS yet, so pass "
+                                                 "--insecure_peer_port to listen on it anyway"));
   }
   if (o.client_socket.empty()) return FlagError("client_socket", "required (path of the client Unix socket)");
   if (o.client_socket.size() >= sizeof(sockaddr_un{}.sun_path)) {

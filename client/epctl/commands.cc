@@ -32,8 +32,8 @@ void SetDeadline(grpc::ClientContext& context, const GlobalOptions& options) {
 }
 
 std::string RpcError(const std::string& what, const GlobalOptions& options, const grpc::Status& status) {
-  return absl::StrCat("epctl: ", what, " on ", TargetOf(options), " failed: ",
-                      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+  return absl::StrCat("epctl: ", what, " on ", TargetOf(options),
+                      " failed: ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
                       status.error_message());
 }
 
@@ -174,8 +174,7 @@ std::string FormatTopology(const v1::Topology& t) {
   absl::StrAppend(&s, "\nRDMA NICs (", t.nics_size(), ")\n");
   for (const v1::RdmaNic& n : t.nics()) {
     absl::StrAppend(&s, absl::StrFormat("  %-10s pci %-13s numa %-3d fw %s\n", n.name(),
-                                        n.pci_address().empty() ? "?" : n.pci_address(), n.numa_node(),
-                                        n.firmware()));
+                                        n.pci_address().empty() ? "?" : n.pci_address(), n.numa_node(), n.firmware()));
     for (const v1::RdmaPort& p : n.ports()) {
       absl::StrAppend(&s, absl::StrFormat("    port %u %-7s %-10s %6.0f Gb/s  gid %s\n", p.port(), p.state(),
                                           p.link_layer(), p.rate_gbps(), p.gid().empty() ? "-" : p.gid()));

@@ -35,8 +35,7 @@ struct Command {
   std::string summary;  // one line for the command list
   std::string help;     // `epctl NAME --help`
   // Runs the verb; returns the process exit code. Errors go to `err` as one line.
-  std::function<int(const GlobalOptions&, const std::shared_ptr<grpc::Channel>&, std::ostream& out,
-                    std::ostream& err)>
+  std::function<int(const GlobalOptions&, const std::shared_ptr<grpc::Channel>&, std::ostream& out, std::ostream& err)>
       run;
 };
 

@@ -40,25 +40,55 @@ const char* LinkLayerName(uint8_t link_layer) {
 double PortRateGbps(uint8_t active_width, uint32_t active_speed) {
   int lanes = 0;
   switch (active_width) {
-    case 1: lanes = 1; break;
-    case 2: lanes = 4; break;
-    case 4: lanes = 8; break;
-    case 8: lanes = 12; break;
-    case 16: lanes = 2; break;
-    default: return 0;
+    case 1:
+      lanes = 1;
+      break;
+    case 2:
+      lanes = 4;
+      break;
+    case 4:
+      lanes = 8;
+      break;
+    case 8:
+      lanes = 12;
+      break;
+    case 16:
+      lanes = 2;
+      break;
+    default:
+      return 0;
   }
   double per_lane = 0;
   switch (active_speed) {
-    case 1: per_lane = 2.5; break;    // SDR
-    case 2: per_lane = 5.0; break;    // DDR
-    case 4: per_lane = 10.0; break;   // QDR (and FDR10 on older stacks)
-    case 8: per_lane = 10.3125; break;  // FDR10
-    case 16: per_lane = 14.0625; break; // FDR
-    case 32: per_lane = 25.78125; break;  // EDR
-    case 64: per_lane = 53.125; break;    // HDR
-    case 128: per_lane = 106.25; break;   // NDR
-    case 256: per_lane = 212.5; break;    // XDR
-    default: return 0;
+    case 1:
+      per_lane = 2.5;
+      break;  // SDR
+    case 2:
+      per_lane = 5.0;
+      break;  // DDR
+    case 4:
+      per_lane = 10.0;
+      break;  // QDR (and FDR10 on older stacks)
+    case 8:
+      per_lane = 10.3125;
+      break;  // FDR10
+    case 16:
+      per_lane = 14.0625;
+      break;  // FDR
+    case 32:
+      per_lane = 25.78125;
+      break;  // EDR
+    case 64:
+      per_lane = 53.125;
+      break;  // HDR
+    case 128:
+      per_lane = 106.25;
+      break;  // NDR
+    case 256:
+      per_lane = 212.5;
+      break;  // XDR
+    default:
+      return 0;
   }
   return lanes * per_lane;
 }

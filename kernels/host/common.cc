@@ -65,9 +65,9 @@ const char* WaitSiteName(WaitSite site) {
 absl::Status KernelStatusToStatus(const KernelStatus& status) {
   if (status.code == kKernelStatusOk) return absl::OkStatus();
   if (status.code == kKernelStatusTimeout) {
-    return absl::DeadlineExceededError(absl::StrFormat(
-        "rank %d timed out waiting for %s from rank %d (channel %d)", status.waiting_rank,
-        WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel));
+    return absl::DeadlineExceededError(
+        absl::StrFormat("rank %d timed out waiting for %s from rank %d (channel %d)", status.waiting_rank,
+                        WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel));
   }
   return absl::InternalError(absl::StrFormat("kernel status word holds unknown code %d", status.code));
 }

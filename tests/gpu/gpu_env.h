@@ -19,8 +19,8 @@ inline int CudaDeviceCount() {
 }  // namespace epfabric::testing
 
 // Skips the current test unless at least `n` CUDA devices are visible.
-#define EPF_REQUIRE_GPUS(n)                                                                             \
-  do {                                                                                                  \
-    const int epf_have_ = ::epfabric::testing::CudaDeviceCount();                                       \
-    if (epf_have_ < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA device(s), found " << epf_have_;     \
+#define EPF_REQUIRE_GPUS(n)                                                                         \
+  do {                                                                                              \
+    const int epf_have_ = ::epfabric::testing::CudaDeviceCount();                                   \
+    if (epf_have_ < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA device(s), found " << epf_have_; \
   } while (0)

@@ -1,7 +1,7 @@
 // epfabricd end to end: the real binary on a temporary Unix socket and a loopback port, queried with epctl and
 // with plain gRPC clients.
-#include <google/protobuf/util/json_util.h>
 #include <gmock/gmock.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>

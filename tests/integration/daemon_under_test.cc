@@ -15,8 +15,7 @@ absl::StatusOr<std::unique_ptr<DaemonUnderTest>> DaemonUnderTest::Start(const st
   auto daemon = std::unique_ptr<DaemonUnderTest>(new DaemonUnderTest());
   daemon->dir_ = MakeTempDir();
   daemon->socket_ = daemon->dir_ + "/d.sock";
-  std::vector<std::string> argv = {DaemonBinary(), "--client_socket=" + daemon->socket_,
-                                   "--peer_listen=127.0.0.1:0"};
+  std::vector<std::string> argv = {DaemonBinary(), "--client_socket=" + daemon->socket_, "--peer_listen=127.0.0.1:0"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto process = Subprocess::Start(argv);
   if (!process.ok()) return process.status();

@@ -30,9 +30,9 @@ absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* fi
 }  // namespace epfabric::kernels
 
 // Evaluates a CUDA runtime call and returns an absl::Status from the enclosing function on failure.
-#define EPF_CUDA_RETURN_IF_ERROR(expr)                                                                 \
-  do {                                                                                                 \
-    cudaError_t epf_cuda_err_ = (expr);                                                                \
-    if (epf_cuda_err_ != cudaSuccess)                                                                  \
-      return ::epfabric::kernels::CudaErrorToStatus(epf_cuda_err_, #expr, __FILE__, __LINE__);         \
+#define EPF_CUDA_RETURN_IF_ERROR(expr)                                                         \
+  do {                                                                                         \
+    cudaError_t epf_cuda_err_ = (expr);                                                        \
+    if (epf_cuda_err_ != cudaSuccess)                                                          \
+      return ::epfabric::kernels::CudaErrorToStatus(epf_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)

@@ -16,10 +16,10 @@ inline constexpr int kMaxNvlPeers = 8;
 // Where a bounded wait timed out. Values are stable: they appear in logs and error messages.
 enum class WaitSite : int32_t {
   kNone = 0,
-  kBarrier = 1,              // cross-rank barrier signal
-  kNotifyCounts = 2,         // notify: per-rank/per-expert counts from a peer
-  kDispatchFifoSpace = 3,    // dispatch sender: room in the peer's FIFO (head not advanced)
-  kDispatchFifoData = 4,     // dispatch receiver: data in the FIFO (tail not advanced)
+  kBarrier = 1,            // cross-rank barrier signal
+  kNotifyCounts = 2,       // notify: per-rank/per-expert counts from a peer
+  kDispatchFifoSpace = 3,  // dispatch sender: room in the peer's FIFO (head not advanced)
+  kDispatchFifoData = 4,   // dispatch receiver: data in the FIFO (tail not advanced)
   kCombineFifoSpace = 5,
   kCombineFifoData = 6,
   kLowLatencyRecvCount = 7,  // low-latency receive: per-expert count flag from a peer
