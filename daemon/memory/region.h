@@ -1,0 +1,57 @@
+// Daemon-owned communication memory. A Region is one rank's symmetric region of one group (NVL or RDMA kind):
+// allocated by the daemon, described by a v1::RegionDescriptor that clients use to map it, freed when the Region
+// is destroyed. Backends: POSIX shared memory (host) and CUDA device memory (cuda), the latter shareable either
+// as a classic CUDA IPC handle or as a cuMem allocation exported as a POSIX file descriptor.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "epfabric/v1/control.pb.h"
+
+namespace epfabric::daemon::memory {
+
+struct RegionSpec {
+  std::string group;  // [A-Za-z0-9._-]{1,64}; part of the shm name
+  int rank = 0;       // group rank
+  uint64_t bytes = 0;
+  v1::RegionDescriptor::Kind kind = v1::RegionDescriptor::KIND_NVL;
+  // CUDA_IPC or POSIX_FD on the cuda backend; POSIX_SHM on the host backend. UNSPECIFIED: the backend's default.
+  v1::MemorySharing sharing = v1::MEMORY_SHARING_UNSPECIFIED;
+};
+
+class Region {
+ public:
+  virtual ~Region() = default;
+  // Filled: rank, sharing, size_bytes, handle (CUDA_IPC) or shm_name (POSIX_SHM), device, device_pci_bus_id, kind.
+  virtual const v1::RegionDescriptor& descriptor() const = 0;
+  // The daemon's own mapping: a host pointer (host backend) or a device pointer (cuda backend).
+  virtual void* base() const = 0;
+  // Zeroes [offset, offset + bytes): the daemon cleans a rank's signals and counters when a lease ends.
+  virtual absl::Status Zero(uint64_t offset, uint64_t bytes) = 0;
+  // POSIX_FD only: the exported file descriptor to send to clients with SCM_RIGHTS (owned by the Region); -1
+  // otherwise.
+  virtual int shareable_fd() const { return -1; }
+};
+
+class RegionAllocator {
+ public:
+  virtual ~RegionAllocator() = default;
+  // Allocates and zeroes a region. ResourceExhausted when the size is over the allocator's limit or the device is
+  // out of memory (the message says which, with the sizes); InvalidArgument for a bad spec.
+  virtual absl::StatusOr<std::unique_ptr<Region>> Allocate(const RegionSpec& spec) = 0;
+  virtual v1::Backend backend() const = 0;
+};
+
+// POSIX shared memory regions named "/<prefix>.<group>.<rank>.<kind>" (the prefix keeps daemons of different
+// fabrics and ranks apart). `max_region_bytes` bounds one region (0 = no limit of ours).
+std::unique_ptr<RegionAllocator> MakeHostAllocator(std::string shm_prefix, uint64_t max_region_bytes);
+
+// CUDA device memory on `device`, shared as `default_sharing` unless the spec says otherwise.
+std::unique_ptr<RegionAllocator> MakeCudaAllocator(int device, v1::MemorySharing default_sharing,
+                                                   uint64_t max_region_bytes);
+
+}  // namespace epfabric::daemon::memory
