@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,16 +12,23 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
-#include "epfabric/v1/control.grpc.pb.h"
-#include "epfabric/v1/peer.grpc.pb.h"
+#include "fabric/membership.h"
+#include "fabric/peer_links.h"
+#include "groups/group_manager.h"
 #include "logging.h"
+#include "memory/region.h"
+#include "services/client_listener.h"
+#include "services/control_service.h"
 #include "services/ops_service.h"
+#include "services/peer_service.h"
+#include "topology/system_files.h"
 #include "topology/topology.h"
 
 namespace epfabric::daemon {
@@ -29,6 +37,8 @@ namespace {
 constexpr const char* kControlService = "epfabric.v1.Control";
 constexpr const char* kOpsService = "epfabric.v1.Ops";
 constexpr const char* kPeerService = "epfabric.v1.Peer";
+// SERVING only while this daemon is part of a complete, healthy fabric: what a readiness probe should ask.
+constexpr const char* kFabricHealth = "epfabric.v1.Fabric";
 
 int VisibleGpuCount() {
   int count = 0;
@@ -67,11 +77,17 @@ absl::Status ClaimSocketPath(const std::string& path) {
   return absl::OkStatus();
 }
 
-void SetServing(grpc::Server& server, std::initializer_list<const char*> services) {
-  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus("", true);
-  for (const char* service : services) health->SetServingStatus(service, true);
+uint64_t RandomIncarnation() {
+  uint64_t value = 0;
+  while (value == 0) {
+    if (getrandom(&value, sizeof(value), 0) != sizeof(value)) value = 0;
+  }
+  return value;
+}
+
+void SetServing(grpc::Server* server, std::initializer_list<const char*> services, bool serving) {
+  if (server == nullptr || server->GetHealthCheckService() == nullptr) return;
+  for (const char* service : services) server->GetHealthCheckService()->SetServingStatus(service, serving);
 }
 
 }  // namespace
@@ -98,102 +114,192 @@ struct Daemon::State {
   DaemonOptions options;
   ResolvedBackend backend;
   std::string socket_path;
-  std::string peer_address;
+  std::string host_id;
   int64_t start_time_unix = 0;
-  std::mutex topology_mutex;  // CUDA/NVML/verbs discovery is not re-entrant-friendly; ops calls are rare
+  std::mutex topology_mutex;  // CUDA/NVML/verbs discovery: one at a time; ops calls are rare
 
-  State() : ops([this] { return Topology(); }) {}
-
-  OpsService ops;
-  v1::Control::Service control;  // all methods UNIMPLEMENTED until the attach work lands
-  v1::Peer::Service peer;        // all methods UNIMPLEMENTED until the fabric work lands
+  std::unique_ptr<fabric::PeerLinks> links;
+  std::unique_ptr<memory::RegionAllocator> allocator;
+  std::unique_ptr<fabric::Membership> membership;
+  std::unique_ptr<groups::GroupManager> groups;
+  ClientListener listener;
+  std::unique_ptr<ControlService> control;
+  std::unique_ptr<PeerService> peer;
+  std::unique_ptr<OpsService> ops;
   std::unique_ptr<grpc::Server> client_server;
   std::unique_ptr<grpc::Server> peer_server;
+
+  absl::Mutex housekeeping_mutex;
+  bool stopping ABSL_GUARDED_BY(housekeeping_mutex) = false;
+  std::thread housekeeping;
   bool shut_down = false;
 
-  v1::Topology Topology() {
+  v1::DaemonInfo Info() const {
     v1::DaemonInfo info;
     info.set_rank(options.rank);
     info.set_world_size(options.world_size);
     info.set_backend(backend.backend);
     info.set_version(EPF_VERSION);
     info.set_device(backend.device);
-    info.set_peer_address(peer_address);
+    info.set_peer_address(membership->self().peer_address());
     info.set_client_socket(socket_path);
     info.set_pid(getpid());
     info.set_start_time_unix(start_time_unix);
+    return info;
+  }
+
+  v1::Topology Topology() {
+    const v1::DaemonInfo info = Info();
     std::lock_guard<std::mutex> lock(topology_mutex);
     return topology::DiscoverTopology(options.system_root, options.host_id, info);
+  }
+
+  v1::FabricView Fabric() const {
+    v1::FabricView view;
+    view.set_fabric_id(options.fabric_id);
+    view.set_self_rank(options.rank);
+    *view.mutable_membership() = membership->View();
+    view.set_degraded(membership->Degraded());
+    for (v1::GroupInfo& group : *groups->ListGroups().mutable_groups()) *view.add_groups() = std::move(group);
+    return view;
+  }
+
+  void OnMembership(const v1::Membership& view, bool degraded) {
+    groups->OnMembership(view);
+    const bool self_up = view.members(options.rank).state() == v1::MEMBER_STATE_UP;
+    for (grpc::Server* server : {client_server.get(), peer_server.get()}) {
+      SetServing(server, {kFabricHealth}, self_up && !degraded);
+    }
   }
 };
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
-  auto log = Logger("daemon");
   auto state = std::make_unique<State>();
-  state->options = options;
-  state->start_time_unix = std::time(nullptr);
-  state->socket_path = std::filesystem::absolute(options.client_socket).string();
+  State* s = state.get();
+  s->options = options;
+  s->start_time_unix = std::time(nullptr);
+  s->socket_path = std::filesystem::absolute(options.client_socket).string();
+  s->host_id = topology::ReadHostId(options.system_root, options.host_id);
 
   auto backend = ResolveBackend(options.backend, options.device, options.rank, VisibleGpuCount());
   if (!backend.ok()) return backend.status();
-  state->backend = *backend;
-  if (state->backend.backend == v1::BACKEND_CUDA) {
-    const cudaError_t err = cudaSetDevice(state->backend.device);
+  s->backend = *backend;
+  if (s->backend.backend == v1::BACKEND_CUDA) {
+    const cudaError_t err = cudaSetDevice(s->backend.device);
     if (err != cudaSuccess) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot use CUDA device ", state->backend.device, ": ", cudaGetErrorString(err)));
+          absl::StrCat("cannot use CUDA device ", s->backend.device, ": ", cudaGetErrorString(err)));
     }
   }
-  if (absl::Status claimed = ClaimSocketPath(state->socket_path); !claimed.ok()) return claimed;
 
+  fabric::TlsFiles tls{options.tls_cert, options.tls_key, options.tls_ca, options.tls_target_name};
+  auto links = fabric::PeerLinks::Create(tls);
+  if (!links.ok()) return links.status();
+  s->links = std::move(*links);
+
+  if (s->backend.backend == v1::BACKEND_CUDA) {
+    s->allocator = memory::MakeCudaAllocator(
+        s->backend.device,
+        options.memory_sharing == "cuda_ipc" ? v1::MEMORY_SHARING_CUDA_IPC : v1::MEMORY_SHARING_POSIX_FD,
+        options.max_region_bytes);
+  } else {
+    s->allocator = memory::MakeHostAllocator(absl::StrCat("epf.", options.fabric_id, ".d", options.rank),
+                                             options.max_region_bytes);
+  }
+
+  fabric::FabricConfig fabric_config;
+  fabric_config.fabric_id = options.fabric_id;
+  fabric_config.rank = options.rank;
+  fabric_config.world_size = options.world_size;
+  fabric_config.coordinator = options.coordinator;
+  fabric_config.heartbeat_interval = absl::Milliseconds(options.heartbeat_ms);
+  fabric_config.heartbeat_misses = options.heartbeat_misses;
+  v1::MemberInfo self;
+  self.set_rank(options.rank);
+  self.set_host_id(s->host_id);
+  self.set_backend(s->backend.backend);
+  self.set_version(EPF_VERSION);
+  self.set_incarnation(RandomIncarnation());
+  self.set_state(v1::MEMBER_STATE_UP);
+  if (s->backend.backend == v1::BACKEND_CUDA) {
+    for (const v1::Gpu& gpu : topology::DiscoverGpus(options.system_root)) {
+      if (gpu.ordinal() == s->backend.device) self.set_gpu_uuid(gpu.uuid());
+    }
+  }
+  s->membership = std::make_unique<fabric::Membership>(fabric_config, self, s->links.get());
+  groups::LeaseLimits lease_limits;
+  lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
+  s->groups = std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(),
+                                                     lease_limits);
+  s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
+  s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
+  s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });
+
+  s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener);
+  s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get());
+  OpsProviders providers;
+  providers.topology = [s] { return s->Topology(); };
+  providers.fabric = [s] { return s->Fabric(); };
+  providers.health = [s] { return BuildHealthReport(s->Fabric(), s->membership->CoordinatorReachable()); };
+  providers.clients = [s] { return s->groups->Clients(); };
+  s->ops = std::make_unique<OpsService>(std::move(providers));
+
+  if (absl::Status claimed = ClaimSocketPath(s->socket_path); !claimed.ok()) return claimed;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  // Client server: Control + Ops on the Unix socket. The socket file is created with the requested mode (umask
-  // covers the window between bind and chmod).
+  // Peer server first: its port becomes part of this daemon's identity in the fabric.
+  auto listen = ParseHostPort(options.peer_listen);
+  if (!listen.ok()) return listen.status();
   {
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("unix:", state->socket_path), grpc::InsecureServerCredentials());
-    builder.RegisterService(&state->control);
-    builder.RegisterService(&state->ops);
-    const mode_t old_umask = umask(~options.client_socket_mode & 0777);
-    state->client_server = builder.BuildAndStart();
-    umask(old_umask);
-    if (state->client_server == nullptr) {
-      return absl::UnavailableError(absl::StrCat("--client_socket: cannot listen on ", state->socket_path));
-    }
-    if (chmod(state->socket_path.c_str(), options.client_socket_mode) != 0) {
-      state->client_server->Shutdown();
-      unlink(state->socket_path.c_str());
-      return absl::InternalError(absl::StrCat("chmod ", state->socket_path, ": ", strerror(errno)));
-    }
-    SetServing(*state->client_server, {kControlService, kOpsService});
-  }
-
-  // Peer server: Peer + Ops on TCP.
-  {
-    auto listen = ParseHostPort(options.peer_listen);
-    if (!listen.ok()) return listen.status();
     grpc::ServerBuilder builder;
     int selected_port = 0;
-    builder.AddListeningPort(options.peer_listen, grpc::InsecureServerCredentials(), &selected_port);
-    builder.RegisterService(&state->peer);
-    builder.RegisterService(&state->ops);
-    state->peer_server = builder.BuildAndStart();
-    if (state->peer_server == nullptr || selected_port == 0) {
-      state->client_server->Shutdown();
-      unlink(state->socket_path.c_str());
+    builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
+    builder.RegisterService(s->peer.get());
+    builder.RegisterService(s->ops.get());
+    s->peer_server = builder.BuildAndStart();
+    if (s->peer_server == nullptr || selected_port == 0) {
       return absl::UnavailableError(absl::StrCat("--peer_listen: cannot listen on ", options.peer_listen));
     }
     const bool ipv6 = listen->host.find(':') != std::string::npos;
-    state->peer_address =
-        ipv6 ? absl::StrCat("[", listen->host, "]:", selected_port) : absl::StrCat(listen->host, ":", selected_port);
-    SetServing(*state->peer_server, {kPeerService, kOpsService});
+    s->membership->SetPeerAddress(ipv6 ? absl::StrCat("[", listen->host, "]:", selected_port)
+                                       : absl::StrCat(listen->host, ":", selected_port));
+    SetServing(s->peer_server.get(), {"", kPeerService, kOpsService}, true);
+    SetServing(s->peer_server.get(), {kFabricHealth}, false);
   }
 
-  log->info("epfabricd {} rank {}/{} backend {} device {}: clients on unix:{} (mode {:o}), peers on {}", EPF_VERSION,
-            options.rank, options.world_size, v1::Backend_Name(state->backend.backend), state->backend.device,
-            state->socket_path, options.client_socket_mode, state->peer_address);
+  // Client server: no listening port of gRPC's own; ClientListener accepts and hands connections over.
+  {
+    grpc::ServerBuilder builder;
+    builder.RegisterService(s->control.get());
+    builder.RegisterService(s->ops.get());
+    s->client_server = builder.BuildAndStart();
+    if (s->client_server == nullptr) return absl::InternalError("cannot start the client gRPC server");
+    if (absl::Status started = s->listener.Start(s->socket_path, options.client_socket_mode, s->client_server.get());
+        !started.ok()) {
+      s->peer_server->Shutdown();
+      s->client_server->Shutdown();
+      return started;
+    }
+    SetServing(s->client_server.get(), {"", kControlService, kOpsService}, true);
+    SetServing(s->client_server.get(), {kFabricHealth}, false);
+  }
+
+  s->membership->Start();
+  s->housekeeping = std::thread([s] {
+    absl::MutexLock lock(&s->housekeeping_mutex);
+    while (!s->housekeeping_mutex.AwaitWithTimeout(absl::Condition(&s->stopping), absl::Milliseconds(200))) {
+      s->housekeeping_mutex.Unlock();
+      s->groups->ExpireLeases(absl::Now());
+      s->housekeeping_mutex.Lock();
+    }
+  });
+
+  Logger("daemon")->info(
+      "epfabricd {} rank {}/{} fabric '{}' backend {} device {}: clients on unix:{} (mode {:o}), peers on {}{}",
+      EPF_VERSION, options.rank, options.world_size, options.fabric_id, v1::Backend_Name(s->backend.backend),
+      s->backend.device, s->socket_path, options.client_socket_mode, s->membership->self().peer_address(),
+      s->links->tls() ? " (mutual TLS)" : "");
   return std::unique_ptr<Daemon>(new Daemon(std::move(state)));
 }
 
@@ -203,27 +309,34 @@ Daemon::~Daemon() { Shutdown(absl::Seconds(1)); }
 
 void Daemon::Shutdown(absl::Duration grace) {
   if (state_ == nullptr || state_->shut_down) return;
-  state_->shut_down = true;
+  State* s = state_.get();
+  s->shut_down = true;
   auto log = Logger("daemon");
   log->info("shutting down (grace {} ms)", absl::ToInt64Milliseconds(grace));
-  // Probes see NOT_SERVING first; then both servers stop accepting and drain against one common deadline.
-  for (grpc::Server* server : {state_->client_server.get(), state_->peer_server.get()}) {
+  const auto deadline = absl::ToChronoTime(absl::Now() + grace);
+  // Probes see NOT_SERVING first; no new clients; then the fabric loop stops and the servers drain against one
+  // common deadline. Memory is freed last, when nothing can use it any more.
+  for (grpc::Server* server : {s->client_server.get(), s->peer_server.get()}) {
     if (server != nullptr && server->GetHealthCheckService() != nullptr) server->GetHealthCheckService()->Shutdown();
   }
-  const auto deadline = absl::ToChronoTime(absl::Now() + grace);
-  for (grpc::Server* server : {state_->client_server.get(), state_->peer_server.get()}) {
+  s->listener.Stop();
+  s->membership->Stop();
+  {
+    absl::MutexLock lock(&s->housekeeping_mutex);
+    s->stopping = true;
+  }
+  if (s->housekeeping.joinable()) s->housekeeping.join();
+  for (grpc::Server* server : {s->client_server.get(), s->peer_server.get()}) {
     if (server != nullptr) server->Shutdown(deadline);
   }
-  for (grpc::Server* server : {state_->client_server.get(), state_->peer_server.get()}) {
+  for (grpc::Server* server : {s->client_server.get(), s->peer_server.get()}) {
     if (server != nullptr) server->Wait();
   }
-  if (unlink(state_->socket_path.c_str()) != 0 && errno != ENOENT) {
-    log->warn("cannot remove {}: {}", state_->socket_path, strerror(errno));
-  }
+  s->groups.reset();
   log->info("stopped");
 }
 
-const std::string& Daemon::peer_address() const { return state_->peer_address; }
+std::string Daemon::peer_address() const { return state_->membership->self().peer_address(); }
 const ResolvedBackend& Daemon::backend() const { return state_->backend; }
 
 }  // namespace epfabric::daemon

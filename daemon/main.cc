@@ -25,6 +25,17 @@ ABSL_FLAG(int, device, -1, "CUDA device ordinal; -1 picks rank modulo the number
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
 ABSL_FLAG(std::string, host_id, "", "Overrides the machine id that tells hosts apart (e.g. the Kubernetes node).");
 ABSL_FLAG(std::string, system_root, "/", "Root under which /sys and /etc are read (for tests).");
+ABSL_FLAG(std::string, fabric_id, "epfabric", "Fabric id: daemons with another id are refused.");
+ABSL_FLAG(int, heartbeat_ms, 1000, "Heartbeat interval in milliseconds.");
+ABSL_FLAG(int, heartbeat_misses, 3, "Missed heartbeats after which a rank is marked down.");
+ABSL_FLAG(uint64_t, max_region_bytes, 0, "Largest region this daemon allocates for one group (0: no own limit).");
+ABSL_FLAG(std::string, memory_sharing, "posix_fd",
+          "cuda backend: posix_fd (cuMem + file descriptor over the socket) or cuda_ipc.");
+ABSL_FLAG(int, lease_ttl_ms, 10000, "Default lease TTL of an attached client in milliseconds.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate for mutual TLS on the peer port (with --tls_key, --tls_ca).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for mutual TLS on the peer port.");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to.");
+ABSL_FLAG(std::string, tls_target_name, "", "Name to check in peers' certificates instead of the dialled host.");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
 
 namespace {
@@ -55,6 +66,16 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.host_id = absl::GetFlag(FLAGS_host_id);
   o.system_root = absl::GetFlag(FLAGS_system_root);
+  o.fabric_id = absl::GetFlag(FLAGS_fabric_id);
+  o.heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_ms);
+  o.heartbeat_misses = absl::GetFlag(FLAGS_heartbeat_misses);
+  o.max_region_bytes = absl::GetFlag(FLAGS_max_region_bytes);
+  o.memory_sharing = absl::GetFlag(FLAGS_memory_sharing);
+  o.lease_ttl_ms = absl::GetFlag(FLAGS_lease_ttl_ms);
+  o.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  o.tls_target_name = absl::GetFlag(FLAGS_tls_target_name);
   if (absl::Status valid = epfabric::daemon::ValidateOptions(o); !valid.ok()) return valid;
   return o;
 }

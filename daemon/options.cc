@@ -106,6 +106,19 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
                      absl::StrCat("'", o.log_level, "' is not one of trace, debug, info, warn, error, critical, off"));
   }
   if (o.host_id.size() > 256) return FlagError("host_id", "longer than 256 bytes");
+  if (o.fabric_id.empty() || o.fabric_id.size() > 128) return FlagError("fabric_id", "must be 1-128 bytes");
+  if (o.heartbeat_ms < 10 || o.heartbeat_ms > 60000) {
+    return FlagError("heartbeat_ms", absl::StrCat(o.heartbeat_ms, " is not in 10..60000"));
+  }
+  if (o.heartbeat_misses < 1 || o.heartbeat_misses > 100) {
+    return FlagError("heartbeat_misses", absl::StrCat(o.heartbeat_misses, " is not in 1..100"));
+  }
+  if (o.memory_sharing != "posix_fd" && o.memory_sharing != "cuda_ipc") {
+    return FlagError("memory_sharing", absl::StrCat("'", o.memory_sharing, "' is not one of posix_fd, cuda_ipc"));
+  }
+  if (o.lease_ttl_ms < 1000 || o.lease_ttl_ms > 300000) {
+    return FlagError("lease_ttl_ms", absl::StrCat(o.lease_ttl_ms, " is not in 1000..300000"));
+  }
   return absl::OkStatus();
 }
 

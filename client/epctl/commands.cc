@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include <google/protobuf/struct.pb.h>
 #include "epfabric/v1/ops.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -50,13 +52,43 @@ int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>
     err << RpcError("health check", options, status) << "\n";
     return 1;
   }
+  // The incidents behind the verdict, when the daemon can tell (Ops.GetHealth).
+  auto ops = v1::Ops::NewStub(channel);
+  grpc::ClientContext report_context;
+  SetDeadline(report_context, options);
+  v1::HealthReport report;
+  const bool have_report = ops->GetHealth(&report_context, v1::GetHealthRequest(), &report).ok();
+
   const std::string name = HealthCheckResponse::ServingStatus_Name(response.status());
   if (options.json) {
-    out << ToJson(response);
+    google::protobuf::Struct doc;
+    (*doc.mutable_fields())["status"].set_string_value(name);
+    if (have_report) {
+      google::protobuf::Struct report_json;
+      (void)google::protobuf::util::JsonStringToMessage(ToJson(report), &report_json);
+      *(*doc.mutable_fields())["report"].mutable_struct_value() = report_json;
+    }
+    out << ToJson(doc);
   } else {
     out << (options.service.empty() ? "epfabricd" : options.service) << ": " << name << "\n";
+    if (have_report) out << FormatHealthReport(report);
   }
   return response.status() == HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+int RunFabric(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+              std::ostream& err) {
+  auto stub = v1::Ops::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  v1::FabricView fabric;
+  const grpc::Status status = stub->GetFabric(&context, v1::GetFabricRequest(), &fabric);
+  if (!status.ok()) {
+    err << RpcError("GetFabric", options, status) << "\n";
+    return 1;
+  }
+  out << (options.json ? ToJson(fabric) : FormatFabric(fabric));
+  return 0;
 }
 
 int RunTopology(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
@@ -114,6 +146,12 @@ const std::vector<Command>& Commands() {
        "  UUID, PCI bus id, memory, SMs, compute capability, NUMA node), the GPU-to-GPU matrix (NV<n> = n active\n"
        "  NVLink links, P2P = peer access without NVLink, - = none) and the RDMA NICs with their ports.\n",
        RunTopology},
+      {"fabric", "Members of the fabric, their state, the epoch, and the groups this daemon holds",
+       "epctl fabric [--json]\n"
+       "  Prints Ops.GetFabric as seen by the daemon asked: fabric id, epoch, whether it is degraded, every rank\n"
+       "  (UP, DOWN, MISSING) with its host, peer address, backend and incarnation, and the groups (name, state,\n"
+       "  ranks, region sizes, attached ranks). Tokens are never shown.\n",
+       RunFabric},
   };
   return *commands;
 }
@@ -129,6 +167,41 @@ std::string LinkCell(const v1::GpuLink* link) {
   if (link == nullptr) return "X";
   if (link->nvlink_links() > 0) return absl::StrCat("NV", link->nvlink_links());
   return link->peer_access() ? "P2P" : "-";
+}
+
+std::string FormatHealthReport(const v1::HealthReport& report) {
+  std::string s = absl::StrCat("health: ", v1::HealthReport::Verdict_Name(report.overall()), "\n");
+  for (const auto& incident : report.incidents()) {
+    absl::StrAppend(&s, "  ", v1::HealthReport::Verdict_Name(incident.severity()), " ", incident.subsystem(), " ",
+                    incident.code(), " (", incident.entity(), "): ", incident.message(), "\n");
+  }
+  return s;
+}
+
+std::string FormatFabric(const v1::FabricView& f) {
+  const v1::Membership& m = f.membership();
+  std::string s = absl::StrCat("fabric '", f.fabric_id(), "'  epoch ", m.epoch(), "  ranks ", m.world_size(),
+                               "  self rank ", f.self_rank(), "  degraded: ", f.degraded() ? "yes" : "no", "\n");
+  absl::StrAppend(&s, absl::StrFormat("  %-5s %-8s %-22s %-34s %-13s %s\n", "rank", "state", "peer", "host",
+                                      "backend", "incarnation"));
+  for (const v1::MemberInfo& member : m.members()) {
+    std::string state = v1::MemberState_Name(member.state());
+    state = state.substr(state.rfind('_') + 1);
+    absl::StrAppend(&s, absl::StrFormat("  %-5d %-8s %-22s %-34s %-13s %016x\n", member.rank(), state,
+                                        member.peer_address().empty() ? "-" : member.peer_address(),
+                                        member.host_id().empty() ? "-" : member.host_id(),
+                                        member.backend() == v1::BACKEND_UNSPECIFIED ? "-" : BackendName(member.backend()),
+                                        member.incarnation()));
+  }
+  absl::StrAppend(&s, "\ngroups (", f.groups_size(), ")\n");
+  for (const v1::GroupInfo& g : f.groups()) {
+    std::string state = v1::GroupState_Name(g.state());
+    state = state.substr(state.rfind('_') + 1);
+    absl::StrAppend(&s, absl::StrFormat("  %-24s %-9s ranks [%s]  nvl %d B  rdma %d B  attached [%s]\n", g.name(),
+                                        state, absl::StrJoin(g.ranks(), ","), g.num_nvl_bytes(), g.num_rdma_bytes(),
+                                        absl::StrJoin(g.attached_ranks(), ",")));
+  }
+  return s;
 }
 
 std::string FormatTopology(const v1::Topology& t) {

@@ -42,6 +42,10 @@ struct Command {
 const std::vector<Command>& Commands();
 const Command* FindCommand(const std::string& name);
 
+// The readable forms of a health report and a fabric view.
+std::string FormatHealthReport(const v1::HealthReport& report);
+std::string FormatFabric(const v1::FabricView& fabric);
+
 // The readable form of a topology: host, daemon, GPUs, GPU-to-GPU matrix, NICs.
 std::string FormatTopology(const v1::Topology& topology);
 

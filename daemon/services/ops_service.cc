@@ -1,10 +1,86 @@
 #include "services/ops_service.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace epfabric::daemon {
+namespace {
+
+grpc::Status Unavailable(const char* what) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, absl::StrCat(what, " is not provided by this daemon"));
+}
+
+void AddIncident(v1::HealthReport& report, v1::HealthReport::Verdict severity, const std::string& subsystem,
+                 const std::string& code, const std::string& message, const std::string& entity) {
+  v1::HealthReport::Incident* incident = report.add_incidents();
+  incident->set_subsystem(subsystem);
+  incident->set_severity(severity);
+  incident->set_code(code);
+  incident->set_message(message);
+  incident->set_entity(entity);
+  if (severity > report.overall()) report.set_overall(severity);
+}
+
+}  // namespace
 
 grpc::Status OpsService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*, v1::Topology* response) {
-  *response = topology_();
+  if (!providers_.topology) return Unavailable("topology");
+  *response = providers_.topology();
   return grpc::Status::OK;
+}
+
+grpc::Status OpsService::GetHealth(grpc::ServerContext*, const v1::GetHealthRequest*, v1::HealthReport* response) {
+  if (!providers_.health) return Unavailable("health");
+  *response = providers_.health();
+  return grpc::Status::OK;
+}
+
+grpc::Status OpsService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::Stats* response) {
+  if (!providers_.stats) return Unavailable("stats");
+  *response = providers_.stats();
+  return grpc::Status::OK;
+}
+
+grpc::Status OpsService::ListClients(grpc::ServerContext*, const v1::ListClientsRequest*,
+                                     v1::ListClientsResponse* response) {
+  if (!providers_.clients) return Unavailable("clients");
+  for (v1::ClientInfo& client : providers_.clients()) *response->add_clients() = std::move(client);
+  return grpc::Status::OK;
+}
+
+grpc::Status OpsService::GetFabric(grpc::ServerContext*, const v1::GetFabricRequest*, v1::FabricView* response) {
+  if (!providers_.fabric) return Unavailable("fabric");
+  *response = providers_.fabric();
+  return grpc::Status::OK;
+}
+
+v1::HealthReport BuildHealthReport(const v1::FabricView& fabric, bool coordinator_reachable) {
+  v1::HealthReport report;
+  report.set_overall(v1::HealthReport::PASS);
+  const v1::Membership& membership = fabric.membership();
+  const int self = fabric.self_rank();
+  if (self < membership.members_size() && membership.members(self).state() != v1::MEMBER_STATE_UP) {
+    AddIncident(report, v1::HealthReport::FAIL, "fabric", "NOT_A_MEMBER",
+                "this daemon is not counted in the fabric (not joined yet, or its rank is held by another daemon)",
+                absl::StrCat("rank ", self));
+  }
+  if (!coordinator_reachable) {
+    AddIncident(report, v1::HealthReport::WARN, "fabric", "COORDINATOR_UNREACHABLE",
+                "rank 0 does not answer; serving what exists, groups cannot be created or deleted", "rank 0");
+  }
+  for (const v1::MemberInfo& member : membership.members()) {
+    if (member.rank() == self || member.state() == v1::MEMBER_STATE_UP) continue;
+    if (member.rank() == 0 && !coordinator_reachable) continue;  // reported above
+    AddIncident(report, v1::HealthReport::WARN, "fabric",
+                member.state() == v1::MEMBER_STATE_DOWN ? "PEER_DOWN" : "PEER_MISSING",
+                member.state() == v1::MEMBER_STATE_DOWN ? "stopped answering heartbeats" : "has not joined yet",
+                absl::StrCat("rank ", member.rank()));
+  }
+  for (const v1::GroupInfo& group : fabric.groups()) {
+    if (group.state() != v1::GROUP_STATE_DEGRADED) continue;
+    AddIncident(report, v1::HealthReport::WARN, "groups", "GROUP_DEGRADED",
+                "a member is down or restarted; delete and re-create the group", absl::StrCat("group ", group.name()));
+  }
+  return report;
 }
 
 }  // namespace epfabric::daemon

@@ -2,22 +2,36 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "epfabric/v1/ops.grpc.pb.h"
 
 namespace epfabric::daemon {
 
+struct OpsProviders {
+  std::function<v1::Topology()> topology;
+  std::function<v1::HealthReport()> health;
+  std::function<v1::FabricView()> fabric;
+  std::function<std::vector<v1::ClientInfo>()> clients;
+  std::function<v1::Stats()> stats;
+};
+
 class OpsService final : public v1::Ops::Service {
  public:
-  using TopologyProvider = std::function<v1::Topology()>;
-  explicit OpsService(TopologyProvider topology) : topology_(std::move(topology)) {}
+  explicit OpsService(OpsProviders providers) : providers_(std::move(providers)) {}
 
-  grpc::Status GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest* request,
-                           v1::Topology* response) override;
-  // GetHealth, GetStats, ListClients and GetFabric answer UNIMPLEMENTED until the fabric work lands.
+  grpc::Status GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*, v1::Topology*) override;
+  grpc::Status GetHealth(grpc::ServerContext*, const v1::GetHealthRequest*, v1::HealthReport*) override;
+  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::Stats*) override;
+  grpc::Status ListClients(grpc::ServerContext*, const v1::ListClientsRequest*, v1::ListClientsResponse*) override;
+  grpc::Status GetFabric(grpc::ServerContext*, const v1::GetFabricRequest*, v1::FabricView*) override;
 
  private:
-  TopologyProvider topology_;
+  OpsProviders providers_;
 };
+
+// DCGM-style health from the fabric view: FAIL when this daemon is not part of a complete fabric (not joined,
+// or its rank refused), WARN for each member down or missing, each degraded group, an unreachable coordinator.
+v1::HealthReport BuildHealthReport(const v1::FabricView& fabric, bool coordinator_reachable);
 
 }  // namespace epfabric::daemon

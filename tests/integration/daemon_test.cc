@@ -306,8 +306,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlags{{"--client_socket=$DIR/s", "--world_size=2", "--coordinator=nohost"},
                  "--coordinator: 'nohost' is not host:port"},
         BadFlags{{"--client_socket=$DIR/s", "--peer_listen=0.0.0.0:7000"},
-                 "--peer_listen: '0.0.0.0' is not a loopback address; the peer port has no TLS yet, so pass "
-                 "--insecure_peer_port to listen on it anyway"},
+                 "--peer_listen: '0.0.0.0' is not a loopback address; give --tls_cert/--tls_key/--tls_ca for mutual "
+                 "TLS, or --insecure_peer_port to listen without it"},
+        BadFlags{{"--client_socket=$DIR/s", "--tls_cert=/etc/hostname"},
+                 "--tls_key: --tls_cert, --tls_key and --tls_ca go together: give all three or none"},
+        BadFlags{{"--client_socket=$DIR/s", "--tls_cert=$DIR/c", "--tls_key=$DIR/k", "--tls_ca=$DIR/a"},
+                 "--tls_cert: '$DIR/c' is not a readable file"},
+        BadFlags{{"--client_socket=$DIR/s", "--heartbeat_ms=5"}, "--heartbeat_ms: 5 is not in 10..60000"},
+        BadFlags{{"--client_socket=$DIR/s", "--memory_sharing=nccl"},
+                 "--memory_sharing: 'nccl' is not one of posix_fd, cuda_ipc"},
+        BadFlags{{"--client_socket=$DIR/s", "--fabric_id="}, "--fabric_id: must be 1-128 bytes"},
         BadFlags{{"--client_socket=$DIR/s", "--peer_listen=127.0.0.1:70000"},
                  "--peer_listen: '127.0.0.1:70000' has no port in 0..65535"},
         BadFlags{{}, "--client_socket: required (path of the client Unix socket)"},

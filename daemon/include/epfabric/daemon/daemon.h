@@ -36,7 +36,7 @@ class Daemon {
   void Shutdown(absl::Duration grace);
 
   // host:port the peer server listens on (the chosen port when --peer_listen had port 0).
-  const std::string& peer_address() const;
+  std::string peer_address() const;
   const ResolvedBackend& backend() const;
 
  private:

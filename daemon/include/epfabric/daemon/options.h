@@ -35,6 +35,23 @@ struct DaemonOptions {
   std::string host_id;
   // Root of sysfs and of /etc, /proc: tests point it at a fake tree.
   std::string system_root = "/";
+
+  // Fabric: daemons with another id are refused.
+  std::string fabric_id = "epfabric";
+  int heartbeat_ms = 1000;
+  int heartbeat_misses = 3;
+  // Largest region this daemon allocates for one group (0: no limit of ours; the device or shm decides).
+  uint64_t max_region_bytes = 0;
+  // cuda backend: "posix_fd" (cuMem + file descriptor over the socket) or "cuda_ipc".
+  std::string memory_sharing = "posix_fd";
+  // Default client lease TTL.
+  int lease_ttl_ms = 10000;
+  // Mutual TLS on the peer port: all three or none.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  // Name checked in peers' certificates instead of the dialled host.
+  std::string tls_target_name;
 };
 
 // Checks every field and their combinations. The error message starts with the offending flag ("--rank: ...").

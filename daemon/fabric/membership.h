@@ -1,0 +1,116 @@
+// Fabric membership: who is in the fabric, who is alive, and the epoch that counts changes.
+//
+// Rank 0 is the coordinator. Other ranks Join it (retrying with backoff until it answers) and then beat it every
+// heartbeat interval. The coordinator marks a rank DOWN when it has been silent for `heartbeat_misses` intervals,
+// or earlier when a probe of a late rank finds its peer port refusing connections (a dead process). Every change
+// increases the epoch and is pushed to all live members (and piggybacked on heartbeat answers). A restarted
+// daemon rejoins with the same rank and a new incarnation; a second daemon claiming a rank whose holder still
+// answers is refused. If the coordinator dies, members keep their view, report the fabric degraded, and rejoin
+// the next coordinator, which continues the epoch above what members have seen.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "epfabric/v1/peer.pb.h"
+#include "fabric/peer_links.h"
+
+namespace epfabric::daemon::fabric {
+
+struct FabricConfig {
+  std::string fabric_id = "epfabric";
+  int rank = 0;
+  int world_size = 1;
+  std::string coordinator;  // rank 0's peer address; unused by rank 0 itself
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  int heartbeat_misses = 3;
+};
+
+class Membership {
+ public:
+  // Called, outside any lock, with the new view after every change of this daemon's view.
+  using ChangeListener = std::function<void(const v1::Membership& view, bool degraded)>;
+  // Coordinator: called for every accepted Join (to adopt the groups the member reports).
+  using JoinObserver = std::function<void(const v1::JoinRequest& request)>;
+  // Member: the groups to report when (re)joining.
+  using LocalGroups = std::function<std::vector<v1::GroupRecord>()>;
+
+  Membership(FabricConfig config, v1::MemberInfo self, PeerLinks* links);
+  ~Membership();
+
+  void SetChangeListener(ChangeListener listener);
+  void SetJoinObserver(JoinObserver observer);
+  void SetLocalGroups(LocalGroups groups);
+
+  // The peer address becomes known once the peer server listens (port 0 picks one); set it before Start().
+  void SetPeerAddress(const std::string& address);
+
+  // Starts the background thread (joining/beating, or monitoring on the coordinator).
+  void Start();
+  void Stop();
+
+  // Peer RPCs.
+  absl::StatusOr<v1::JoinResponse> HandleJoin(const v1::JoinRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> HandleHeartbeat(const v1::HeartbeatRequest& request);
+  absl::Status HandlePublish(const v1::PublishMembershipRequest& request);
+
+  // FAILED_PRECONDITION unless `fabric_id` is ours.
+  absl::Status CheckFabricId(const std::string& fabric_id) const;
+
+  v1::Membership View() const;
+  // True when the coordinator is unreachable or some rank is not UP.
+  bool Degraded() const;
+  bool CoordinatorReachable() const;
+  bool is_coordinator() const { return config_.rank == 0; }
+  const FabricConfig& config() const { return config_; }
+  v1::MemberInfo self() const;
+  // The coordinator's peer address as this daemon knows it.
+  std::string CoordinatorAddress() const;
+
+ private:
+  void Run();
+  void RunCoordinatorStep();
+  void RunMemberStep();
+  // Coordinator: records a change (epoch + 1) and schedules a push. Requires mutex_.
+  void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  void PushMembership(const v1::Membership& view);
+  void ProbeAsync(int rank, const std::string& address, uint64_t incarnation);
+  void Notify();
+  bool DegradedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
+  // Applies a membership received from the coordinator if it is newer. Requires mutex_.
+  bool ApplyLocked(const v1::Membership& membership) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
+  const FabricConfig config_;
+  const uint64_t incarnation_;
+  PeerLinks* const links_;
+
+  mutable absl::Mutex mutex_;
+  v1::MemberInfo self_ ABSL_GUARDED_BY(mutex_);
+  v1::Membership view_ ABSL_GUARDED_BY(mutex_);
+  // Coordinator: when each rank last beat, and whether a probe of it is in flight.
+  std::vector<absl::Time> last_beat_ ABSL_GUARDED_BY(mutex_);
+  std::vector<bool> probing_ ABSL_GUARDED_BY(mutex_);
+  bool push_pending_ ABSL_GUARDED_BY(mutex_) = false;
+  // Member: joined the current coordinator, and when it last answered.
+  bool joined_ ABSL_GUARDED_BY(mutex_) = false;
+  bool coordinator_reachable_ ABSL_GUARDED_BY(mutex_) = false;
+  absl::Time last_contact_ ABSL_GUARDED_BY(mutex_);
+  bool notify_pending_ ABSL_GUARDED_BY(mutex_) = false;
+  int probes_in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+
+  ChangeListener change_listener_;
+  JoinObserver join_observer_;
+  LocalGroups local_groups_;
+  std::thread thread_;
+};
+
+}  // namespace epfabric::daemon::fabric

@@ -1,0 +1,81 @@
+#include "fabric/peer_links.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace epfabric::daemon::fabric {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (buffer.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", path, "' holds no PEM data"));
+  }
+  return buffer.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PeerLinks>> PeerLinks::Create(const TlsFiles& files) {
+  auto links = std::make_unique<PeerLinks>();
+  const int given = !files.cert.empty() + !files.key.empty() + !files.ca.empty();
+  if (given != 0 && given != 3) {
+    return absl::InvalidArgumentError("--tls_cert, --tls_key and --tls_ca go together: give all three or none");
+  }
+  if (given == 0) return links;
+  auto cert = ReadPem("tls_cert", files.cert);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPem("tls_key", files.key);
+  if (!key.ok()) return key.status();
+  auto ca = ReadPem("tls_ca", files.ca);
+  if (!ca.ok()) return ca.status();
+  links->tls_ = true;
+  links->cert_ = *cert;
+  links->key_ = *key;
+  links->ca_ = *ca;
+  links->target_name_ = files.target_name;
+  return links;
+}
+
+std::shared_ptr<grpc::ServerCredentials> PeerLinks::ServerCredentials() const {
+  if (!tls_) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = ca_;
+  options.pem_key_cert_pairs.push_back({key_, cert_});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> PeerLinks::ChannelCredentials() const {
+  if (!tls_) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = ca_;
+  options.pem_private_key = key_;
+  options.pem_cert_chain = cert_;
+  return grpc::SslCredentials(options);
+}
+
+std::shared_ptr<grpc::Channel> PeerLinks::Channel(const std::string& address) {
+  absl::MutexLock lock(&mutex_);
+  auto it = channels_.find(address);
+  if (it != channels_.end()) return it->second;
+  grpc::ChannelArguments args;
+  if (tls_ && !target_name_.empty()) args.SetSslTargetNameOverride(target_name_);
+  // Peers come and go (restarts); reconnect quickly instead of gRPC's default backoff of up to 2 minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto channel = grpc::CreateCustomChannel(address, ChannelCredentials(), args);
+  channels_[address] = channel;
+  return channel;
+}
+
+std::shared_ptr<v1::Peer::Stub> PeerLinks::Stub(const std::string& address) {
+  return std::shared_ptr<v1::Peer::Stub>(v1::Peer::NewStub(Channel(address)));
+}
+
+}  // namespace epfabric::daemon::fabric

@@ -1,0 +1,48 @@
+// Channels to other daemons' peer ports, with the fabric's credentials: mutual TLS when certificates are
+// configured, plaintext otherwise (then the peer port only listens on loopback unless explicitly allowed).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "epfabric/v1/peer.grpc.pb.h"
+
+namespace epfabric::daemon::fabric {
+
+struct TlsFiles {
+  std::string cert;  // PEM certificate chain of this daemon
+  std::string key;   // PEM private key
+  std::string ca;    // PEM CA bundle that peers' certificates must chain to
+  // Name to check in peers' certificates instead of the dialled host (e.g. when dialling IP addresses).
+  std::string target_name;
+  bool enabled() const { return !cert.empty(); }
+};
+
+class PeerLinks {
+ public:
+  // Reads the PEM files (all three or none). Errors name the flag.
+  static absl::StatusOr<std::unique_ptr<PeerLinks>> Create(const TlsFiles& files);
+
+  std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
+  std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() const;
+
+  // A stub for the peer server at `address`, sharing one channel per address.
+  std::shared_ptr<v1::Peer::Stub> Stub(const std::string& address);
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address);
+
+  bool tls() const { return tls_; }
+
+ private:
+  bool tls_ = false;
+  std::string cert_, key_, ca_, target_name_;
+  absl::Mutex mutex_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace epfabric::daemon::fabric

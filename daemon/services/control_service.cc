@@ -1,0 +1,63 @@
+#include "services/control_service.h"
+
+#include "epfabric/proto/grpc_status.h"
+#include "logging.h"
+
+namespace epfabric::daemon {
+
+groups::ClientIdentity ControlService::Caller(grpc::ServerContext* context) const {
+  groups::ClientIdentity identity;
+  if (listener_ == nullptr) return identity;
+  if (auto credentials = listener_->Lookup(context->peer())) {
+    identity.pid = credentials->pid;
+    identity.uid = credentials->uid;
+  }
+  return identity;
+}
+
+grpc::Status ControlService::Finish(const char* method, grpc::ServerContext* context,
+                                    const absl::Status& status) const {
+  const groups::ClientIdentity caller = Caller(context);
+  Logger("control")->log(status.ok() ? spdlog::level::debug : spdlog::level::info, "{} from pid {} uid {}: {}",
+                         method, caller.pid, caller.uid, status.ok() ? "OK" : status.ToString());
+  return ToGrpcStatus(status);
+}
+
+grpc::Status ControlService::CreateGroup(grpc::ServerContext* context, const v1::CreateGroupRequest* request,
+                                         v1::CreateGroupResponse* response) {
+  auto result = groups_->CreateGroup(*request);
+  if (result.ok()) *response = std::move(*result);
+  return Finish("CreateGroup", context, result.status());
+}
+
+grpc::Status ControlService::DeleteGroup(grpc::ServerContext* context, const v1::DeleteGroupRequest* request,
+                                         v1::DeleteGroupResponse*) {
+  return Finish("DeleteGroup", context, groups_->DeleteGroup(*request));
+}
+
+grpc::Status ControlService::ListGroups(grpc::ServerContext* context, const v1::ListGroupsRequest*,
+                                        v1::ListGroupsResponse* response) {
+  *response = groups_->ListGroups();
+  return Finish("ListGroups", context, absl::OkStatus());
+}
+
+grpc::Status ControlService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
+                                    v1::AttachResponse* response) {
+  auto result = groups_->Attach(*request, Caller(context));
+  if (result.ok()) *response = std::move(*result);
+  return Finish("Attach", context, result.status());
+}
+
+grpc::Status ControlService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
+                                    v1::DetachResponse*) {
+  return Finish("Detach", context, groups_->Detach(*request));
+}
+
+grpc::Status ControlService::KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
+                                       v1::KeepAliveResponse* response) {
+  auto result = groups_->KeepAlive(*request);
+  if (result.ok()) *response = std::move(*result);
+  return Finish("KeepAlive", context, result.status());
+}
+
+}  // namespace epfabric::daemon

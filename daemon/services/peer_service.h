@@ -1,0 +1,32 @@
+// Peer service (daemon <-> daemon on the peer port). Thin: checks the fabric id, then hands each call to the
+// membership or the group manager.
+#pragma once
+
+#include "epfabric/v1/peer.grpc.pb.h"
+#include "fabric/membership.h"
+#include "groups/group_manager.h"
+
+namespace epfabric::daemon {
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  PeerService(fabric::Membership* membership, groups::GroupManager* groups)
+      : membership_(membership), groups_(groups) {}
+
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*, v1::JoinResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status PublishMembership(grpc::ServerContext*, const v1::PublishMembershipRequest*,
+                                 v1::PublishMembershipResponse*) override;
+  grpc::Status ProposeGroup(grpc::ServerContext*, const v1::ProposeGroupRequest*, v1::CreateGroupResponse*) override;
+  grpc::Status RetireGroup(grpc::ServerContext*, const v1::RetireGroupRequest*, v1::RetireGroupResponse*) override;
+  grpc::Status PrepareGroup(grpc::ServerContext*, const v1::PrepareGroupRequest*, v1::PrepareGroupResponse*) override;
+  grpc::Status CommitGroup(grpc::ServerContext*, const v1::CommitGroupRequest*, v1::CommitGroupResponse*) override;
+  grpc::Status ReleaseGroup(grpc::ServerContext*, const v1::ReleaseGroupRequest*, v1::ReleaseGroupResponse*) override;
+  // Barrier answers UNIMPLEMENTED until a control-plane barrier is needed.
+
+ private:
+  fabric::Membership* const membership_;
+  groups::GroupManager* const groups_;
+};
+
+}  // namespace epfabric::daemon
