@@ -50,7 +50,13 @@ class RegionAllocator {
 // fabrics and ranks apart). `max_region_bytes` bounds one region (0 = no limit of ours).
 std::unique_ptr<RegionAllocator> MakeHostAllocator(std::string shm_prefix, uint64_t max_region_bytes);
 
-// CUDA device memory on `device`, shared as `default_sharing` unless the spec says otherwise.
+// The cuda backend's sharing when neither the allocator nor the spec names one: cuMem + POSIX fd works across
+// containers that share only the daemon's Unix socket (no shared IPC or PID namespace); see docs/memory.md.
+inline constexpr v1::MemorySharing kDefaultCudaSharing = v1::MEMORY_SHARING_POSIX_FD;
+
+// CUDA device memory on `device`, shared as `default_sharing` unless the spec says otherwise (UNSPECIFIED:
+// kDefaultCudaSharing). POSIX_FD regions are rounded up to the allocation granularity (2 MiB on Hopper) and
+// `descriptor().size_bytes` is the rounded size, which is what a client must map.
 std::unique_ptr<RegionAllocator> MakeCudaAllocator(int device, v1::MemorySharing default_sharing,
                                                    uint64_t max_region_bytes);
 

@@ -1,0 +1,293 @@
+#include "memory/region_import.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "epfabric/common/cuda_driver.h"
+#include "epfabric/common/fd_passing.h"
+
+namespace epfabric::client::memory {
+namespace {
+
+using cuda::CudaStatus;
+using cuda::CuStatus;
+
+std::string ErrnoText(int error) { return absl::StrCat(std::strerror(error), " (errno ", error, ")"); }
+
+// Switches the calling thread to `device` and back to whatever was current before: importing a region must not
+// change the device that the caller's later CUDA calls go to.
+class ScopedDevice {
+ public:
+  ScopedDevice() = default;
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+  ~ScopedDevice() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  absl::Status Use(int device) {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != device) previous_ = current;
+    (void)cudaGetLastError();
+    return cuda::UseDevice(device);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+// The accessing device as an ordinal of this process.
+absl::StatusOr<int> ResolveAccessingDevice(const ImportOptions& options) {
+  int count = 0;
+  if (absl::Status status = CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"); !status.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("no usable CUDA device in this process: ", status.message()));
+  }
+  int device = options.accessing_device;
+  if (device < 0) {
+    if (absl::Status status = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !status.ok()) return status;
+  }
+  if (device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImportOptions.accessing_device ", device, " does not exist (", count, " visible)"));
+  }
+  return device;
+}
+
+// The owner's ordinal in this process, or -1 when its GPU is not visible here (CUDA_VISIBLE_DEVICES, a container
+// that was given one GPU): sharing may still work through the accessing device, so that is not an error by itself.
+int FindOwnerDevice(const v1::RegionDescriptor& descriptor) {
+  if (descriptor.device_pci_bus_id().empty()) return -1;
+  int owner = -1;
+  if (cudaDeviceGetByPCIBusId(&owner, descriptor.device_pci_bus_id().c_str()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return owner;
+}
+
+absl::Status CheckPeerAccess(int accessing, int owner, const v1::RegionDescriptor& descriptor) {
+  if (owner < 0 || owner == accessing) return absl::OkStatus();
+  int can_access = 0;
+  if (cudaDeviceCanAccessPeer(&can_access, accessing, owner) != cudaSuccess) (void)cudaGetLastError();
+  if (can_access == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("device ", accessing, " cannot access the memory of device ",
+                                                      owner, " (", descriptor.device_pci_bus_id(),
+                                                      "): no peer access between them"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MappedRegion> ImportHost(
+    const v1::RegionDescriptor& descriptor,
+    const std::function<MappedRegion(void*, int, std::function<absl::Status()>)>& make) {
+  const std::string& name = descriptor.shm_name();
+  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos || name.size() > NAME_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegionDescriptor.shm_name '", name, "' is not a POSIX shared-memory name (/name)"));
+  }
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int error = errno;
+    return absl::Status(error == ENOENT   ? absl::StatusCode::kNotFound
+                        : error == EACCES ? absl::StatusCode::kPermissionDenied
+                                          : absl::StatusCode::kInternal,
+                        absl::StrCat("shm_open(", name, "): ", ErrnoText(error)));
+  }
+  common::UniqueFd owned(fd);  // the mapping keeps the object; the descriptor is closed on return
+  struct stat info {};
+  if (fstat(fd, &info) != 0) return absl::InternalError(absl::StrCat("fstat(", name, "): ", ErrnoText(errno)));
+  if (static_cast<uint64_t>(info.st_size) < descriptor.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("RegionDescriptor.size_bytes ", descriptor.size_bytes(),
+                                                   " is larger than ", name, " (", info.st_size, " bytes)"));
+  }
+  void* data = mmap(nullptr, descriptor.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mmap(", name, ", ", descriptor.size_bytes(), "): ", ErrnoText(errno)));
+  }
+  const uint64_t size = descriptor.size_bytes();
+  return make(data, -1, [data, size, name]() -> absl::Status {
+    if (munmap(data, size) != 0) return absl::InternalError(absl::StrCat("munmap(", name, "): ", ErrnoText(errno)));
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<MappedRegion> ImportCudaIpc(
+    const v1::RegionDescriptor& descriptor, int accessing,
+    const std::function<MappedRegion(void*, int, std::function<absl::Status()>)>& make) {
+  cudaIpcMemHandle_t handle;
+  if (descriptor.handle().size() != sizeof(handle)) {
+    return absl::InvalidArgumentError(absl::StrCat("RegionDescriptor.handle has ", descriptor.handle().size(),
+                                                   " bytes; a cudaIpcMemHandle_t has ", sizeof(handle)));
+  }
+  std::memcpy(&handle, descriptor.handle().data(), sizeof(handle));
+  const int owner = FindOwnerDevice(descriptor);
+  if (absl::Status peer = CheckPeerAccess(accessing, owner, descriptor); !peer.ok()) return peer;
+  // Opened in the accessing device's context, with peer access enabled lazily by the driver, rather than in the
+  // owner's: a client on GPU 3 that maps the regions of 8 same-host ranks would otherwise create (and pay memory
+  // for) a context on every one of those GPUs.
+  ScopedDevice scoped;
+  if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+  void* data = nullptr;
+  if (absl::Status open = CudaStatus(cudaIpcOpenMemHandle(&data, handle, cudaIpcMemLazyEnablePeerAccess),
+                                     absl::StrCat("cudaIpcOpenMemHandle (owner ", descriptor.device_pci_bus_id(),
+                                                  ", accessing device ", accessing, ")"));
+      !open.ok()) {
+    return open;
+  }
+  return make(data, accessing, [data, accessing]() -> absl::Status {
+    ScopedDevice scoped;
+    if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+    return CudaStatus(cudaIpcCloseMemHandle(data), "cudaIpcCloseMemHandle");
+  });
+}
+
+absl::StatusOr<MappedRegion> ImportPosixFd(
+    const v1::RegionDescriptor& descriptor, int fd, int accessing,
+    const std::function<MappedRegion(void*, int, std::function<absl::Status()>)>& make) {
+  if (fd < 0) {
+    return absl::InvalidArgumentError("POSIX_FD region: no file descriptor was received with the descriptor");
+  }
+  absl::StatusOr<const cuda::DriverApi*> loaded = cuda::Driver();
+  if (!loaded.ok()) return loaded.status();
+  const cuda::DriverApi& driver = **loaded;
+  const int owner = FindOwnerDevice(descriptor);
+  if (absl::Status peer = CheckPeerAccess(accessing, owner, descriptor); !peer.ok()) return peer;
+  ScopedDevice scoped;
+  if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+
+  CUmemGenericAllocationHandle handle = 0;
+  if (absl::Status status =
+          CuStatus(driver,
+                   driver.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                   absl::StrCat("cuMemImportFromShareableHandle(fd ", fd, ")"));
+      !status.ok()) {
+    return status;
+  }
+  // The mapping holds its own reference to the memory, so the handle is released whatever happens below.
+  absl::Cleanup release_handle = [&driver, handle] { (void)driver.cuMemRelease(handle); };
+
+  CUmemAllocationProp prop{};
+  if (absl::Status status = CuStatus(driver, driver.cuMemGetAllocationPropertiesFromHandle(&prop, handle),
+                                     "cuMemGetAllocationPropertiesFromHandle");
+      !status.ok()) {
+    return status;
+  }
+  size_t granularity = 0;
+  if (absl::Status status =
+          CuStatus(driver, driver.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                   "cuMemGetAllocationGranularity");
+      !status.ok()) {
+    return status;
+  }
+  const uint64_t size = descriptor.size_bytes();
+  if (size == 0 || granularity == 0 || size % granularity != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("RegionDescriptor.size_bytes ", size,
+                                                   " is not a positive multiple of the allocation granularity ",
+                                                   granularity));
+  }
+  CUdeviceptr address = 0;
+  if (absl::Status status = CuStatus(driver, driver.cuMemAddressReserve(&address, size, granularity, 0, 0),
+                                     absl::StrCat("cuMemAddressReserve(", size, ")"));
+      !status.ok()) {
+    return status;
+  }
+  absl::Cleanup free_address = [&driver, address, size] { (void)driver.cuMemAddressFree(address, size); };
+  if (absl::Status status = CuStatus(driver, driver.cuMemMap(address, size, 0, handle, 0),
+                                     absl::StrCat("cuMemMap(", size,
+                                                  " bytes; a size larger than the allocation "
+                                                  "fails here)"));
+      !status.ok()) {
+    return status;
+  }
+  absl::Cleanup unmap = [&driver, address, size] { (void)driver.cuMemUnmap(address, size); };
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = accessing;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (absl::Status status = CuStatus(driver, driver.cuMemSetAccess(address, size, &access, 1),
+                                     absl::StrCat("cuMemSetAccess(device ", accessing, ")"));
+      !status.ok()) {
+    return status;
+  }
+  std::move(unmap).Cancel();
+  std::move(free_address).Cancel();
+  const cuda::DriverApi* driver_ptr = &driver;
+  return make(reinterpret_cast<void*>(address), accessing, [driver_ptr, address, size, accessing]() -> absl::Status {
+    ScopedDevice scoped;
+    if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+    absl::Status unmapped = CuStatus(*driver_ptr, driver_ptr->cuMemUnmap(address, size), "cuMemUnmap");
+    absl::Status freed = CuStatus(*driver_ptr, driver_ptr->cuMemAddressFree(address, size), "cuMemAddressFree");
+    return unmapped.ok() ? freed : unmapped;
+  });
+}
+
+}  // namespace
+
+MappedRegion::MappedRegion(MappedRegion&& other) noexcept
+    : data_(other.data_),
+      size_(other.size_),
+      sharing_(other.sharing_),
+      device_(other.device_),
+      unmap_(std::move(other.unmap_)) {
+  other.unmap_ = nullptr;
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
+  if (this != &other) {
+    (void)Unmap();
+    data_ = other.data_;
+    size_ = other.size_;
+    sharing_ = other.sharing_;
+    device_ = other.device_;
+    unmap_ = std::move(other.unmap_);
+    other.unmap_ = nullptr;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+MappedRegion::~MappedRegion() {
+  if (absl::Status status = Unmap(); !status.ok()) {
+    std::fprintf(stderr, "epfabric: unmapping a region failed: %s\n", status.ToString().c_str());
+  }
+}
+
+absl::Status MappedRegion::Unmap() {
+  if (!unmap_) return absl::OkStatus();
+  std::function<absl::Status()> unmap = std::move(unmap_);
+  unmap_ = nullptr;
+  data_ = nullptr;
+  return unmap();
+}
+
+absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor& descriptor, int fd,
+                                          const ImportOptions& options) {
+  if (descriptor.size_bytes() == 0) return absl::InvalidArgumentError("RegionDescriptor.size_bytes is 0");
+  const v1::MemorySharing sharing = descriptor.sharing();
+  auto make = [&descriptor, sharing](void* data, int device, std::function<absl::Status()> unmap) {
+    return MappedRegion(data, descriptor.size_bytes(), sharing, device, std::move(unmap));
+  };
+  if (sharing == v1::MEMORY_SHARING_POSIX_SHM) return ImportHost(descriptor, make);
+  if (sharing != v1::MEMORY_SHARING_CUDA_IPC && sharing != v1::MEMORY_SHARING_POSIX_FD) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegionDescriptor.sharing ", v1::MemorySharing_Name(sharing), " cannot be imported"));
+  }
+  absl::StatusOr<int> accessing = ResolveAccessingDevice(options);
+  if (!accessing.ok()) return accessing.status();
+  if (sharing == v1::MEMORY_SHARING_CUDA_IPC) return ImportCudaIpc(descriptor, *accessing, make);
+  return ImportPosixFd(descriptor, fd, *accessing, make);
+}
+
+}  // namespace epfabric::client::memory
