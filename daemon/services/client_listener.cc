@@ -68,7 +68,8 @@ void ClientListener::AcceptLoop() {
     }
     pollfd pfd{listen_fd_, POLLIN, 0};
     if (poll(&pfd, 1, 50) <= 0) continue;  // the timeout lets Stop() end the loop
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    // gRPC drives the connection with its event engine, which needs a non-blocking socket.
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
         Logger("daemon")->warn("accept on {}: {}", path_, strerror(errno));
