@@ -40,7 +40,6 @@ absl::StatusOr<DriverApi> Load() {
            ResolveInto("cuMemCreate", api.cuMemCreate),
            ResolveInto("cuMemRelease", api.cuMemRelease),
            ResolveInto("cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity),
-           ResolveInto("cuMemGetAllocationPropertiesFromHandle", api.cuMemGetAllocationPropertiesFromHandle),
            ResolveInto("cuMemAddressReserve", api.cuMemAddressReserve),
            ResolveInto("cuMemAddressFree", api.cuMemAddressFree),
            ResolveInto("cuMemMap", api.cuMemMap),

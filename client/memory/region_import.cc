@@ -175,12 +175,13 @@ absl::StatusOr<MappedRegion> ImportPosixFd(
   // The mapping holds its own reference to the memory, so the handle is released whatever happens below.
   absl::Cleanup release_handle = [&driver, handle] { (void)driver.cuMemRelease(handle); };
 
+  // Granularity for the address reservation, asked for the accessing device: the properties of the imported handle
+  // name the owner's device, which may not even be visible in this process.
   CUmemAllocationProp prop{};
-  if (absl::Status status = CuStatus(driver, driver.cuMemGetAllocationPropertiesFromHandle(&prop, handle),
-                                     "cuMemGetAllocationPropertiesFromHandle");
-      !status.ok()) {
-    return status;
-  }
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = accessing;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t granularity = 0;
   if (absl::Status status =
           CuStatus(driver, driver.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),

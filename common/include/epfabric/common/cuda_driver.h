@@ -26,7 +26,6 @@ struct DriverApi {
   PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
   PFN_cuMemRelease_v10020 cuMemRelease = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
-  PFN_cuMemGetAllocationPropertiesFromHandle_v10020 cuMemGetAllocationPropertiesFromHandle = nullptr;
   PFN_cuMemAddressReserve_v10020 cuMemAddressReserve = nullptr;
   PFN_cuMemAddressFree_v10020 cuMemAddressFree = nullptr;
   PFN_cuMemMap_v10020 cuMemMap = nullptr;
