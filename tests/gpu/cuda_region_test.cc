@@ -238,6 +238,43 @@ TEST(CudaRegionVisibilityTest, ClientThatSeesOnlyItsOwnGpu) {
   }
 }
 
+// POSIX_FD: the daemon frees a region (a group is deleted) while a client still maps it. The client's mapping holds
+// its own reference, so its loads and stores stay valid until it unmaps, and the memory is never reused under it.
+TEST(CudaRegionLifetimeTest, PosixFdClientMappingOutlivesTheRegion) {
+  EPF_REQUIRE_GPUS(2);
+  std::unique_ptr<RegionAllocator> allocator = MakeCudaAllocator(0, v1::MEMORY_SHARING_POSIX_FD, 0);
+  absl::StatusOr<std::unique_ptr<Region>> region = allocator->Allocate(Spec(v1::MEMORY_SHARING_POSIX_FD));
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(
+      testing::LaunchFillPattern(static_cast<uint32_t*>((*region)->base()), kRegionBytes / 4, kOwnerSeed, nullptr),
+      cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  absl::StatusOr<testing::ChildChannel> channel = testing::ChildChannel::Listen();
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  absl::StatusOr<pid_t> child =
+      testing::SpawnSelf({"--epf_cuda_import_helper", "--socket=" + channel->path(), "--device=1", "--hold=1",
+                          absl::StrCat("--seed_read=", kOwnerSeed), absl::StrCat("--seed_write=", kClientSeed),
+                          absl::StrCat("--elements=", kRegionBytes / 4)});
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<common::UniqueFd> connection = channel->Accept(absl::Seconds(30));
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  ASSERT_TRUE(common::SendFds(connection->get(), {(*region)->shareable_fd()},
+                              (*region)->descriptor().SerializeAsString(), absl::Seconds(10))
+                  .ok());
+  absl::StatusOr<common::ReceivedFds> mapped = common::ReceiveFds(connection->get(), absl::Seconds(30));
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_EQ(mapped->payload, "mapped");
+  region->reset();  // the daemon frees its handle, mapping and fd
+  ASSERT_TRUE(common::SendFds(connection->get(), {}, "go", absl::Seconds(5)).ok());
+  absl::StatusOr<common::ReceivedFds> result = common::ReceiveFds(connection->get(), absl::Seconds(30));
+  absl::StatusOr<int> exit_code = testing::WaitChild(*child, absl::Seconds(30));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->payload, "ok held");
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
 TEST(CudaRegionTest, ZeroClearsExactlyTheRangeOnTheDevice) {
   EPF_REQUIRE_GPUS(1);
   for (v1::MemorySharing sharing : {v1::MEMORY_SHARING_POSIX_FD, v1::MEMORY_SHARING_CUDA_IPC}) {
@@ -325,6 +362,21 @@ int RunCudaImportHelper(int argc, char** argv) {
   absl::StatusOr<uint64_t> mismatches = DeviceMismatches(mapped->data(), elements, seed_read);
   if (!mismatches.ok()) return reply("error: reading the region: " + mismatches.status().ToString(), 8);
   if (*mismatches != 0) return reply(absl::StrCat("error: ", *mismatches, " elements differ from the owner's"), 9);
+  if (testing::FlagValue(argc, argv, "hold") == "1") {
+    // The owner frees its region while this mapping is alive; the memory must stay usable until we unmap.
+    if (!common::SendFds(connection->get(), {}, "mapped", absl::Seconds(5)).ok()) return 14;
+    absl::StatusOr<common::ReceivedFds> go = common::ReceiveFds(connection->get(), absl::Seconds(20));
+    if (!go.ok() || go->payload != "go") return reply("error: no go from the owner", 15);
+    if (testing::LaunchFillPattern(static_cast<uint32_t*>(mapped->data()), elements, seed_write, nullptr) !=
+            cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      return reply(absl::StrCat("error: writing after the owner freed: ", cudaGetErrorString(cudaGetLastError())), 16);
+    }
+    absl::StatusOr<uint64_t> after = DeviceMismatches(mapped->data(), elements, seed_write);
+    if (!after.ok() || *after != 0) return reply("error: the region changed under us after the owner freed it", 17);
+    if (absl::Status unmapped = mapped->Unmap(); !unmapped.ok()) return reply("error: " + unmapped.ToString(), 18);
+    return reply("ok held", 0);
+  }
   if (testing::LaunchFillPattern(static_cast<uint32_t*>(mapped->data()), elements, seed_write, nullptr) !=
           cudaSuccess ||
       cudaDeviceSynchronize() != cudaSuccess) {
