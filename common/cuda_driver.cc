@@ -35,6 +35,7 @@ absl::StatusOr<DriverApi> Load() {
   for (absl::Status status : {
            ResolveInto("cuGetErrorName", api.cuGetErrorName),
            ResolveInto("cuGetErrorString", api.cuGetErrorString),
+           ResolveInto("cuCtxGetCurrent", api.cuCtxGetCurrent),
            ResolveInto("cuDeviceGet", api.cuDeviceGet),
            ResolveInto("cuDeviceGetAttribute", api.cuDeviceGetAttribute),
            ResolveInto("cuMemCreate", api.cuMemCreate),

@@ -23,8 +23,9 @@ using cuda::CuStatus;
 
 std::string ErrnoText(int error) { return absl::StrCat(std::strerror(error), " (errno ", error, ")"); }
 
-// Switches the calling thread to `device` and back to whatever was current before: importing a region must not
-// change the device that the caller's later CUDA calls go to.
+// Switches the calling thread to `device` and back to the device it used before: importing a region must not change
+// where the caller's later CUDA calls go. A thread that had no current context is left on `device` rather than
+// "restored" to device 0, which would create a context (and spend memory) on a GPU the caller never asked for.
 class ScopedDevice {
  public:
   ScopedDevice() = default;
@@ -34,8 +35,13 @@ class ScopedDevice {
     if (previous_ >= 0) (void)cudaSetDevice(previous_);
   }
   absl::Status Use(int device) {
+    absl::StatusOr<const cuda::DriverApi*> driver = cuda::Driver();
+    CUcontext current_context = nullptr;
     int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != device) previous_ = current;
+    if (driver.ok() && (*driver)->cuCtxGetCurrent(&current_context) == CUDA_SUCCESS && current_context != nullptr &&
+        cudaGetDevice(&current) == cudaSuccess && current != device) {
+      previous_ = current;
+    }
     (void)cudaGetLastError();
     return cuda::UseDevice(device);
   }

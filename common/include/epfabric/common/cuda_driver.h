@@ -21,6 +21,7 @@ inline constexpr unsigned int kDriverApiVersion = 12000;
 struct DriverApi {
   PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
+  PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
   PFN_cuDeviceGet_v2000 cuDeviceGet = nullptr;
   PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute = nullptr;
   PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
