@@ -35,12 +35,12 @@ absl::StatusOr<DriverApi> Load() {
   for (absl::Status status : {
            ResolveInto("cuGetErrorName", api.cuGetErrorName),
            ResolveInto("cuGetErrorString", api.cuGetErrorString),
+           ResolveInto("cuCtxGetCurrent", api.cuCtxGetCurrent),
            ResolveInto("cuDeviceGet", api.cuDeviceGet),
            ResolveInto("cuDeviceGetAttribute", api.cuDeviceGetAttribute),
            ResolveInto("cuMemCreate", api.cuMemCreate),
            ResolveInto("cuMemRelease", api.cuMemRelease),
            ResolveInto("cuMemGetAllocationGranularity", api.cuMemGetAllocationGranularity),
-           ResolveInto("cuMemGetAllocationPropertiesFromHandle", api.cuMemGetAllocationPropertiesFromHandle),
            ResolveInto("cuMemAddressReserve", api.cuMemAddressReserve),
            ResolveInto("cuMemAddressFree", api.cuMemAddressFree),
            ResolveInto("cuMemMap", api.cuMemMap),

@@ -5,9 +5,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,9 +26,10 @@ absl::Status WaitReady(int socket_fd, short events, absl::Time deadline, absl::s
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError(absl::StrCat(what, ": timed out"));
     pollfd entry{.fd = socket_fd, .events = events, .revents = 0};
-    // Round up so that a sub-millisecond remainder still waits instead of spinning.
-    const int wait_ms =
-        static_cast<int>(absl::ToInt64Milliseconds(left + absl::Milliseconds(1) - absl::Nanoseconds(1)));
+    // Round up so that a sub-millisecond remainder still waits instead of spinning; cap for poll's int (an infinite
+    // timeout simply polls again after ~24 days).
+    const int64_t left_ms = absl::ToInt64Milliseconds(left + absl::Milliseconds(1) - absl::Nanoseconds(1));
+    const int wait_ms = static_cast<int>(std::min<int64_t>(left_ms, std::numeric_limits<int>::max()));
     const int ready = poll(&entry, 1, wait_ms);
     if (ready > 0) return absl::OkStatus();  // readable, writable, or an error that the next call reports
     if (ready < 0 && errno != EINTR) {

@@ -26,21 +26,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "epfabric/common/fd_passing.h"
+#include "memory_pattern.h"
 
 extern char** environ;
 
 namespace epfabric::testing {
-
-// The value of element `index` of a pattern: distinct per seed, never the same for neighbours, rarely zero.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-    inline uint32_t
-    PatternValue(uint64_t index, uint32_t seed) {
-  uint32_t x = static_cast<uint32_t>(index) * 2654435761u + seed * 0x9E3779B9u + static_cast<uint32_t>(index >> 32);
-  x ^= x >> 16;
-  return x * 0x85EBCA6Bu + 1u;
-}
 
 // A listening Unix stream socket in a fresh private directory, removed on destruction.
 class ChildChannel {

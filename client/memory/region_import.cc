@@ -23,8 +23,9 @@ using cuda::CuStatus;
 
 std::string ErrnoText(int error) { return absl::StrCat(std::strerror(error), " (errno ", error, ")"); }
 
-// Switches the calling thread to `device` and back to whatever was current before: importing a region must not
-// change the device that the caller's later CUDA calls go to.
+// Switches the calling thread to `device` and back to the device it used before: importing a region must not change
+// where the caller's later CUDA calls go. A thread that had no current context is left on `device` rather than
+// "restored" to device 0, which would create a context (and spend memory) on a GPU the caller never asked for.
 class ScopedDevice {
  public:
   ScopedDevice() = default;
@@ -34,8 +35,13 @@ class ScopedDevice {
     if (previous_ >= 0) (void)cudaSetDevice(previous_);
   }
   absl::Status Use(int device) {
+    absl::StatusOr<const cuda::DriverApi*> driver = cuda::Driver();
+    CUcontext current_context = nullptr;
     int current = -1;
-    if (cudaGetDevice(&current) == cudaSuccess && current != device) previous_ = current;
+    if (driver.ok() && (*driver)->cuCtxGetCurrent(&current_context) == CUDA_SUCCESS && current_context != nullptr &&
+        cudaGetDevice(&current) == cudaSuccess && current != device) {
+      previous_ = current;
+    }
     (void)cudaGetLastError();
     return cuda::UseDevice(device);
   }
@@ -175,12 +181,13 @@ absl::StatusOr<MappedRegion> ImportPosixFd(
   // The mapping holds its own reference to the memory, so the handle is released whatever happens below.
   absl::Cleanup release_handle = [&driver, handle] { (void)driver.cuMemRelease(handle); };
 
+  // Granularity for the address reservation, asked for the accessing device: the properties of the imported handle
+  // name the owner's device, which may not even be visible in this process.
   CUmemAllocationProp prop{};
-  if (absl::Status status = CuStatus(driver, driver.cuMemGetAllocationPropertiesFromHandle(&prop, handle),
-                                     "cuMemGetAllocationPropertiesFromHandle");
-      !status.ok()) {
-    return status;
-  }
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = accessing;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   size_t granularity = 0;
   if (absl::Status status =
           CuStatus(driver, driver.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),

@@ -63,8 +63,9 @@ class CudaIpcRegion final : public Region {
   ~CudaIpcRegion() override {
     absl::Status freed = cuda::UseDevice(device_);
     if (freed.ok()) freed = CudaStatus(cudaFree(base_), "cudaFree");
-    if (!freed.ok())
+    if (!freed.ok()) {
       Logger("memory")->warn("freeing cuda region on device {}: {}", device_, std::string(freed.message()));
+    }
   }
 
   const v1::RegionDescriptor& descriptor() const override { return descriptor_; }
@@ -91,8 +92,7 @@ class PosixFdRegion final : public Region {
   ~PosixFdRegion() override {
     if (fd_ >= 0) close(fd_);
     absl::Status use = cuda::UseDevice(device_);
-    if (!use.ok())
-      Logger("memory")->warn("releasing cuda region on device {}: {}", device_, std::string(use.message()));
+    if (!use.ok()) Warn(use);
     if (mapped_) Warn(CuStatus(driver_, driver_.cuMemUnmap(address_, size_), "cuMemUnmap"));
     if (address_ != 0) Warn(CuStatus(driver_, driver_.cuMemAddressFree(address_, size_), "cuMemAddressFree"));
     // Clients that imported the handle hold their own reference; the memory goes away when the last one releases.
@@ -182,8 +182,9 @@ class PosixFdRegion final : public Region {
 
  private:
   void Warn(const absl::Status& status) const {
-    if (!status.ok())
+    if (!status.ok()) {
       Logger("memory")->warn("releasing cuda region on device {}: {}", device_, std::string(status.message()));
+    }
   }
 
   const cuda::DriverApi& driver_;

@@ -58,10 +58,12 @@ class HostRegion final : public Region {
     // Unlink first: a client that still has it mapped keeps its pages until it unmaps, but nobody can open the
     // name any more, and a new region of the same name can be created right away.
     if (shm_unlink(descriptor_.shm_name().c_str()) != 0 && errno != ENOENT) {
-      Logger("memory")->warn("shm_unlink({}) failed: {}", descriptor_.shm_name(), ErrnoText(errno));
+      const std::string error = ErrnoText(errno);  // before the logger can touch errno
+      Logger("memory")->warn("shm_unlink({}) failed: {}", descriptor_.shm_name(), error);
     }
     if (munmap(base_, descriptor_.size_bytes()) != 0) {
-      Logger("memory")->warn("munmap of {} failed: {}", descriptor_.shm_name(), ErrnoText(errno));
+      const std::string error = ErrnoText(errno);
+      Logger("memory")->warn("munmap of {} failed: {}", descriptor_.shm_name(), error);
     }
     live_names_->Erase(descriptor_.shm_name());
   }

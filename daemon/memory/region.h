@@ -50,8 +50,8 @@ class RegionAllocator {
 // fabrics and ranks apart). `max_region_bytes` bounds one region (0 = no limit of ours).
 std::unique_ptr<RegionAllocator> MakeHostAllocator(std::string shm_prefix, uint64_t max_region_bytes);
 
-// The cuda backend's sharing when neither the allocator nor the spec names one: cuMem + POSIX fd works across
-// containers that share only the daemon's Unix socket (no shared IPC or PID namespace); see docs/memory.md.
+// The cuda backend's sharing when neither the allocator nor the spec names one: cuMem + POSIX fd needs only the
+// daemon's Unix socket (checked with the client in its own PID, IPC and mount namespaces); see docs/memory.md.
 inline constexpr v1::MemorySharing kDefaultCudaSharing = v1::MEMORY_SHARING_POSIX_FD;
 
 // CUDA device memory on `device`, shared as `default_sharing` unless the spec says otherwise (UNSPECIFIED:

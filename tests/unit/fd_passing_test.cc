@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -98,6 +99,18 @@ TEST(FdPassingTest, LargePayloadCrossesManyWrites) {
   ASSERT_TRUE(received.ok()) << received.status();
   EXPECT_EQ(received->payload, payload);
   EXPECT_EQ(received->fds.size(), 1u);
+}
+
+TEST(FdPassingTest, InfiniteTimeoutWaitsForTheMessage) {
+  SocketPair sockets = MakeSocketPair();
+  std::thread sender([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    (void)SendFds(sockets.a.get(), {}, "late", absl::InfiniteDuration());
+  });
+  absl::StatusOr<ReceivedFds> received = ReceiveFds(sockets.b.get(), absl::InfiniteDuration());
+  sender.join();
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->payload, "late");
 }
 
 TEST(FdPassingTest, ReceiveTimesOut) {

@@ -21,12 +21,12 @@ inline constexpr unsigned int kDriverApiVersion = 12000;
 struct DriverApi {
   PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
+  PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
   PFN_cuDeviceGet_v2000 cuDeviceGet = nullptr;
   PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute = nullptr;
   PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
   PFN_cuMemRelease_v10020 cuMemRelease = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
-  PFN_cuMemGetAllocationPropertiesFromHandle_v10020 cuMemGetAllocationPropertiesFromHandle = nullptr;
   PFN_cuMemAddressReserve_v10020 cuMemAddressReserve = nullptr;
   PFN_cuMemAddressFree_v10020 cuMemAddressFree = nullptr;
   PFN_cuMemMap_v10020 cuMemMap = nullptr;
