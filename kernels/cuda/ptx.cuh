@@ -66,6 +66,20 @@ __device__ __forceinline__ void st_na_global(int4* ptr, const int4& v) {
                "r"(v.w));
 }
 
+// 16-byte load cached in L2 only: for data that another GPU wrote into this GPU's memory during the kernel (L1 is
+// not coherent with NVLink writes, and the read-only path must not be used for data written during a kernel).
+__device__ __forceinline__ int4 ld_cg_global(const int4* ptr) {
+  int4 v;
+  asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ int32_t ld_cg_global(const int32_t* ptr) {
+  int32_t v;
+  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+}
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
