@@ -1,0 +1,4 @@
+# Intranode dispatch/combine benchmark (2 GPUs): prints a table and writes JSON to --out.
+add_executable(intranode_bench intranode_bench.cc ${PROJECT_SOURCE_DIR}/tests/gpu/intranode_harness.cc)
+target_include_directories(intranode_bench PRIVATE ${PROJECT_SOURCE_DIR}/kernels/host ${PROJECT_SOURCE_DIR}/tests/gpu)
+target_link_libraries(intranode_bench PRIVATE epfabric_kernels epfabric_bench_report absl::flags absl::flags_parse)

@@ -1,0 +1,1 @@
+int intranode_placeholder_intranode_bench;
