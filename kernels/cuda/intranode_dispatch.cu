@@ -83,7 +83,7 @@ __device__ void compute_send_slots(const DispatchKernelParams& p, int token_begi
 }
 
 // Step 3, sender warps.
-__device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end, int* s_sent) {
+__device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -91,11 +91,14 @@ __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int 
   const int num_row_int4 = p.row_bytes / 16;
   const int my_recv_base = recv_base(p.rank_prefix_matrix, num_ranks, me, me);
   __shared__ int4* s_dst_row[kSenderWarps][kMaxNvlPeers];
-  __shared__ int s_published[kMaxNvlPeers];
-  if (threadIdx.x < kMaxNvlPeers) s_published[threadIdx.x] = 0;
+  // Tokens sent to each peer in the current round, double-buffered by round parity: thread d (a sender itself)
+  // reads and clears round k's counter after the round's barrier while the other warps already count round k + 1.
+  __shared__ int s_round_sent[2][kMaxNvlPeers];
+  if (threadIdx.x < 2 * kMaxNvlPeers) s_round_sent[threadIdx.x / kMaxNvlPeers][threadIdx.x % kMaxNvlPeers] = 0;
+  int published = 0;  // thread d: tokens made visible to peer d so far
   named_barrier(kSenderBarrier, kSenderThreads);
 
-  for (int round = token_begin; round < token_end; round += kSenderWarps) {
+  for (int round = token_begin, parity = 0; round < token_end; round += kSenderWarps, parity ^= 1) {
     const int t = round + warp;
     if (t < token_end) {
       const int my_slot = lane < num_ranks ? p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] : -1;
@@ -165,7 +168,7 @@ __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int 
                                    : reinterpret_cast<int32_t*>(section<char>(g, d, g.staging_src_idx) +
                                                                 me * g.staging_src_idx_pool_bytes);
           src_dst[row] = t;
-          if (!local) atomicAdd_block(&s_sent[d], 1);
+          if (!local) atomicAdd_block(&s_round_sent[parity][d], 1);
         }
       }
     }
@@ -174,10 +177,11 @@ __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int 
     named_barrier(kSenderBarrier, kSenderThreads);
     if (threadIdx.x < num_ranks && threadIdx.x != me) {
       const int d = threadIdx.x;
-      const int sent = s_sent[d];
-      if (sent > s_published[d]) {
-        ptx::st_release_sys_global(section<int32_t>(g, d, g.channel_tail) + me * g.max_channels + channel, sent);
-        s_published[d] = sent;
+      const int sent = s_round_sent[parity][d];
+      s_round_sent[parity][d] = 0;
+      if (sent > 0) {
+        published += sent;
+        ptx::st_release_sys_global(section<int32_t>(g, d, g.channel_tail) + me * g.max_channels + channel, published);
       }
     }
   }
@@ -307,7 +311,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int channel = blockIdx.x;
   const int token_begin = channel_token_begin(p.num_tokens, p.num_channels, channel);
   const int token_end = channel_token_begin(p.num_tokens, p.num_channels, channel + 1);
-  __shared__ int s_begin[kMaxNvlPeers], s_count[kMaxNvlPeers], s_sent[kMaxNvlPeers];
+  __shared__ int s_begin[kMaxNvlPeers], s_count[kMaxNvlPeers];
 
   if (!block_barrier(g, channel)) return;
   compute_send_slots(p, token_begin, token_end, s_begin, s_count);
@@ -315,7 +319,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   // Tell every peer which of its staging rows this channel will fill; record the own share's range directly.
   if (threadIdx.x < g.num_ranks) {
     const int d = threadIdx.x;
-    s_sent[d] = 0;
     if (d == g.rank) {
       p.recv_channel_prefix[d * p.num_channels + channel] = s_begin[d];
     } else {
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   __syncthreads();
 
   if (threadIdx.x < kSenderThreads) {
-    send_tokens(p, token_begin, token_end, s_sent);
+    send_tokens(p, token_begin, token_end);
   } else {
     receive_tokens(p);
   }
