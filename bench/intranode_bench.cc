@@ -40,22 +40,22 @@ struct Options {
   int warmup = 10;
 };
 
-#define BENCH_CHECK(expr)                                                        \
-  do {                                                                           \
-    absl::Status s_ = (expr);                                                    \
-    if (!s_.ok()) {                                                              \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.ToString().c_str());     \
-      std::exit(1);                                                              \
-    }                                                                            \
+#define BENCH_CHECK(expr)                                                    \
+  do {                                                                       \
+    absl::Status s_ = (expr);                                                \
+    if (!s_.ok()) {                                                          \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                          \
+    }                                                                        \
   } while (0)
 
-#define BENCH_CUDA(expr)                                                                       \
-  do {                                                                                         \
-    cudaError_t e_ = (expr);                                                                   \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));                  \
-      std::exit(1);                                                                            \
-    }                                                                                          \
+#define BENCH_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
   } while (0)
 
 // Times `launch(rank)` on all ranks together, `iters` times after `warmup`; returns microseconds per iteration
@@ -130,8 +130,8 @@ Bytes RecvBytes(PipelineRunner& runner, const std::vector<ref::RankOutput>& want
 
 void Print(const char* name, const Summary& s, double bytes, double remote_bytes) {
   if (bytes > 0) {
-    std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s  remote %7.1f GB/s\n", name, s.median, s.p10,
-                s.p90, bytes / s.median / 1e3, remote_bytes / s.median / 1e3);
+    std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s  remote %7.1f GB/s\n", name, s.median, s.p10, s.p90,
+                bytes / s.median / 1e3, remote_bytes / s.median / 1e3);
   } else {
     std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)\n", name, s.median, s.p10, s.p90);
   }
@@ -173,21 +173,18 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
   const std::string suffix = num_sms == o.num_sms ? "" : absl::StrCat("_sms", num_sms);
 
   if (full) {
-    const Summary layout = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) {
-      return runner.LaunchLayout(r);
-    }));
+    const Summary layout =
+        Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchLayout(r); }));
     Print("layout", layout, 0, 0);
     report.SetResult("layout_us", layout.median);
     report.SetResult("layout_p90_us", layout.p90);
-    const Summary notify = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) {
-      return runner.LaunchNotify(r);
-    }));
+    const Summary notify =
+        Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchNotify(r); }));
     Print("notify", notify, 0, 0);
     report.SetResult("notify_us", notify.median);
   }
-  const Summary dispatch = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) {
-    return runner.LaunchDispatch(r);
-  }));
+  const Summary dispatch =
+      Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchDispatch(r); }));
   Print(absl::StrCat("dispatch ", dtype, " (cached) sms ", num_sms).c_str(), dispatch, bytes.recv, bytes.remote);
   Record(report, absl::StrCat("dispatch_", dtype) + suffix, dispatch, bytes.recv, bytes.remote);
   if (full) {
@@ -213,9 +210,8 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
       cin[r].topk_weights = want[r].recv_topk_weights;
     }
     BENCH_CHECK(runner.PrepareCombine(cin));
-    const Summary combine = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) {
-      return runner.LaunchCombine(r);
-    }));
+    const Summary combine =
+        Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchCombine(r); }));
     Print(absl::StrCat("combine bf16 sms ", num_sms).c_str(), combine, bytes.recv, bytes.remote);
     Record(report, "combine_bf16" + suffix, combine, bytes.recv, bytes.remote);
   }
@@ -260,7 +256,8 @@ int Main(int argc, char** argv) {
   auto group = IntranodeTestGroup::Create(config);
   BENCH_CHECK(group.status());
   int32_t* gate = nullptr;
-  BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+  BENCH_CUDA(
+      cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable));
 
   Report report("intranode");
   report.SetConfig("num_ranks", 2.0);

@@ -1,10 +1,13 @@
 // Combine: block c is channel c, the same token split as the dispatch that filled the handle.
-//  - Sender warps return expert outputs: the rows this rank received from source s in s's channel c are
-//    contiguous in x (received order), and they go to the same slots in s's staging pool for this rank, so each
-//    (source, channel) is one bulk copy, published in chunks through s's tail for (this rank, c).
-//  - Reducer warps build this rank's own tokens of channel c: one warp per token sums, in rank order, the row of
-//    every rank the token went to (the own rank's row straight from x, a peer's row from the own staging pool once
-//    that peer's tail covers the slot), adds the biases and writes BF16.
+//  - Copy warps return expert outputs: the rows this rank received from source s in s's channel c are contiguous
+//    in x (received order), and they go to the same slots in s's staging pool for this rank, so each (source,
+//    channel) is one bulk copy, done in chunks of kCombineChunkRows rows.
+//  - The publisher warp turns finished chunks into release stores of s's tail for (this rank, c). It is a warp of
+//    its own so that the copy warps never stall on the system-scope fence a release store implies.
+//  - Reducer warps build this rank's own tokens of channel c: per token, one warp waits until every peer's tail
+//    covers the token's slot, pulls the rows to sum (own rank's from x, peers' from the own staging pool) into
+//    shared memory with bulk copies (many KB in flight per warp without registers), sums them in rank order in
+//    float, adds the biases and writes BF16.
 // Nothing waits for space (the staging pools are full size); the only waits are the barrier and the tails.
 #include <cstdint>
 
@@ -15,38 +18,76 @@
 namespace epfabric::kernels::intranode {
 namespace {
 
-constexpr int kSenderThreads = kSenderWarps * 32;
+constexpr int kCopyThreads = kCopyWarps * 32;
 constexpr int kReducerThreads = kReceiverWarps * 32;
-constexpr int kSenderBarrier = 1;
+constexpr int kCopyBarrier = 1;
 constexpr int kReducerBarrier = 2;
 
-__device__ void send_rows(const CombineKernelParams& p) {
+struct SourceRange {
+  int begin, end;  // slots of channel c in (dst -> this rank) order
+  int64_t x_row0;  // first row of dst's tokens in x
+};
+
+__device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p, int dst) {
+  const GroupView& g = p.group;
+  const int channel = blockIdx.x;
+  const int64_t base = recv_base(p.rank_prefix_matrix, g.num_ranks, dst, g.rank);
+  const int count = p.rank_prefix_matrix[dst * g.num_ranks + g.rank] - static_cast<int>(base);
+  SourceRange r;
+  r.begin = p.recv_channel_prefix[dst * p.num_channels + channel];
+  r.end = channel + 1 < p.num_channels ? p.recv_channel_prefix[dst * p.num_channels + channel + 1] : count;
+  r.x_row0 = base;
+  return r;
+}
+
+__device__ void copy_rows(const CombineKernelParams& p, volatile int* s_rows_done) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
-  const int channel = blockIdx.x;
-  const int row_bytes = p.hidden * 2;
+  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
   for (int k = 1; k < num_ranks; ++k) {
     const int dst = (me + k) % num_ranks;
-    const int count = p.rank_prefix_matrix[dst * num_ranks + me] - recv_base(p.rank_prefix_matrix, num_ranks, dst, me);
-    const int begin = p.recv_channel_prefix[dst * p.num_channels + channel];
-    const int end = channel + 1 < p.num_channels ? p.recv_channel_prefix[dst * p.num_channels + channel + 1] : count;
-    const int64_t x_row0 = recv_base(p.rank_prefix_matrix, num_ranks, dst, me);
+    const SourceRange range = source_range(p, dst);
     char* staging_x = section<char>(g, dst, g.staging_x) + me * g.staging_x_pool_bytes;
     float* staging_w = reinterpret_cast<float*>(section<char>(g, dst, g.staging_topk_weights) +
                                                 me * g.staging_topk_weights_pool_bytes);
-    int32_t* tail = section<int32_t>(g, dst, g.channel_tail) + me * g.max_channels + channel;
-    for (int row = begin; row < end; row += kCombineChunkRows) {
-      const int num_rows = min(kCombineChunkRows, end - row);
-      group_copy_int4<false>(reinterpret_cast<int4*>(staging_x + static_cast<int64_t>(row) * row_bytes),
-                             reinterpret_cast<const int4*>(p.x + (x_row0 + row) * row_bytes),
-                             static_cast<int64_t>(num_rows) * row_bytes / 16, threadIdx.x, kSenderThreads);
+    for (int row = range.begin; row < range.end; row += kCombineChunkRows) {
+      const int num_rows = min(kCombineChunkRows, range.end - row);
+      group_copy_int4<false>(reinterpret_cast<int4*>(staging_x + row * row_bytes),
+                             reinterpret_cast<const int4*>(p.x + (range.x_row0 + row) * row_bytes),
+                             num_rows * row_bytes / 16, threadIdx.x, kCopyThreads);
       if (p.num_topk > 0) {
         group_copy_words<false>(reinterpret_cast<int32_t*>(staging_w + static_cast<int64_t>(row) * p.num_topk),
-                                reinterpret_cast<const int32_t*>(p.topk_weights + (x_row0 + row) * p.num_topk),
-                                static_cast<int64_t>(num_rows) * p.num_topk, threadIdx.x, kSenderThreads);
+                                reinterpret_cast<const int32_t*>(p.topk_weights + (range.x_row0 + row) * p.num_topk),
+                                static_cast<int64_t>(num_rows) * p.num_topk, threadIdx.x, kCopyThreads);
       }
-      named_barrier(kSenderBarrier, kSenderThreads);
-      if (threadIdx.x == 0) ptx::st_release_sys_global(tail, row + num_rows);
+      named_barrier(kCopyBarrier, kCopyThreads);
+      if (threadIdx.x == 0) {
+        __threadfence_block();
+        s_rows_done[dst] = row + num_rows;
+      }
+    }
+  }
+}
+
+// Lane d of the publisher warp forwards the copy warps' progress towards rank d as release stores of d's tail.
+__device__ void publish_rows(const CombineKernelParams& p, volatile int* s_rows_done) {
+  const GroupView& g = p.group;
+  const int lane = threadIdx.x % 32;
+  const int channel = blockIdx.x;
+  if (lane >= g.num_ranks || lane == g.rank) return;
+  const SourceRange range = source_range(p, lane);
+  int32_t* tail = section<int32_t>(g, lane, g.channel_tail) + g.rank * g.max_channels + channel;
+  int published = range.begin;
+  const uint64_t start = ptx::global_timer_ns();
+  for (uint32_t iter = 0; published < range.end; ++iter) {
+    const int done = s_rows_done[lane];
+    if (done > published) {
+      ptx::st_release_sys_global(tail, done);
+      published = done;
+    } else if ((iter & 255u) == 255u && ptx::global_timer_ns() - start > g.timeout_ns) {
+      // Unreachable unless the copy warps died: they never wait on anything.
+      record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, lane, channel);
+      return;
     }
   }
 }
@@ -62,25 +103,43 @@ __device__ __forceinline__ void accumulate_bf16x8(float* acc, const int4& v) {
   }
 }
 
-__device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int token_end) {
+__device__ bool wait_bulk_copies(const GroupView& g, uint64_t* bar, uint32_t parity) {
+  const uint64_t start = ptx::global_timer_ns();
+  for (uint32_t iter = 0;; ++iter) {
+    if (ptx::mbarrier_try_wait_parity(bar, parity)) return true;
+    if ((iter & 63u) == 63u && ptx::global_timer_ns() - start > g.timeout_ns) {
+      record_timeout(g.status, WaitSite::kCombineFifoData, g.rank, -1, static_cast<int>(blockIdx.x));
+      return false;
+    }
+  }
+}
+
+__device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int token_end, char* s_buffers,
+                              uint64_t* s_bars) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int channel = blockIdx.x;
-  const int rtid = threadIdx.x - kSenderThreads;
+  const int rtid = threadIdx.x - kSenderWarps * 32;
   const int warp = rtid / 32, lane = rtid % 32;
-  const int num_row_int4 = p.hidden / 8;
-  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
+  const int row_bytes = p.hidden * 2;
   const int my_recv_base = recv_base(p.rank_prefix_matrix, num_ranks, me, me);
   const int32_t* tails = section<int32_t>(g, me, g.channel_tail);
   const char* staging_x = section<char>(g, me, g.staging_x);
-  const float* staging_w = reinterpret_cast<const float*>(section<char>(g, me, g.staging_topk_weights));
-  __shared__ const int4* s_src_row[kReceiverWarps][kMaxNvlPeers];
+  const char* staging_w = section<char>(g, me, g.staging_topk_weights);
+  char* buffer = s_buffers + warp * kReduceBufferBytes;
+  uint64_t* bar = s_bars + warp;
+  __shared__ const char* s_src_row[kReceiverWarps][kMaxNvlPeers];
   __shared__ const float* s_src_w[kReceiverWarps][kMaxNvlPeers];
   __shared__ bool s_src_peer[kReceiverWarps][kMaxNvlPeers];
   __shared__ int s_failed;
   if (rtid == 0) s_failed = 0;
+  if (lane == 0) {
+    ptx::mbarrier_init(bar, 1);
+    ptx::fence_mbarrier_init();
+  }
   named_barrier(kReducerBarrier, kReducerThreads);
 
+  uint32_t parity = 0;
   int cached_tail = 0;  // lane d: the last tail seen from rank d in this channel
   for (int t = token_begin + warp; t < token_end; t += kReceiverWarps) {
     const int slot = lane < num_ranks ? p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] : -1;
@@ -103,54 +162,61 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
     if (slot >= 0) {
       const int index = __popc(contributes & lanemask_lt());
       const bool peer = lane != me;
-      s_src_row[warp][index] =
-          peer ? reinterpret_cast<const int4*>(staging_x + lane * g.staging_x_pool_bytes + slot * row_bytes)
-               : reinterpret_cast<const int4*>(p.x + (my_recv_base + slot) * row_bytes);
-      s_src_w[warp][index] = peer ? reinterpret_cast<const float*>(reinterpret_cast<const char*>(staging_w) +
-                                                                   lane * g.staging_topk_weights_pool_bytes) +
-                                        static_cast<int64_t>(slot) * p.num_topk
-                                  : p.topk_weights + static_cast<int64_t>(my_recv_base + slot) * p.num_topk;
+      s_src_row[warp][index] = peer ? staging_x + lane * g.staging_x_pool_bytes + static_cast<int64_t>(slot) * row_bytes
+                                    : p.x + static_cast<int64_t>(my_recv_base + slot) * row_bytes;
+      s_src_w[warp][index] =
+          peer ? reinterpret_cast<const float*>(staging_w + lane * g.staging_topk_weights_pool_bytes) +
+                     static_cast<int64_t>(slot) * p.num_topk
+               : p.topk_weights + static_cast<int64_t>(my_recv_base + slot) * p.num_topk;
       s_src_peer[warp][index] = peer;
     }
     __syncwarp();
     const int num_sources = __popc(contributes);
-    const int4* bias_0 = p.bias_0 != nullptr ? reinterpret_cast<const int4*>(p.bias_0 + t * row_bytes) : nullptr;
-    const int4* bias_1 = p.bias_1 != nullptr ? reinterpret_cast<const int4*>(p.bias_1 + t * row_bytes) : nullptr;
-    int4* out = reinterpret_cast<int4*>(p.combined_x + t * row_bytes);
-    constexpr int kUnroll = 2;
-    for (int base = lane; base < num_row_int4; base += 32 * kUnroll) {
-      float acc[kUnroll][8];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
-      }
-      for (int s = 0; s < num_sources; ++s) {
-        const int4* src = s_src_row[warp][s];
-        const bool peer = s_src_peer[warp][s];
-        int4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int i = base + u * 32;
-          if (i < num_row_int4) v[u] = peer ? ptx::ld_cg_global(src + i) : ptx::ld_nc_global(src + i);
+    const int4* bias_0 =
+        p.bias_0 != nullptr ? reinterpret_cast<const int4*>(p.bias_0 + static_cast<int64_t>(t) * row_bytes) : nullptr;
+    const int4* bias_1 =
+        p.bias_1 != nullptr ? reinterpret_cast<const int4*>(p.bias_1 + static_cast<int64_t>(t) * row_bytes) : nullptr;
+    int4* out = reinterpret_cast<int4*>(p.combined_x + static_cast<int64_t>(t) * row_bytes);
+    // The peers' rows were written by other GPUs and observed through the tails' acquire loads (generic proxy);
+    // the bulk copies read them through the async proxy.
+    if (lane == 0 && num_sources > 0) ptx::fence_proxy_async_global();
+    const int chunk = num_sources > 0 ? min(row_bytes, (kReduceBufferBytes / num_sources) & ~15) : row_bytes;
+    for (int offset = 0; offset < row_bytes; offset += chunk) {
+      const int bytes = min(chunk, row_bytes - offset);
+      if (num_sources > 0) {
+        if (lane == 0) {
+          ptx::mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(bytes * num_sources));
+          for (int s = 0; s < num_sources; ++s) {
+            ptx::bulk_copy_global_to_shared(buffer + s * chunk, s_src_row[warp][s] + offset, bytes, bar);
+          }
         }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (base + u * 32 < num_row_int4) accumulate_bf16x8(acc[u], v[u]);
-        }
+        failed = __any_sync(0xffffffffu, !wait_bulk_copies(g, bar, parity));
+        parity ^= 1u;
+        if (failed) break;
       }
+      const int first = offset / 16;
+      for (int i = lane; i < bytes / 16; i += 32) {
+        float acc[8];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + u * 32;
-        if (i >= num_row_int4) continue;
-        if (bias_0 != nullptr) accumulate_bf16x8(acc[u], ptx::ld_nc_global(bias_0 + i));
-        if (bias_1 != nullptr) accumulate_bf16x8(acc[u], ptx::ld_nc_global(bias_1 + i));
+        for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+        for (int s = 0; s < num_sources; ++s) {
+          accumulate_bf16x8(acc, *reinterpret_cast<const int4*>(buffer + s * chunk + i * 16));
+        }
+        if (bias_0 != nullptr) accumulate_bf16x8(acc, ptx::ld_nc_global(bias_0 + first + i));
+        if (bias_1 != nullptr) accumulate_bf16x8(acc, ptx::ld_nc_global(bias_1 + first + i));
         int4 packed;
         __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&packed);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(acc[u][2 * j], acc[u][2 * j + 1]);
-        ptx::st_na_global(out + i, packed);
+        for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+        ptx::st_na_global(out + first + i, packed);
       }
+      // Every lane is done reading the buffer before the next bulk copies overwrite it.
+      __syncwarp();
+      if (lane == 0) ptx::fence_proxy_async_shared();
+    }
+    if (__any_sync(0xffffffffu, failed)) {
+      if (lane == 0) s_failed = 1;
+      break;
     }
     if (p.num_topk > 0 && lane < p.num_topk) {
       float sum = 0.0f;
@@ -171,20 +237,30 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineKernelParams p) {
+  extern __shared__ __align__(128) char s_buffers[];  // [kReceiverWarps][kReduceBufferBytes]
+  __shared__ __align__(8) uint64_t s_bars[kReceiverWarps];
+  __shared__ int s_rows_done[kMaxNvlPeers];
   const int channel = blockIdx.x;
+  if (threadIdx.x < kMaxNvlPeers) s_rows_done[threadIdx.x] = 0;
   if (!block_barrier(p.group, channel)) return;
-  if (threadIdx.x < kSenderThreads) {
-    send_rows(p);
+  const int warp = threadIdx.x / 32;
+  if (warp < kCopyWarps) {
+    copy_rows(p, s_rows_done);
+  } else if (warp == kCopyWarps) {
+    publish_rows(p, s_rows_done);
   } else {
     reduce_tokens(p, channel_token_begin(p.num_tokens, p.num_channels, channel),
-                  channel_token_begin(p.num_tokens, p.num_channels, channel + 1));
+                  channel_token_begin(p.num_tokens, p.num_channels, channel + 1), s_buffers, s_bars);
   }
 }
 
 }  // namespace
 
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream) {
-  combine_kernel<<<params.num_channels, kThreadsPerBlock, 0, stream>>>(params);
+  constexpr int kDynamicSmem = kReceiverWarps * kReduceBufferBytes;
+  cudaError_t err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicSmem);
+  if (err != cudaSuccess) return err;
+  combine_kernel<<<params.num_channels, kThreadsPerBlock, kDynamicSmem, stream>>>(params);
   return cudaGetLastError();
 }
 

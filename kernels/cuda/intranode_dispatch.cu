@@ -20,7 +20,6 @@ namespace {
 
 constexpr int kSenderThreads = kSenderWarps * 32;
 constexpr int kReceiverThreads = kReceiverWarps * 32;
-constexpr int kSenderBarrier = 1;
 constexpr int kReceiverBarrier = 2;
 
 // Packs a channel's slot range for the receiver: high word end + 1 (never 0, so 0 means "not yet written").
@@ -29,18 +28,35 @@ __device__ __forceinline__ int64_t pack_range(int begin, int end) {
 }
 
 // Step 2: send_slot for tokens [token_begin, token_end) and, per destination, the channel's first slot and count.
+// The tokens before the channel only need counting (one parallel pass); the channel's own tokens are scanned in
+// order, a tile of kThreadsPerBlock tokens at a time.
 __device__ void compute_send_slots(const DispatchKernelParams& p, int token_begin, int token_end, int* s_begin,
                                    int* s_count) {
   const int num_ranks = p.group.num_ranks;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ int s_warp_prefix[kThreadsPerBlock / 32][kMaxNvlPeers];
   __shared__ int s_running[kMaxNvlPeers];
-  if (threadIdx.x < kMaxNvlPeers) {
-    s_running[threadIdx.x] = 0;
-    s_begin[threadIdx.x] = -1;
+  if (threadIdx.x < kMaxNvlPeers) s_running[threadIdx.x] = 0;
+  __syncthreads();
+  {
+    int before[kMaxNvlPeers] = {};
+#pragma unroll 4
+    for (int t = threadIdx.x; t < token_begin; t += kThreadsPerBlock) {
+      const bool* row = p.is_token_in_rank + static_cast<int64_t>(t) * num_ranks;
+#pragma unroll
+      for (int d = 0; d < kMaxNvlPeers; ++d) {
+        if (d < num_ranks) before[d] += row[d] ? 1 : 0;
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kMaxNvlPeers; ++d) {
+      const int sum = __reduce_add_sync(0xffffffffu, before[d]);
+      if (lane == 0 && d < num_ranks && sum != 0) atomicAdd_block(&s_running[d], sum);
+    }
   }
   __syncthreads();
-  for (int tile = 0; tile < token_end; tile += kThreadsPerBlock) {
+  if (threadIdx.x < num_ranks) s_begin[threadIdx.x] = s_running[threadIdx.x];
+  for (int tile = token_begin; tile < token_end; tile += kThreadsPerBlock) {
     const int t = tile + static_cast<int>(threadIdx.x);
     const bool valid = t < token_end;
     uint32_t masks[kMaxNvlPeers];
@@ -62,127 +78,138 @@ __device__ void compute_send_slots(const DispatchKernelParams& p, int token_begi
       s_running[d] = running;
     }
     __syncthreads();
-    if (valid && t >= token_begin) {
+    if (valid) {
 #pragma unroll
       for (int d = 0; d < kMaxNvlPeers; ++d) {
         if (d >= num_ranks) break;
-        const int before = s_warp_prefix[warp][d] + __popc(masks[d] & lanemask_lt());
-        const bool flag = (masks[d] >> lane) & 1u;
-        p.send_slot[static_cast<int64_t>(t) * num_ranks + d] = flag ? before : -1;
-        if (t == token_begin) s_begin[d] = before;
+        const int slot = s_warp_prefix[warp][d] + __popc(masks[d] & lanemask_lt());
+        p.send_slot[static_cast<int64_t>(t) * num_ranks + d] = (masks[d] >> lane) & 1u ? slot : -1;
       }
     }
     __syncthreads();
   }
-  if (threadIdx.x < num_ranks) {
-    const int d = threadIdx.x;
-    if (s_begin[d] < 0) s_begin[d] = s_running[d];  // empty channel
-    s_count[d] = s_running[d] - s_begin[d];
-  }
+  if (threadIdx.x < num_ranks) s_count[threadIdx.x] = s_running[threadIdx.x] - s_begin[threadIdx.x];
   __syncthreads();
 }
 
-// Step 3, sender warps.
-__device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end) {
+// Step 3a, copy warps: warp w sends the channel's tokens w, w + kCopyWarps, ... and after each one records how
+// many of its tokens are complete (shared memory, CTA-scope release) for the publisher.
+__device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end, volatile int* s_warp_done) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int channel = blockIdx.x;
   const int num_row_int4 = p.row_bytes / 16;
   const int my_recv_base = recv_base(p.rank_prefix_matrix, num_ranks, me, me);
-  __shared__ int4* s_dst_row[kSenderWarps][kMaxNvlPeers];
-  // Tokens sent to each peer in the current round, double-buffered by round parity: thread d (a sender itself)
-  // reads and clears round k's counter after the round's barrier while the other warps already count round k + 1.
-  __shared__ int s_round_sent[2][kMaxNvlPeers];
-  if (threadIdx.x < 2 * kMaxNvlPeers) s_round_sent[threadIdx.x / kMaxNvlPeers][threadIdx.x % kMaxNvlPeers] = 0;
-  int published = 0;  // thread d: tokens made visible to peer d so far
-  named_barrier(kSenderBarrier, kSenderThreads);
+  __shared__ int4* s_dst_row[kCopyWarps][kMaxNvlPeers];
 
-  for (int round = token_begin, parity = 0; round < token_end; round += kSenderWarps, parity ^= 1) {
-    const int t = round + warp;
-    if (t < token_end) {
-      const int my_slot = lane < num_ranks ? p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] : -1;
-      // Lane d: where the row goes on destination d (or null).
-      if (lane < num_ranks) {
-        int4* dst = nullptr;
-        if (my_slot >= 0) {
-          dst = lane == me
-                    ? reinterpret_cast<int4*>(p.recv_x + static_cast<int64_t>(my_recv_base + my_slot) * p.row_bytes)
-                    : reinterpret_cast<int4*>(section<char>(g, lane, g.staging_x) + me * g.staging_x_pool_bytes +
-                                              static_cast<int64_t>(my_slot) * p.row_bytes);
-        }
-        s_dst_row[warp][lane] = dst;
+  int done = 0;
+  for (int t = token_begin + warp; t < token_end; t += kCopyWarps) {
+    const int my_slot = lane < num_ranks ? p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] : -1;
+    // Lane d: where the row goes on destination d (or null).
+    if (lane < num_ranks) {
+      int4* dst = nullptr;
+      if (my_slot >= 0) {
+        dst = lane == me
+                  ? reinterpret_cast<int4*>(p.recv_x + static_cast<int64_t>(my_recv_base + my_slot) * p.row_bytes)
+                  : reinterpret_cast<int4*>(section<char>(g, lane, g.staging_x) + me * g.staging_x_pool_bytes +
+                                            static_cast<int64_t>(my_slot) * p.row_bytes);
       }
-      __syncwarp();
-      const int4* src = reinterpret_cast<const int4*>(p.x + static_cast<int64_t>(t) * p.row_bytes);
-      constexpr int kUnroll = 4;
-      for (int base = lane; base < num_row_int4; base += 32 * kUnroll) {
-        int4 v[kUnroll];
+      s_dst_row[warp][lane] = dst;
+    }
+    __syncwarp();
+    const int4* src = reinterpret_cast<const int4*>(p.x + static_cast<int64_t>(t) * p.row_bytes);
+    constexpr int kUnroll = 4;
+    for (int base = lane; base < num_row_int4; base += 32 * kUnroll) {
+      int4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (base + u * 32 < num_row_int4) v[u] = ptx::ld_nc_global(src + base + u * 32);
+      }
+      for (int d = 0; d < num_ranks; ++d) {
+        int4* dst = s_dst_row[warp][d];
+        if (dst == nullptr) continue;
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (base + u * 32 < num_row_int4) v[u] = ptx::ld_nc_global(src + base + u * 32);
-        }
-        for (int d = 0; d < num_ranks; ++d) {
-          int4* dst = s_dst_row[warp][d];
-          if (dst == nullptr) continue;
-#pragma unroll
-          for (int u = 0; u < kUnroll; ++u) {
-            if (base + u * 32 < num_row_int4) ptx::st_na_global(dst + base + u * 32, v[u]);
-          }
-        }
-      }
-      // Metadata: scales, top-k (remapped to the destination's local expert ids), source index.
-      for (int d = 0; d < num_ranks; ++d) {
-        const int slot = __shfl_sync(0xffffffffu, my_slot, d);
-        if (slot < 0) continue;
-        const bool local = d == me;
-        const int64_t row = local ? my_recv_base + slot : slot;
-        if (p.num_scales > 0) {
-          float* dst =
-              local
-                  ? p.recv_x_scales
-                  : reinterpret_cast<float*>(section<char>(g, d, g.staging_scales) + me * g.staging_scales_pool_bytes);
-          for (int i = lane; i < p.num_scales; i += 32) {
-            dst[row * p.num_scales + i] = __ldg(p.x_scales + static_cast<int64_t>(t) * p.num_scales + i);
-          }
-        }
-        if (p.num_topk > 0 && lane < p.num_topk) {
-          const int experts_per_rank = g.experts_per_rank;
-          const int64_t expert = __ldg(p.topk_idx + static_cast<int64_t>(t) * p.num_topk + lane);
-          const bool here = expert >= static_cast<int64_t>(d) * experts_per_rank &&
-                            expert < static_cast<int64_t>(d + 1) * experts_per_rank;
-          int64_t* idx_dst = local ? p.recv_topk_idx
-                                   : reinterpret_cast<int64_t*>(section<char>(g, d, g.staging_topk_idx) +
-                                                                me * g.staging_topk_idx_pool_bytes);
-          idx_dst[row * p.num_topk + lane] = here ? expert - static_cast<int64_t>(d) * experts_per_rank : -1;
-          if (p.has_weights) {
-            float* w_dst = local ? p.recv_topk_weights
-                                 : reinterpret_cast<float*>(section<char>(g, d, g.staging_topk_weights) +
-                                                            me * g.staging_topk_weights_pool_bytes);
-            w_dst[row * p.num_topk + lane] =
-                here ? __ldg(p.topk_weights + static_cast<int64_t>(t) * p.num_topk + lane) : 0.0f;
-          }
-        }
-        if (lane == 0) {
-          int32_t* src_dst = local ? p.recv_src_idx
-                                   : reinterpret_cast<int32_t*>(section<char>(g, d, g.staging_src_idx) +
-                                                                me * g.staging_src_idx_pool_bytes);
-          src_dst[row] = t;
-          if (!local) atomicAdd_block(&s_round_sent[parity][d], 1);
+          if (base + u * 32 < num_row_int4) ptx::st_na_global(dst + base + u * 32, v[u]);
         }
       }
     }
-    // Every sender warp finished its token of this round: publish the running counts (release: the rows above are
-    // visible to the peer before the count is).
-    named_barrier(kSenderBarrier, kSenderThreads);
-    if (threadIdx.x < num_ranks && threadIdx.x != me) {
-      const int d = threadIdx.x;
-      const int sent = s_round_sent[parity][d];
-      s_round_sent[parity][d] = 0;
-      if (sent > 0) {
-        published += sent;
-        ptx::st_release_sys_global(section<int32_t>(g, d, g.channel_tail) + me * g.max_channels + channel, published);
+    // Metadata: scales, top-k (remapped to the destination's local expert ids), source index.
+    for (int d = 0; d < num_ranks; ++d) {
+      const int slot = __shfl_sync(0xffffffffu, my_slot, d);
+      if (slot < 0) continue;
+      const bool local = d == me;
+      const int64_t row = local ? my_recv_base + slot : slot;
+      if (p.num_scales > 0) {
+        float* dst =
+            local ? p.recv_x_scales
+                  : reinterpret_cast<float*>(section<char>(g, d, g.staging_scales) + me * g.staging_scales_pool_bytes);
+        for (int i = lane; i < p.num_scales; i += 32) {
+          dst[row * p.num_scales + i] = __ldg(p.x_scales + static_cast<int64_t>(t) * p.num_scales + i);
+        }
       }
+      if (p.num_topk > 0 && lane < p.num_topk) {
+        const int experts_per_rank = g.experts_per_rank;
+        const int64_t expert = __ldg(p.topk_idx + static_cast<int64_t>(t) * p.num_topk + lane);
+        const bool here = expert >= static_cast<int64_t>(d) * experts_per_rank &&
+                          expert < static_cast<int64_t>(d + 1) * experts_per_rank;
+        int64_t* idx_dst = local ? p.recv_topk_idx
+                                 : reinterpret_cast<int64_t*>(section<char>(g, d, g.staging_topk_idx) +
+                                                              me * g.staging_topk_idx_pool_bytes);
+        idx_dst[row * p.num_topk + lane] = here ? expert - static_cast<int64_t>(d) * experts_per_rank : -1;
+        if (p.has_weights) {
+          float* w_dst = local ? p.recv_topk_weights
+                               : reinterpret_cast<float*>(section<char>(g, d, g.staging_topk_weights) +
+                                                          me * g.staging_topk_weights_pool_bytes);
+          w_dst[row * p.num_topk + lane] =
+              here ? __ldg(p.topk_weights + static_cast<int64_t>(t) * p.num_topk + lane) : 0.0f;
+        }
+      }
+      if (lane == 0) {
+        int32_t* src_dst = local ? p.recv_src_idx
+                                 : reinterpret_cast<int32_t*>(section<char>(g, d, g.staging_src_idx) +
+                                                              me * g.staging_src_idx_pool_bytes);
+        src_dst[row] = t;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      __threadfence_block();
+      s_warp_done[warp] = ++done;
+    }
+  }
+}
+
+// Step 3b, the publisher warp: all tokens before the first one some copy warp has not finished are complete; lane d
+// counts those that went to peer d and publishes the count with a release store of d's tail. The copy warps never
+// wait for this (the release store's system-scope fence is the slow part).
+__device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, int token_end,
+                               const volatile int* s_warp_done) {
+  const GroupView& g = p.group;
+  const int lane = threadIdx.x % 32;
+  const int channel = blockIdx.x;
+  const int num_ranks = g.num_ranks;
+  const bool publishes = lane < num_ranks && lane != g.rank;
+  int32_t* tail = publishes ? section<int32_t>(g, lane, g.channel_tail) + g.rank * g.max_channels + channel : nullptr;
+  int complete = token_begin;  // tokens [token_begin, complete) are complete
+  int sent = 0;                // lane d: of those, the ones sent to d
+  const uint64_t start = ptx::global_timer_ns();
+  for (uint32_t iter = 0; complete < token_end; ++iter) {
+    // Lane w: the first token of copy warp w that is not complete.
+    int pending = token_end;
+    if (lane < kCopyWarps) pending = min(token_end, token_begin + lane + s_warp_done[lane] * kCopyWarps);
+    const int next = __reduce_min_sync(0xffffffffu, pending);
+    if (next > complete) {
+      if (publishes) {
+        for (int t = complete; t < next; ++t) sent += p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] >= 0;
+        // Release: orders the copy warps' stores (observed through s_warp_done) before the tail.
+        ptx::st_release_sys_global(tail, sent);
+      }
+      complete = next;
+    } else if ((iter & 255u) == 255u && ptx::global_timer_ns() - start > g.timeout_ns) {
+      // Unreachable unless a copy warp died: they never wait on anything.
+      record_timeout(g.status, WaitSite::kDispatchFifoSpace, g.rank, -1, channel);
+      return;
     }
   }
 }
@@ -312,6 +339,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int token_begin = channel_token_begin(p.num_tokens, p.num_channels, channel);
   const int token_end = channel_token_begin(p.num_tokens, p.num_channels, channel + 1);
   __shared__ int s_begin[kMaxNvlPeers], s_count[kMaxNvlPeers];
+  __shared__ int s_warp_done[kCopyWarps];
+  if (threadIdx.x < kCopyWarps) s_warp_done[threadIdx.x] = 0;
 
   if (!block_barrier(g, channel)) return;
   compute_send_slots(p, token_begin, token_end, s_begin, s_count);
@@ -328,8 +357,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   }
   __syncthreads();
 
-  if (threadIdx.x < kSenderThreads) {
-    send_tokens(p, token_begin, token_end);
+  const int warp = threadIdx.x / 32;
+  if (warp < kCopyWarps) {
+    send_tokens(p, token_begin, token_end, s_warp_done);
+  } else if (warp == kCopyWarps) {
+    publish_tokens(p, token_begin, token_end, s_warp_done);
   } else {
     receive_tokens(p);
   }

@@ -12,11 +12,15 @@
 
 namespace epfabric::kernels::intranode {
 
-// Threads per block of dispatch/combine: half the warps send, half receive (see docs/intranode-kernels.md).
+// Threads per block of dispatch/combine: half the warps send (the last of them only publishes progress to the
+// peers), half receive (see docs/intranode-kernels.md).
 inline constexpr int kThreadsPerBlock = 1024;
 inline constexpr int kSenderWarps = 16;
+inline constexpr int kCopyWarps = kSenderWarps - 1;  // sender warps that move data; warp kCopyWarps publishes
 inline constexpr int kReceiverWarps = kThreadsPerBlock / 32 - kSenderWarps;
-inline constexpr int kLayoutThreads = 1024;
+// Shared memory per combine reducer warp for the rows it sums (filled by bulk copies).
+inline constexpr int kReduceBufferBytes = 8192;
+inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
 // Rows a combine sender copies before it publishes its tail.
 inline constexpr int kCombineChunkRows = 16;

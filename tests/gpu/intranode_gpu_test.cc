@@ -73,27 +73,29 @@ class Mismatches {
  private:
   template <typename T>
   static std::string ToString(const T& v) {
-    if constexpr (std::is_floating_point_v<T>) return absl::StrFormat("%g", v);
-    else return absl::StrCat(static_cast<int64_t>(v));
+    if constexpr (std::is_floating_point_v<T>)
+      return absl::StrFormat("%g", v);
+    else
+      return absl::StrCat(static_cast<int64_t>(v));
   }
   std::vector<std::string> messages_;
 };
 
-#define EPF_ASSIGN_OR_FAIL(lhs, expr, mism)          \
-  auto lhs##_or = (expr);                            \
-  if (!lhs##_or.ok()) {                              \
-    (mism).Add(lhs##_or.status().ToString());        \
-    return;                                          \
-  }                                                  \
+#define EPF_ASSIGN_OR_FAIL(lhs, expr, mism)   \
+  auto lhs##_or = (expr);                     \
+  if (!lhs##_or.ok()) {                       \
+    (mism).Add(lhs##_or.status().ToString()); \
+    return;                                   \
+  }                                           \
   auto lhs = std::move(*lhs##_or)
 
-#define EPF_OK_OR_FAIL(expr, mism)                    \
-  do {                                                \
-    absl::Status s_ = (expr);                         \
-    if (!s_.ok()) {                                   \
+#define EPF_OK_OR_FAIL(expr, mism)                          \
+  do {                                                      \
+    absl::Status s_ = (expr);                               \
+    if (!s_.ok()) {                                         \
       (mism).Add(absl::StrCat(#expr, ": ", s_.ToString())); \
-      return;                                         \
-    }                                                 \
+      return;                                               \
+    }                                                       \
   } while (0)
 
 void CompareDispatch(PipelineRunner& runner, const std::vector<ref::RankOutput>& want, const std::string& tag,

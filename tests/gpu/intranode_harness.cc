@@ -4,10 +4,10 @@
 
 #include "absl/strings/str_format.h"
 
-#define EPF_HARNESS_RETURN_IF_ERROR(expr)       \
-  do {                                          \
-    absl::Status epf_status_ = (expr);          \
-    if (!epf_status_.ok()) return epf_status_;  \
+#define EPF_HARNESS_RETURN_IF_ERROR(expr)      \
+  do {                                         \
+    absl::Status epf_status_ = (expr);         \
+    if (!epf_status_.ok()) return epf_status_; \
   } while (0)
 
 namespace epfabric::testing {
@@ -94,8 +94,8 @@ absl::StatusOr<std::unique_ptr<IntranodeTestGroup>> IntranodeTestGroup::Create(c
     EPF_HARNESS_RETURN_IF_ERROR(ctx->status.Allocate(r, sizeof(kernels::KernelStatus)));
     EPF_CUDA_RETURN_IF_ERROR(cudaMemset(ctx->status.get(), 0, sizeof(kernels::KernelStatus)));
     const size_t count_bytes = sizeof(int32_t) * (1 + config.num_experts / R);
-    EPF_CUDA_RETURN_IF_ERROR(
-        cudaHostAlloc(reinterpret_cast<void**>(&ctx->host_counts), count_bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    EPF_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&ctx->host_counts), count_bytes,
+                                           cudaHostAllocMapped | cudaHostAllocPortable));
     group->ranks_.push_back(std::move(ctx));
   }
   for (int r = 0; r < R; ++r) {
@@ -224,13 +224,12 @@ absl::Status PipelineRunner::Prepare(const std::vector<ref::RankInput>& inputs) 
     EPF_HARNESS_RETURN_IF_ERROR(b->is_token_in_rank.Allocate(dev, static_cast<size_t>(T) * R));
     EPF_HARNESS_RETURN_IF_ERROR(b->num_invalid_topk.Allocate(dev, sizeof(int32_t)));
     EPF_HARNESS_RETURN_IF_ERROR(b->rank_prefix_matrix.Allocate(dev, R * R * sizeof(int32_t)));
-    EPF_HARNESS_RETURN_IF_ERROR(
-        b->recv_counts.Allocate(dev, (1 + config_.num_experts / R) * sizeof(int32_t)));
+    EPF_HARNESS_RETURN_IF_ERROR(b->recv_counts.Allocate(dev, (1 + config_.num_experts / R) * sizeof(int32_t)));
     EPF_HARNESS_RETURN_IF_ERROR(b->recv_channel_prefix.Allocate(dev, R * config_.num_sms * sizeof(int32_t)));
     EPF_HARNESS_RETURN_IF_ERROR(b->send_slot.Allocate(dev, static_cast<size_t>(T) * R * sizeof(int32_t)));
-    for (DeviceBuffer* p : {&b->num_tokens_per_rank, &b->num_tokens_per_expert, &b->is_token_in_rank,
-                            &b->num_invalid_topk, &b->rank_prefix_matrix, &b->recv_counts, &b->recv_channel_prefix,
-                            &b->send_slot}) {
+    for (DeviceBuffer* p :
+         {&b->num_tokens_per_rank, &b->num_tokens_per_expert, &b->is_token_in_rank, &b->num_invalid_topk,
+          &b->rank_prefix_matrix, &b->recv_counts, &b->recv_channel_prefix, &b->send_slot}) {
       EPF_HARNESS_RETURN_IF_ERROR(p->Poison(stream));
     }
     (void)K;

@@ -52,8 +52,8 @@ struct RankContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   DeviceBuffer region;
-  DeviceBuffer status;                // KernelStatus
-  int32_t* host_counts = nullptr;     // mapped: [0] num_recv_tokens, [1..] per expert
+  DeviceBuffer status;             // KernelStatus
+  int32_t* host_counts = nullptr;  // mapped: [0] num_recv_tokens, [1..] per expert
   kernels::IntranodeGroup group;
 };
 

@@ -37,11 +37,11 @@ TEST(IntranodeReferenceTest, ChannelsSplitTokensEvenly) {
 
 TEST(IntranodeReferenceTest, LayoutCountsTokensPerRankAndExpert) {
   // 8 experts on 2 ranks (0-3 on rank 0, 4-7 on rank 1), top-2.
-  const std::vector<int64_t> topk = {0, 1,    // rank 0 only
-                                     2, 5,    // both
+  const std::vector<int64_t> topk = {0,  1,   // rank 0 only
+                                     2,  5,   // both
                                      -1, 7,   // rank 1 only
                                      -1, -1,  // nowhere
-                                     9, 3};   // 9 is out of range: ignored, counted as invalid
+                                     9,  3};  // 9 is out of range: ignored, counted as invalid
   const ref::Layout l = ref::ComputeLayout(topk.data(), 5, 2, 8, 2);
   EXPECT_EQ(l.num_tokens_per_rank, (std::vector<int32_t>{3, 2}));
   EXPECT_EQ(l.num_tokens_per_expert, (std::vector<int32_t>{1, 1, 1, 1, 0, 1, 0, 1}));
