@@ -217,6 +217,34 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
   }
 }
 
+// What plain SM copies get through NVLink with `blocks` x 512 threads per GPU, one way (rank 0 only) and both ways
+// at once (each rank to/from the other, as in dispatch and combine): the ceiling the kernels are measured against.
+void ProbeLink(IntranodeTestGroup& group, int32_t* gate, const Options& o, int blocks, Report& report) {
+  const size_t bytes = size_t{4096} * 7168 * 2;
+  const kernels::IntranodeRegionLayout layout = *kernels::ComputeIntranodeRegionLayout(group.config());
+  std::vector<testing::DeviceBuffer> local(group.num_ranks());
+  for (int r = 0; r < group.num_ranks(); ++r) BENCH_CHECK(local[r].Allocate(group.rank(r).device, bytes));
+  auto peer_staging = [&](int r) {
+    return static_cast<char*>(group.rank(r).group.peer_regions[1 - r]) + layout.staging_x;
+  };
+  for (const bool store : {true, false}) {
+    for (const bool both : {false, true}) {
+      const Summary s = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) -> absl::Status {
+        if (!both && r != 0) return absl::OkStatus();
+        const void* src = store ? local[r].get() : peer_staging(r);
+        void* dst = store ? static_cast<void*>(peer_staging(r)) : local[r].get();
+        const cudaError_t err = LaunchCopyProbe(src, dst, bytes, blocks, 512, group.rank(r).stream);
+        return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
+      }));
+      const std::string key =
+          absl::StrCat("probe_", store ? "store" : "load", both ? "_bidir" : "_unidir", "_sms", blocks, "_gbps");
+      std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s per direction\n", key.c_str(), s.median, s.p10,
+                  s.p90, bytes / s.median / 1e3);
+      report.SetResult(key, bytes / s.median / 1e3);
+    }
+  }
+}
+
 int Main(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -278,6 +306,7 @@ int Main(int argc, char** argv) {
   for (int sms : {16, 20, 32}) {
     if (sms != o.num_sms) BenchDtype(**group, gate, o, /*fp8=*/false, sms, /*full=*/false, report);
   }
+  for (int blocks : {24, 132}) ProbeLink(**group, gate, o, blocks, report);
   cudaFreeHost(gate);
   absl::StatusOr<std::string> path = report.WriteTo(o.out);
   BENCH_CHECK(path.status());

@@ -1,7 +1,7 @@
 // Combine: block c is channel c, the same token split as the dispatch that filled the handle.
 //  - Copy warps return expert outputs: the rows this rank received from source s in s's channel c are contiguous
-//    in x (received order), and they go to the same slots in s's staging pool for this rank, so each (source,
-//    channel) is one bulk copy, done in chunks of kCombineChunkRows rows.
+//    in x (received order), and they go to the same slots in s's staging pool for this rank; a warp copies one row
+//    at a time.
 //  - The publisher warp turns finished chunks into release stores of s's tail for (this rank, c). It is a warp of
 //    its own so that the copy warps never stall on the system-scope fence a release store implies.
 //  - Reducer warps build this rank's own tokens of channel c: per token, one warp waits until every peer's tail
@@ -18,9 +18,7 @@
 namespace epfabric::kernels::intranode {
 namespace {
 
-constexpr int kCopyThreads = kCopyWarps * 32;
 constexpr int kReducerThreads = kReceiverWarps * 32;
-constexpr int kCopyBarrier = 1;
 constexpr int kReducerBarrier = 2;
 
 struct SourceRange {
@@ -40,37 +38,54 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
   return r;
 }
 
-__device__ void copy_rows(const CombineKernelParams& p, volatile int* s_rows_done) {
+// Copy warp w returns rows begin + w, begin + w + kCopyWarps, ... of every peer in turn (a row per warp: no
+// block-level barrier, so loads stay in flight) and counts, per peer, the rows it has finished.
+__device__ void copy_rows(const CombineKernelParams& p, volatile int (*s_rows_done)[kMaxNvlPeers]) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
+  const int num_row_int4 = p.hidden / 8;
   for (int k = 1; k < num_ranks; ++k) {
     const int dst = (me + k) % num_ranks;
     const SourceRange range = source_range(p, dst);
     char* staging_x = section<char>(g, dst, g.staging_x) + me * g.staging_x_pool_bytes;
     float* staging_w = reinterpret_cast<float*>(section<char>(g, dst, g.staging_topk_weights) +
                                                 me * g.staging_topk_weights_pool_bytes);
-    for (int row = range.begin; row < range.end; row += kCombineChunkRows) {
-      const int num_rows = min(kCombineChunkRows, range.end - row);
-      group_copy_int4<false>(reinterpret_cast<int4*>(staging_x + row * row_bytes),
-                             reinterpret_cast<const int4*>(p.x + (range.x_row0 + row) * row_bytes),
-                             num_rows * row_bytes / 16, threadIdx.x, kCopyThreads);
-      if (p.num_topk > 0) {
-        group_copy_words<false>(reinterpret_cast<int32_t*>(staging_w + static_cast<int64_t>(row) * p.num_topk),
-                                reinterpret_cast<const int32_t*>(p.topk_weights + (range.x_row0 + row) * p.num_topk),
-                                static_cast<int64_t>(num_rows) * p.num_topk, threadIdx.x, kCopyThreads);
+    int done = 0;
+    for (int row = range.begin + warp; row < range.end; row += kCopyWarps) {
+      const int4* src = reinterpret_cast<const int4*>(p.x + (range.x_row0 + row) * row_bytes);
+      int4* dst_row = reinterpret_cast<int4*>(staging_x + row * row_bytes);
+      constexpr int kUnroll = 4;
+      for (int base = lane; base < num_row_int4; base += 32 * kUnroll) {
+        int4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (base + u * 32 < num_row_int4) v[u] = ptx::ld_nc_global(src + base + u * 32);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (base + u * 32 < num_row_int4) ptx::st_na_global(dst_row + base + u * 32, v[u]);
+        }
       }
-      named_barrier(kCopyBarrier, kCopyThreads);
-      if (threadIdx.x == 0) {
+      if (p.num_topk > 0 && lane < p.num_topk) {
+        staging_w[static_cast<int64_t>(row) * p.num_topk + lane] =
+            __ldg(p.topk_weights + (range.x_row0 + row) * p.num_topk + lane);
+      }
+      __syncwarp();
+      if (lane == 0) {
         __threadfence_block();
-        s_rows_done[dst] = row + num_rows;
+        s_rows_done[warp][dst] = ++done;
       }
     }
   }
 }
 
-// Lane d of the publisher warp forwards the copy warps' progress towards rank d as release stores of d's tail.
-__device__ void publish_rows(const CombineKernelParams& p, volatile int* s_rows_done) {
+constexpr int kPublishBatch = 8;
+
+// Lane d of the publisher warp forwards the copy warps' progress towards rank d as release stores of d's tail
+// (absolute slot end), in batches of kPublishBatch rows: every release store costs a system-scope fence.
+__device__ void publish_rows(const CombineKernelParams& p, const volatile int (*s_rows_done)[kMaxNvlPeers]) {
   const GroupView& g = p.group;
   const int lane = threadIdx.x % 32;
   const int channel = blockIdx.x;
@@ -80,12 +95,14 @@ __device__ void publish_rows(const CombineKernelParams& p, volatile int* s_rows_
   int published = range.begin;
   const uint64_t start = ptx::global_timer_ns();
   for (uint32_t iter = 0; published < range.end; ++iter) {
-    const int done = s_rows_done[lane];
-    if (done > published) {
-      ptx::st_release_sys_global(tail, done);
-      published = done;
+    // Rows before the first one some copy warp has not finished are complete.
+    int complete = range.end;
+    for (int w = 0; w < kCopyWarps; ++w) complete = min(complete, range.begin + w + s_rows_done[w][lane] * kCopyWarps);
+    if (complete >= published + kPublishBatch || (complete == range.end && complete > published)) {
+      ptx::st_release_sys_global(tail, complete);
+      published = complete;
     } else if ((iter & 255u) == 255u && ptx::global_timer_ns() - start > g.timeout_ns) {
-      // Unreachable unless the copy warps died: they never wait on anything.
+      // Unreachable unless a copy warp died: they never wait on anything.
       record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, lane, channel);
       return;
     }
@@ -239,9 +256,9 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineKernelParams p) {
   extern __shared__ __align__(128) char s_buffers[];  // [kReceiverWarps][kReduceBufferBytes]
   __shared__ __align__(8) uint64_t s_bars[kReceiverWarps];
-  __shared__ int s_rows_done[kMaxNvlPeers];
+  __shared__ int s_rows_done[kCopyWarps][kMaxNvlPeers];  // rows finished per copy warp and destination
   const int channel = blockIdx.x;
-  if (threadIdx.x < kMaxNvlPeers) s_rows_done[threadIdx.x] = 0;
+  if (threadIdx.x < kCopyWarps * kMaxNvlPeers) s_rows_done[threadIdx.x / kMaxNvlPeers][threadIdx.x % kMaxNvlPeers] = 0;
   if (!block_barrier(p.group, channel)) return;
   const int warp = threadIdx.x / 32;
   if (warp < kCopyWarps) {

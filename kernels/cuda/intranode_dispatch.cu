@@ -180,6 +180,8 @@ __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int 
   }
 }
 
+constexpr int kPublishBatch = 8;
+
 // Step 3b, the publisher warp: all tokens before the first one some copy warp has not finished are complete; lane d
 // counts those that went to peer d and publishes the count with a release store of d's tail. The copy warps never
 // wait for this (the release store's system-scope fence is the slow part).
@@ -199,7 +201,8 @@ __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, i
     int pending = token_end;
     if (lane < kCopyWarps) pending = min(token_end, token_begin + lane + s_warp_done[lane] * kCopyWarps);
     const int next = __reduce_min_sync(0xffffffffu, pending);
-    if (next > complete) {
+    // Batches of kPublishBatch tokens: every release store costs a system-scope fence on this SM.
+    if (next >= complete + kPublishBatch || (next == token_end && next > complete)) {
       if (publishes) {
         for (int t = complete; t < next; ++t) sent += p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] >= 0;
         // Release: orders the copy warps' stores (observed through s_warp_done) before the tail.

@@ -22,8 +22,6 @@ inline constexpr int kReceiverWarps = kThreadsPerBlock / 32 - kSenderWarps;
 inline constexpr int kReduceBufferBytes = 8192;
 inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
-// Rows a combine sender copies before it publishes its tail.
-inline constexpr int kCombineChunkRows = 16;
 
 // Where the group lives: all regions and the offsets of the sections (copied from IntranodeRegionLayout).
 struct GroupView {

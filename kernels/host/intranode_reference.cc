@@ -153,7 +153,7 @@ std::vector<CombineOutput> Combine(const std::vector<RankOutput>& dispatched, co
     o.combined_x.assign(static_cast<size_t>(num_tokens) * hidden, 0);
     o.combined_x_float.assign(static_cast<size_t>(num_tokens) * hidden, 0.0f);
     o.combined_topk_weights.assign(static_cast<size_t>(num_tokens) * num_topk, 0.0f);
-    const bool has_weights = !inputs.empty() && !inputs[0].topk_weights.empty();
+    const bool has_weights = num_topk > 0;
     for (int t = 0; t < num_tokens; ++t) {
       std::vector<float> acc(hidden, 0.0f);
       std::vector<float> w(num_topk, 0.0f);

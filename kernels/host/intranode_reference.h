@@ -78,7 +78,7 @@ struct CombineOutput {
 };
 
 // combined_x[t] = bf16(sum over d = 0..R-1 with send_slot[t][d] >= 0 of x_d[row of t on d] + bias_0[t] + bias_1[t]),
-// accumulated in float in that order; weights likewise.
+// accumulated in float in that order; weights likewise (num_topk = 0: no weights).
 std::vector<CombineOutput> Combine(const std::vector<RankOutput>& dispatched, const std::vector<CombineInput>& inputs,
                                    int hidden, int num_topk);
 

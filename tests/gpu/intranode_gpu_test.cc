@@ -209,7 +209,7 @@ void RunCase(IntranodeTestGroup& group, const CaseConfig& c, uint64_t seed, Mism
       for (uint16_t& v : cin[r].bias_1) v = ref::FloatToBf16(value(rng));
     }
   }
-  const std::vector<ref::CombineOutput> want_combined = ref::Combine(want, cin, c.hidden, c.num_topk);
+  const std::vector<ref::CombineOutput> want_combined = ref::Combine(want, cin, c.hidden, weights ? c.num_topk : 0);
   EPF_OK_OR_FAIL(runner.PrepareCombine(cin), m);
   EPF_OK_OR_FAIL(runner.RunCombine(), m);
   for (int r = 0; r < R; ++r) {

@@ -165,6 +165,32 @@ TEST(IntranodeReferenceTest, CombineSumsEveryRankThatReceivedTheToken) {
   }
 }
 
+TEST(IntranodeReferenceTest, CombineWeightsDoNotDependOnWhatRankZeroReceived) {
+  // Rank 0's only token goes to rank 1 (expert 5 of 8); rank 0 receives nothing, rank 1 has no tokens.
+  ref::DispatchConfig config;
+  config.num_ranks = 2;
+  config.row_bytes = 16;
+  config.num_topk = 1;
+  config.has_weights = true;
+  config.num_experts = 8;
+  std::vector<ref::RankInput> inputs(2);
+  inputs[0].num_tokens = 1;
+  inputs[0].routing_topk = 1;
+  inputs[0].x.assign(16, 0);
+  inputs[0].topk_idx = {5};
+  inputs[0].topk_weights = {0.75f};
+  inputs[1].routing_topk = 1;
+  const std::vector<ref::RankOutput> out = ref::Dispatch(inputs, config);
+  ASSERT_EQ(out[0].num_recv_tokens, 0);
+  ASSERT_EQ(out[1].num_recv_tokens, 1);
+  std::vector<ref::CombineInput> in(2);
+  in[1].x.assign(8, ref::FloatToBf16(1.0f));
+  in[1].topk_weights = out[1].recv_topk_weights;
+  const std::vector<ref::CombineOutput> combined = ref::Combine(out, in, 8, 1);
+  EXPECT_EQ(combined[0].combined_topk_weights, (std::vector<float>{0.75f}));
+  EXPECT_EQ(combined[0].combined_x_float[7], 1.0f);
+}
+
 IntranodeRegionConfig BenchRegion() {
   IntranodeRegionConfig c;
   c.num_ranks = 2;
