@@ -66,6 +66,65 @@ __device__ __forceinline__ void st_na_global(int4* ptr, const int4& v) {
                "r"(v.w));
 }
 
+// 16-byte load cached in L2 only: for data that another GPU wrote into this GPU's memory during the kernel (L1 is
+// not coherent with NVLink writes, and the read-only path must not be used for data written during a kernel).
+__device__ __forceinline__ int4 ld_cg_global(const int4* ptr) {
+  int4 v;
+  asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ int32_t ld_cg_global(const int32_t* ptr) {
+  int32_t v;
+  asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(ptr));
+  return v;
+}
+
+// --- mbarrier and 1-D bulk copies (TMA) --------------------------------------------------------------------------
+// A bulk copy moves a contiguous, 16-byte aligned run of global memory into shared memory without registers; its
+// completion is counted on an mbarrier in transaction bytes.
+
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+
+// Makes mbarrier initialisation visible to the async proxy (bulk copies that complete on it).
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// One poll of the phase with parity `parity`; true once it completed.
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+               : "=r"(done)
+               : "r"(smem_addr(bar)), "r"(parity)
+               : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ void bulk_copy_global_to_shared(void* dst_smem, const void* src_global, uint32_t bytes,
+                                                           uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst_smem)),
+               "l"(src_global), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// Orders earlier generic-proxy accesses before later async-proxy (bulk copy) accesses of shared / global memory.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

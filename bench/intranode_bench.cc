@@ -1,0 +1,320 @@
+// Intranode normal-mode benchmark: 2 ranks (GPUs 0 and 1 of one process), 4096 tokens per rank, hidden 7168,
+// top-8 of 256 experts (distinct experts per token), 24 SMs unless --num_sms says otherwise.
+//
+// Every timed iteration queues a start gate (intranode_gate.cu) on both GPUs, then [start event, kernel(s), end
+// event] on each, then opens the gate, so host launch skew does not count; the iteration's time is the slower
+// rank's. Reported: median (p10/p90) over --iters iterations after --warmup. Bandwidth in DeepEP's metric is the
+// bytes of recv_x on a rank (its own share included; FP8: data + scales) over time; "remote" counts only the rows
+// that crossed NVLink. Combine moves the same bytes back.
+//
+// Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/report.h"
+#include "epfabric/kernels/intranode.h"
+#include "intranode_gate.h"
+#include "intranode_harness.h"
+#include "intranode_reference.h"
+
+namespace epfabric::bench {
+namespace {
+
+using testing::CaseConfig;
+using testing::IntranodeTestGroup;
+using testing::PipelineRunner;
+namespace ref = kernels::reference;
+
+struct Options {
+  std::string out = "bench/results";
+  int num_sms = 24;
+  int iters = 100;
+  int warmup = 10;
+};
+
+#define BENCH_CHECK(expr)                                                    \
+  do {                                                                       \
+    absl::Status s_ = (expr);                                                \
+    if (!s_.ok()) {                                                          \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                          \
+    }                                                                        \
+  } while (0)
+
+#define BENCH_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
+  } while (0)
+
+// Times `launch(rank)` on all ranks together, `iters` times after `warmup`; returns microseconds per iteration
+// (the slower rank).
+template <typename Launch>
+std::vector<double> TimeGated(IntranodeTestGroup& group, int32_t* gate_flag, int warmup, int iters, Launch launch) {
+  const int R = group.num_ranks();
+  std::vector<cudaEvent_t> start(R), stop(R);
+  for (int r = 0; r < R; ++r) {
+    BENCH_CUDA(cudaSetDevice(group.rank(r).device));
+    BENCH_CUDA(cudaEventCreate(&start[r]));
+    BENCH_CUDA(cudaEventCreate(&stop[r]));
+  }
+  std::vector<double> samples;
+  for (int it = 0; it < warmup + iters; ++it) {
+    *reinterpret_cast<volatile int32_t*>(gate_flag) = 0;
+    for (int r = 0; r < R; ++r) {
+      testing::RankContext& ctx = group.rank(r);
+      BENCH_CUDA(cudaSetDevice(ctx.device));
+      BENCH_CUDA(LaunchGate(gate_flag, 2ull * 1000 * 1000 * 1000, ctx.stream));
+      BENCH_CUDA(cudaEventRecord(start[r], ctx.stream));
+      BENCH_CHECK(launch(r));
+      BENCH_CUDA(cudaEventRecord(stop[r], ctx.stream));
+    }
+    *reinterpret_cast<volatile int32_t*>(gate_flag) = 1;
+    BENCH_CHECK(group.SyncAndCheck());
+    double slowest = 0;
+    for (int r = 0; r < R; ++r) {
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, start[r], stop[r]));
+      slowest = std::max(slowest, 1000.0 * ms);
+    }
+    if (it >= warmup) samples.push_back(slowest);
+  }
+  for (int r = 0; r < R; ++r) {
+    cudaEventDestroy(start[r]);
+    cudaEventDestroy(stop[r]);
+  }
+  return samples;
+}
+
+CaseConfig BenchCase(bool fp8, int num_sms) {
+  CaseConfig c;
+  c.hidden = 7168;
+  c.num_tokens = {4096, 4096};
+  c.num_topk = 8;
+  c.num_experts = 256;
+  c.fp8 = fp8;
+  c.send_topk = true;
+  c.send_weights = true;
+  c.num_sms = num_sms;
+  return c;
+}
+
+struct Bytes {
+  double recv = 0;    // mean over ranks of recv_x bytes (DeepEP's metric)
+  double remote = 0;  // mean over ranks of bytes that crossed NVLink
+};
+
+Bytes RecvBytes(PipelineRunner& runner, const std::vector<ref::RankOutput>& want) {
+  const ref::DispatchConfig d = testing::MakeReferenceConfig(runner.config());
+  const double row = d.row_bytes + d.num_scales * 4.0;
+  Bytes b;
+  const int R = static_cast<int>(want.size());
+  for (int r = 0; r < R; ++r) {
+    const int own = want[r].rank_prefix_matrix[r * R + r] - (r > 0 ? want[r].rank_prefix_matrix[(r - 1) * R + r] : 0);
+    b.recv += want[r].num_recv_tokens * row / R;
+    b.remote += (want[r].num_recv_tokens - own) * row / R;
+  }
+  return b;
+}
+
+void Print(const char* name, const Summary& s, double bytes, double remote_bytes) {
+  if (bytes > 0) {
+    std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s  remote %7.1f GB/s\n", name, s.median, s.p10, s.p90,
+                bytes / s.median / 1e3, remote_bytes / s.median / 1e3);
+  } else {
+    std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)\n", name, s.median, s.p10, s.p90);
+  }
+}
+
+void Record(Report& report, const std::string& key, const Summary& s, double bytes, double remote_bytes) {
+  report.SetResult(key + "_us", s.median);
+  report.SetResult(key + "_p10_us", s.p10);
+  report.SetResult(key + "_p90_us", s.p90);
+  if (bytes > 0) {
+    report.SetResult(key + "_gbps", bytes / s.median / 1e3);
+    report.SetResult(key + "_remote_gbps", remote_bytes / s.median / 1e3);
+  }
+}
+
+// Runs layout + notify + dispatch once (checked against the reference), then times cached dispatch, notify +
+// dispatch, and (BF16) combine.
+void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool fp8, int num_sms, bool full,
+                Report& report) {
+  const CaseConfig c = BenchCase(fp8, num_sms);
+  std::mt19937_64 rng(12345 + num_sms + (fp8 ? 1 : 0));
+  const std::vector<ref::RankInput> inputs = testing::MakeInputs(c, rng);
+  const std::vector<ref::RankOutput> want = ref::Dispatch(inputs, testing::MakeReferenceConfig(c));
+  PipelineRunner runner(&group, c);
+  BENCH_CHECK(runner.Prepare(inputs));
+  BENCH_CHECK(runner.RunLayout());
+  BENCH_CHECK(runner.RunNotify());
+  BENCH_CHECK(runner.RunDispatch());
+  for (int r = 0; r < group.num_ranks(); ++r) {
+    auto got = testing::DownloadVector<uint8_t>(runner.buffers(r).recv_x, want[r].recv_x.size());
+    BENCH_CHECK(got.status());
+    if (*got != want[r].recv_x) {
+      std::fprintf(stderr, "recv_x of rank %d differs from the reference: not timing a wrong result\n", r);
+      std::exit(1);
+    }
+  }
+  const Bytes bytes = RecvBytes(runner, want);
+  const std::string dtype = fp8 ? "fp8" : "bf16";
+  const std::string suffix = num_sms == o.num_sms ? "" : absl::StrCat("_sms", num_sms);
+
+  if (full) {
+    const Summary layout =
+        Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchLayout(r); }));
+    Print("layout", layout, 0, 0);
+    report.SetResult("layout_us", layout.median);
+    report.SetResult("layout_p90_us", layout.p90);
+    const Summary notify =
+        Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchNotify(r); }));
+    Print("notify", notify, 0, 0);
+    report.SetResult("notify_us", notify.median);
+  }
+  const Summary dispatch =
+      Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchDispatch(r); }));
+  Print(absl::StrCat("dispatch ", dtype, " (cached) sms ", num_sms).c_str(), dispatch, bytes.recv, bytes.remote);
+  Record(report, absl::StrCat("dispatch_", dtype) + suffix, dispatch, bytes.recv, bytes.remote);
+  if (full) {
+    const Summary with_notify = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) {
+      absl::Status s = runner.LaunchNotify(r);
+      return s.ok() ? runner.LaunchDispatch(r) : s;
+    }));
+    Print(absl::StrCat("notify + dispatch ", dtype).c_str(), with_notify, bytes.recv, bytes.remote);
+    Record(report, absl::StrCat("dispatch_", dtype, "_with_notify"), with_notify, bytes.recv, bytes.remote);
+  }
+  if (!fp8) {
+    // Combine the received rows back (x = random BF16 rows in the received order, the received weights).
+    std::vector<ref::CombineInput> cin(group.num_ranks());
+    uint64_t state = 88172645463325252ull;
+    for (int r = 0; r < group.num_ranks(); ++r) {
+      cin[r].x.resize(static_cast<size_t>(want[r].num_recv_tokens) * c.hidden);
+      for (uint16_t& v : cin[r].x) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        v = ref::FloatToBf16(static_cast<float>(static_cast<int64_t>(state % 2001) - 1000) / 1000.0f);
+      }
+      cin[r].topk_weights = want[r].recv_topk_weights;
+    }
+    BENCH_CHECK(runner.PrepareCombine(cin));
+    const Summary combine =
+        Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchCombine(r); }));
+    Print(absl::StrCat("combine bf16 sms ", num_sms).c_str(), combine, bytes.recv, bytes.remote);
+    Record(report, "combine_bf16" + suffix, combine, bytes.recv, bytes.remote);
+  }
+}
+
+// What plain SM copies get through NVLink with `blocks` x 512 threads per GPU, one way (rank 0 only) and both ways
+// at once (each rank to/from the other, as in dispatch and combine): the ceiling the kernels are measured against.
+void ProbeLink(IntranodeTestGroup& group, int32_t* gate, const Options& o, int blocks, Report& report) {
+  const size_t bytes = size_t{4096} * 7168 * 2;
+  const kernels::IntranodeRegionLayout layout = *kernels::ComputeIntranodeRegionLayout(group.config());
+  std::vector<testing::DeviceBuffer> local(group.num_ranks());
+  for (int r = 0; r < group.num_ranks(); ++r) BENCH_CHECK(local[r].Allocate(group.rank(r).device, bytes));
+  auto peer_staging = [&](int r) {
+    return static_cast<char*>(group.rank(r).group.peer_regions[1 - r]) + layout.staging_x;
+  };
+  for (const bool store : {true, false}) {
+    for (const bool both : {false, true}) {
+      const Summary s = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) -> absl::Status {
+        if (!both && r != 0) return absl::OkStatus();
+        const void* src = store ? local[r].get() : peer_staging(r);
+        void* dst = store ? static_cast<void*>(peer_staging(r)) : local[r].get();
+        const cudaError_t err = LaunchCopyProbe(src, dst, bytes, blocks, 512, group.rank(r).stream);
+        return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
+      }));
+      const std::string key =
+          absl::StrCat("probe_", store ? "store" : "load", both ? "_bidir" : "_unidir", "_sms", blocks, "_gbps");
+      std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s per direction\n", key.c_str(), s.median, s.p10,
+                  s.p90, bytes / s.median / 1e3);
+      report.SetResult(key, bytes / s.median / 1e3);
+    }
+  }
+}
+
+int Main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--out") {
+      o.out = value();
+    } else if (arg == "--num_sms") {
+      o.num_sms = std::atoi(value().c_str());
+    } else if (arg == "--iters") {
+      o.iters = std::atoi(value().c_str());
+    } else if (arg == "--warmup") {
+      o.warmup = std::atoi(value().c_str());
+    } else {
+      std::fprintf(stderr, "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N]\n");
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    std::printf("intranode_bench needs 2 CUDA devices, found %d: nothing to measure\n", devices);
+    return 0;
+  }
+  kernels::IntranodeRegionConfig config;
+  config.num_ranks = 2;
+  config.max_tokens_per_rank = 4096;
+  config.max_hidden = 7168;
+  config.max_topk = 8;
+  config.num_experts = 256;
+  config.max_channels = 32;
+  auto group = IntranodeTestGroup::Create(config);
+  BENCH_CHECK(group.status());
+  int32_t* gate = nullptr;
+  BENCH_CUDA(
+      cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+
+  Report report("intranode");
+  report.SetConfig("num_ranks", 2.0);
+  report.SetConfig("num_tokens_per_rank", 4096.0);
+  report.SetConfig("hidden", 7168.0);
+  report.SetConfig("num_topk", 8.0);
+  report.SetConfig("num_experts", 256.0);
+  report.SetConfig("num_sms", static_cast<double>(o.num_sms));
+  report.SetConfig("iters", static_cast<double>(o.iters));
+  report.SetConfig("warmup", static_cast<double>(o.warmup));
+  report.SetConfig("timing", "CUDA events per rank behind a start gate; slower rank per iteration; median");
+  report.SetResult("num_sms", o.num_sms);
+  std::printf("device: %s x2, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
+              o.num_sms, o.iters);
+
+  BenchDtype(**group, gate, o, /*fp8=*/false, o.num_sms, /*full=*/true, report);
+  BenchDtype(**group, gate, o, /*fp8=*/true, o.num_sms, /*full=*/false, report);
+  for (int sms : {16, 20, 32}) {
+    if (sms != o.num_sms) BenchDtype(**group, gate, o, /*fp8=*/false, sms, /*full=*/false, report);
+  }
+  for (int blocks : {24, 132}) ProbeLink(**group, gate, o, blocks, report);
+  cudaFreeHost(gate);
+  absl::StatusOr<std::string> path = report.WriteTo(o.out);
+  BENCH_CHECK(path.status());
+  std::printf("wrote %s\n", path->c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace epfabric::bench
+
+int main(int argc, char** argv) { return epfabric::bench::Main(argc, argv); }

@@ -1,0 +1,107 @@
+// Internal: the parameter blocks that the intranode kernels receive by value (as __grid_constant__), and the launch
+// functions the host side (kernels/host/intranode_api.cc) calls after validation. Plain C++ so that both nvcc and
+// the host compiler see the same structs; no absl here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "epfabric/kernels/status_word.h"
+
+namespace epfabric::kernels::intranode {
+
+// Threads per block of dispatch/combine: half the warps send (the last of them only publishes progress to the
+// peers), half receive (see docs/intranode-kernels.md).
+inline constexpr int kThreadsPerBlock = 1024;
+inline constexpr int kSenderWarps = 16;
+inline constexpr int kCopyWarps = kSenderWarps - 1;  // sender warps that move data; warp kCopyWarps publishes
+inline constexpr int kReceiverWarps = kThreadsPerBlock / 32 - kSenderWarps;
+// Shared memory per combine reducer warp for the rows it sums (filled by bulk copies).
+inline constexpr int kReduceBufferBytes = 8192;
+inline constexpr int kLayoutThreads = 512;
+inline constexpr int kNotifyThreads = 256;
+
+// Where the group lives: all regions and the offsets of the sections (copied from IntranodeRegionLayout).
+struct GroupView {
+  char* regions[kMaxNvlPeers];
+  int rank;
+  int num_ranks;
+  int max_channels;
+  int experts_per_rank;
+  KernelStatus* status;
+  uint64_t timeout_ns;
+  uint64_t barrier_arrive, barrier_epoch, dispatch_range, channel_tail, notify_rank_counts, notify_expert_counts;
+  uint64_t staging_x, staging_x_pool_bytes, staging_scales, staging_scales_pool_bytes, staging_topk_idx,
+      staging_topk_idx_pool_bytes, staging_topk_weights, staging_topk_weights_pool_bytes, staging_src_idx,
+      staging_src_idx_pool_bytes;
+};
+
+struct LayoutKernelParams {
+  const int64_t* topk_idx;
+  int num_tokens, num_topk, num_experts, num_ranks;
+  int32_t* num_tokens_per_rank;
+  int32_t* num_tokens_per_rdma_rank;
+  int32_t* num_tokens_per_expert;
+  bool* is_token_in_rank;
+  int32_t* num_invalid_topk;
+};
+
+struct NotifyKernelParams {
+  GroupView group;
+  const int32_t* num_tokens_per_rank;
+  const int32_t* num_tokens_per_expert;
+  int expert_alignment;
+  int32_t* rank_prefix_matrix;
+  int32_t* recv_counts;
+  int32_t* host_num_recv_tokens;
+  int32_t* host_num_recv_tokens_per_expert;
+};
+
+struct DispatchKernelParams {
+  GroupView group;
+  const char* x;
+  const float* x_scales;
+  const int64_t* topk_idx;
+  const float* topk_weights;
+  const bool* is_token_in_rank;
+  const int32_t* rank_prefix_matrix;
+  int num_tokens;
+  int row_bytes;   // bytes of one x row (hidden * element size); a multiple of 16
+  int num_scales;  // floats per row of x_scales (0 for BF16)
+  int num_topk;    // 0 without topk_idx
+  bool has_weights;
+  int num_channels;
+  char* recv_x;
+  float* recv_x_scales;
+  int64_t* recv_topk_idx;
+  float* recv_topk_weights;
+  int32_t* recv_src_idx;
+  int32_t* recv_channel_prefix;
+  int32_t* send_slot;
+};
+
+struct CombineKernelParams {
+  GroupView group;
+  const char* x;  // BF16 rows in the received order
+  const float* topk_weights;
+  const char* bias_0;
+  const char* bias_1;
+  const int32_t* rank_prefix_matrix;
+  const int32_t* recv_channel_prefix;
+  const int32_t* send_slot;
+  int num_tokens;
+  int hidden;
+  int num_topk;  // 0 without weights
+  int num_channels;
+  char* combined_x;
+  float* combined_topk_weights;
+};
+
+cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t stream);
+cudaError_t LaunchNotify(const NotifyKernelParams& params, cudaStream_t stream);
+cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stream);
+cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream);
+
+}  // namespace epfabric::kernels::intranode

@@ -1,0 +1,358 @@
+// Host side of the intranode mode: region layout, input validation (before any launch) and the launches.
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "epfabric/kernels/intranode.h"
+#include "intranode_launch.h"
+
+namespace epfabric::kernels {
+namespace {
+
+constexpr size_t kSectionAlignment = 256;
+constexpr int kMaxTopk = 32;             // one lane per top-k slot in the kernels
+constexpr int kMaxLayoutExperts = 8192;  // the layout kernel's shared-memory histogram
+constexpr int kMaxLayoutRanks = 64;      // the layout kernel's rank bit mask
+constexpr int kFp8ScaleBlock = 128;
+
+size_t AlignUp(size_t bytes) { return (bytes + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment; }
+
+absl::Status Invalid(const char* field, int64_t value, const char* requirement) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s = %d: %s", field, value, requirement));
+}
+
+absl::Status Missing(const char* field, const char* when) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s is null: required %s", field, when));
+}
+
+bool Aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+absl::Status ValidateGroup(const IntranodeGroup& group, const IntranodeRegionLayout& /*layout*/) {
+  const int num_ranks = group.config.num_ranks;
+  if (group.rank < 0 || group.rank >= num_ranks) return Invalid("group.rank", group.rank, "must be in [0, num_ranks)");
+  for (int r = 0; r < num_ranks; ++r) {
+    if (group.peer_regions[r] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("group.peer_regions[%d] is null", r));
+    }
+    if (!Aligned16(group.peer_regions[r])) {
+      return absl::InvalidArgumentError(absl::StrFormat("group.peer_regions[%d] is not 16-byte aligned", r));
+    }
+  }
+  if (group.status == nullptr) return Missing("group.status", "always (timeouts are reported there)");
+  if (group.timeout_ns == 0) return Invalid("group.timeout_ns", 0, "must be positive");
+  return absl::OkStatus();
+}
+
+intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeRegionLayout& layout) {
+  intranode::GroupView v{};
+  for (int r = 0; r < kMaxNvlPeers; ++r) v.regions[r] = static_cast<char*>(group.peer_regions[r]);
+  v.rank = group.rank;
+  v.num_ranks = group.config.num_ranks;
+  v.max_channels = group.config.max_channels;
+  v.experts_per_rank = group.config.num_experts / group.config.num_ranks;
+  v.status = group.status;
+  v.timeout_ns = group.timeout_ns;
+  v.barrier_arrive = layout.barrier_arrive;
+  v.barrier_epoch = layout.barrier_epoch;
+  v.dispatch_range = layout.dispatch_range;
+  v.channel_tail = layout.channel_tail;
+  v.notify_rank_counts = layout.notify_rank_counts;
+  v.notify_expert_counts = layout.notify_expert_counts;
+  v.staging_x = layout.staging_x;
+  v.staging_x_pool_bytes = layout.staging_x_pool_bytes;
+  v.staging_scales = layout.staging_scales;
+  v.staging_scales_pool_bytes = layout.staging_scales_pool_bytes;
+  v.staging_topk_idx = layout.staging_topk_idx;
+  v.staging_topk_idx_pool_bytes = layout.staging_topk_idx_pool_bytes;
+  v.staging_topk_weights = layout.staging_topk_weights;
+  v.staging_topk_weights_pool_bytes = layout.staging_topk_weights_pool_bytes;
+  v.staging_src_idx = layout.staging_src_idx;
+  v.staging_src_idx_pool_bytes = layout.staging_src_idx_pool_bytes;
+  return v;
+}
+
+absl::Status LaunchStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return CudaErrorToStatus(err, what, __FILE__, __LINE__);
+}
+
+}  // namespace
+
+absl::StatusOr<IntranodeRegionLayout> ComputeIntranodeRegionLayout(const IntranodeRegionConfig& c) {
+  if (c.num_ranks < 1 || c.num_ranks > kMaxNvlPeers) {
+    return Invalid("config.num_ranks", c.num_ranks, "must be in [1, 8]");
+  }
+  if (c.max_tokens_per_rank < 1) return Invalid("config.max_tokens_per_rank", c.max_tokens_per_rank, "must be >= 1");
+  if (c.max_hidden < 8 || c.max_hidden % 8 != 0) {
+    return Invalid("config.max_hidden", c.max_hidden, "must be a positive multiple of 8");
+  }
+  if (c.max_topk < 0 || c.max_topk > kMaxTopk) return Invalid("config.max_topk", c.max_topk, "must be in [0, 32]");
+  if (c.num_experts < c.num_ranks || c.num_experts % c.num_ranks != 0) {
+    return Invalid("config.num_experts", c.num_experts, "must be a positive multiple of num_ranks");
+  }
+  if (c.max_channels < 1 || c.max_channels > 1024) {
+    return Invalid("config.max_channels", c.max_channels, "must be in [1, 1024]");
+  }
+  const size_t ranks = c.num_ranks, channels = c.max_channels, tokens = c.max_tokens_per_rank;
+  const size_t experts_per_rank = c.num_experts / c.num_ranks;
+  IntranodeRegionLayout l;
+  size_t offset = 0;
+  auto carve = [&offset](size_t bytes) {
+    const size_t at = offset;
+    offset += AlignUp(bytes);
+    return at;
+  };
+  l.barrier_arrive = carve(channels * ranks * sizeof(int32_t));
+  l.barrier_epoch = carve(channels * sizeof(int32_t));
+  l.dispatch_range = carve(ranks * channels * sizeof(int64_t));
+  l.channel_tail = carve(ranks * channels * sizeof(int32_t));
+  l.notify_rank_counts = carve(ranks * ranks * sizeof(int32_t));
+  l.notify_expert_counts = carve(ranks * experts_per_rank * sizeof(int32_t));
+  l.signal_bytes = offset;
+  auto carve_pools = [&](size_t pool_bytes, size_t* pool) {
+    *pool = AlignUp(pool_bytes);
+    return carve(*pool * ranks);
+  };
+  const size_t max_scales = (c.max_hidden + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+  l.staging_x = carve_pools(tokens * c.max_hidden * 2, &l.staging_x_pool_bytes);
+  l.staging_scales = carve_pools(tokens * max_scales * sizeof(float), &l.staging_scales_pool_bytes);
+  l.staging_topk_idx = carve_pools(tokens * c.max_topk * sizeof(int64_t), &l.staging_topk_idx_pool_bytes);
+  l.staging_topk_weights = carve_pools(tokens * c.max_topk * sizeof(float), &l.staging_topk_weights_pool_bytes);
+  l.staging_src_idx = carve_pools(tokens * sizeof(int32_t), &l.staging_src_idx_pool_bytes);
+  l.total_bytes = offset;
+  return l;
+}
+
+absl::StatusOr<size_t> IntranodeRegionBytes(const IntranodeRegionConfig& config) {
+  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(config);
+  if (!layout.ok()) return layout.status();
+  return layout->total_bytes;
+}
+
+int64_t IntranodeWorstCaseRecvTokens(const IntranodeRegionConfig& config) {
+  return static_cast<int64_t>(config.num_ranks) * config.max_tokens_per_rank;
+}
+
+absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stream) {
+  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  if (!layout.ok()) return layout.status();
+  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
+  EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(group.peer_regions[group.rank], 0, layout->signal_bytes, stream));
+  return absl::OkStatus();
+}
+
+absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream) {
+  if (status == nullptr) return Missing("status", "to read it");
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  KernelStatus host{};
+  EPF_CUDA_RETURN_IF_ERROR(cudaMemcpy(&host, status, sizeof(host), cudaMemcpyDefault));
+  return KernelStatusToStatus(host);
+}
+
+absl::Status ClearKernelStatus(KernelStatus* status, cudaStream_t stream) {
+  if (status == nullptr) return Missing("status", "to clear it");
+  EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status, 0, sizeof(KernelStatus), stream));
+  return absl::OkStatus();
+}
+
+absl::Status GetDispatchLayout(const DispatchLayoutParams& p, cudaStream_t stream) {
+  if (p.num_tokens < 0) return Invalid("num_tokens", p.num_tokens, "must be >= 0");
+  if (p.num_topk < 1 || p.num_topk > 1024) return Invalid("num_topk", p.num_topk, "must be in [1, 1024]");
+  if (p.num_ranks < 1 || p.num_ranks > kMaxLayoutRanks) return Invalid("num_ranks", p.num_ranks, "must be in [1, 64]");
+  if (p.num_experts < p.num_ranks || p.num_experts % p.num_ranks != 0 || p.num_experts > kMaxLayoutExperts) {
+    return Invalid("num_experts", p.num_experts, "must be a multiple of num_ranks, at most 8192");
+  }
+  if (p.num_tokens > 0 && p.topk_idx == nullptr) return Missing("topk_idx", "when num_tokens > 0");
+  if (p.num_tokens_per_rank == nullptr) return Missing("num_tokens_per_rank", "always");
+  if (p.num_tokens_per_expert == nullptr) return Missing("num_tokens_per_expert", "always");
+  if (p.num_tokens > 0 && p.is_token_in_rank == nullptr) return Missing("is_token_in_rank", "when num_tokens > 0");
+  intranode::LayoutKernelParams k{p.topk_idx,
+                                  p.num_tokens,
+                                  p.num_topk,
+                                  p.num_experts,
+                                  p.num_ranks,
+                                  p.num_tokens_per_rank,
+                                  p.num_tokens_per_rdma_rank,
+                                  p.num_tokens_per_expert,
+                                  p.is_token_in_rank,
+                                  p.num_invalid_topk};
+  return LaunchStatus(intranode::LaunchDispatchLayout(k, stream), "dispatch layout launch");
+}
+
+absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& p, cudaStream_t stream) {
+  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  if (!layout.ok()) return layout.status();
+  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
+  if (p.num_tokens < 0 || p.num_tokens > group.config.max_tokens_per_rank) {
+    return Invalid("num_tokens", p.num_tokens, "must be in [0, config.max_tokens_per_rank]");
+  }
+  if (p.num_experts != group.config.num_experts) {
+    return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
+  }
+  if (p.expert_alignment < 1) return Invalid("expert_alignment", p.expert_alignment, "must be >= 1");
+  if (p.num_tokens_per_rank == nullptr) return Missing("num_tokens_per_rank", "always");
+  if (p.num_tokens_per_expert == nullptr) return Missing("num_tokens_per_expert", "always");
+  if (p.rank_prefix_matrix == nullptr) return Missing("rank_prefix_matrix", "always");
+  if ((p.host_num_recv_tokens == nullptr) != (p.host_num_recv_tokens_per_expert == nullptr)) {
+    return absl::InvalidArgumentError("host_num_recv_tokens and host_num_recv_tokens_per_expert go together");
+  }
+  intranode::NotifyKernelParams k{};
+  k.group = MakeGroupView(group, *layout);
+  k.num_tokens_per_rank = p.num_tokens_per_rank;
+  k.num_tokens_per_expert = p.num_tokens_per_expert;
+  k.expert_alignment = p.expert_alignment;
+  k.rank_prefix_matrix = p.rank_prefix_matrix;
+  k.recv_counts = p.recv_counts;
+  k.host_num_recv_tokens = p.host_num_recv_tokens;
+  k.host_num_recv_tokens_per_expert = p.host_num_recv_tokens_per_expert;
+  return LaunchStatus(intranode::LaunchNotify(k, stream), "notify launch");
+}
+
+absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num_recv_tokens, uint64_t timeout_ns) {
+  if (host_num_recv_tokens == nullptr) return Missing("host_num_recv_tokens", "to wait on it");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  while (true) {
+    const int32_t value = *host_num_recv_tokens;
+    if (value >= 0) return value;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError("notify did not publish the received token count in time");
+    }
+    std::this_thread::yield();
+  }
+}
+
+absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,
+                               cudaStream_t stream) {
+  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  if (!layout.ok()) return layout.status();
+  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
+  const IntranodeRegionConfig& c = group.config;
+  if (handle == nullptr) return Missing("handle", "always");
+  const IntranodeHandle& h = *handle;
+  if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
+    return Invalid("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
+  }
+  if (p.x_dtype != DType::kBF16 && p.x_dtype != DType::kFP8E4M3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("x_dtype = %s: dispatch takes bf16 or fp8_e4m3", DTypeName(p.x_dtype)));
+  }
+  const bool fp8 = p.x_dtype == DType::kFP8E4M3;
+  if (p.hidden < 1 || p.hidden > c.max_hidden) return Invalid("hidden", p.hidden, "must be in [1, config.max_hidden]");
+  if (fp8 ? p.hidden % kFp8ScaleBlock != 0 : p.hidden % 8 != 0) {
+    return Invalid("hidden", p.hidden, fp8 ? "must be a multiple of 128 for fp8" : "must be a multiple of 8");
+  }
+  if (fp8 && h.num_tokens > 0 && p.x_scales == nullptr) return Missing("x_scales", "for fp8 x");
+  if (!fp8 && p.x_scales != nullptr) return absl::InvalidArgumentError("x_scales given for bf16 x");
+  if (h.num_tokens > 0 && p.x == nullptr) return Missing("x", "when num_tokens > 0");
+  if (!Aligned16(p.x) || !Aligned16(p.recv_x))
+    return absl::InvalidArgumentError("x and recv_x must be 16-byte aligned");
+  if (p.topk_idx != nullptr) {
+    if (p.num_topk < 1 || p.num_topk > c.max_topk) {
+      return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_idx");
+    }
+    if (p.recv_topk_idx == nullptr) return Missing("recv_topk_idx", "with topk_idx");
+  }
+  if (p.topk_weights != nullptr) {
+    if (p.topk_idx == nullptr) return Missing("topk_idx", "with topk_weights");
+    if (p.recv_topk_weights == nullptr) return Missing("recv_topk_weights", "with topk_weights");
+  }
+  if (p.num_experts != c.num_experts) return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
+  if (p.num_sms < 1 || p.num_sms > c.max_channels) {
+    return Invalid("num_sms", p.num_sms, "must be in [1, config.max_channels]");
+  }
+  if (p.recv_capacity < 0 || p.recv_capacity > IntranodeWorstCaseRecvTokens(c)) {
+    return Invalid("recv_capacity", p.recv_capacity, "must be in [0, num_ranks * max_tokens_per_rank]");
+  }
+  if (h.num_recv_tokens > p.recv_capacity) {
+    return Invalid("handle.num_recv_tokens", h.num_recv_tokens, "exceeds recv_capacity");
+  }
+  if (p.recv_capacity > 0) {
+    if (p.recv_x == nullptr) return Missing("recv_x", "when recv_capacity > 0");
+    if (fp8 && p.recv_x_scales == nullptr) return Missing("recv_x_scales", "for fp8 x");
+    if (h.recv_src_idx == nullptr) return Missing("handle.recv_src_idx", "when recv_capacity > 0");
+  }
+  if (h.num_tokens > 0 && h.is_token_in_rank == nullptr) return Missing("handle.is_token_in_rank", "num_tokens > 0");
+  if (h.rank_prefix_matrix == nullptr) return Missing("handle.rank_prefix_matrix", "always");
+  if (h.recv_channel_prefix == nullptr) return Missing("handle.recv_channel_prefix", "always");
+  if (h.num_tokens > 0 && h.send_slot == nullptr) return Missing("handle.send_slot", "when num_tokens > 0");
+
+  intranode::DispatchKernelParams k{};
+  k.group = MakeGroupView(group, *layout);
+  k.x = static_cast<const char*>(p.x);
+  k.x_scales = p.x_scales;
+  k.topk_idx = p.topk_idx;
+  k.topk_weights = p.topk_weights;
+  k.is_token_in_rank = h.is_token_in_rank;
+  k.rank_prefix_matrix = h.rank_prefix_matrix;
+  k.num_tokens = h.num_tokens;
+  k.row_bytes = fp8 ? p.hidden : p.hidden * 2;
+  k.num_scales = fp8 ? p.hidden / kFp8ScaleBlock : 0;
+  k.num_topk = p.topk_idx != nullptr ? p.num_topk : 0;
+  k.has_weights = p.topk_weights != nullptr;
+  k.num_channels = p.num_sms;
+  k.recv_x = static_cast<char*>(p.recv_x);
+  k.recv_x_scales = p.recv_x_scales;
+  k.recv_topk_idx = p.recv_topk_idx;
+  k.recv_topk_weights = p.recv_topk_weights;
+  k.recv_src_idx = h.recv_src_idx;
+  k.recv_channel_prefix = h.recv_channel_prefix;
+  k.send_slot = h.send_slot;
+  handle->num_channels = p.num_sms;
+  return LaunchStatus(intranode::LaunchDispatch(k, stream), "dispatch launch");
+}
+
+absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombineParams& p, const IntranodeHandle& h,
+                              cudaStream_t stream) {
+  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  if (!layout.ok()) return layout.status();
+  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
+  const IntranodeRegionConfig& c = group.config;
+  if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
+    return Invalid("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
+  }
+  if (h.num_recv_tokens < 0 || h.num_recv_tokens > IntranodeWorstCaseRecvTokens(c)) {
+    return Invalid("handle.num_recv_tokens", h.num_recv_tokens, "must be in [0, num_ranks * max_tokens_per_rank]");
+  }
+  if (h.num_channels < 1 || h.num_channels > c.max_channels) {
+    return Invalid("handle.num_channels", h.num_channels, "must be in [1, config.max_channels] (run dispatch first)");
+  }
+  if (p.hidden < 8 || p.hidden > c.max_hidden || p.hidden % 8 != 0) {
+    return Invalid("hidden", p.hidden, "must be a multiple of 8 in [8, config.max_hidden]");
+  }
+  if (h.num_recv_tokens > 0 && p.x == nullptr) return Missing("x", "when handle.num_recv_tokens > 0");
+  if (h.num_tokens > 0 && p.combined_x == nullptr) return Missing("combined_x", "when handle.num_tokens > 0");
+  if (!Aligned16(p.x) || !Aligned16(p.combined_x) || !Aligned16(p.bias_0) || !Aligned16(p.bias_1)) {
+    return absl::InvalidArgumentError("x, combined_x and biases must be 16-byte aligned");
+  }
+  if (p.topk_weights != nullptr) {
+    if (p.num_topk < 1 || p.num_topk > c.max_topk) {
+      return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_weights");
+    }
+    if (h.num_tokens > 0 && p.combined_topk_weights == nullptr) {
+      return Missing("combined_topk_weights", "with topk_weights");
+    }
+  }
+  if (h.rank_prefix_matrix == nullptr) return Missing("handle.rank_prefix_matrix", "always");
+  if (h.recv_channel_prefix == nullptr) return Missing("handle.recv_channel_prefix", "always");
+  if (h.num_tokens > 0 && h.send_slot == nullptr) return Missing("handle.send_slot", "when num_tokens > 0");
+
+  intranode::CombineKernelParams k{};
+  k.group = MakeGroupView(group, *layout);
+  k.x = static_cast<const char*>(p.x);
+  k.topk_weights = p.topk_weights;
+  k.bias_0 = static_cast<const char*>(p.bias_0);
+  k.bias_1 = static_cast<const char*>(p.bias_1);
+  k.rank_prefix_matrix = h.rank_prefix_matrix;
+  k.recv_channel_prefix = h.recv_channel_prefix;
+  k.send_slot = h.send_slot;
+  k.num_tokens = h.num_tokens;
+  k.hidden = p.hidden;
+  k.num_topk = p.topk_weights != nullptr ? p.num_topk : 0;
+  k.num_channels = h.num_channels;
+  k.combined_x = static_cast<char*>(p.combined_x);
+  k.combined_topk_weights = p.combined_topk_weights;
+  return LaunchStatus(intranode::LaunchCombine(k, stream), "combine launch");
+}
+
+}  // namespace epfabric::kernels

@@ -1,0 +1,404 @@
+// GPU tests of the intranode kernels: 1 and 2 GPUs driven from one process (a region per GPU, peer access, one
+// stream per rank, every rank's kernel launched before any is waited on), compared element by element with the
+// host reference (kernels/host/intranode_reference.h). Inputs are fresh random data (the seed is printed) and
+// every output is poisoned with 0xFF bytes before each kernel writes it.
+//
+// Tolerance for combine: the kernels accumulate in float in the same order as the reference (source ranks
+// ascending, then bias_0, then bias_1) and round once to BF16, so the results are expected to be identical; the
+// check allows |gpu - ref| <= 1e-2 * |ref| + 1e-2 (ref = the float sum before rounding: one BF16 rounding is at
+// most 2^-8 relative) and reports how many elements differ from the reference's BF16 at all.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "epfabric/kernels/intranode.h"
+#include "gpu_env.h"
+#include "intranode_harness.h"
+#include "intranode_reference.h"
+
+namespace epfabric::testing {
+namespace {
+
+namespace ref = kernels::reference;
+
+constexpr int kNumExperts = 256;
+
+kernels::IntranodeRegionConfig RegionConfig(int num_ranks) {
+  kernels::IntranodeRegionConfig c;
+  c.num_ranks = num_ranks;
+  c.max_tokens_per_rank = 4096;
+  c.max_hidden = 7168;
+  c.max_topk = 8;
+  c.num_experts = kNumExperts;
+  c.max_channels = 32;
+  return c;
+}
+
+uint64_t FreshSeed() {
+  return std::random_device{}() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+// Collects mismatch descriptions (at most a few per array).
+class Mismatches {
+ public:
+  template <typename T>
+  void CompareExact(const std::string& what, const std::vector<T>& got, const std::vector<T>& want) {
+    if (got.size() != want.size()) {
+      Add(absl::StrFormat("%s: size %d != %d", what, got.size(), want.size()));
+      return;
+    }
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+        if (bad++ == 0) first = i;
+      }
+    }
+    if (bad > 0) {
+      Add(absl::StrCat(what, ": ", bad, " of ", got.size(), " elements differ, first at ", first, " (got ",
+                       ToString(got[first]), ", want ", ToString(want[first]), ")"));
+    }
+  }
+  void Add(std::string message) { messages_.push_back(std::move(message)); }
+  bool empty() const { return messages_.empty(); }
+  std::string ToString() const { return absl::StrJoin(messages_, "\n"); }
+
+ private:
+  template <typename T>
+  static std::string ToString(const T& v) {
+    if constexpr (std::is_floating_point_v<T>)
+      return absl::StrFormat("%g", v);
+    else
+      return absl::StrCat(static_cast<int64_t>(v));
+  }
+  std::vector<std::string> messages_;
+};
+
+#define EPF_ASSIGN_OR_FAIL(lhs, expr, mism)   \
+  auto lhs##_or = (expr);                     \
+  if (!lhs##_or.ok()) {                       \
+    (mism).Add(lhs##_or.status().ToString()); \
+    return;                                   \
+  }                                           \
+  auto lhs = std::move(*lhs##_or)
+
+#define EPF_OK_OR_FAIL(expr, mism)                          \
+  do {                                                      \
+    absl::Status s_ = (expr);                               \
+    if (!s_.ok()) {                                         \
+      (mism).Add(absl::StrCat(#expr, ": ", s_.ToString())); \
+      return;                                               \
+    }                                                       \
+  } while (0)
+
+void CompareDispatch(PipelineRunner& runner, const std::vector<ref::RankOutput>& want, const std::string& tag,
+                     Mismatches& m) {
+  const CaseConfig& c = runner.config();
+  const ref::DispatchConfig d = MakeReferenceConfig(c);
+  const int R = static_cast<int>(want.size());
+  for (int r = 0; r < R; ++r) {
+    RankBuffers& b = runner.buffers(r);
+    const ref::RankOutput& w = want[r];
+    const std::string p = absl::StrCat(tag, " rank ", r, " ");
+    const size_t n = w.num_recv_tokens;
+    if (b.num_recv_tokens != w.num_recv_tokens) {
+      m.Add(absl::StrCat(p, "num_recv_tokens ", b.num_recv_tokens, " != ", w.num_recv_tokens));
+      return;
+    }
+    EPF_ASSIGN_OR_FAIL(recv_x, DownloadVector<uint8_t>(b.recv_x, n * d.row_bytes), m);
+    m.CompareExact(p + "recv_x", recv_x, w.recv_x);
+    if (c.fp8) {
+      EPF_ASSIGN_OR_FAIL(scales, DownloadVector<float>(b.recv_x_scales, n * d.num_scales), m);
+      m.CompareExact(p + "recv_x_scales", scales, w.recv_x_scales);
+    }
+    if (c.send_topk) {
+      EPF_ASSIGN_OR_FAIL(idx, DownloadVector<int64_t>(b.recv_topk_idx, n * c.num_topk), m);
+      m.CompareExact(p + "recv_topk_idx", idx, w.recv_topk_idx);
+      if (c.send_weights) {
+        EPF_ASSIGN_OR_FAIL(weights, DownloadVector<float>(b.recv_topk_weights, n * c.num_topk), m);
+        m.CompareExact(p + "recv_topk_weights", weights, w.recv_topk_weights);
+      }
+    }
+    EPF_ASSIGN_OR_FAIL(src_idx, DownloadVector<int32_t>(b.recv_src_idx, n), m);
+    m.CompareExact(p + "recv_src_idx", src_idx, w.recv_src_idx);
+    EPF_ASSIGN_OR_FAIL(chan, DownloadVector<int32_t>(b.recv_channel_prefix, w.recv_channel_prefix.size()), m);
+    m.CompareExact(p + "recv_channel_prefix", chan, w.recv_channel_prefix);
+    EPF_ASSIGN_OR_FAIL(slots, DownloadVector<int32_t>(b.send_slot, w.send_slot.size()), m);
+    m.CompareExact(p + "send_slot", slots, w.send_slot);
+  }
+}
+
+struct CombineStats {
+  size_t elements = 0;
+  size_t not_bitwise_equal = 0;
+  double max_abs_error = 0;
+};
+
+// Runs layout, notify, dispatch, cached dispatch and combine for one case; appends mismatches to `m`.
+void RunCase(IntranodeTestGroup& group, const CaseConfig& c, uint64_t seed, Mismatches& m, CombineStats* stats) {
+  std::mt19937_64 rng(seed);
+  const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
+  const ref::DispatchConfig dcfg = MakeReferenceConfig(c);
+  const std::vector<ref::RankOutput> want = ref::Dispatch(inputs, dcfg);
+  const int R = group.num_ranks();
+  PipelineRunner runner(&group, c);
+  EPF_OK_OR_FAIL(runner.Prepare(inputs), m);
+
+  // Layout.
+  EPF_OK_OR_FAIL(runner.RunLayout(), m);
+  for (int r = 0; r < R; ++r) {
+    RankBuffers& b = runner.buffers(r);
+    const std::string p = absl::StrCat("layout rank ", r, " ");
+    EPF_ASSIGN_OR_FAIL(per_rank, DownloadVector<int32_t>(b.num_tokens_per_rank, R), m);
+    m.CompareExact(p + "num_tokens_per_rank", per_rank, want[r].layout.num_tokens_per_rank);
+    EPF_ASSIGN_OR_FAIL(per_expert, DownloadVector<int32_t>(b.num_tokens_per_expert, c.num_experts), m);
+    m.CompareExact(p + "num_tokens_per_expert", per_expert, want[r].layout.num_tokens_per_expert);
+    EPF_ASSIGN_OR_FAIL(in_rank, DownloadVector<uint8_t>(b.is_token_in_rank, static_cast<size_t>(b.num_tokens) * R), m);
+    m.CompareExact(p + "is_token_in_rank", in_rank, want[r].layout.is_token_in_rank);
+    EPF_ASSIGN_OR_FAIL(invalid, DownloadVector<int32_t>(b.num_invalid_topk, 1), m);
+    m.CompareExact(p + "num_invalid_topk", invalid, std::vector<int32_t>{want[r].layout.num_invalid_topk});
+  }
+  if (!m.empty()) return;
+
+  // Notify.
+  EPF_OK_OR_FAIL(runner.RunNotify(), m);
+  for (int r = 0; r < R; ++r) {
+    RankBuffers& b = runner.buffers(r);
+    const std::string p = absl::StrCat("notify rank ", r, " ");
+    EPF_ASSIGN_OR_FAIL(prefix, DownloadVector<int32_t>(b.rank_prefix_matrix, R * R), m);
+    m.CompareExact(p + "rank_prefix_matrix", prefix, want[r].rank_prefix_matrix);
+    const int epr = c.num_experts / R;
+    std::vector<int32_t> host_counts(group.rank(r).host_counts, group.rank(r).host_counts + 1 + epr);
+    std::vector<int32_t> want_counts{want[r].num_recv_tokens};
+    want_counts.insert(want_counts.end(), want[r].num_recv_tokens_per_expert.begin(),
+                       want[r].num_recv_tokens_per_expert.end());
+    m.CompareExact(p + "mapped host counts", host_counts, want_counts);
+    EPF_ASSIGN_OR_FAIL(dev_counts, DownloadVector<int32_t>(b.recv_counts, 1 + epr), m);
+    m.CompareExact(p + "device recv_counts", dev_counts, want_counts);
+  }
+  if (!m.empty()) return;
+
+  // Dispatch, then cached dispatch (same handle, no notify) into re-poisoned outputs.
+  EPF_OK_OR_FAIL(runner.RunDispatch(), m);
+  CompareDispatch(runner, want, "dispatch", m);
+  if (!m.empty()) return;
+  EPF_OK_OR_FAIL(runner.PoisonRecv(), m);
+  EPF_OK_OR_FAIL(runner.RunDispatch(), m);
+  CompareDispatch(runner, want, "cached dispatch", m);
+  if (!m.empty()) return;
+
+  // Combine: random BF16 expert outputs per received row, the received weights, optional biases.
+  std::vector<ref::CombineInput> cin(R);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  const bool weights = c.send_topk && c.send_weights;
+  for (int r = 0; r < R; ++r) {
+    cin[r].x.resize(static_cast<size_t>(want[r].num_recv_tokens) * c.hidden);
+    for (uint16_t& v : cin[r].x) v = ref::FloatToBf16(value(rng));
+    if (weights) cin[r].topk_weights = want[r].recv_topk_weights;
+    if (c.with_bias) {
+      cin[r].bias_0.resize(static_cast<size_t>(inputs[r].num_tokens) * c.hidden);
+      cin[r].bias_1.resize(cin[r].bias_0.size());
+      for (uint16_t& v : cin[r].bias_0) v = ref::FloatToBf16(value(rng));
+      for (uint16_t& v : cin[r].bias_1) v = ref::FloatToBf16(value(rng));
+    }
+  }
+  const std::vector<ref::CombineOutput> want_combined = ref::Combine(want, cin, c.hidden, weights ? c.num_topk : 0);
+  EPF_OK_OR_FAIL(runner.PrepareCombine(cin), m);
+  EPF_OK_OR_FAIL(runner.RunCombine(), m);
+  for (int r = 0; r < R; ++r) {
+    RankBuffers& b = runner.buffers(r);
+    const size_t n = static_cast<size_t>(inputs[r].num_tokens) * c.hidden;
+    EPF_ASSIGN_OR_FAIL(got, DownloadVector<uint16_t>(b.combined_x, n), m);
+    size_t bad = 0, first_bad = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const float g = ref::Bf16ToFloat(got[i]);
+      const float w = want_combined[r].combined_x_float[i];
+      const double err = std::fabs(static_cast<double>(g) - w);
+      if (!(err <= 1e-2 * std::fabs(w) + 1e-2)) {
+        if (bad++ == 0) first_bad = i;
+      }
+      if (stats != nullptr) {
+        stats->elements++;
+        if (got[i] != want_combined[r].combined_x[i]) stats->not_bitwise_equal++;
+        if (err > stats->max_abs_error) stats->max_abs_error = err;
+      }
+    }
+    if (bad > 0) {
+      m.Add(absl::StrFormat("combine rank %d: %d of %d elements out of tolerance, first at %d (got %g, want %g)", r,
+                            bad, n, first_bad, ref::Bf16ToFloat(got[first_bad]),
+                            want_combined[r].combined_x_float[first_bad]));
+    }
+    if (weights) {
+      EPF_ASSIGN_OR_FAIL(got_w, DownloadVector<float>(b.combined_weights, inputs[r].num_tokens * c.num_topk), m);
+      m.CompareExact(absl::StrCat("combine rank ", r, " combined_topk_weights"), got_w,
+                     want_combined[r].combined_topk_weights);
+    }
+  }
+}
+
+struct GpuCase {
+  std::string name;
+  int num_gpus;
+  CaseConfig config;
+};
+
+CaseConfig Make(int hidden, std::vector<int> tokens, int topk, bool fp8, bool send_topk, bool send_weights,
+                bool bias = false, int num_sms = 24) {
+  CaseConfig c;
+  c.hidden = hidden;
+  c.num_tokens = std::move(tokens);
+  c.num_topk = topk;
+  c.num_experts = kNumExperts;
+  c.fp8 = fp8;
+  c.send_topk = send_topk;
+  c.send_weights = send_weights;
+  c.with_bias = bias;
+  c.num_sms = num_sms;
+  c.empty_slot_fraction = 0.05;
+  return c;
+}
+
+std::vector<GpuCase> Cases() {
+  std::vector<GpuCase> cases = {
+      {"TwoGpuBf16H7168T4096Top8", 2, Make(7168, {4096, 4096}, 8, false, true, true)},
+      {"TwoGpuFp8H7168T4096Top8", 2, Make(7168, {4096, 4096}, 8, true, true, true)},
+      {"TwoGpuBf16H4096UnevenTop4NoTopkBias", 2, Make(4096, {4096, 1000}, 4, false, false, false, true)},
+      {"TwoGpuFp8H4096UnevenTop1IdxOnly", 2, Make(4096, {1000, 4096}, 1, true, true, false)},
+      {"TwoGpuBf16H256OneAndZeroTokens", 2, Make(256, {1, 0}, 1, false, true, true, true)},
+      {"TwoGpuFp8H256ZeroTokens", 2, Make(256, {0, 0}, 8, true, true, true)},
+      {"TwoGpuBf16H256T4096Top8Sms7", 2, Make(256, {4096, 3000}, 8, false, true, true, false, 7)},
+      {"TwoGpuFp8H7168T1Top4", 2, Make(7168, {1, 1}, 4, true, true, true)},
+      {"OneGpuBf16H7168T4096Top8", 1, Make(7168, {4096}, 8, false, true, true, true)},
+      {"OneGpuFp8H256T1Top4", 1, Make(256, {1}, 4, true, true, true)},
+      {"OneGpuBf16H4096T0Top8", 1, Make(4096, {0}, 8, false, true, true)},
+  };
+  return cases;
+}
+
+class IntranodeDispatchCombineTest : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(IntranodeDispatchCombineTest, MatchesHostReference) {
+  const GpuCase& gc = GetParam();
+  EPF_REQUIRE_GPUS(gc.num_gpus);
+  auto group = IntranodeTestGroup::Create(RegionConfig(gc.num_gpus));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const uint64_t seed = FreshSeed();
+  Mismatches m;
+  CombineStats stats;
+  RunCase(**group, gc.config, seed, m, &stats);
+  EXPECT_TRUE(m.empty()) << "seed " << seed << "\n" << m.ToString();
+  std::printf("[   INFO   ] seed %llu: combine %zu elements, %zu not bitwise equal to the reference, max |err| %g\n",
+              static_cast<unsigned long long>(seed), stats.elements, stats.not_bitwise_equal, stats.max_abs_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, IntranodeDispatchCombineTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
+
+// One region, many calls: different configurations back to back on the same group (barrier lanes, signal reset).
+TEST(IntranodeGpuTest, RepeatedCallsOnOneGroup) {
+  EPF_REQUIRE_GPUS(2);
+  auto group = IntranodeTestGroup::Create(RegionConfig(2));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const uint64_t seed = FreshSeed();
+  std::mt19937_64 rng(seed);
+  const int kIterations = 1000;
+  int failed_iterations = 0;
+  std::string first_failure;
+  const auto start = std::chrono::steady_clock::now();
+  for (int it = 0; it < kIterations; ++it) {
+    CaseConfig c = Make(256, {static_cast<int>(rng() % 300), static_cast<int>(rng() % 300)}, 1 + rng() % 8,
+                        (it % 2) == 1, true, true, (it % 3) == 0, 1 + static_cast<int>(rng() % 24));
+    Mismatches m;
+    RunCase(**group, c, rng(), m, nullptr);
+    if (!m.empty()) {
+      if (failed_iterations++ == 0) first_failure = absl::StrCat("iteration ", it, ": ", m.ToString());
+      if (failed_iterations > 5) break;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(failed_iterations, 0) << "seed " << seed << "\n" << first_failure;
+  std::printf("[   INFO   ] %d iterations (layout+notify+dispatch+cached+combine, checked) in %.1f s, seed %llu\n",
+              kIterations, seconds, static_cast<unsigned long long>(seed));
+}
+
+// Notify and dispatch back to back without the host waiting for the counts (worst-case sized outputs).
+TEST(IntranodeGpuTest, WorstCaseModeNeedsNoHostWait) {
+  EPF_REQUIRE_GPUS(2);
+  auto group = IntranodeTestGroup::Create(RegionConfig(2));
+  ASSERT_TRUE(group.ok()) << group.status();
+  const uint64_t seed = FreshSeed();
+  std::mt19937_64 rng(seed);
+  CaseConfig c = Make(4096, {2000, 3000}, 8, false, true, true);
+  const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
+  const std::vector<ref::RankOutput> want = ref::Dispatch(inputs, MakeReferenceConfig(c));
+  PipelineRunner runner(group->get(), c);
+  ASSERT_TRUE(runner.Prepare(inputs).ok());
+  ASSERT_TRUE(runner.RunLayout().ok());
+  const int worst = static_cast<int>(kernels::IntranodeWorstCaseRecvTokens((*group)->config()));
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(runner.AllocateRecv(r, worst).ok());
+  ASSERT_TRUE(runner.PoisonRecv().ok());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(runner.LaunchNotify(r).ok());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(runner.LaunchDispatch(r).ok());
+  ASSERT_TRUE((*group)->SyncAndCheck().ok());
+  for (int r = 0; r < 2; ++r) {
+    RankBuffers& b = runner.buffers(r);
+    auto counts = DownloadVector<int32_t>(b.recv_counts, 1);
+    ASSERT_TRUE(counts.ok());
+    EXPECT_EQ((*counts)[0], want[r].num_recv_tokens);
+    b.num_recv_tokens = want[r].num_recv_tokens;  // compare the rows that were received
+  }
+  Mismatches m;
+  CompareDispatch(runner, want, "worst-case dispatch", m);
+  EXPECT_TRUE(m.empty()) << "seed " << seed << "\n" << m.ToString();
+}
+
+// One rank launches, the other never does: the kernel must give up after the timeout and name the missing rank.
+TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
+  EPF_REQUIRE_GPUS(2);
+  auto group_or = IntranodeTestGroup::Create(RegionConfig(2));
+  ASSERT_TRUE(group_or.ok()) << group_or.status();
+  IntranodeTestGroup& group = **group_or;
+  std::mt19937_64 rng(FreshSeed());
+  CaseConfig c = Make(256, {64, 64}, 4, false, true, true);
+  const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
+  PipelineRunner runner(&group, c);
+  ASSERT_TRUE(runner.Prepare(inputs).ok());
+  ASSERT_TRUE(runner.RunLayout().ok());
+  group.rank(0).group.timeout_ns = 50ull * 1000 * 1000;
+
+  // Notify on rank 0 only.
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(runner.LaunchNotify(0).ok());
+  const absl::Status s = kernels::ReadKernelStatus(group.rank(0).group.status, group.rank(0).stream);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("rank 0 timed out waiting for barrier from rank 1"), std::string::npos) << s;
+  EXPECT_LT(ms, 2000.0);
+  std::printf("[   INFO   ] notify timeout: \"%s\" after %.1f ms\n", std::string(s.message()).c_str(), ms);
+
+  // Dispatch on rank 0 only (all 24 blocks wait at their barrier).
+  ASSERT_TRUE(group.ResetAll().ok());
+  runner.buffers(0).num_recv_tokens = 0;
+  ASSERT_TRUE(runner.AllocateRecv(0, 128).ok());
+  ASSERT_TRUE(runner.LaunchDispatch(0).ok());
+  const absl::Status d = kernels::ReadKernelStatus(group.rank(0).group.status, group.rank(0).stream);
+  EXPECT_EQ(d.code(), absl::StatusCode::kDeadlineExceeded) << d;
+  EXPECT_NE(d.message().find("from rank 1"), std::string::npos) << d;
+
+  // After a reset of every region the group works again.
+  group.rank(0).group.timeout_ns = kernels::kDefaultWaitTimeoutNs;
+  ASSERT_TRUE(group.ResetAll().ok());
+  Mismatches m;
+  RunCase(group, c, FreshSeed(), m, nullptr);
+  EXPECT_TRUE(m.empty()) << m.ToString();
+}
+
+}  // namespace
+}  // namespace epfabric::testing
