@@ -36,6 +36,7 @@ using testing::LowLatencyGroup;
 
 struct Timings {
   std::vector<double> dispatch, combine, both;
+  bool graphs = false;
 };
 
 float Elapsed(cudaEvent_t a, cudaEvent_t b) {
@@ -48,29 +49,56 @@ float Elapsed(cudaEvent_t a, cudaEvent_t b) {
 Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   const int R = g.config().num_ranks;
   std::vector<std::vector<cudaEvent_t>> ev(R, std::vector<cudaEvent_t>(2 * iters + 1));
-  std::vector<cudaGraphExec_t> exec(R);
-  for (int r = 0; r < R; ++r) {
+  std::vector<cudaGraphExec_t> exec(R, nullptr);
+  // Enqueues the `iters` pairs on rank r's stream (captured into a graph, or directly as a fallback).
+  auto enqueue = [&](int r) -> absl::Status {
+    auto& k = g.ranks()[r];
+    EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecord(ev[r][0], k.stream), "record"));
+    for (int i = 0; i < iters; ++i) {
+      EPF_LL_RETURN_IF_ERROR(
+          kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, LowLatencyPhases::kSendAndRecv), k.stream));
+      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecord(ev[r][2 * i + 1], k.stream), "record"));
+      EPF_LL_RETURN_IF_ERROR(
+          kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, LowLatencyPhases::kSendAndRecv, false), k.stream));
+      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecord(ev[r][2 * i + 2], k.stream), "record"));
+    }
+    return absl::OkStatus();
+  };
+  bool graphs = true;
+  for (int r = 0; r < R && graphs; ++r) {
     auto& k = g.ranks()[r];
     CHECK_CUDA(cudaSetDevice(k.device));
     for (auto& e : ev[r]) CHECK_CUDA(cudaEventCreate(&e));
     CHECK_CUDA(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
-    CHECK_CUDA(cudaEventRecord(ev[r][0], k.stream));
-    for (int i = 0; i < iters; ++i) {
-      CHECK_OK(kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, LowLatencyPhases::kSendAndRecv), k.stream));
-      CHECK_CUDA(cudaEventRecord(ev[r][2 * i + 1], k.stream));
-      CHECK_OK(kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, LowLatencyPhases::kSendAndRecv, false), k.stream));
-      CHECK_CUDA(cudaEventRecord(ev[r][2 * i + 2], k.stream));
+    const absl::Status captured = enqueue(r);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(k.stream, &graph);
+    if (!captured.ok() || ended != cudaSuccess || cudaGraphInstantiate(&exec[r], graph, 0) != cudaSuccess) {
+      std::fprintf(stderr, "graph capture failed (%s, %s): timing direct launches\n", captured.ToString().c_str(),
+                   cudaGetErrorString(ended));
+      (void)cudaGetLastError();
+      graphs = false;
     }
-    cudaGraph_t graph;
-    CHECK_CUDA(cudaStreamEndCapture(k.stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec[r], graph, 0));
-    CHECK_CUDA(cudaGraphDestroy(graph));
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  }
+  if (!graphs) {
+    for (int r = 0; r < R; ++r) {
+      CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+      for (auto& e : ev[r]) {
+        if (e == nullptr) CHECK_CUDA(cudaEventCreate(&e));
+      }
+    }
   }
   Timings t;
+  t.graphs = graphs;
   for (int rep = 0; rep < 3; ++rep) {  // the first replay warms up
     for (int r = 0; r < R; ++r) {
       CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
-      CHECK_CUDA(cudaGraphLaunch(exec[r], g.ranks()[r].stream));
+      if (graphs) {
+        CHECK_CUDA(cudaGraphLaunch(exec[r], g.ranks()[r].stream));
+      } else {
+        CHECK_OK(enqueue(r));
+      }
     }
     CHECK_OK(g.Sync());
     if (rep == 0) continue;
@@ -87,7 +115,7 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   }
   for (int r = 0; r < R; ++r) {
     CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
-    CHECK_CUDA(cudaGraphExecDestroy(exec[r]));
+    if (exec[r] != nullptr) CHECK_CUDA(cudaGraphExecDestroy(exec[r]));
     for (auto& e : ev[r]) CHECK_CUDA(cudaEventDestroy(e));
   }
   return t;
@@ -218,6 +246,7 @@ int Main(int argc, char** argv) {
   report.SetConfig("dispatch_dtype", "fp8_e4m3 (scales float, round_scale off)");
   report.SetConfig("combine_dtype", "bf16");
   report.SetConfig("iterations", static_cast<double>(iters));
+  report.SetConfig("ordinary_launch", ordinary.graphs ? "cuda_graph" : "direct");
   report.SetConfig("timing",
                    "ordinary: per-rank CUDA-graph replay of back-to-back dispatch+combine pairs, CUDA events between "
                    "kernels, per iteration the slower rank; hook: each kernel alone between events, receive launched "
