@@ -53,14 +53,14 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   // Enqueues the `iters` pairs on rank r's stream (captured into a graph, or directly as a fallback).
   auto enqueue = [&](int r) -> absl::Status {
     auto& k = g.ranks()[r];
-    EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecord(ev[r][0], k.stream), "record"));
+    EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecordWithFlags(ev[r][0], k.stream, cudaEventRecordExternal), "record"));
     for (int i = 0; i < iters; ++i) {
       EPF_LL_RETURN_IF_ERROR(
           kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, LowLatencyPhases::kSendAndRecv), k.stream));
-      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecord(ev[r][2 * i + 1], k.stream), "record"));
+      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecordWithFlags(ev[r][2 * i + 1], k.stream, cudaEventRecordExternal), "record"));
       EPF_LL_RETURN_IF_ERROR(
           kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, LowLatencyPhases::kSendAndRecv, false), k.stream));
-      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecord(ev[r][2 * i + 2], k.stream), "record"));
+      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecordWithFlags(ev[r][2 * i + 2], k.stream, cudaEventRecordExternal), "record"));
     }
     return absl::OkStatus();
   };
