@@ -41,6 +41,7 @@ struct DispatchParams {
   int32_t* packed_recv_src_info;
   int64_t* packed_recv_layout_range;
   int32_t* packed_recv_topk_slot;
+  int32_t* packed_recv_token_map;
 };
 
 // Mirrors host::ComputeFp8GroupScale operation for operation.
@@ -65,20 +66,6 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
   return (lo & 0xFFFFu) | (hi << 16);
 }
 
-// Copies `num_int4` 16-byte words, four loads in flight per lane.
-__device__ __forceinline__ void warp_copy_volatile(int4* dst, const int4* src, int num_int4, int lane) {
-  int i = lane;
-  for (; i + 96 < num_int4; i += 128) {
-    const int4 a = ld_volatile_v4(src + i), b = ld_volatile_v4(src + i + 32), c = ld_volatile_v4(src + i + 64),
-               d = ld_volatile_v4(src + i + 96);
-    ptx::st_na_global(dst + i, a);
-    ptx::st_na_global(dst + i + 32, b);
-    ptx::st_na_global(dst + i + 64, c);
-    ptx::st_na_global(dst + i + 96, d);
-  }
-  for (; i < num_int4; i += 32) ptx::st_na_global(dst + i, ld_volatile_v4(src + i));
-}
-
 template <bool kUseFP8>
 __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t masked, int lane, int warp_global,
                                            int total_warps) {
@@ -87,24 +74,26 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, L = l.num_local_experts;
   const int E = l.num_experts, K = p.num_topk;
   int32_t* done = reinterpret_cast<int32_t*>(g.half_base(g.rank) + l.dispatch_done_offset);
-  clean_other_half_signals(g, done);
+  // The token map (an output) is reset here, before this call's receive phase fills it.
+  clean_other_half_signals(g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk);
 
   // Data items.
   const int chunks = (H + kChannelsPerChunk - 1) / kChannelsPerChunk;
   const int num_items = p.num_tokens * chunks;
+  int items_done = 0;
   for (int item = warp_global; item < num_items; item += total_warps) {
     const int t = item / chunks, chunk = item % chunks;
-    const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-    const uint32_t bit = (e >= 0 && e < E) ? (1u << static_cast<int>(e / L)) : 0u;
-    uint32_t dst_ranks = __reduce_or_sync(0xffffffffu, bit) & ~masked;
     const int c0 = chunk * kChannelsPerChunk + lane * 16;
     const bool active = c0 < H;  // H % 128 == 0: whole 8-lane groups are active or not
     int4 v0 = make_int4(0, 0, 0, 0), v1 = v0;
-    if (active) {
+    if (active) {  // issued before the routing load so that both are in flight together
       const int4* src = reinterpret_cast<const int4*>(p.x + static_cast<size_t>(t) * H + c0);
       v0 = ptx::ld_nc_global(src);
       v1 = ptx::ld_nc_global(src + 1);
     }
+    const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
+    const uint32_t bit = (e >= 0 && e < E) ? (1u << static_cast<int>(e / L)) : 0u;
+    uint32_t dst_ranks = __reduce_or_sync(0xffffffffu, bit) & ~masked;
     const size_t msg_offset = l.dispatch_msgs_offset + (static_cast<size_t>(g.rank) * M + t) * l.dispatch_msg_bytes;
     if constexpr (kUseFP8) {
       const uint32_t w[8] = {static_cast<uint32_t>(v0.x), static_cast<uint32_t>(v0.y), static_cast<uint32_t>(v0.z),
@@ -155,12 +144,12 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
         if (chunk == 0 && lane == 0) *reinterpret_cast<int4*>(msg) = make_int4(t, 0, 0, 0);
       }
     }
-    __syncwarp();
-    if (lane == 0) {
-      __threadfence_system();
-      atomicAdd(done, 1);
-    }
+    ++items_done;
   }
+  // One release per warp: its stores (all lanes, ordered by the warp barrier) become visible system-wide before the
+  // count that lets a routing warp send the signals.
+  __syncwarp();
+  if (lane == 0 && items_done > 0) ptx::red_add_release_sys_global(done, items_done);
 
   // Routing items, handed out from the last warp down so that they land on warps without data items.
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
@@ -173,11 +162,10 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       const int t = t0 + lane;
       int k0 = -1;
       if (t < p.num_tokens) {
-        for (int k = 0; k < K; ++k) {
-          if (__ldg(p.topk_idx + static_cast<size_t>(t) * K + k) == e) {
-            k0 = k;
-            break;
-          }
+        // No early exit: the loads of the row are independent and can all be in flight.
+#pragma unroll
+        for (int k = kLowLatencyMaxTopk - 1; k >= 0; --k) {
+          if (k < K && __ldg(p.topk_idx + static_cast<size_t>(t) * K + k) == e) k0 = k;
         }
       }
       const uint32_t found = __ballot_sync(0xffffffffu, k0 >= 0);
@@ -190,7 +178,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       const int target = num_items + 1;
       bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
                    WaitSite::kLowLatencyRecvCount, g.rank, g.rank, e);
-      __threadfence_system();
+      ptx::fence_acq_rel_sys();
       ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_count_offset) + local * R + g.rank,
                                  -count - 1);
     }
@@ -212,6 +200,16 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
   const int group = warp_global / warps_per_item, sub = warp_global % warps_per_item;
   if (group >= groups) return;
   const size_t row_bytes = kUseFP8 ? static_cast<size_t>(H) : static_cast<size_t>(H) * 2;
+  // The token map was reset by this call's send phase (block 0): wait until that is done before filling it.
+  {
+    const int32_t* done = reinterpret_cast<const int32_t*>(my_half + l.dispatch_done_offset);
+    const int target = p.num_tokens * ((H + kChannelsPerChunk - 1) / kChannelsPerChunk) + 1;
+    if (lane == 0) {
+      bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
+                   WaitSite::kLowLatencyRecvCount, g.rank, g.rank, -1);
+    }
+    __syncwarp();
+  }
 
   for (int item = group; item < num_items; item += groups) {
     const int local = item / R, s = item % R;
@@ -248,12 +246,17 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
       const int t = entry & 0xFFFF, k0 = entry >> 16;
       const size_t slot = static_cast<size_t>(local) * slots + begin + j;
       const uint8_t* payload = msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes + kLowLatencyMessageHeaderBytes;
+      // Scales first, so that their loads overlap the payload's.
+      int32_t scale_bits[2] = {0, 0};
+      if constexpr (kUseFP8) {
+        const int32_t* scales = reinterpret_cast<const int32_t*>(payload + H);
+        if (lane < G) scale_bits[0] = ld_volatile_s32(scales + lane);
+        if (lane + 32 < G) scale_bits[1] = ld_volatile_s32(scales + lane + 32);
+      }
       warp_copy_volatile(reinterpret_cast<int4*>(p.packed_recv_x + slot * row_bytes),
                          reinterpret_cast<const int4*>(payload), static_cast<int>(row_bytes / 16), lane);
       if constexpr (kUseFP8) {
-        const int32_t* scales = reinterpret_cast<const int32_t*>(payload + H);
-        for (int gi = lane; gi < G; gi += 32) {
-          const int32_t bits = ld_volatile_s32(scales + gi);
+        auto write_scale = [&](int gi, int32_t bits) {
           if (p.use_ue8m0) {
             uint8_t* out = static_cast<uint8_t*>(p.packed_recv_x_scales);
             const size_t pack = gi / kUe8m0ScalesPerInt32;
@@ -263,11 +266,19 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
             static_cast<int32_t*>(p.packed_recv_x_scales)[(static_cast<size_t>(local) * G + gi) * slots + begin + j] =
                 bits;
           }
+        };
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          if (lane + 32 * u < G) write_scale(lane + 32 * u, scale_bits[u]);
         }
+        const int32_t* scales = reinterpret_cast<const int32_t*>(payload + H);
+        for (int gi = lane + 64; gi < G; gi += 32) write_scale(gi, ld_volatile_s32(scales + gi));
       }
       if (lane == 0) {
         p.packed_recv_src_info[slot] = t;
         p.packed_recv_topk_slot[slot] = k0;
+        p.packed_recv_token_map[(static_cast<size_t>(s) * M + t) * kLowLatencyMaxTopk + k0] =
+            static_cast<int32_t>(slot);
       }
     }
   }
@@ -330,6 +341,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   p.packed_recv_src_info = args.packed_recv_src_info;
   p.packed_recv_layout_range = args.packed_recv_layout_range;
   p.packed_recv_topk_slot = args.packed_recv_topk_slot;
+  p.packed_recv_token_map = args.packed_recv_token_map;
   if (args.use_fp8) return low_latency::launch_cooperative(low_latency::dispatch_kernel<true>, p, *blocks, stream);
   return low_latency::launch_cooperative(low_latency::dispatch_kernel<false>, p, *blocks, stream);
 }

@@ -72,6 +72,8 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
   off += static_cast<size_t>(l.num_local_experts) * num_ranks * sizeof(int32_t);
   l.combine_flag_offset = off;
   off += static_cast<size_t>(num_ranks) * sizeof(int32_t);
+  l.weights_flag_offset = off;
+  off += static_cast<size_t>(num_ranks) * sizeof(int32_t);
   l.dispatch_done_offset = off;
   off += sizeof(int32_t);
   l.combine_done_offset = off;
@@ -82,8 +84,10 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
   off = AlignUp(off + static_cast<size_t>(l.num_local_experts) * num_ranks * m * sizeof(int32_t));
   l.dispatch_msgs_offset = off;
   off = AlignUp(off + static_cast<size_t>(num_ranks) * m * l.dispatch_msg_bytes);
+  l.combine_weights_offset = off;
+  off = AlignUp(off + static_cast<size_t>(num_ranks) * m * kLowLatencyMaxTopk * sizeof(float));
   l.combine_recv_offset = off;
-  off = AlignUp(off + m * kLowLatencyMaxTopk * h * 2);
+  off = AlignUp(off + m * num_ranks * h * 2);
   l.half_bytes = off;
   l.combine_send_offset = 2 * l.half_bytes;
   l.total_bytes = AlignUp(l.combine_send_offset + static_cast<size_t>(l.num_local_experts) * num_ranks * m * h * 2);
@@ -115,8 +119,8 @@ absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowL
     if (a.use_fp8 && a.packed_recv_x_scales == nullptr)
       return absl::InvalidArgumentError("packed_recv_x_scales is null with use_fp8 = true");
     if (a.packed_recv_count == nullptr || a.packed_recv_src_info == nullptr || a.packed_recv_layout_range == nullptr ||
-        a.packed_recv_topk_slot == nullptr)
-      return absl::InvalidArgumentError("packed_recv_count/src_info/layout_range/topk_slot must all be set");
+        a.packed_recv_topk_slot == nullptr || a.packed_recv_token_map == nullptr)
+      return absl::InvalidArgumentError("packed_recv_count/src_info/layout_range/topk_slot/token_map must all be set");
   }
   return absl::OkStatus();
 }
@@ -133,9 +137,8 @@ absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLa
   if (!sends && !receives) return Invalid("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
   if (sends) {
     if (!a.zero_copy && a.x == nullptr) return absl::InvalidArgumentError("x is null and zero_copy = false");
-    if (a.handle.packed_recv_src_info == nullptr || a.handle.packed_recv_layout_range == nullptr ||
-        a.handle.packed_recv_topk_slot == nullptr)
-      return absl::InvalidArgumentError("the dispatch handle is incomplete");
+    if (a.handle.packed_recv_token_map == nullptr) return absl::InvalidArgumentError("the dispatch handle has no token map");
+    if (a.num_tokens > 0 && a.topk_weights == nullptr) return absl::InvalidArgumentError("topk_weights is null");
   }
   if (receives && a.num_tokens > 0 && (a.topk_weights == nullptr || a.combined_x == nullptr))
     return absl::InvalidArgumentError("topk_weights and combined_x must be set");

@@ -1,5 +1,6 @@
 #include "low_latency_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -93,6 +94,7 @@ std::vector<LowLatencyDispatchOutput> LowLatencyDispatchReference(const LowLaten
     out.src_info.assign(L * slots, 0);
     out.layout_range.assign(static_cast<size_t>(L) * R, 0);
     out.topk_slot.assign(L * slots, 0);
+    out.token_map.assign(static_cast<size_t>(R) * shape.max_tokens_per_rank * kReferenceMaxTopk, -1);
     if (Masked(rank_masked, r)) continue;
     for (int local = 0; local < L; ++local) {
       const int64_t expert = static_cast<int64_t>(r) * L + local;
@@ -106,6 +108,8 @@ std::vector<LowLatencyDispatchOutput> LowLatencyDispatchReference(const LowLaten
             const size_t p = static_cast<size_t>(local) * slots + begin + count;
             out.src_info[p] = t;
             out.topk_slot[p] = k0;
+            out.token_map[(static_cast<size_t>(s) * shape.max_tokens_per_rank + t) * kReferenceMaxTopk + k0] =
+                static_cast<int32_t>(p);
             if (options.use_fp8) {
               std::memcpy(&out.packed_recv_x[p * H], &fp8[s][static_cast<size_t>(t) * H], H);
               for (int g = 0; g < G; ++g) {
@@ -138,17 +142,39 @@ std::vector<std::vector<uint16_t>> LowLatencyCombineReference(
     const LowLatencyShape& shape, const std::vector<LowLatencyRankInput>& inputs,
     const std::vector<std::vector<uint16_t>>& expert_outputs, const std::vector<LowLatencyDispatchOutput>& dispatched,
     const std::vector<bool>& rank_masked) {
-  const int H = shape.hidden;
+  const int H = shape.hidden, K = shape.num_topk, L = shape.num_local_experts();
   std::vector<std::vector<uint16_t>> combined(shape.num_ranks);
+  std::vector<float> acc(H), partial(H);
   for (int s = 0; s < shape.num_ranks; ++s) {
-    std::vector<float> acc(static_cast<size_t>(inputs[s].num_tokens) * H, 0.0f);
-    ForEachContribution(shape, inputs, expert_outputs, dispatched, rank_masked, s,
-                        [&](int t, float w, const uint16_t* values) {
-                          float* a = &acc[static_cast<size_t>(t) * H];
-                          for (int i = 0; i < H; ++i) a[i] = std::fmaf(Bf16ToFloat(values[i]), w, a[i]);
-                        });
-    combined[s].resize(acc.size());
-    for (size_t i = 0; i < acc.size(); ++i) combined[s][i] = FloatToBf16(acc[i]);
+    const LowLatencyRankInput& in = inputs[s];
+    combined[s].assign(static_cast<size_t>(in.num_tokens) * H, 0);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      const int64_t* row = &in.topk_idx[static_cast<size_t>(t) * K];
+      const float* weights = &in.topk_weights[static_cast<size_t>(t) * K];
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int r = 0; r < shape.num_ranks; ++r) {
+        if (Masked(rank_masked, r)) continue;
+        bool any = false;
+        std::fill(partial.begin(), partial.end(), 0.0f);
+        for (int k = 0; k < K; ++k) {
+          const int64_t e = row[k];
+          if (!ValidExpert(e, shape.num_experts) || e / L != r || FirstSlot(row, K, e) != k) continue;
+          float w = weights[k];
+          for (int kk = k + 1; kk < K; ++kk) {
+            if (row[kk] == e) w += weights[kk];
+          }
+          const int64_t p = PackedSlot(shape, dispatched[r], static_cast<int>(e % L), s, t);
+          if (p < 0) continue;  // cannot happen with consistent inputs
+          const uint16_t* values =
+              &expert_outputs[r][(static_cast<size_t>(e % L) * shape.recv_slots() + p) * H];
+          for (int i = 0; i < H; ++i) partial[i] = std::fmaf(Bf16ToFloat(values[i]), w, partial[i]);
+          any = true;
+        }
+        if (!any) continue;
+        for (int i = 0; i < H; ++i) acc[i] = acc[i] + Bf16ToFloat(FloatToBf16(partial[i]));
+      }
+      for (int i = 0; i < H; ++i) combined[s][static_cast<size_t>(t) * H + i] = FloatToBf16(acc[i]);
+    }
   }
   return combined;
 }

@@ -7,6 +7,10 @@
 //  - topk_idx entries outside [0, num_experts) are ignored; an expert that appears twice in one token's top-k
 //    receives the token once (at its first top-k position) and combine adds it with every weight it appears with.
 //  - A masked rank sends nothing, receives nothing, and its experts' outputs count as zero in combine.
+//  - Combine reduces in two steps, as the kernels do: each expert rank r sums, per token, its own experts' outputs
+//    (k ascending, fmaf into a float starting at 0, weight of an expert = the sum of its weights over duplicate
+//    positions) and rounds that partial sum to bf16; the token's rank adds the partial sums of r = 0, 1, ... in
+//    float and rounds to bf16.
 #pragma once
 
 #include <cstdint>
@@ -48,7 +52,10 @@ struct LowLatencyDispatchOutput {
   std::vector<int32_t> src_info;            // [L][R*M]
   std::vector<int64_t> layout_range;        // [L][R]: (begin << 32) | count
   std::vector<int32_t> topk_slot;           // [L][R*M]
+  std::vector<int32_t> token_map;           // [R][M][kMaxTopk]: packed index or -1
 };
+
+inline constexpr int kReferenceMaxTopk = 16;  // = kernels::kLowLatencyMaxTopk
 
 // `rank_masked[r]` (may be empty) marks ranks that take no part.
 std::vector<LowLatencyDispatchOutput> LowLatencyDispatchReference(const LowLatencyShape& shape,
@@ -57,9 +64,8 @@ std::vector<LowLatencyDispatchOutput> LowLatencyDispatchReference(const LowLaten
                                                                   const std::vector<bool>& rank_masked = {});
 
 // Combine: `expert_outputs[r]` is rank r's bf16 [L][R*M][hidden] input, `dispatched[r]` its dispatch output (for
-// src_info/layout). Returns each rank's combined bf16 [num_tokens][hidden]: per element, a float accumulator
-// starts at 0 and takes fmaf(expert value, weight, acc) for top-k positions k = 0..num_topk-1 in order, then is
-// rounded to bf16 (the kernel does the same operations, so the result is bit-exact).
+// src_info/layout). Returns each rank's combined bf16 [num_tokens][hidden], computed with exactly the kernels'
+// operations (see the two-step reduction above), so the GPU result is bit-exact.
 std::vector<std::vector<uint16_t>> LowLatencyCombineReference(
     const LowLatencyShape& shape, const std::vector<LowLatencyRankInput>& inputs,
     const std::vector<std::vector<uint16_t>>& expert_outputs, const std::vector<LowLatencyDispatchOutput>& dispatched,

@@ -39,6 +39,8 @@ using kernels::host::LowLatencyDispatchOutput;
     const auto src_info = g.Download<int32_t>(r, k.src_info, L * slots);
     const auto topk_slot = g.Download<int32_t>(r, k.topk_slot, L * slots);
     if (count != ref[r].packed_recv_count) return ::testing::AssertionFailure() << "rank " << r << ": counts differ";
+    if (g.Download<int32_t>(r, k.token_map, ref[r].token_map.size()) != ref[r].token_map)
+      return ::testing::AssertionFailure() << "rank " << r << ": token maps differ";
     if (range != ref[r].layout_range) return ::testing::AssertionFailure() << "rank " << r << ": layout ranges differ";
     if (check_stats) {
       const auto stats = g.Download<int32_t>(r, k.cumulative_stats, L);

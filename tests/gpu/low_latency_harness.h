@@ -59,6 +59,7 @@ struct LowLatencyRank {
   int32_t* src_info = nullptr;
   int64_t* layout_range = nullptr;
   int32_t* topk_slot = nullptr;
+  int32_t* token_map = nullptr;
   int32_t* cumulative_stats = nullptr;
   uint16_t* combined = nullptr;
 };
@@ -109,6 +110,7 @@ class LowLatencyGroup {
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.src_info, L * slots * 4));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.layout_range, L * c.num_ranks * 8));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.topk_slot, L * slots * 4));
+      EPF_LL_RETURN_IF_ERROR(Alloc(&k.token_map, slots * kernels::kLowLatencyMaxTopk * 4));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.cumulative_stats, L * 4));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.combined, M * H * 2));
       EPF_LL_RETURN_IF_ERROR(ResetStatus(r));
@@ -215,6 +217,7 @@ class LowLatencyGroup {
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.src_info, 0xA5, L * slots * 4), "poison"));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.layout_range, 0xA5, L * c_.num_ranks * 8), "poison"));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.topk_slot, 0xA5, L * slots * 4), "poison"));
+      EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.token_map, 0xA5, slots * kernels::kLowLatencyMaxTopk * 4), "poison"));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.combined, 0xA5, c_.max_tokens_per_rank * H * 2), "poison"));
     }
     return Sync();
@@ -240,6 +243,7 @@ class LowLatencyGroup {
     a.packed_recv_src_info = k.src_info;
     a.packed_recv_layout_range = k.layout_range;
     a.packed_recv_topk_slot = k.topk_slot;
+    a.packed_recv_token_map = k.token_map;
     a.buffer_half = half;
     a.phases = phases;
     return a;
@@ -259,6 +263,7 @@ class LowLatencyGroup {
     a.handle.packed_recv_src_info = k.src_info;
     a.handle.packed_recv_layout_range = k.layout_range;
     a.handle.packed_recv_topk_slot = k.topk_slot;
+    a.handle.packed_recv_token_map = k.token_map;
     a.handle.num_tokens = inputs_[r].num_tokens;
     a.zero_copy = zero_copy;
     a.combined_x = k.combined;

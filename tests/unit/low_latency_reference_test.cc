@@ -57,6 +57,10 @@ TEST(LowLatencyReference, DispatchPacksBySourceRankThenTokenIndex) {
             (std::vector<int32_t>{0, 1, 0, 1}));
   EXPECT_EQ((std::vector<int32_t>(out[1].topk_slot.begin(), out[1].topk_slot.begin() + 4)),
             (std::vector<int32_t>{1, 0, 1, 0}));
+  // Token map of rank 1: rank 1's token 1 has expert 2 (local 0) at top-k position 0, packed slot 3.
+  EXPECT_EQ(out[1].token_map[(1 * 4 + 1) * 16 + 0], 3);
+  EXPECT_EQ(out[1].token_map[(1 * 4 + 1) * 16 + 1], -1);
+  EXPECT_EQ(out[0].token_map[(0 * 4 + 2) * 16 + 1], slots + 1);  // rank 0's t2, expert 1 at position 1
   // BF16 payload is the source row, unchanged: rank 1 expert 2 slot 3 is rank 1's token 1.
   const uint16_t* row = reinterpret_cast<const uint16_t*>(&out[1].packed_recv_x[3 * 128 * 2]);
   EXPECT_EQ(Bf16ToFloat(row[0]), Bf16ToFloat(FloatToBf16(1000.0f + 128.0f)));
@@ -150,8 +154,9 @@ TEST(LowLatencyLayout, SizesAndOffsets) {
   EXPECT_EQ(l->combine_flag_offset, 144u * 2 * 4);
   EXPECT_GE(l->dispatch_table_offset, l->signal_bytes);
   EXPECT_EQ(l->dispatch_msgs_offset - l->dispatch_table_offset, 144u * 2 * 128 * 4);
-  EXPECT_EQ(l->combine_recv_offset - l->dispatch_msgs_offset, 2u * 128 * (16 + 7168 * 2));
-  EXPECT_EQ(l->half_bytes - l->combine_recv_offset, 128u * 16 * 7168 * 2);
+  EXPECT_EQ(l->combine_weights_offset - l->dispatch_msgs_offset, 2u * 128 * (16 + 7168 * 2));
+  EXPECT_EQ(l->combine_recv_offset - l->combine_weights_offset, 2u * 128 * 16 * 4);
+  EXPECT_EQ(l->half_bytes - l->combine_recv_offset, 128u * 2 * 7168 * 2);
   EXPECT_EQ(l->total_bytes, 2 * l->half_bytes + 144u * 256 * 7168 * 2);
   EXPECT_EQ(*LowLatencyRegionBytes(128, 7168, 2, 288), l->total_bytes);
 }
@@ -183,6 +188,7 @@ TEST(LowLatencyValidate, RefusesBeforeLaunch) {
   a.packed_recv_x = a.packed_recv_x_scales = &dummy;
   a.packed_recv_count = a.packed_recv_src_info = a.packed_recv_topk_slot = &dummy;
   a.packed_recv_layout_range = reinterpret_cast<int64_t*>(&dummy);
+  a.packed_recv_token_map = &dummy;
   EXPECT_EQ(ValidateLowLatencyDispatch(ctx, a).message(), "num_tokens = 129: must be in [0, max_tokens_per_rank]");
   a.num_tokens = 128;
   EXPECT_TRUE(ValidateLowLatencyDispatch(ctx, a).ok());

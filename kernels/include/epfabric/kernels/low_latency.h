@@ -36,14 +36,17 @@ inline constexpr int kLowLatencyMaxTokensPerRank = 65535;
 //     signals (zeroed by the call that uses the other half, see docs):
 //       dispatch_count   int32 [num_local_experts][num_ranks]  written by source rank s: -count-1
 //       combine_flag     int32 [num_ranks]                     written by expert rank r: 1 when r's outputs landed
+//       weights_flag     int32 [num_ranks]                     written by source rank s: 1 when s's weights landed
 //       dispatch_done    int32                                 local: send work items finished (this rank only)
 //       combine_done     int32                                 local: send work items finished (this rank only)
 //     dispatch_table     int32 [num_local_experts][num_ranks][max_tokens]  per (expert, source) the source token
 //                        indices in increasing order, each `token | (first top-k position << 16)`
 //     dispatch_msgs      [num_ranks][max_tokens][dispatch_msg_bytes]  one message per (source token, this rank):
 //                        16-byte header, then FP8 data + float scales, or BF16 data
-//     combine_recv       bf16 [max_tokens][kLowLatencyMaxTopk][hidden]  expert outputs of this rank's tokens,
-//                        slot (token, first top-k position of the expert)
+//     combine_weights    float [num_ranks][max_tokens][kLowLatencyMaxTopk]  written by source rank s: the weight
+//                        of each top-k position of its tokens (duplicates of an expert summed into the first)
+//     combine_recv       bf16 [max_tokens][num_ranks][hidden]  per token of this rank, the partial sum that expert
+//                        rank r computed over its own experts
 //   combine_send at 2 * half_bytes: bf16 [num_local_experts][num_ranks * max_tokens][hidden] (zero-copy input)
 struct LowLatencyLayout {
   int max_tokens_per_rank = 0;
@@ -57,11 +60,13 @@ struct LowLatencyLayout {
   // Offsets inside one half.
   size_t dispatch_count_offset = 0;
   size_t combine_flag_offset = 0;
+  size_t weights_flag_offset = 0;
   size_t dispatch_done_offset = 0;
   size_t combine_done_offset = 0;
   size_t signal_bytes = 0;  // the signals start at offset 0 of a half and span this many bytes
   size_t dispatch_table_offset = 0;
   size_t dispatch_msgs_offset = 0;
+  size_t combine_weights_offset = 0;
   size_t combine_recv_offset = 0;
   size_t half_bytes = 0;
 
@@ -119,6 +124,7 @@ struct LowLatencyHandle {
   const int32_t* packed_recv_src_info = nullptr;      // [L][R*M] source token index
   const int64_t* packed_recv_layout_range = nullptr;  // [L][R] (begin << 32) | count
   const int32_t* packed_recv_topk_slot = nullptr;     // [L][R*M] first top-k position of the expert in the token
+  const int32_t* packed_recv_token_map = nullptr;     // [R][M][kLowLatencyMaxTopk] packed slot or -1
   int num_tokens = 0;                                 // tokens this rank dispatched
 };
 
@@ -144,6 +150,9 @@ struct LowLatencyDispatchArgs {
   int32_t* packed_recv_src_info = nullptr;
   int64_t* packed_recv_layout_range = nullptr;
   int32_t* packed_recv_topk_slot = nullptr;
+  // [R][M][kLowLatencyMaxTopk]: for source rank s, token t and top-k position k (first occurrence of an expert of
+  // this rank), the packed index local_expert * R * M + slot; -1 elsewhere. Combine reduces through it.
+  int32_t* packed_recv_token_map = nullptr;
 
   int buffer_half = 0;
   LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
