@@ -80,9 +80,12 @@ class LowLatencyGroup {
     if (!layout.ok()) return layout.status();
     layout_ = *layout;
     ranks_.resize(c.num_ranks);
+    // Enabled once per process and pair (a second enable is an API error that compute-sanitizer reports).
+    static bool peer_enabled[kernels::kMaxNvlPeers][kernels::kMaxNvlPeers] = {};
     for (int r = 0; r < c.num_ranks; ++r) {
       for (int q = 0; q < c.num_ranks; ++q) {
-        if (q == r) continue;
+        if (q == r || peer_enabled[r][q]) continue;
+        peer_enabled[r][q] = true;
         EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(r), "cudaSetDevice"));
         const cudaError_t err = cudaDeviceEnablePeerAccess(q, 0);
         if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) return Cuda(err, "enable peer access");
