@@ -4,8 +4,8 @@
 // Ordinary calls: each rank's stream replays a CUDA graph of `iters` (dispatch, combine) pairs with an event between
 // consecutive kernels, so that the ranks run back to back in lockstep without host launch gaps; a rank's dispatch
 // time therefore includes waiting for its peer, as a real call does. Per iteration the slower rank counts.
-// Hook mode: send kernels on both ranks, then each stream waits for the other's send, then the receive kernels;
-// each kernel is timed alone by its events.
+// Hook mode: each phase is a small graph per rank (event, kernel, event), launched on both ranks, host-synchronised
+// before the next phase; each kernel is timed alone by its events.
 //
 // Usage: low_latency_bench [--out DIR] [--iters N]
 #include <algorithm>
@@ -122,60 +122,66 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
 }
 
 struct HookTimings {
-  std::vector<double> dispatch_send, dispatch_recv, combine_send, combine_recv;
+  std::vector<double> dispatch_send, dispatch_recv, combine_send, combine_recv, combine_send_later_rank;
 };
 
+// Hook mode: each phase is one small graph per rank (event, kernel, event), so that no host launch gap is timed.
+// Phases run one after the other with a host synchronisation in between, so a receive kernel finds its data there.
+// The combine send phase waits for the peers' weights (published at the start of their own send phase): the rank
+// launched first also waits for the launch skew, so the later-launched rank's time is reported too.
 HookTimings TimeHooks(LowLatencyGroup& g, int iters) {
   const int R = g.config().num_ranks;
-  enum { kDS0, kDS1, kDR0, kDR1, kCS0, kCS1, kCR0, kCR1, kNum };
-  std::vector<std::vector<cudaEvent_t>> ev(R, std::vector<cudaEvent_t>(kNum));
+  constexpr int kPhases = 4;  // dispatch send, dispatch recv, combine send, combine recv
+  std::vector<std::vector<cudaEvent_t>> ev(R, std::vector<cudaEvent_t>(2 * kPhases));
+  std::vector<std::vector<cudaGraphExec_t>> exec(R, std::vector<cudaGraphExec_t>(kPhases, nullptr));
   for (int r = 0; r < R; ++r) {
-    CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+    auto& k = g.ranks()[r];
+    CHECK_CUDA(cudaSetDevice(k.device));
     for (auto& e : ev[r]) CHECK_CUDA(cudaEventCreate(&e));
-  }
-  auto phase = [&](bool dispatch, LowLatencyPhases p, int before, int after) {
-    for (int r = 0; r < R; ++r) {
-      auto& k = g.ranks()[r];
-      CHECK_CUDA(cudaSetDevice(k.device));
-      CHECK_CUDA(cudaEventRecord(ev[r][before], k.stream));
-      if (dispatch) {
-        CHECK_OK(kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, p), k.stream));
+    for (int phase = 0; phase < kPhases; ++phase) {
+      const LowLatencyPhases which = phase % 2 == 0 ? LowLatencyPhases::kSend : LowLatencyPhases::kRecv;
+      CHECK_CUDA(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
+      CHECK_CUDA(cudaEventRecordWithFlags(ev[r][2 * phase], k.stream, cudaEventRecordExternal));
+      if (phase < 2) {
+        CHECK_OK(kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, which), k.stream));
       } else {
-        CHECK_OK(kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, p, false), k.stream));
+        CHECK_OK(kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, which, false), k.stream));
       }
-      CHECK_CUDA(cudaEventRecord(ev[r][after], k.stream));
+      CHECK_CUDA(cudaEventRecordWithFlags(ev[r][2 * phase + 1], k.stream, cudaEventRecordExternal));
+      cudaGraph_t graph;
+      CHECK_CUDA(cudaStreamEndCapture(k.stream, &graph));
+      CHECK_CUDA(cudaGraphInstantiate(&exec[r][phase], graph, 0));
+      CHECK_CUDA(cudaGraphDestroy(graph));
     }
-  };
-  auto wait_for_peers = [&](int event) {  // every stream waits for every rank's send
-    for (int r = 0; r < R; ++r) {
-      CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
-      for (int q = 0; q < R; ++q) CHECK_CUDA(cudaStreamWaitEvent(g.ranks()[r].stream, ev[q][event], 0));
-    }
-  };
+  }
   HookTimings t;
   for (int i = 0; i < iters + 10; ++i) {
-    phase(true, LowLatencyPhases::kSend, kDS0, kDS1);
-    wait_for_peers(kDS1);
-    phase(true, LowLatencyPhases::kRecv, kDR0, kDR1);
-    phase(false, LowLatencyPhases::kSend, kCS0, kCS1);
-    wait_for_peers(kCS1);
-    phase(false, LowLatencyPhases::kRecv, kCR0, kCR1);
-    CHECK_OK(g.Sync());
-    if (i < 10) continue;  // warm-up
-    double ds = 0, dr = 0, cs = 0, cr = 0;
-    for (int r = 0; r < R; ++r) {
-      ds = std::max<double>(ds, Elapsed(ev[r][kDS0], ev[r][kDS1]));
-      dr = std::max<double>(dr, Elapsed(ev[r][kDR0], ev[r][kDR1]));
-      cs = std::max<double>(cs, Elapsed(ev[r][kCS0], ev[r][kCS1]));
-      cr = std::max<double>(cr, Elapsed(ev[r][kCR0], ev[r][kCR1]));
+    double times[kPhases] = {0, 0, 0, 0};
+    double later_rank_combine_send = 0;
+    for (int phase = 0; phase < kPhases; ++phase) {
+      const int first = i % R;  // alternate which rank is launched first
+      for (int n = 0; n < R; ++n) {
+        const int r = (first + n) % R;
+        CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+        CHECK_CUDA(cudaGraphLaunch(exec[r][phase], g.ranks()[r].stream));
+      }
+      CHECK_OK(g.Sync());
+      for (int r = 0; r < R; ++r) times[phase] = std::max<double>(times[phase], Elapsed(ev[r][2 * phase], ev[r][2 * phase + 1]));
+      if (phase == 2) {
+        const int last = (first + R - 1) % R;
+        later_rank_combine_send = Elapsed(ev[last][4], ev[last][5]);
+      }
     }
-    t.dispatch_send.push_back(ds);
-    t.dispatch_recv.push_back(dr);
-    t.combine_send.push_back(cs);
-    t.combine_recv.push_back(cr);
+    if (i < 10) continue;  // warm-up
+    t.dispatch_send.push_back(times[0]);
+    t.dispatch_recv.push_back(times[1]);
+    t.combine_send.push_back(times[2]);
+    t.combine_recv.push_back(times[3]);
+    t.combine_send_later_rank.push_back(later_rank_combine_send);
   }
   for (int r = 0; r < R; ++r) {
     CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+    for (auto& e : exec[r]) CHECK_CUDA(cudaGraphExecDestroy(e));
     for (auto& e : ev[r]) CHECK_CUDA(cudaEventDestroy(e));
   }
   return t;
@@ -249,10 +255,11 @@ int Main(int argc, char** argv) {
   report.SetConfig("ordinary_launch", ordinary.graphs ? "cuda_graph" : "direct");
   report.SetConfig("timing",
                    "ordinary: per-rank CUDA-graph replay of back-to-back dispatch+combine pairs, CUDA events between "
-                   "kernels, per iteration the slower rank; hook: each kernel alone between events, receive launched "
-                   "after both ranks' sends completed");
+                   "kernels, per iteration the slower rank; hook: each phase a per-rank graph (event, kernel, event), "
+                   "phases separated by host synchronisation, per iteration the slower rank");
   report.SetConfig("message_scheme", "dispatch: one message per (token, destination rank) + receiver fan-out; "
-                                     "combine: one BF16 row per (token, expert)");
+                                     "combine: expert rank sums its experts per token (fmaf, weights published by the token's rank), one "
+                                     "bf16 partial row per (token, expert rank)");
 
   std::printf("low-latency, %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n", c.num_ranks,
               c.max_tokens_per_rank, c.hidden, c.num_topk, c.num_experts, bench::CudaDeviceName(0).c_str());
@@ -264,6 +271,7 @@ int Main(int argc, char** argv) {
   Row(report, "dispatch_recv", hooks.dispatch_recv);
   Row(report, "combine_send", hooks.combine_send);
   Row(report, "combine_recv", hooks.combine_recv);
+  Row(report, "combine_send_later_rank", hooks.combine_send_later_rank);
 
   const double dispatch_us = bench::Summarize(ordinary.dispatch).median;
   const double combine_us = bench::Summarize(ordinary.combine).median;
@@ -273,12 +281,14 @@ int Main(int argc, char** argv) {
   report.SetResult("combine_gbps", combine_bytes / combine_us / 1e3);
   report.SetResult("dispatch_remote_mb", remote_messages * static_cast<double>(msg_bytes) / 1e6);
   report.SetResult("dispatch_remote_mb_if_per_expert", remote_pairs * static_cast<double>(msg_bytes) / 1e6);
-  report.SetResult("combine_remote_mb", remote_pairs * static_cast<double>(c.hidden) * 2 / 1e6);
+  report.SetResult("combine_remote_mb", remote_messages * static_cast<double>(c.hidden) * 2 / 1e6);
+  report.SetResult("combine_remote_mb_if_per_expert", remote_pairs * static_cast<double>(c.hidden) * 2 / 1e6);
   report.SetResult("received_pairs_per_rank", static_cast<double>(recv_pairs));
   std::printf("dispatch %.1f GB/s (DeepEP metric), combine %.1f GB/s; remote bytes per rank: dispatch %.2f MB "
-              "(%.2f MB with a message per (token, expert)), combine %.2f MB\n",
+              "(%.2f MB with a message per (token, expert)), combine %.2f MB (%.2f MB per (token, expert))\n",
               dispatch_bytes / dispatch_us / 1e3, combine_bytes / combine_us / 1e3,
               remote_messages * static_cast<double>(msg_bytes) / 1e6, remote_pairs * static_cast<double>(msg_bytes) / 1e6,
+              remote_messages * static_cast<double>(c.hidden) * 2 / 1e6,
               remote_pairs * static_cast<double>(c.hidden) * 2 / 1e6);
   absl::StatusOr<std::string> path = report.WriteTo(out_dir);
   if (!path.ok()) {

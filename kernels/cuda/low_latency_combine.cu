@@ -36,22 +36,33 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int K = p.num_topk, L = l.num_local_experts, E = l.num_experts, M = l.max_tokens_per_rank;
-  for (int i = threadIdx.x; i < p.num_tokens * K; i += blockDim.x) {
-    const int t = i / K, k = i % K;
-    const int64_t* row = p.topk_idx + static_cast<size_t>(t) * K;
-    const int64_t e = __ldg(row + k);
-    if (e < 0 || e >= E) continue;
-    const int r = static_cast<int>(e / L);
-    if ((masked >> r) & 1u) continue;
-    bool first = true;
-    for (int kk = 0; kk < k; ++kk) first = first && __ldg(row + kk) != e;
-    if (!first) continue;
-    float w = __ldg(p.topk_weights + i);
-    for (int kk = k + 1; kk < K; ++kk) {
-      if (__ldg(row + kk) == e) w = w + __ldg(p.topk_weights + static_cast<size_t>(t) * K + kk);
+  // One thread per token: the whole row is loaded at once (independent loads), then handled in registers.
+  for (int t = threadIdx.x; t < p.num_tokens; t += blockDim.x) {
+    int64_t row[kLowLatencyMaxTopk];
+    float w[kLowLatencyMaxTopk];
+#pragma unroll
+    for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
+      row[k] = k < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + k) : -1;
+      w[k] = k < K ? __ldg(p.topk_weights + static_cast<size_t>(t) * K + k) : 0.0f;
     }
-    float* weights = reinterpret_cast<float*>(g.half_base(r) + l.combine_weights_offset);
-    weights[(static_cast<size_t>(g.rank) * M + t) * kLowLatencyMaxTopk + k] = w;
+#pragma unroll
+    for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
+      const int64_t e = row[k];
+      if (k >= K || e < 0 || e >= E) continue;
+      const int r = static_cast<int>(e / L);
+      if ((masked >> r) & 1u) continue;
+      bool first = true;
+#pragma unroll
+      for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
+      if (!first) continue;
+      float sum = w[k];
+#pragma unroll
+      for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
+        if (kk < K && row[kk] == e) sum = sum + w[kk];
+      }
+      float* weights = reinterpret_cast<float*>(g.half_base(r) + l.combine_weights_offset);
+      weights[(static_cast<size_t>(g.rank) * M + t) * kLowLatencyMaxTopk + k] = sum;
+    }
   }
   __syncthreads();
   if (threadIdx.x < g.num_ranks && ((masked >> threadIdx.x) & 1u) == 0) {
@@ -151,7 +162,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
     }
   }
   __syncwarp();
-  if (lane == 0 && items_done > 0) ptx::red_add_release_sys_global(done, items_done);
+  if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);  // see dispatch
 
   // Every item was counted once; +1 for the cleaning.
   if (blockIdx.x == 0 && threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {

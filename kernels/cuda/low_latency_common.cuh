@@ -42,9 +42,11 @@ struct GroupView {
 __device__ __forceinline__ uint32_t read_masked_ranks(const GroupView& g) {
   uint32_t bits = 0;
   if (g.rank_mask != nullptr) {
-    for (int r = 0; r < g.num_ranks; ++r) {
-      if (ptx::ld_volatile_global(g.rank_mask + r) != 0) bits |= 1u << r;
-    }
+    int32_t values[kMaxNvlPeers];
+#pragma unroll
+    for (int r = 0; r < kMaxNvlPeers; ++r) values[r] = r < g.num_ranks ? g.rank_mask[r] : 0;  // all in flight
+#pragma unroll
+    for (int r = 0; r < kMaxNvlPeers; ++r) bits |= values[r] != 0 ? 1u << r : 0u;
   }
   return bits;
 }

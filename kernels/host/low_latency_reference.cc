@@ -183,15 +183,21 @@ std::vector<std::vector<double>> LowLatencyCombineExact(const LowLatencyShape& s
                                                         const std::vector<LowLatencyRankInput>& inputs,
                                                         const std::vector<std::vector<uint16_t>>& expert_outputs,
                                                         const std::vector<LowLatencyDispatchOutput>& dispatched,
-                                                        const std::vector<bool>& rank_masked) {
+                                                        const std::vector<bool>& rank_masked,
+                                                        std::vector<std::vector<double>>* magnitudes) {
   const int H = shape.hidden;
   std::vector<std::vector<double>> combined(shape.num_ranks);
+  if (magnitudes != nullptr) magnitudes->assign(shape.num_ranks, {});
   for (int s = 0; s < shape.num_ranks; ++s) {
     combined[s].assign(static_cast<size_t>(inputs[s].num_tokens) * H, 0.0);
+    if (magnitudes != nullptr) (*magnitudes)[s].assign(combined[s].size(), 0.0);
     ForEachContribution(shape, inputs, expert_outputs, dispatched, rank_masked, s,
                         [&](int t, float w, const uint16_t* values) {
                           double* a = &combined[s][static_cast<size_t>(t) * H];
                           for (int i = 0; i < H; ++i) a[i] += static_cast<double>(Bf16ToFloat(values[i])) * w;
+                          if (magnitudes == nullptr) return;
+                          double* m = &(*magnitudes)[s][static_cast<size_t>(t) * H];
+                          for (int i = 0; i < H; ++i) m[i] += std::fabs(static_cast<double>(Bf16ToFloat(values[i])) * w);
                         });
   }
   return combined;

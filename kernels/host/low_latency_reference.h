@@ -71,11 +71,13 @@ std::vector<std::vector<uint16_t>> LowLatencyCombineReference(
     const std::vector<std::vector<uint16_t>>& expert_outputs, const std::vector<LowLatencyDispatchOutput>& dispatched,
     const std::vector<bool>& rank_masked = {});
 
-// The same sum in double precision, not rounded (for tolerance checks independent of the operation order).
+// The same sum in double precision, not rounded (for tolerance checks independent of the operation order). When
+// `magnitudes` is set it receives, per element, the sum of |weight * value| over the terms.
 std::vector<std::vector<double>> LowLatencyCombineExact(const LowLatencyShape& shape,
                                                         const std::vector<LowLatencyRankInput>& inputs,
                                                         const std::vector<std::vector<uint16_t>>& expert_outputs,
                                                         const std::vector<LowLatencyDispatchOutput>& dispatched,
-                                                        const std::vector<bool>& rank_masked = {});
+                                                        const std::vector<bool>& rank_masked = {},
+                                                        std::vector<std::vector<double>>* magnitudes = nullptr);
 
 }  // namespace epfabric::kernels::host
