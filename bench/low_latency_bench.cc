@@ -24,13 +24,13 @@ namespace {
 using kernels::LowLatencyPhases;
 using testing::LowLatencyGroup;
 
-#define CHECK_OK(expr)                                                        \
-  do {                                                                        \
-    const ::absl::Status s_ = (expr);                                         \
-    if (!s_.ok()) {                                                           \
+#define CHECK_OK(expr)                                                       \
+  do {                                                                       \
+    const ::absl::Status s_ = (expr);                                        \
+    if (!s_.ok()) {                                                          \
       std::fprintf(stderr, "%s failed: %s\n", #expr, s_.ToString().c_str()); \
-      std::exit(1);                                                           \
-    }                                                                         \
+      std::exit(1);                                                          \
+    }                                                                        \
   } while (0)
 #define CHECK_CUDA(expr) CHECK_OK(testing::Cuda((expr), #expr))
 
@@ -53,14 +53,17 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   // Enqueues the `iters` pairs on rank r's stream (captured into a graph, or directly as a fallback).
   auto enqueue = [&](int r) -> absl::Status {
     auto& k = g.ranks()[r];
-    EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecordWithFlags(ev[r][0], k.stream, cudaEventRecordExternal), "record"));
+    EPF_LL_RETURN_IF_ERROR(
+        testing::Cuda(cudaEventRecordWithFlags(ev[r][0], k.stream, cudaEventRecordExternal), "record"));
     for (int i = 0; i < iters; ++i) {
       EPF_LL_RETURN_IF_ERROR(
           kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, LowLatencyPhases::kSendAndRecv), k.stream));
-      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecordWithFlags(ev[r][2 * i + 1], k.stream, cudaEventRecordExternal), "record"));
+      EPF_LL_RETURN_IF_ERROR(
+          testing::Cuda(cudaEventRecordWithFlags(ev[r][2 * i + 1], k.stream, cudaEventRecordExternal), "record"));
       EPF_LL_RETURN_IF_ERROR(
           kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, LowLatencyPhases::kSendAndRecv, false), k.stream));
-      EPF_LL_RETURN_IF_ERROR(testing::Cuda(cudaEventRecordWithFlags(ev[r][2 * i + 2], k.stream, cudaEventRecordExternal), "record"));
+      EPF_LL_RETURN_IF_ERROR(
+          testing::Cuda(cudaEventRecordWithFlags(ev[r][2 * i + 2], k.stream, cudaEventRecordExternal), "record"));
     }
     return absl::OkStatus();
   };
@@ -166,7 +169,8 @@ HookTimings TimeHooks(LowLatencyGroup& g, int iters) {
         CHECK_CUDA(cudaGraphLaunch(exec[r][phase], g.ranks()[r].stream));
       }
       CHECK_OK(g.Sync());
-      for (int r = 0; r < R; ++r) times[phase] = std::max<double>(times[phase], Elapsed(ev[r][2 * phase], ev[r][2 * phase + 1]));
+      for (int r = 0; r < R; ++r)
+        times[phase] = std::max<double>(times[phase], Elapsed(ev[r][2 * phase], ev[r][2 * phase + 1]));
       if (phase == 2) {
         const int last = (first + R - 1) % R;
         later_rank_combine_send = Elapsed(ev[last][4], ev[last][5]);
@@ -207,8 +211,14 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "needs 2 CUDA devices\n");
     return 1;
   }
-  testing::LowLatencyCase c{.num_ranks = 2, .num_experts = 288, .hidden = 7168, .max_tokens_per_rank = 128,
-                            .num_topk = 8, .use_fp8 = true, .none_fraction = 0.0, .min_tokens = 128};
+  testing::LowLatencyCase c{.num_ranks = 2,
+                            .num_experts = 288,
+                            .hidden = 7168,
+                            .max_tokens_per_rank = 128,
+                            .num_topk = 8,
+                            .use_fp8 = true,
+                            .none_fraction = 0.0,
+                            .min_tokens = 128};
   LowLatencyGroup g;
   CHECK_OK(g.Init(c));
   CHECK_OK(g.RandomInputs(2026));
@@ -257,9 +267,10 @@ int Main(int argc, char** argv) {
                    "ordinary: per-rank CUDA-graph replay of back-to-back dispatch+combine pairs, CUDA events between "
                    "kernels, per iteration the slower rank; hook: each phase a per-rank graph (event, kernel, event), "
                    "phases separated by host synchronisation, per iteration the slower rank");
-  report.SetConfig("message_scheme", "dispatch: one message per (token, destination rank) + receiver fan-out; "
-                                     "combine: expert rank sums its experts per token (fmaf, weights published by the token's rank), one "
-                                     "bf16 partial row per (token, expert rank)");
+  report.SetConfig("message_scheme",
+                   "dispatch: one message per (token, destination rank) + receiver fan-out; "
+                   "combine: expert rank sums its experts per token (fmaf, weights published by the token's rank), one "
+                   "bf16 partial row per (token, expert rank)");
 
   std::printf("low-latency, %d ranks, %d tokens/rank, hidden %d, top-%d of %d experts, %s\n", c.num_ranks,
               c.max_tokens_per_rank, c.hidden, c.num_topk, c.num_experts, bench::CudaDeviceName(0).c_str());
@@ -284,12 +295,13 @@ int Main(int argc, char** argv) {
   report.SetResult("combine_remote_mb", remote_messages * static_cast<double>(c.hidden) * 2 / 1e6);
   report.SetResult("combine_remote_mb_if_per_expert", remote_pairs * static_cast<double>(c.hidden) * 2 / 1e6);
   report.SetResult("received_pairs_per_rank", static_cast<double>(recv_pairs));
-  std::printf("dispatch %.1f GB/s (DeepEP metric), combine %.1f GB/s; remote bytes per rank: dispatch %.2f MB "
-              "(%.2f MB with a message per (token, expert)), combine %.2f MB (%.2f MB per (token, expert))\n",
-              dispatch_bytes / dispatch_us / 1e3, combine_bytes / combine_us / 1e3,
-              remote_messages * static_cast<double>(msg_bytes) / 1e6, remote_pairs * static_cast<double>(msg_bytes) / 1e6,
-              remote_messages * static_cast<double>(c.hidden) * 2 / 1e6,
-              remote_pairs * static_cast<double>(c.hidden) * 2 / 1e6);
+  std::printf(
+      "dispatch %.1f GB/s (DeepEP metric), combine %.1f GB/s; remote bytes per rank: dispatch %.2f MB "
+      "(%.2f MB with a message per (token, expert)), combine %.2f MB (%.2f MB per (token, expert))\n",
+      dispatch_bytes / dispatch_us / 1e3, combine_bytes / combine_us / 1e3,
+      remote_messages * static_cast<double>(msg_bytes) / 1e6, remote_pairs * static_cast<double>(msg_bytes) / 1e6,
+      remote_messages * static_cast<double>(c.hidden) * 2 / 1e6,
+      remote_pairs * static_cast<double>(c.hidden) * 2 / 1e6);
   absl::StatusOr<std::string> path = report.WriteTo(out_dir);
   if (!path.ok()) {
     std::fprintf(stderr, "writing the report: %s\n", path.status().ToString().c_str());

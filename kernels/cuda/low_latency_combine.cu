@@ -67,8 +67,8 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t
   __syncthreads();
   if (threadIdx.x < g.num_ranks && ((masked >> threadIdx.x) & 1u) == 0) {
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(
-        reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.weights_flag_offset) + g.rank, 1);
+    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.weights_flag_offset) + g.rank,
+                               1);
   }
 }
 
@@ -131,8 +131,8 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       row_weights[j] = __shfl_sync(0xffffffffu, w, k);
     }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
-    int4* dst = reinterpret_cast<int4*>(g.half_base(s) + l.combine_recv_offset +
-                                        (static_cast<size_t>(t) * R + g.rank) * H * 2);
+    int4* dst =
+        reinterpret_cast<int4*>(g.half_base(s) + l.combine_recv_offset + (static_cast<size_t>(t) * R + g.rank) * H * 2);
     for (int i = lo + lane; i < hi; i += 32) {
       int4 v[kLowLatencyMaxTopk];
 #pragma unroll
@@ -170,8 +170,8 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
     bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
                  WaitSite::kLowLatencyCombineFlag, g.rank, g.rank, -1);
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(
-        reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.combine_flag_offset) + g.rank, 1);
+    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.combine_flag_offset) + g.rank,
+                               1);
   }
 }
 

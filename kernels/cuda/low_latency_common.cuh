@@ -56,7 +56,7 @@ __device__ __forceinline__ void mask_rank(const GroupView& g, int peer) {
   if (g.rank_mask != nullptr) atomicExch(g.rank_mask + peer, 1);
 }
 
-__device__ __forceinline__ int4 ld_volatile_v4_fwd(const int4* ptr) {
+__device__ __forceinline__ int4 ld_volatile_v4(const int4* ptr) {
   int4 v;
   asm volatile("ld.volatile.global.v4.s32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -69,7 +69,7 @@ __device__ __forceinline__ int4 ld_volatile_v4_fwd(const int4* ptr) {
 // the cleaning is visible (peers may write into the cleaned half as soon as they see this call's signals).
 // `fill`/`fill_count` (optional) is another local array that must be set to -1 before this call's receive phase.
 __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int32_t* done_counter,
-                                                        int32_t* fill = nullptr, int fill_count = 0) {
+                                                         int32_t* fill = nullptr, int fill_count = 0) {
   if (blockIdx.x != 0) return;
   int32_t* signals = reinterpret_cast<int32_t*>(g.other_half_base(g.rank));
   const int num_ints = static_cast<int>(g.layout.signal_bytes / sizeof(int32_t));
@@ -88,7 +88,7 @@ __device__ __forceinline__ void warp_copy_volatile(int4* dst, const int4* src, i
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int i = base + u * 32 + lane;
-      if (i < num_int4) v[u] = ld_volatile_v4_fwd(src + i);
+      if (i < num_int4) v[u] = ld_volatile_v4(src + i);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -107,7 +107,6 @@ __device__ __forceinline__ uint32_t float_to_bf16_bits(float v) {
   return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
 
-__device__ __forceinline__ int4 ld_volatile_v4(const int4* ptr) { return ld_volatile_v4_fwd(ptr); }
 
 __device__ __forceinline__ int32_t ld_volatile_s32(const int32_t* ptr) { return ptx::ld_volatile_global(ptr); }
 

@@ -115,10 +115,9 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       fp8_group_scale(amax, p.round_scale, stored, multiplier);
 #pragma unroll
       for (int i = 0; i < 16; ++i) f[i] = __fmul_rn(f[i], multiplier);
-      const int4 q = make_int4(static_cast<int>(fp8x4(f[0], f[1], f[2], f[3])),
-                               static_cast<int>(fp8x4(f[4], f[5], f[6], f[7])),
-                               static_cast<int>(fp8x4(f[8], f[9], f[10], f[11])),
-                               static_cast<int>(fp8x4(f[12], f[13], f[14], f[15])));
+      const int4 q = make_int4(
+          static_cast<int>(fp8x4(f[0], f[1], f[2], f[3])), static_cast<int>(fp8x4(f[4], f[5], f[6], f[7])),
+          static_cast<int>(fp8x4(f[8], f[9], f[10], f[11])), static_cast<int>(fp8x4(f[12], f[13], f[14], f[15])));
       while (dst_ranks != 0) {
         const int r = __ffs(dst_ranks) - 1;
         dst_ranks &= dst_ranks - 1;
@@ -157,8 +156,8 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
     const int r = e / L, local = e % L;
     if ((masked >> r) & 1u) continue;
-    int32_t* table =
-        reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_table_offset) + (static_cast<size_t>(local) * R + g.rank) * M;
+    int32_t* table = reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_table_offset) +
+                     (static_cast<size_t>(local) * R + g.rank) * M;
     int count = 0;
     for (int t0 = 0; t0 < p.num_tokens; t0 += 32) {
       const int t = t0 + lane;
@@ -181,8 +180,8 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
                    WaitSite::kLowLatencyRecvCount, g.rank, g.rank, e);
       ptx::fence_acq_rel_sys();
-      ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_count_offset) + local * R + g.rank,
-                                 -count - 1);
+      ptx::st_release_sys_global(
+          reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_count_offset) + local * R + g.rank, -count - 1);
     }
   }
 }

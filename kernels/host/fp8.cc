@@ -11,8 +11,8 @@ uint8_t FloatToFp8E4M3(float value) {
   if (std::isnan(value)) return sign | 0x7F;
   // Work in double: every step below is exact there except the one rounding we want.
   const double a = std::fabs(static_cast<double>(value));
-  if (a >= 448.0) return sign | 0x7E;  // saturate (SATFINITE): 448 = 1.75 * 2^8 is the largest finite value
-  constexpr double kMinNormal = 0.015625;     // 2^-6
+  if (a >= 448.0) return sign | 0x7E;             // saturate (SATFINITE): 448 = 1.75 * 2^8 is the largest finite value
+  constexpr double kMinNormal = 0.015625;         // 2^-6
   constexpr double kSubnormalStep = 0.001953125;  // 2^-9
   if (a < kMinNormal) {
     // Subnormals (and zero): multiples of 2^-9. A result of 8 steps is 2^-6, whose encoding 0x08 follows on.
@@ -21,7 +21,7 @@ uint8_t FloatToFp8E4M3(float value) {
   }
   int exponent = 0;
   const double fraction = std::frexp(a, &exponent);  // a = fraction * 2^exponent, fraction in [0.5, 1)
-  int e = exponent - 1;                               // a = m * 2^e with m in [1, 2)
+  int e = exponent - 1;                              // a = m * 2^e with m in [1, 2)
   const double m = fraction * 2.0;
   int mantissa = static_cast<int>(std::nearbyint((m - 1.0) * 8.0));
   if (mantissa == 8) {

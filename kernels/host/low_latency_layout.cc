@@ -28,11 +28,13 @@ absl::Status CheckShape(int max_tokens_per_rank, int hidden, int num_ranks, int 
 
 absl::Status CheckContext(const LowLatencyContext& ctx, int max_tokens_per_rank, int hidden, int num_experts) {
   const LowLatencyLayout& l = ctx.layout;
-  if (ctx.num_ranks <= 0 || ctx.num_ranks > kMaxNvlPeers) return Invalid("ctx.num_ranks", ctx.num_ranks, "not in [1, 8]");
+  if (ctx.num_ranks <= 0 || ctx.num_ranks > kMaxNvlPeers)
+    return Invalid("ctx.num_ranks", ctx.num_ranks, "not in [1, 8]");
   if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks) return Invalid("ctx.rank", ctx.rank, "not in [0, num_ranks)");
   if (l.num_ranks != ctx.num_ranks) return Invalid("layout.num_ranks", l.num_ranks, "differs from ctx.num_ranks");
   for (int r = 0; r < ctx.num_ranks; ++r) {
-    if (ctx.peer_regions[r] == nullptr) return Invalid("ctx.peer_regions[r] is null for r", r, "every rank needs a region");
+    if (ctx.peer_regions[r] == nullptr)
+      return Invalid("ctx.peer_regions[r] is null for r", r, "every rank needs a region");
   }
   if (ctx.status == nullptr) return absl::InvalidArgumentError("ctx.status is null: a status word is required");
   if (max_tokens_per_rank != l.max_tokens_per_rank)
@@ -65,7 +67,8 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
   const size_t h = static_cast<size_t>(hidden);
   const size_t num_scales = h / kFp8GroupSize;
   // A message carries either BF16 data, or FP8 data followed by one float scale per 128 channels.
-  l.dispatch_msg_bytes = kLowLatencyMessageHeaderBytes + (std::max(h * 2, h + num_scales * sizeof(float)) + 15) / 16 * 16;
+  l.dispatch_msg_bytes =
+      kLowLatencyMessageHeaderBytes + (std::max(h * 2, h + num_scales * sizeof(float)) + 15) / 16 * 16;
 
   size_t off = 0;
   l.dispatch_count_offset = off;
@@ -137,7 +140,8 @@ absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLa
   if (!sends && !receives) return Invalid("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
   if (sends) {
     if (!a.zero_copy && a.x == nullptr) return absl::InvalidArgumentError("x is null and zero_copy = false");
-    if (a.handle.packed_recv_token_map == nullptr) return absl::InvalidArgumentError("the dispatch handle has no token map");
+    if (a.handle.packed_recv_token_map == nullptr)
+      return absl::InvalidArgumentError("the dispatch handle has no token map");
     if (a.num_tokens > 0 && a.topk_weights == nullptr) return absl::InvalidArgumentError("topk_weights is null");
   }
   if (receives && a.num_tokens > 0 && (a.topk_weights == nullptr || a.combined_x == nullptr))

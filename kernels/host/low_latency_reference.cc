@@ -52,8 +52,7 @@ void ForEachContribution(const LowLatencyShape& shape, const std::vector<LowLate
       const int local = static_cast<int>(e % L);
       const int64_t p = PackedSlot(shape, dispatched[r], local, s, t);
       if (p < 0) continue;  // cannot happen with consistent inputs
-      const uint16_t* values =
-          &expert_outputs[r][(static_cast<size_t>(local) * shape.recv_slots() + p) * shape.hidden];
+      const uint16_t* values = &expert_outputs[r][(static_cast<size_t>(local) * shape.recv_slots() + p) * shape.hidden];
       visit(t, in.topk_weights[static_cast<size_t>(t) * shape.num_topk + k], values);
     }
   }
@@ -138,10 +137,11 @@ std::vector<LowLatencyDispatchOutput> LowLatencyDispatchReference(const LowLaten
   return outputs;
 }
 
-std::vector<std::vector<uint16_t>> LowLatencyCombineReference(
-    const LowLatencyShape& shape, const std::vector<LowLatencyRankInput>& inputs,
-    const std::vector<std::vector<uint16_t>>& expert_outputs, const std::vector<LowLatencyDispatchOutput>& dispatched,
-    const std::vector<bool>& rank_masked) {
+std::vector<std::vector<uint16_t>> LowLatencyCombineReference(const LowLatencyShape& shape,
+                                                              const std::vector<LowLatencyRankInput>& inputs,
+                                                              const std::vector<std::vector<uint16_t>>& expert_outputs,
+                                                              const std::vector<LowLatencyDispatchOutput>& dispatched,
+                                                              const std::vector<bool>& rank_masked) {
   const int H = shape.hidden, K = shape.num_topk, L = shape.num_local_experts();
   std::vector<std::vector<uint16_t>> combined(shape.num_ranks);
   std::vector<float> acc(H), partial(H);
@@ -165,8 +165,7 @@ std::vector<std::vector<uint16_t>> LowLatencyCombineReference(
           }
           const int64_t p = PackedSlot(shape, dispatched[r], static_cast<int>(e % L), s, t);
           if (p < 0) continue;  // cannot happen with consistent inputs
-          const uint16_t* values =
-              &expert_outputs[r][(static_cast<size_t>(e % L) * shape.recv_slots() + p) * H];
+          const uint16_t* values = &expert_outputs[r][(static_cast<size_t>(e % L) * shape.recv_slots() + p) * H];
           for (int i = 0; i < H; ++i) partial[i] = std::fmaf(Bf16ToFloat(values[i]), w, partial[i]);
           any = true;
         }
@@ -197,7 +196,8 @@ std::vector<std::vector<double>> LowLatencyCombineExact(const LowLatencyShape& s
                           for (int i = 0; i < H; ++i) a[i] += static_cast<double>(Bf16ToFloat(values[i])) * w;
                           if (magnitudes == nullptr) return;
                           double* m = &(*magnitudes)[s][static_cast<size_t>(t) * H];
-                          for (int i = 0; i < H; ++i) m[i] += std::fabs(static_cast<double>(Bf16ToFloat(values[i])) * w);
+                          for (int i = 0; i < H; ++i)
+                            m[i] += std::fabs(static_cast<double>(Bf16ToFloat(values[i])) * w);
                         });
   }
   return combined;

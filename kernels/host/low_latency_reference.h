@@ -37,22 +37,22 @@ struct LowLatencyDispatchOptions {
 // One rank's dispatch input.
 struct LowLatencyRankInput {
   int num_tokens = 0;
-  std::vector<uint16_t> x;         // bf16 [num_tokens][hidden]
-  std::vector<int64_t> topk_idx;   // [num_tokens][num_topk]
+  std::vector<uint16_t> x;          // bf16 [num_tokens][hidden]
+  std::vector<int64_t> topk_idx;    // [num_tokens][num_topk]
   std::vector<float> topk_weights;  // [num_tokens][num_topk] (combine)
 };
 
 // One rank's dispatch output, laid out exactly as the kernel writes it. Slots past the counts are left zero here
 // (the kernel leaves them untouched): compare only valid slots.
 struct LowLatencyDispatchOutput {
-  std::vector<uint8_t> packed_recv_x;       // [L][R*M][hidden * element size] (fp8: 1 byte, bf16: 2 bytes)
-  std::vector<float> scales;                // float scales: [L][G][R*M]
-  std::vector<uint8_t> ue8m0_scales;        // ue8m0: bytes of int32 [L][G/4][R*M] (4 bytes per int32, little end)
-  std::vector<int32_t> packed_recv_count;   // [L]
-  std::vector<int32_t> src_info;            // [L][R*M]
-  std::vector<int64_t> layout_range;        // [L][R]: (begin << 32) | count
-  std::vector<int32_t> topk_slot;           // [L][R*M]
-  std::vector<int32_t> token_map;           // [R][M][kMaxTopk]: packed index or -1
+  std::vector<uint8_t> packed_recv_x;      // [L][R*M][hidden * element size] (fp8: 1 byte, bf16: 2 bytes)
+  std::vector<float> scales;               // float scales: [L][G][R*M]
+  std::vector<uint8_t> ue8m0_scales;       // ue8m0: bytes of int32 [L][G/4][R*M] (4 bytes per int32, little end)
+  std::vector<int32_t> packed_recv_count;  // [L]
+  std::vector<int32_t> src_info;           // [L][R*M]
+  std::vector<int64_t> layout_range;       // [L][R]: (begin << 32) | count
+  std::vector<int32_t> topk_slot;          // [L][R*M]
+  std::vector<int32_t> token_map;          // [R][M][kMaxTopk]: packed index or -1
 };
 
 inline constexpr int kReferenceMaxTopk = 16;  // = kernels::kLowLatencyMaxTopk
@@ -66,10 +66,11 @@ std::vector<LowLatencyDispatchOutput> LowLatencyDispatchReference(const LowLaten
 // Combine: `expert_outputs[r]` is rank r's bf16 [L][R*M][hidden] input, `dispatched[r]` its dispatch output (for
 // src_info/layout). Returns each rank's combined bf16 [num_tokens][hidden], computed with exactly the kernels'
 // operations (see the two-step reduction above), so the GPU result is bit-exact.
-std::vector<std::vector<uint16_t>> LowLatencyCombineReference(
-    const LowLatencyShape& shape, const std::vector<LowLatencyRankInput>& inputs,
-    const std::vector<std::vector<uint16_t>>& expert_outputs, const std::vector<LowLatencyDispatchOutput>& dispatched,
-    const std::vector<bool>& rank_masked = {});
+std::vector<std::vector<uint16_t>> LowLatencyCombineReference(const LowLatencyShape& shape,
+                                                              const std::vector<LowLatencyRankInput>& inputs,
+                                                              const std::vector<std::vector<uint16_t>>& expert_outputs,
+                                                              const std::vector<LowLatencyDispatchOutput>& dispatched,
+                                                              const std::vector<bool>& rank_masked = {});
 
 // The same sum in double precision, not rounded (for tolerance checks independent of the operation order). When
 // `magnitudes` is set it receives, per element, the sum of |weight * value| over the terms.

@@ -59,16 +59,16 @@ using kernels::host::LowLatencyDispatchOutput;
       for (int p = 0; p < n; ++p) {
         const size_t slot = e * slots + p;
         if (src_info[slot] != ref[r].src_info[slot] || topk_slot[slot] != ref[r].topk_slot[slot]) {
-          return ::testing::AssertionFailure() << absl::StrFormat(
-                     "rank %d expert %d slot %d: src %d/%d topk slot %d/%d (got/want)", r, e, p, src_info[slot],
-                     ref[r].src_info[slot], topk_slot[slot], ref[r].topk_slot[slot]);
+          return ::testing::AssertionFailure()
+                 << absl::StrFormat("rank %d expert %d slot %d: src %d/%d topk slot %d/%d (got/want)", r, e, p,
+                                    src_info[slot], ref[r].src_info[slot], topk_slot[slot], ref[r].topk_slot[slot]);
         }
         if (std::memcmp(&rows[p * H * elem], &ref[r].packed_recv_x[slot * H * elem], H * elem) != 0) {
           size_t i = 0;
           while (rows[p * H * elem + i] == ref[r].packed_recv_x[slot * H * elem + i]) ++i;
-          return ::testing::AssertionFailure() << absl::StrFormat(
-                     "rank %d expert %d slot %d: data byte %d is 0x%02x, want 0x%02x", r, e, p, i,
-                     rows[p * H * elem + i], ref[r].packed_recv_x[slot * H * elem + i]);
+          return ::testing::AssertionFailure()
+                 << absl::StrFormat("rank %d expert %d slot %d: data byte %d is 0x%02x, want 0x%02x", r, e, p, i,
+                                    rows[p * H * elem + i], ref[r].packed_recv_x[slot * H * elem + i]);
         }
         if (!c.use_fp8) continue;
         for (size_t gi = 0; gi < G; ++gi) {
@@ -112,9 +112,8 @@ using kernels::host::LowLatencyDispatchOutput;
     }
     if (not_bit_exact != 0) {
       return ::testing::AssertionFailure() << absl::StrFormat(
-                 "rank %d: %d of %d elements differ from the bit-exact reference, first %d: %g vs %g", r,
-                 not_bit_exact, got.size(), first_diff, Bf16ToFloat(got[first_diff]),
-                 Bf16ToFloat(bits[r][first_diff]));
+                 "rank %d: %d of %d elements differ from the bit-exact reference, first %d: %g vs %g", r, not_bit_exact,
+                 got.size(), first_diff, Bf16ToFloat(got[first_diff]), Bf16ToFloat(bits[r][first_diff]));
     }
     for (size_t i = 0; i < got.size(); ++i) {
       const double a = Bf16ToFloat(got[i]), b = exact[r][i];
@@ -140,7 +139,8 @@ void RunRound(LowLatencyGroup& g, LowLatencyBufferCursor& cursor, bool hook, boo
   for (int r = 0; r < g.config().num_ranks; ++r) ASSERT_OK(g.ResetStatus(r));
   ASSERT_OK(g.PoisonOutputs());
   const auto ref = kernels::host::LowLatencyDispatchReference(
-      g.shape(), {.use_fp8 = g.config().use_fp8, .round_scale = g.config().round_scale, .use_ue8m0 = g.config().use_ue8m0},
+      g.shape(),
+      {.use_fp8 = g.config().use_fp8, .round_scale = g.config().round_scale, .use_ue8m0 = g.config().use_ue8m0},
       g.inputs());
   const int dispatch_half = cursor.Next();
   if (hook) {
@@ -178,11 +178,17 @@ std::vector<NamedCase> Cases() {
        {.num_experts = 288, .hidden = 7168, .num_topk = 8, .use_fp8 = true, .round_scale = true, .use_ue8m0 = true}},
       {"h7168_e256_top8_full_128",
        {.num_experts = 256, .hidden = 7168, .num_topk = 8, .use_fp8 = true, .min_tokens = 128}},
-      {"h4096_e256_top6_bf16", {.num_experts = 256, .hidden = 4096, .max_tokens_per_rank = 64, .num_topk = 6, .use_fp8 = false}},
+      {"h4096_e256_top6_bf16",
+       {.num_experts = 256, .hidden = 4096, .max_tokens_per_rank = 64, .num_topk = 6, .use_fp8 = false}},
       {"h4096_e288_top4_fp8_round", {.num_experts = 288, .hidden = 4096, .num_topk = 4, .round_scale = true}},
       {"h2048_e256_top1_fp8", {.num_experts = 256, .hidden = 2048, .max_tokens_per_rank = 32, .num_topk = 1}},
       {"h2048_e288_top3_one_token",
-       {.num_experts = 288, .hidden = 2048, .max_tokens_per_rank = 128, .num_topk = 3, .min_tokens = 1, .max_tokens = 1}},
+       {.num_experts = 288,
+        .hidden = 2048,
+        .max_tokens_per_rank = 128,
+        .num_topk = 3,
+        .min_tokens = 1,
+        .max_tokens = 1}},
       {"h2048_e256_top8_bf16_many_none",
        {.num_experts = 256, .hidden = 2048, .num_topk = 8, .use_fp8 = false, .none_fraction = 0.5}},
   };
@@ -255,7 +261,8 @@ TEST(LowLatencyGpu, CudaGraphCaptureAndReplay) {
   LowLatencyGroup g;
   ASSERT_OK(g.Init({.num_experts = 288, .hidden = 7168, .num_topk = 8, .round_scale = true}));
   ASSERT_OK(g.RandomInputs(21));
-  const auto ref = kernels::host::LowLatencyDispatchReference(g.shape(), {.use_fp8 = true, .round_scale = true}, g.inputs());
+  const auto ref =
+      kernels::host::LowLatencyDispatchReference(g.shape(), {.use_fp8 = true, .round_scale = true}, g.inputs());
   ASSERT_OK(g.RandomExpertOutputs(22, ref, false));
   std::vector<cudaGraphExec_t> execs(2);
   for (int r = 0; r < 2; ++r) {

@@ -3,8 +3,8 @@
 // the GPU tests and the benchmark.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -19,10 +19,10 @@
 
 namespace epfabric::testing {
 
-#define EPF_LL_RETURN_IF_ERROR(expr)            \
-  do {                                          \
-    ::absl::Status epf_ll_s_ = (expr);          \
-    if (!epf_ll_s_.ok()) return epf_ll_s_;      \
+#define EPF_LL_RETURN_IF_ERROR(expr)       \
+  do {                                     \
+    ::absl::Status epf_ll_s_ = (expr);     \
+    if (!epf_ll_s_.ok()) return epf_ll_s_; \
   } while (0)
 
 struct LowLatencyCase {
@@ -135,7 +135,8 @@ class LowLatencyGroup {
     std::mt19937_64 rng(seed);
     const int R = c_.num_ranks, H = c_.hidden, K = c_.num_topk, E = c_.num_experts;
     inputs_.assign(R, {});
-    std::uniform_int_distribution<int> tokens(c_.min_tokens, c_.max_tokens > 0 ? c_.max_tokens : c_.max_tokens_per_rank);
+    std::uniform_int_distribution<int> tokens(c_.min_tokens,
+                                              c_.max_tokens > 0 ? c_.max_tokens : c_.max_tokens_per_rank);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
     for (int r = 0; r < R; ++r) {
@@ -170,16 +171,17 @@ class LowLatencyGroup {
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemcpy(k.x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice), "x"));
       EPF_LL_RETURN_IF_ERROR(
           Cuda(cudaMemcpy(k.topk_idx, in.topk_idx.data(), in.topk_idx.size() * 8, cudaMemcpyHostToDevice), "topk"));
-      EPF_LL_RETURN_IF_ERROR(Cuda(
-          cudaMemcpy(k.topk_weights, in.topk_weights.data(), in.topk_weights.size() * 4, cudaMemcpyHostToDevice),
-          "weights"));
+      EPF_LL_RETURN_IF_ERROR(
+          Cuda(cudaMemcpy(k.topk_weights, in.topk_weights.data(), in.topk_weights.size() * 4, cudaMemcpyHostToDevice),
+               "weights"));
     }
     return absl::OkStatus();
   }
 
   // Random expert outputs for the valid slots of `dispatched` (the rest is zero); uploaded to expert_out, or to the
   // zero-copy buffer too when `also_zero_copy`.
-  absl::Status RandomExpertOutputs(uint64_t seed, const std::vector<kernels::host::LowLatencyDispatchOutput>& dispatched,
+  absl::Status RandomExpertOutputs(uint64_t seed,
+                                   const std::vector<kernels::host::LowLatencyDispatchOutput>& dispatched,
                                    bool also_zero_copy) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -196,9 +198,9 @@ class LowLatencyGroup {
       }
       LowLatencyRank& k = ranks_[r];
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(k.device), "cudaSetDevice"));
-      EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemcpy(k.expert_out, expert_outputs_[r].data(), L * slots * H * 2,
-                                             cudaMemcpyHostToDevice),
-                                  "expert outputs"));
+      EPF_LL_RETURN_IF_ERROR(
+          Cuda(cudaMemcpy(k.expert_out, expert_outputs_[r].data(), L * slots * H * 2, cudaMemcpyHostToDevice),
+               "expert outputs"));
       if (also_zero_copy) {
         EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemcpy(kernels::LowLatencyCombineInputBuffer(k.ctx), expert_outputs_[r].data(),
                                                L * slots * H * 2, cudaMemcpyHostToDevice),
@@ -280,7 +282,8 @@ class LowLatencyGroup {
     for (int r = 0; r < c_.num_ranks; ++r) {
       if (!only.empty() && std::find(only.begin(), only.end(), r) == only.end()) continue;
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(ranks_[r].device), "cudaSetDevice"));
-      EPF_LL_RETURN_IF_ERROR(kernels::LowLatencyDispatch(ranks_[r].ctx, DispatchArgs(r, half, phases), ranks_[r].stream));
+      EPF_LL_RETURN_IF_ERROR(
+          kernels::LowLatencyDispatch(ranks_[r].ctx, DispatchArgs(r, half, phases), ranks_[r].stream));
     }
     return absl::OkStatus();
   }
@@ -330,8 +333,11 @@ class LowLatencyGroup {
   const std::vector<kernels::host::LowLatencyRankInput>& inputs() const { return inputs_; }
   const std::vector<std::vector<uint16_t>>& expert_outputs() const { return expert_outputs_; }
   kernels::host::LowLatencyShape shape() const {
-    return {.num_ranks = c_.num_ranks, .num_experts = c_.num_experts, .hidden = c_.hidden,
-            .max_tokens_per_rank = c_.max_tokens_per_rank, .num_topk = c_.num_topk};
+    return {.num_ranks = c_.num_ranks,
+            .num_experts = c_.num_experts,
+            .hidden = c_.hidden,
+            .max_tokens_per_rank = c_.max_tokens_per_rank,
+            .num_topk = c_.num_topk};
   }
 
  private:

@@ -13,22 +13,22 @@ namespace {
 TEST(Fp8E4M3, ExactValues) {
   EXPECT_EQ(FloatToFp8E4M3(0.0f), 0x00);
   EXPECT_EQ(FloatToFp8E4M3(-0.0f), 0x80);
-  EXPECT_EQ(FloatToFp8E4M3(1.0f), 0x38);   // exponent 0 + bias 7
-  EXPECT_EQ(FloatToFp8E4M3(-2.0f), 0xC0);  // sign, exponent 1 + 7
-  EXPECT_EQ(FloatToFp8E4M3(240.0f), 0x77);  // 1.875 * 2^7
-  EXPECT_EQ(FloatToFp8E4M3(448.0f), 0x7E);  // the largest finite value
+  EXPECT_EQ(FloatToFp8E4M3(1.0f), 0x38);          // exponent 0 + bias 7
+  EXPECT_EQ(FloatToFp8E4M3(-2.0f), 0xC0);         // sign, exponent 1 + 7
+  EXPECT_EQ(FloatToFp8E4M3(240.0f), 0x77);        // 1.875 * 2^7
+  EXPECT_EQ(FloatToFp8E4M3(448.0f), 0x7E);        // the largest finite value
   EXPECT_EQ(FloatToFp8E4M3(0.015625f), 0x08);     // 2^-6, the smallest normal
   EXPECT_EQ(FloatToFp8E4M3(0.001953125f), 0x01);  // 2^-9, the smallest subnormal
 }
 
 TEST(Fp8E4M3, RoundsToNearestEven) {
-  EXPECT_EQ(FloatToFp8E4M3(1.0625f), 0x38);  // halfway between 1.0 (m=0) and 1.125 (m=1): even m=0
-  EXPECT_EQ(FloatToFp8E4M3(1.1875f), 0x3A);  // halfway between 1.125 (m=1) and 1.25 (m=2): even m=2
-  EXPECT_EQ(FloatToFp8E4M3(1.07f), 0x39);    // nearer 1.125
+  EXPECT_EQ(FloatToFp8E4M3(1.0625f), 0x38);        // halfway between 1.0 (m=0) and 1.125 (m=1): even m=0
+  EXPECT_EQ(FloatToFp8E4M3(1.1875f), 0x3A);        // halfway between 1.125 (m=1) and 1.25 (m=2): even m=2
+  EXPECT_EQ(FloatToFp8E4M3(1.07f), 0x39);          // nearer 1.125
   EXPECT_EQ(FloatToFp8E4M3(0.0009765625f), 0x00);  // 2^-10: half a subnormal step, ties to 0
   EXPECT_EQ(FloatToFp8E4M3(0.0029296875f), 0x02);  // 1.5 steps: ties to 2
   EXPECT_EQ(FloatToFp8E4M3(0.0146484375f), 0x08);  // halfway between 7 * 2^-9 and 2^-6: even (8 steps)
-  EXPECT_EQ(FloatToFp8E4M3(400.0f), 0x7C);  // 1.5625 * 2^8 halfway between 384 (m=4) and 416 (m=5): even m=4
+  EXPECT_EQ(FloatToFp8E4M3(400.0f), 0x7C);         // 1.5625 * 2^8 halfway between 384 (m=4) and 416 (m=5): even m=4
 }
 
 TEST(Fp8E4M3, SaturatesInsteadOfOverflowing) {

@@ -1,6 +1,7 @@
 // The low-latency layout, argument checks and host reference, on cases small enough to work out by hand.
 #include "low_latency_reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -15,7 +16,9 @@ namespace {
 // 2 ranks, 4 experts (2 per rank), hidden 128, up to 4 tokens per rank, top-2.
 //   rank 0: t0 -> {1, 2}, t1 -> {2, -1}, t2 -> {3, 1}
 //   rank 1: t0 -> {0, 2}, t1 -> {2, 2} (the same expert twice)
-LowLatencyShape SmallShape() { return {.num_ranks = 2, .num_experts = 4, .hidden = 128, .max_tokens_per_rank = 4, .num_topk = 2}; }
+LowLatencyShape SmallShape() {
+  return {.num_ranks = 2, .num_experts = 4, .hidden = 128, .max_tokens_per_rank = 4, .num_topk = 2};
+}
 
 std::vector<LowLatencyRankInput> SmallInputs() {
   std::vector<LowLatencyRankInput> in(2);
@@ -96,6 +99,28 @@ TEST(LowLatencyReference, CombineSumsWeightedExpertOutputs) {
   EXPECT_EQ(at(1, 1), 0.5f * 12 + 0.25f * 12);  // expert 2 twice: one copy, both weights
 }
 
+// The expert rank rounds its partial sum to bf16 before the token's rank adds the partial sums: with experts 2 and 3
+// on rank 1 (values 1 and 2^-8) and expert 0 on rank 0 (2^-8), all weights 1, rank 1's partial 1 + 2^-8 rounds
+// (ties to even) to 1, and 1 + 2^-8 rounds to 1 again; one rounding of the whole sum would give 1 + 2^-7.
+TEST(LowLatencyReference, CombineRoundsEachExpertRanksPartialSum) {
+  const LowLatencyShape shape{.num_ranks = 2, .num_experts = 4, .hidden = 128, .max_tokens_per_rank = 2, .num_topk = 3};
+  std::vector<LowLatencyRankInput> in(2);
+  in[0].num_tokens = 1;
+  in[0].topk_idx = {2, 3, 0};
+  in[0].topk_weights = {1.0f, 1.0f, 1.0f};
+  in[0].x.assign(128, FloatToBf16(1.0f));
+  const auto dispatched = LowLatencyDispatchReference(shape, {.use_fp8 = false}, in);
+  std::vector<std::vector<uint16_t>> outs(2, std::vector<uint16_t>(2 * 4 * 128, 0));
+  auto row = [&](int r, int local, int slot) { return &outs[r][(local * 4 + slot) * 128]; };
+  std::fill_n(row(1, 0, 0), 128, FloatToBf16(1.0f));
+  std::fill_n(row(1, 1, 0), 128, FloatToBf16(0.00390625f));
+  std::fill_n(row(0, 0, 0), 128, FloatToBf16(0.00390625f));
+  const auto combined = LowLatencyCombineReference(shape, in, outs, dispatched);
+  EXPECT_EQ(Bf16ToFloat(combined[0][5]), 1.0f);
+  const auto exact = LowLatencyCombineExact(shape, in, outs, dispatched);
+  EXPECT_EQ(exact[0][5], 1.0078125);
+}
+
 TEST(LowLatencyReference, MaskedRankTakesNoPart) {
   const LowLatencyShape shape = SmallShape();
   const auto in = SmallInputs();
@@ -129,7 +154,8 @@ TEST(LowLatencyReference, Fp8DispatchDequantisesCloseToTheInput) {
           const size_t slot = static_cast<size_t>(local) * 32 + p;
           // The source rank of slot p: the first whose range covers it.
           int s = 0;
-          while (p >= ((out[r].layout_range[local * 2 + s] >> 32) + (out[r].layout_range[local * 2 + s] & 0xFFFFFFFF))) ++s;
+          while (p >= ((out[r].layout_range[local * 2 + s] >> 32) + (out[r].layout_range[local * 2 + s] & 0xFFFFFFFF)))
+            ++s;
           const int t = out[r].src_info[slot];
           for (int i = 0; i < 512; ++i) {
             const float scale = out[r].scales[(static_cast<size_t>(local) * 4 + i / 128) * 32 + p];

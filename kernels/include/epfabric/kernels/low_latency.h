@@ -102,6 +102,10 @@ struct LowLatencyContext {
 
 // Which phases a launch runs. kSendAndRecv is the ordinary call; with a receive hook the caller launches kSend,
 // which returns as soon as everything is issued, and later kRecv (the hook), so that no SM waits in between.
+// Dispatch's send phase waits for nothing remote. Combine's send phase waits (bounded) for the peers' top-k weights,
+// which each rank publishes at the start of its own combine send phase: launch the combine send phases of all ranks
+// close together. Rule of the double buffer: a call's receive phase must have run before the next call's send
+// phase on the same rank (the next call cleans the half this call used).
 enum class LowLatencyPhases : int32_t { kSend = 1, kRecv = 2, kSendAndRecv = 3 };
 
 // The double-buffer half a call uses. Consecutive low-latency calls (dispatch or combine) of a group must alternate
@@ -137,8 +141,8 @@ struct LowLatencyDispatchArgs {
   int max_tokens_per_rank = 0;
   int num_experts = 0;
   bool use_fp8 = true;
-  bool round_scale = false;  // scales rounded up to powers of two
-  bool use_ue8m0 = false;    // scales as packed 8-bit exponents (needs round_scale and hidden % 512 == 0)
+  bool round_scale = false;             // scales rounded up to powers of two
+  bool use_ue8m0 = false;               // scales as packed 8-bit exponents (needs round_scale and hidden % 512 == 0)
   int32_t* cumulative_stats = nullptr;  // optional int32 [num_local_experts], received counts are added
 
   // Outputs (device memory, caller-allocated). L = num_local_experts, R = num_ranks, M = max_tokens_per_rank,
