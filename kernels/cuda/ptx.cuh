@@ -134,3 +134,13 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 }  // namespace epfabric::kernels::ptx
+
+namespace epfabric::kernels::ptx {
+
+// Release at GPU scope: orders this thread's earlier writes (and, through a preceding warp/CTA barrier, those of the
+// threads it synchronised with) before the addition, for a consumer on the same GPU that acquires the counter.
+__device__ __forceinline__ void red_add_release_gpu_global(int32_t* ptr, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
+}
+
+}  // namespace epfabric::kernels::ptx

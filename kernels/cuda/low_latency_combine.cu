@@ -1,0 +1,268 @@
+// Low-latency combine over NVLink, reducing at the expert rank: each expert rank sends, per token, ONE bf16 row (the
+// weighted sum over its own experts of that token) instead of one row per (token, expert). With top-8 over 2 ranks
+// that is up to 4x fewer bytes over NVLink than DeepEP's scheme, and the token's rank adds only num_ranks rows.
+//
+// Send phase:
+//   1. block 0 zeroes the other half's signals and stores this rank's top-k weights into each expert's rank
+//      (duplicate experts in a row have their weights summed into the first position), then raises that rank's
+//      weights flag;
+//   2. work items (source rank s, token t, slice of hidden): read the token map row (dispatch's handle: which packed
+//      slots hold this token's experts), wait for s's weights flag (bounded), sum fmaf(expert value, weight) over
+//      the experts in top-k order, round to bf16, store the slice into s's receive area at row (t, this rank);
+//   3. when every item is done, raise the combine flag on every rank.
+// Receive phase: every block waits for the combine flags (bounded), then each thread adds, for 8 channels of a token,
+// the partial rows of the ranks that hold the token's experts, in rank order, and stores bf16. Every operation
+// mirrors host::LowLatencyCombineReference, so the result is bit-exact.
+#include "absl/status/status.h"
+#include "low_latency_common.cuh"
+
+namespace epfabric::kernels {
+namespace low_latency {
+namespace {
+
+struct CombineParams {
+  GroupView g;
+  const uint16_t* x;
+  const int64_t* topk_idx;
+  const float* topk_weights;
+  int num_tokens;
+  int num_topk;
+  const int32_t* token_map;
+  uint16_t* combined_x;
+};
+
+// Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
+__device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t masked) {
+  const GroupView& g = p.g;
+  const LowLatencyLayout& l = g.layout;
+  const int K = p.num_topk, L = l.num_local_experts, E = l.num_experts, M = l.max_tokens_per_rank;
+  // One thread per token: the whole row is loaded at once (independent loads), then handled in registers.
+  for (int t = threadIdx.x; t < p.num_tokens; t += blockDim.x) {
+    int64_t row[kLowLatencyMaxTopk];
+    float w[kLowLatencyMaxTopk];
+#pragma unroll
+    for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
+      row[k] = k < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + k) : -1;
+      w[k] = k < K ? __ldg(p.topk_weights + static_cast<size_t>(t) * K + k) : 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
+      const int64_t e = row[k];
+      if (k >= K || e < 0 || e >= E) continue;
+      const int r = static_cast<int>(e / L);
+      if ((masked >> r) & 1u) continue;
+      bool first = true;
+#pragma unroll
+      for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
+      if (!first) continue;
+      float sum = w[k];
+#pragma unroll
+      for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
+        if (kk < K && row[kk] == e) sum = sum + w[kk];
+      }
+      float* weights = reinterpret_cast<float*>(g.half_base(r) + l.combine_weights_offset);
+      weights[(static_cast<size_t>(g.rank) * M + t) * kLowLatencyMaxTopk + k] = sum;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < g.num_ranks && ((masked >> threadIdx.x) & 1u) == 0) {
+    ptx::fence_acq_rel_sys();
+    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.weights_flag_offset) + g.rank,
+                               1);
+  }
+}
+
+__device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t masked, int lane, int warp_global,
+                                           int total_warps) {
+  const GroupView& g = p.g;
+  const LowLatencyLayout& l = g.layout;
+  const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks;
+  const int row_int4 = H / 8;
+  uint8_t* my_half = g.half_base(g.rank);
+  int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
+  clean_other_half_signals(g, done);
+  if (blockIdx.x == 0) publish_weights(p, masked);
+
+  // Work items: (source rank, token) x slices of hidden (each slice a multiple of 32 int4 where possible).
+  const int num_rows = R * M;
+  const int slices = max(1, min((row_int4 + 31) / 32, total_warps / num_rows));
+  const int slice_int4 = (row_int4 + slices - 1) / slices;
+  const int num_items = num_rows * slices;
+  const float* weights_in = reinterpret_cast<const float*>(my_half + l.combine_weights_offset);
+  const int32_t* weights_flag = reinterpret_cast<const int32_t*>(my_half + l.weights_flag_offset);
+  uint32_t have_weights = 0;  // source ranks whose weights this warp has seen arrive
+  int items_done = 0;
+  for (int item = warp_global; item < num_items; item += total_warps) {
+    ++items_done;
+    const int row = item / slices, slice = item % slices;
+    const int s = row / M, t = row % M;
+    if ((masked >> s) & 1u) continue;
+    const int32_t* map = p.token_map + static_cast<size_t>(row) * kLowLatencyMaxTopk;
+    const int32_t slot = lane < kLowLatencyMaxTopk ? __ldg(map + lane) : -1;
+    uint32_t present = __ballot_sync(0xffffffffu, slot >= 0);  // bit k: top-k position k is an expert here
+    if (present == 0) continue;
+    if (((have_weights >> s) & 1u) == 0) {
+      bool ok = true;
+      if (lane == 0) {
+        ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag + s) != 0; }, g.timeout_ns, g.status,
+                          WaitSite::kLowLatencyCombineFlag, g.rank, s, t);
+        if (!ok) mask_rank(g, s);
+      }
+      ok = __shfl_sync(0xffffffffu, ok, 0);
+      if (!ok) {
+        masked |= 1u << s;
+        continue;
+      }
+      have_weights |= 1u << s;
+    }
+    __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
+    const float w = slot >= 0 ? __int_as_float(ld_volatile_s32(reinterpret_cast<const int32_t*>(weights_in) +
+                                                               static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
+                              : 0.0f;
+    // The expert rows of this token in top-k order, gathered into registers of every lane.
+    int32_t rows[kLowLatencyMaxTopk];
+    float row_weights[kLowLatencyMaxTopk];
+    const int num_present = __popc(present);
+#pragma unroll
+    for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
+      const int k = present != 0 ? __ffs(present) - 1 : 0;
+      present &= present - 1;
+      rows[j] = __shfl_sync(0xffffffffu, slot, k);
+      row_weights[j] = __shfl_sync(0xffffffffu, w, k);
+    }
+    const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
+    int4* dst =
+        reinterpret_cast<int4*>(g.half_base(s) + l.combine_recv_offset + (static_cast<size_t>(t) * R + g.rank) * H * 2);
+    for (int i = lo + lane; i < hi; i += 32) {
+      int4 v[kLowLatencyMaxTopk];
+#pragma unroll
+      for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
+        if (j < num_present)
+          v[j] = ptx::ld_nc_global(reinterpret_cast<const int4*>(p.x + static_cast<size_t>(rows[j]) * H) + i);
+      }
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
+        if (j < num_present) {
+          const uint32_t words[4] = {static_cast<uint32_t>(v[j].x), static_cast<uint32_t>(v[j].y),
+                                     static_cast<uint32_t>(v[j].z), static_cast<uint32_t>(v[j].w)};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            acc[2 * q] = __fmaf_rn(bf16_bits_to_float(words[q] & 0xFFFFu), row_weights[j], acc[2 * q]);
+            acc[2 * q + 1] = __fmaf_rn(bf16_bits_to_float(words[q] >> 16), row_weights[j], acc[2 * q + 1]);
+          }
+        }
+      }
+      int4 out;
+      out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
+      out.y = static_cast<int>(float_to_bf16_bits(acc[2]) | (float_to_bf16_bits(acc[3]) << 16));
+      out.z = static_cast<int>(float_to_bf16_bits(acc[4]) | (float_to_bf16_bits(acc[5]) << 16));
+      out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
+      ptx::st_na_global(dst + i, out);
+    }
+  }
+  __syncwarp();
+  if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);  // see dispatch
+
+  // Every item was counted once; +1 for the cleaning.
+  if (blockIdx.x == 0 && threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
+    const int target = num_items + 1;
+    bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
+                 WaitSite::kLowLatencyCombineFlag, g.rank, g.rank, -1);
+    ptx::fence_acq_rel_sys();
+    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.combine_flag_offset) + g.rank,
+                               1);
+  }
+}
+
+__device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t masked) {
+  const GroupView& g = p.g;
+  const LowLatencyLayout& l = g.layout;
+  const int H = l.hidden, R = g.num_ranks, L = l.num_local_experts, E = l.num_experts, K = p.num_topk;
+  const uint8_t* my_half = g.half_base(g.rank);
+  __shared__ uint32_t block_masked;
+  if (threadIdx.x == 0) block_masked = masked;
+  __syncthreads();
+  if (threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
+    const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + threadIdx.x;
+    const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
+                                 WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1);
+    if (!ok) {
+      atomicOr(&block_masked, 1u << threadIdx.x);
+      mask_rank(g, threadIdx.x);
+    }
+  }
+  __syncthreads();
+  const uint32_t skip = block_masked;
+
+  const uint8_t* recv = my_half + l.combine_recv_offset;
+  const int vecs_per_token = H / 8;
+  const int total = p.num_tokens * vecs_per_token;
+  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
+    const int t = idx / vecs_per_token, v = idx % vecs_per_token;
+    const int64_t* row = p.topk_idx + static_cast<size_t>(t) * K;
+    uint32_t ranks = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = __ldg(row + k);
+      if (e >= 0 && e < E) ranks |= 1u << static_cast<int>(e / L);
+    }
+    ranks &= ~skip;
+    int4 parts[kMaxNvlPeers];
+#pragma unroll
+    for (int r = 0; r < kMaxNvlPeers; ++r) {
+      if ((ranks >> r) & 1u)
+        parts[r] = ld_volatile_v4(reinterpret_cast<const int4*>(recv + (static_cast<size_t>(t) * R + r) * H * 2) + v);
+    }
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int r = 0; r < kMaxNvlPeers; ++r) {
+      if ((ranks >> r) & 1u) {
+        const uint32_t words[4] = {static_cast<uint32_t>(parts[r].x), static_cast<uint32_t>(parts[r].y),
+                                   static_cast<uint32_t>(parts[r].z), static_cast<uint32_t>(parts[r].w)};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
+          acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+        }
+      }
+    }
+    int4 out;
+    out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
+    out.y = static_cast<int>(float_to_bf16_bits(acc[2]) | (float_to_bf16_bits(acc[3]) << 16));
+    out.z = static_cast<int>(float_to_bf16_bits(acc[4]) | (float_to_bf16_bits(acc[5]) << 16));
+    out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
+    reinterpret_cast<int4*>(p.combined_x + static_cast<size_t>(t) * H)[v] = out;
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineParams p) {
+  const int lane = threadIdx.x % 32;
+  const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int total_warps = gridDim.x * kWarpsPerBlock;
+  const uint32_t masked = read_masked_ranks(p.g);
+  if (p.g.sends()) send_phase(p, masked, lane, warp_global, total_warps);
+  if (p.g.receives()) recv_phase(p, masked);
+}
+
+}  // namespace
+}  // namespace low_latency
+
+absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args, cudaStream_t stream) {
+  if (absl::Status s = ValidateLowLatencyCombine(ctx, args); !s.ok()) return s;
+  absl::StatusOr<low_latency::GroupView> g = low_latency::make_group_view(ctx, args.buffer_half, args.phases);
+  if (!g.ok()) return g.status();
+  absl::StatusOr<int> blocks = low_latency::blocks_for(ctx);
+  if (!blocks.ok()) return blocks.status();
+  low_latency::CombineParams p = {};
+  p.g = *g;
+  p.x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
+  p.topk_idx = args.topk_idx;
+  p.topk_weights = args.topk_weights;
+  p.num_tokens = args.num_tokens;
+  p.num_topk = args.num_topk;
+  p.token_map = args.handle.packed_recv_token_map;
+  p.combined_x = static_cast<uint16_t*>(args.combined_x);
+  return low_latency::launch_cooperative(low_latency::combine_kernel, p, *blocks, stream);
+}
+
+}  // namespace epfabric::kernels

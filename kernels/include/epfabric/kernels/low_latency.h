@@ -1,0 +1,198 @@
+// Low-latency (decoding) expert-parallel dispatch and combine over NVLink, in the style of DeepEP's
+// low_latency_dispatch / low_latency_combine. Plain C++: raw device pointers, sizes and a cudaStream_t, so that the
+// client library and tests include it without nvcc. docs/low-latency-kernels.md describes the algorithm and the
+// exact output layout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "epfabric/kernels/common.h"
+#include "epfabric/kernels/status_word.h"
+
+namespace epfabric::kernels {
+
+// Largest top-k a token may have: the combine receive area holds one slot per (token, top-k position).
+inline constexpr int kLowLatencyMaxTopk = 16;
+// FP8 quantisation groups: one scale per 128 channels of a token.
+inline constexpr int kFp8GroupSize = 128;
+// UE8M0 scales are packed four to an int32 (DeepGEMM's format).
+inline constexpr int kUe8m0ScalesPerInt32 = 4;
+// Every dispatch message starts with a 16-byte header (the source token index), so that the payload stays aligned.
+inline constexpr size_t kLowLatencyMessageHeaderBytes = 16;
+// Largest number of tokens per rank: routing entries pack the token index into 16 bits.
+inline constexpr int kLowLatencyMaxTokensPerRank = 65535;
+
+// The one description of a rank's low-latency region. Every size the daemon must allocate and every offset the
+// kernels carve come from MakeLowLatencyLayout, so the two cannot disagree. All offsets are in bytes, 128-byte
+// aligned. The region is two halves (double buffering: consecutive calls alternate) followed by one zero-copy
+// combine input buffer:
+//
+//   half h (h = 0, 1), at h * half_bytes:
+//     signals (zeroed by the call that uses the other half, see docs):
+//       dispatch_count   int32 [num_local_experts][num_ranks]  written by source rank s: -count-1
+//       combine_flag     int32 [num_ranks]                     written by expert rank r: 1 when r's outputs landed
+//       weights_flag     int32 [num_ranks]                     written by source rank s: 1 when s's weights landed
+//       dispatch_done    int32                                 local: send work items finished (this rank only)
+//       combine_done     int32                                 local: send work items finished (this rank only)
+//     dispatch_table     int32 [num_local_experts][num_ranks][max_tokens]  per (expert, source) the source token
+//                        indices in increasing order, each `token | (first top-k position << 16)`
+//     dispatch_msgs      [num_ranks][max_tokens][dispatch_msg_bytes]  one message per (source token, this rank):
+//                        16-byte header, then FP8 data + float scales, or BF16 data
+//     combine_weights    float [num_ranks][max_tokens][kLowLatencyMaxTopk]  written by source rank s: the weight
+//                        of each top-k position of its tokens (duplicates of an expert summed into the first)
+//     combine_recv       bf16 [max_tokens][num_ranks][hidden]  per token of this rank, the partial sum that expert
+//                        rank r computed over its own experts
+//   combine_send at 2 * half_bytes: bf16 [num_local_experts][num_ranks * max_tokens][hidden] (zero-copy input)
+struct LowLatencyLayout {
+  int max_tokens_per_rank = 0;
+  int hidden = 0;
+  int num_ranks = 0;
+  int num_experts = 0;
+  int num_local_experts = 0;
+
+  size_t dispatch_msg_bytes = 0;
+
+  // Offsets inside one half.
+  size_t dispatch_count_offset = 0;
+  size_t combine_flag_offset = 0;
+  size_t weights_flag_offset = 0;
+  size_t dispatch_done_offset = 0;
+  size_t combine_done_offset = 0;
+  size_t signal_bytes = 0;  // the signals start at offset 0 of a half and span this many bytes
+  size_t dispatch_table_offset = 0;
+  size_t dispatch_msgs_offset = 0;
+  size_t combine_weights_offset = 0;
+  size_t combine_recv_offset = 0;
+  size_t half_bytes = 0;
+
+  // Offsets from the start of the region.
+  size_t combine_send_offset = 0;
+  size_t total_bytes = 0;
+};
+
+// Validates the shape and computes the layout. Errors name the offending field and value.
+absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, int hidden, int num_ranks,
+                                                      int num_experts);
+
+// Bytes of one rank's region (what the daemon allocates per rank for a low-latency group).
+absl::StatusOr<size_t> LowLatencyRegionBytes(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts);
+
+// What a rank's kernels need to reach the group: its own and its peers' regions, the failure controls.
+struct LowLatencyContext {
+  int rank = 0;
+  int num_ranks = 1;
+  // Base of every rank's region as mapped in this process (index = rank; peer_regions[rank] is this rank's own).
+  // Each region is one contiguous allocation of layout.total_bytes, zeroed before first use.
+  void* peer_regions[kMaxNvlPeers] = {};
+  LowLatencyLayout layout;
+  // Optional device int32[num_ranks]: a nonzero entry masks that rank (no data is sent to it, nothing is awaited
+  // from it, its expert outputs count as zero). A kernel that times out waiting for a rank sets its entry.
+  int32_t* rank_mask = nullptr;
+  // Device memory for the status word (required): a timed-out wait records who it waited for here.
+  KernelStatus* status = nullptr;
+  uint64_t timeout_ns = kDefaultWaitTimeoutNs;
+  // Blocks per launch; 0 = the device's SM count.
+  int num_blocks = 0;
+};
+
+// Which phases a launch runs. kSendAndRecv is the ordinary call; with a receive hook the caller launches kSend,
+// which returns as soon as everything is issued, and later kRecv (the hook), so that no SM waits in between.
+// Dispatch's send phase waits for nothing remote. Combine's send phase waits (bounded) for the peers' top-k weights,
+// which each rank publishes at the start of its own combine send phase: launch the combine send phases of all ranks
+// close together. Rule of the double buffer: a call's receive phase must have run before the next call's send
+// phase on the same rank (the next call cleans the half this call used).
+enum class LowLatencyPhases : int32_t { kSend = 1, kRecv = 2, kSendAndRecv = 3 };
+
+// The double-buffer half a call uses. Consecutive low-latency calls (dispatch or combine) of a group must alternate
+// halves on every rank in the same order; LowLatencyBufferCursor does that.
+class LowLatencyBufferCursor {
+ public:
+  int Next() {
+    const int half = next_;
+    next_ ^= 1;
+    return half;
+  }
+  int Peek() const { return next_; }
+
+ private:
+  int next_ = 0;
+};
+
+// What combine needs from the dispatch it follows (all device memory written by dispatch's receive phase).
+struct LowLatencyHandle {
+  const int32_t* packed_recv_src_info = nullptr;      // [L][R*M] source token index
+  const int64_t* packed_recv_layout_range = nullptr;  // [L][R] (begin << 32) | count
+  const int32_t* packed_recv_topk_slot = nullptr;     // [L][R*M] first top-k position of the expert in the token
+  const int32_t* packed_recv_token_map = nullptr;     // [R][M][kLowLatencyMaxTopk] packed slot or -1
+  int num_tokens = 0;                                 // tokens this rank dispatched
+};
+
+struct LowLatencyDispatchArgs {
+  const void* x = nullptr;            // bf16 [num_tokens, hidden]
+  const int64_t* topk_idx = nullptr;  // int64 [num_tokens, num_topk]; -1 = no expert
+  int num_tokens = 0;
+  int num_topk = 0;
+  int hidden = 0;
+  int max_tokens_per_rank = 0;
+  int num_experts = 0;
+  bool use_fp8 = true;
+  bool round_scale = false;             // scales rounded up to powers of two
+  bool use_ue8m0 = false;               // scales as packed 8-bit exponents (needs round_scale and hidden % 512 == 0)
+  int32_t* cumulative_stats = nullptr;  // optional int32 [num_local_experts], received counts are added
+
+  // Outputs (device memory, caller-allocated). L = num_local_experts, R = num_ranks, M = max_tokens_per_rank,
+  // G = hidden / 128.
+  void* packed_recv_x = nullptr;         // fp8 or bf16 [L][R*M][hidden]
+  void* packed_recv_x_scales = nullptr;  // fp8 only. float: [L][G][R*M] (logical [L, R*M, G], token-minor);
+                                         // ue8m0: int32 [L][G/4][R*M] (4 exponent bytes per int32)
+  int32_t* packed_recv_count = nullptr;  // [L]
+  int32_t* packed_recv_src_info = nullptr;
+  int64_t* packed_recv_layout_range = nullptr;
+  int32_t* packed_recv_topk_slot = nullptr;
+  // [R][M][kLowLatencyMaxTopk]: for source rank s, token t and top-k position k (first occurrence of an expert of
+  // this rank), the packed index local_expert * R * M + slot; -1 elsewhere. Combine reduces through it.
+  int32_t* packed_recv_token_map = nullptr;
+
+  int buffer_half = 0;
+  LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
+};
+
+struct LowLatencyCombineArgs {
+  const void* x = nullptr;  // bf16 [L][R*M][hidden] expert outputs (ignored when zero_copy)
+  const int64_t* topk_idx = nullptr;
+  const float* topk_weights = nullptr;  // [num_tokens, num_topk]
+  int num_tokens = 0;
+  int num_topk = 0;
+  int hidden = 0;
+  int max_tokens_per_rank = 0;
+  int num_experts = 0;
+  LowLatencyHandle handle;
+  // The expert outputs were written into LowLatencyCombineInputBuffer() instead of x.
+  bool zero_copy = false;
+  void* combined_x = nullptr;  // bf16 [num_tokens, hidden]
+  int buffer_half = 0;
+  LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
+};
+
+// Checks everything that can be checked without reading device memory. Returns InvalidArgumentError naming the
+// field and its value. (Expert indices live on the device; out-of-range entries are treated as -1 by the kernels
+// and by the host reference.)
+absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args);
+absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args);
+
+// Launch on `stream`. No host synchronisation: capturable into a CUDA graph (the buffer half is baked into the
+// captured launch, so capture an even number of calls or a fixed sequence). Wait-timeouts are reported through
+// ctx.status after the stream completes, not through the returned status.
+absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args, cudaStream_t stream);
+absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args, cudaStream_t stream);
+
+// DeepEP's get_next_low_latency_combine_buffer: where a caller writes expert outputs for a zero-copy combine,
+// bf16 [L][R*M][hidden]. One buffer, not per half: combine reads it and writes straight into the peers.
+void* LowLatencyCombineInputBuffer(const LowLatencyContext& ctx);
+
+}  // namespace epfabric::kernels
