@@ -1,8 +1,3 @@
-# CMake 3.25 does not know nvcc's C++20 flag (see kernels/intranode.cmake).
-if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION OR CMAKE_CUDA20_STANDARD_COMPILE_OPTION STREQUAL "")
-  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
-  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
-endif()
 # Intranode dispatch/combine benchmark (2 GPUs): prints a table and writes JSON to --out (default bench/results).
 add_executable(intranode_bench intranode_bench.cc intranode_gate.cu ${PROJECT_SOURCE_DIR}/tests/gpu/intranode_harness.cc)
 target_include_directories(intranode_bench PRIVATE ${PROJECT_SOURCE_DIR}/kernels/host ${PROJECT_SOURCE_DIR}/kernels/cuda

@@ -160,7 +160,9 @@ struct Daemon::State {
     view.set_self_rank(options.rank);
     *view.mutable_membership() = membership->View();
     view.set_degraded(membership->Degraded());
-    for (v1::GroupInfo& group : *groups->ListGroups().mutable_groups()) *view.add_groups() = std::move(group);
+    // Keep the response alive for the loop: a range-for over a member of a temporary dangles (before C++23).
+    v1::ListGroupsResponse listed = groups->ListGroups();
+    for (v1::GroupInfo& group : *listed.mutable_groups()) *view.add_groups() = std::move(group);
     return view;
   }
 

@@ -65,7 +65,8 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
     return FlagError("rank",
                      absl::StrCat(o.rank, " is not in 0..", o.world_size - 1, " (--world_size=", o.world_size, ")"));
   }
-  if (o.world_size > 1 && o.coordinator.empty()) {
+  // Rank 0 is the coordinator: it needs no address of itself.
+  if (o.world_size > 1 && o.rank != 0 && o.coordinator.empty()) {
     return FlagError("coordinator", "required when --world_size > 1 (host:port of rank 0's peer server)");
   }
   if (!o.coordinator.empty()) {
@@ -73,12 +74,25 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
     if (!coordinator.ok()) return FlagError("coordinator", std::string(coordinator.status().message()));
     if (coordinator->port == 0) return FlagError("coordinator", "port 0 cannot be dialled");
   }
+  const int tls_files = !o.tls_cert.empty() + !o.tls_key.empty() + !o.tls_ca.empty();
+  if (tls_files != 0 && tls_files != 3) {
+    return FlagError(o.tls_cert.empty() ? "tls_cert" : (o.tls_key.empty() ? "tls_key" : "tls_ca"),
+                     "--tls_cert, --tls_key and --tls_ca go together: give all three or none");
+  }
+  for (auto [flag, path] : {std::pair{"tls_cert", o.tls_cert}, std::pair{"tls_key", o.tls_key},
+                            std::pair{"tls_ca", o.tls_ca}}) {
+    std::error_code ec;
+    if (!path.empty() && !std::filesystem::is_regular_file(path, ec)) {
+      return FlagError(flag, absl::StrCat("'", path, "' is not a readable file"));
+    }
+  }
   auto listen = ParseHostPort(o.peer_listen);
   if (!listen.ok()) return FlagError("peer_listen", std::string(listen.status().message()));
-  if (!IsLoopbackHost(listen->host) && !o.insecure_peer_port) {
-    return FlagError("peer_listen", absl::StrCat("'", listen->host,
-                                                 "' is not a loopback address; the peer port has no TLS yet, so pass "
-                                                 "--insecure_peer_port to listen on it anyway"));
+  if (!IsLoopbackHost(listen->host) && !o.insecure_peer_port && tls_files == 0) {
+    return FlagError("peer_listen",
+                     absl::StrCat("'", listen->host,
+                                  "' is not a loopback address; give --tls_cert/--tls_key/--tls_ca for mutual TLS, or "
+                                  "--insecure_peer_port to listen without it"));
   }
   if (o.client_socket.empty()) return FlagError("client_socket", "required (path of the client Unix socket)");
   if (o.client_socket.size() >= sizeof(sockaddr_un{}.sun_path)) {

@@ -3,7 +3,10 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
 #include <map>
+#include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -127,6 +130,23 @@ absl::Status ValidateGlobalOptions(const GlobalOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--timeout_ms: ", options.timeout_ms, " is not positive"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(const GlobalOptions& options) {
+  const int given = !options.tls_ca.empty() + !options.tls_cert.empty() + !options.tls_key.empty();
+  if (given == 0) return grpc::InsecureChannelCredentials();
+  if (given != 3) return absl::InvalidArgumentError("--tls_ca, --tls_cert and --tls_key go together");
+  grpc::SslCredentialsOptions ssl;
+  for (auto [flag, path, field] : {std::tuple{"tls_ca", &options.tls_ca, &ssl.pem_root_certs},
+                                   std::tuple{"tls_cert", &options.tls_cert, &ssl.pem_cert_chain},
+                                   std::tuple{"tls_key", &options.tls_key, &ssl.pem_private_key}}) {
+    std::ifstream in(*path);
+    if (!in) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": cannot read '", *path, "'"));
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    *field = buffer.str();
+  }
+  return grpc::SslCredentials(ssl);
 }
 
 std::string TargetOf(const GlobalOptions& options) {

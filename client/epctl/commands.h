@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
 #include "epfabric/v1/ops.pb.h"
@@ -22,7 +23,12 @@ struct GlobalOptions {
   int timeout_ms = 5000;
   bool json = false;
   std::string service;  // health: which service ("" = the daemon as a whole)
+  // Mutual TLS towards a peer port that requires it (--address only): all three or none.
+  std::string tls_ca, tls_cert, tls_key;
 };
+
+// Channel credentials for the options: TLS when the files are given (read here), else insecure.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(const GlobalOptions& options);
 
 // Exactly one of --socket / --address; a positive timeout.
 absl::Status ValidateGlobalOptions(const GlobalOptions& options);

@@ -13,6 +13,9 @@ ABSL_FLAG(std::string, address, "", "host:port of the daemon's peer port, instea
 ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call in milliseconds.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (default: the daemon as a whole).");
+ABSL_FLAG(std::string, tls_ca, "", "With --address to a mutual-TLS peer port: PEM CA bundle.");
+ABSL_FLAG(std::string, tls_cert, "", "With --address to a mutual-TLS peer port: PEM client certificate.");
+ABSL_FLAG(std::string, tls_key, "", "With --address to a mutual-TLS peer port: PEM client key.");
 
 namespace {
 
@@ -59,9 +62,14 @@ int main(int argc, char** argv) {
   options.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
   options.json = absl::GetFlag(FLAGS_json);
   options.service = absl::GetFlag(FLAGS_service);
+  options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
   if (absl::Status valid = epfabric::epctl::ValidateGlobalOptions(options); !valid.ok()) {
     return UsageError(std::string(valid.message()));
   }
-  auto channel = grpc::CreateChannel(epfabric::epctl::TargetOf(options), grpc::InsecureChannelCredentials());
+  auto credentials = epfabric::epctl::CredentialsFor(options);
+  if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
+  auto channel = grpc::CreateChannel(epfabric::epctl::TargetOf(options), *credentials);
   return command->run(options, channel, std::cout, std::cerr);
 }

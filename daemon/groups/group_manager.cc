@@ -87,7 +87,7 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
   volatile unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  for (size_t i = 0; i < a.size(); ++i) diff = static_cast<unsigned char>(diff | (a[i] ^ b[i]));
   return diff == 0;
 }
 

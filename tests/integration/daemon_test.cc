@@ -98,7 +98,7 @@ TEST(Daemon, EpctlHealthExitsZeroWhenServing) {
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   RunResult result = RunBinary({EpctlBinary(), "--socket=" + (*daemon)->socket(), "health"});
   EXPECT_EQ(result.exit_code, 0) << result.err;
-  EXPECT_EQ(result.out, "epfabricd: SERVING\n");
+  EXPECT_EQ(result.out, "epfabricd: SERVING\nhealth: PASS\n");
 
   result = RunBinary({EpctlBinary(), "--socket", (*daemon)->socket(), "--service=epfabric.v1.Nope", "health"});
   EXPECT_EQ(result.exit_code, 1);
@@ -163,15 +163,15 @@ TEST(Daemon, ReflectionListsServices) {
               IsSupersetOf({"epfabric.v1.Peer", "epfabric.v1.Ops"}));
 }
 
-TEST(Daemon, NotYetBuiltRpcsAnswerUnimplemented) {
+TEST(Daemon, BadRequestIsRefusedAndTheDaemonKeepsServing) {
   auto daemon = DaemonUnderTest::Start();
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto control = v1::Control::NewStub((*daemon)->SocketChannel());
   grpc::ClientContext context;
   v1::CreateGroupResponse response;
-  EXPECT_EQ(control->CreateGroup(&context, v1::CreateGroupRequest(), &response).error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
-  // ...and the daemon keeps serving.
+  const grpc::Status status = control->CreateGroup(&context, v1::CreateGroupRequest(), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "name: '' must be 1-64 characters of [A-Za-z0-9._-]");
   auto health = CheckHealth((*daemon)->SocketChannel(), "");
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(*health, HealthCheckResponse::SERVING);

@@ -1,0 +1,62 @@
+// A fabric of real epfabricd processes on loopback: rank 0 first, then the others pointed at it. Each fabric gets
+// its own --fabric_id, and its leftovers in /dev/shm are removed at the end (a daemon killed with SIGKILL cannot
+// clean up after itself).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "epfabric/v1/control.grpc.pb.h"
+#include "epfabric/v1/ops.grpc.pb.h"
+#include "integration/daemon_under_test.h"
+
+namespace epfabric::testing {
+
+class FabricUnderTest {
+ public:
+  // Starts `world_size` daemons (host backend) with `flags` plus `rank_flags[rank]`.
+  static absl::StatusOr<std::unique_ptr<FabricUnderTest>> Start(
+      int world_size, const std::vector<std::string>& flags = {},
+      const std::map<int, std::vector<std::string>>& rank_flags = {});
+  ~FabricUnderTest();
+
+  // Every live daemon sees every rank UP with the same epoch.
+  absl::Status WaitComplete(absl::Duration timeout = absl::Seconds(20));
+  // Polls `rank`'s view until `predicate` holds; returns the view, or DeadlineExceeded with the last one.
+  absl::StatusOr<v1::FabricView> WaitView(int rank, const std::function<bool(const v1::FabricView&)>& predicate,
+                                          absl::Duration timeout);
+
+  DaemonUnderTest& daemon(int rank) { return *daemons_.at(rank); }
+  bool alive(int rank) const { return daemons_.count(rank) != 0 && daemons_.at(rank) != nullptr; }
+  int world_size() const { return world_size_; }
+  const std::string& fabric_id() const { return fabric_id_; }
+  const std::string& coordinator() const { return coordinator_; }
+
+  // SIGKILL, no clean-up: what a crash or an OOM kill does.
+  void Kill(int rank);
+  // Starts (again) the daemon of `rank` with the fabric's flags plus `extra`.
+  absl::Status Restart(int rank, const std::vector<std::string>& extra = {});
+  // The flags a daemon of `rank` gets.
+  std::vector<std::string> FlagsFor(int rank) const;
+
+  absl::StatusOr<v1::FabricView> Fabric(int rank);
+  std::unique_ptr<v1::Control::Stub> Control(int rank);
+  std::unique_ptr<v1::Ops::Stub> Ops(int rank);
+
+ private:
+  int world_size_ = 0;
+  std::string fabric_id_;
+  std::string coordinator_;
+  std::vector<std::string> flags_;
+  std::map<int, std::vector<std::string>> rank_flags_;
+  std::map<int, std::unique_ptr<DaemonUnderTest>> daemons_;
+};
+
+// A fabric id no other test (or earlier run) uses.
+std::string UniqueFabricId();
+
+}  // namespace epfabric::testing
