@@ -11,7 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "epfabric/v1/control.grpc.pb.h"
 #include <google/protobuf/struct.pb.h>
 #include "epfabric/v1/ops.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -109,6 +112,49 @@ int RunTopology(const GlobalOptions& options, const std::shared_ptr<grpc::Channe
   return 0;
 }
 
+int RunCreateGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+                   std::ostream& err) {
+  auto request = CreateGroupRequestFrom(options);
+  if (!request.ok()) {
+    err << "epctl: " << request.status().message() << "\n";
+    return 2;
+  }
+  auto stub = v1::Control::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  v1::CreateGroupResponse response;
+  const grpc::Status status = stub->CreateGroup(&context, *request, &response);
+  if (!status.ok()) {
+    err << RpcError("CreateGroup", options, status) << "\n";
+    return 1;
+  }
+  if (options.json) {
+    out << ToJson(response);
+  } else {
+    out << "group '" << response.group().name() << "' " << v1::GroupState_Name(response.group().state())
+        << "\ntoken " << response.token() << "\n";
+  }
+  return 0;
+}
+
+int RunDeleteGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+                   std::ostream& err) {
+  auto stub = v1::Control::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(context, options);
+  v1::DeleteGroupRequest request;
+  request.set_name(options.group);
+  request.set_token(options.token);
+  v1::DeleteGroupResponse response;
+  const grpc::Status status = stub->DeleteGroup(&context, request, &response);
+  if (!status.ok()) {
+    err << RpcError("DeleteGroup", options, status) << "\n";
+    return 1;
+  }
+  if (!options.json) out << "group '" << options.group << "' deleted\n";
+  return 0;
+}
+
 std::string BackendName(v1::Backend backend) {
   switch (backend) {
     case v1::BACKEND_CUDA:
@@ -121,6 +167,35 @@ std::string BackendName(v1::Backend backend) {
 }
 
 }  // namespace
+
+absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOptions& options) {
+  v1::CreateGroupRequest request;
+  if (options.group.empty()) return absl::InvalidArgumentError("--group: required (the group's name)");
+  request.set_name(options.group);
+  for (absl::string_view part : absl::StrSplit(options.ranks, ',', absl::SkipEmpty())) {
+    int rank = 0;
+    if (!absl::SimpleAtoi(part, &rank)) {
+      return absl::InvalidArgumentError(absl::StrCat("--ranks: '", part, "' is not a rank"));
+    }
+    request.add_ranks(rank);
+  }
+  if (request.ranks().empty()) return absl::InvalidArgumentError("--ranks: required (e.g. --ranks=0,1)");
+  if (options.nvl_bytes == 0) return absl::InvalidArgumentError("--nvl_bytes: required (bytes per member)");
+  request.set_num_nvl_bytes(options.nvl_bytes);
+  request.set_num_rdma_bytes(options.rdma_bytes);
+  request.set_low_latency(options.low_latency);
+  if (options.sharing == "posix_fd") {
+    request.set_memory_sharing(v1::MEMORY_SHARING_POSIX_FD);
+  } else if (options.sharing == "cuda_ipc") {
+    request.set_memory_sharing(v1::MEMORY_SHARING_CUDA_IPC);
+  } else if (options.sharing == "posix_shm") {
+    request.set_memory_sharing(v1::MEMORY_SHARING_POSIX_SHM);
+  } else if (!options.sharing.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--sharing: '", options.sharing, "' is not one of posix_fd, cuda_ipc, posix_shm"));
+  }
+  return request;
+}
 
 absl::Status ValidateGlobalOptions(const GlobalOptions& options) {
   if (options.socket.empty() == options.address.empty()) {
@@ -172,6 +247,16 @@ const std::vector<Command>& Commands() {
        "  (UP, DOWN, MISSING) with its host, peer address, backend and incarnation, and the groups (name, state,\n"
        "  ranks, region sizes, attached ranks). Tokens are never shown.\n",
        RunFabric},
+      {"create-group", "Create an EP group fabric-wide and print its token",
+       "epctl create-group --group=NAME --ranks=0,1,... --nvl_bytes=N [--rdma_bytes=N] [--low_latency]\n"
+       "                   [--sharing=posix_fd|cuda_ipc|posix_shm] [--json]\n"
+       "  Asks the daemon to create the group on every member (all or nothing) and prints the group's token, which\n"
+       "  Attach and delete-group need. The token is shown only here.\n",
+       RunCreateGroup},
+      {"delete-group", "Delete an EP group fabric-wide (needs its token)",
+       "epctl delete-group --group=NAME --token=TOKEN\n"
+       "  Frees the group's memory on every member that is up.\n",
+       RunDeleteGroup},
   };
   return *commands;
 }

@@ -12,6 +12,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
+#include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/ops.pb.h"
 
 namespace epfabric::epctl {
@@ -23,6 +24,14 @@ struct GlobalOptions {
   int timeout_ms = 5000;
   bool json = false;
   std::string service;  // health: which service ("" = the daemon as a whole)
+  // create-group / delete-group.
+  std::string group;
+  std::string ranks;  // "0,1,2"
+  uint64_t nvl_bytes = 0;
+  uint64_t rdma_bytes = 0;
+  bool low_latency = false;
+  std::string sharing;  // "", "posix_fd", "cuda_ipc", "posix_shm"
+  std::string token;
   // Mutual TLS towards a peer port that requires it (--address only): all three or none.
   std::string tls_ca, tls_cert, tls_key;
 };
@@ -47,6 +56,9 @@ struct Command {
 
 const std::vector<Command>& Commands();
 const Command* FindCommand(const std::string& name);
+
+// Builds a CreateGroup request from the options; errors name the flag.
+absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOptions& options);
 
 // The readable forms of a health report and a fabric view.
 std::string FormatHealthReport(const v1::HealthReport& report);

@@ -13,6 +13,13 @@ ABSL_FLAG(std::string, address, "", "host:port of the daemon's peer port, instea
 ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call in milliseconds.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (default: the daemon as a whole).");
+ABSL_FLAG(std::string, group, "", "create-group/delete-group: the group's name.");
+ABSL_FLAG(std::string, ranks, "", "create-group: fabric ranks of the members, comma-separated.");
+ABSL_FLAG(uint64_t, nvl_bytes, 0, "create-group: bytes of the NVLink region per member.");
+ABSL_FLAG(uint64_t, rdma_bytes, 0, "create-group: bytes of the RDMA region per member.");
+ABSL_FLAG(bool, low_latency, false, "create-group: lay regions out for the low-latency kernels.");
+ABSL_FLAG(std::string, sharing, "", "create-group: posix_fd, cuda_ipc or posix_shm (default: the daemon's).");
+ABSL_FLAG(std::string, token, "", "delete-group: the group's token.");
 ABSL_FLAG(std::string, tls_ca, "", "With --address to a mutual-TLS peer port: PEM CA bundle.");
 ABSL_FLAG(std::string, tls_cert, "", "With --address to a mutual-TLS peer port: PEM client certificate.");
 ABSL_FLAG(std::string, tls_key, "", "With --address to a mutual-TLS peer port: PEM client key.");
@@ -24,7 +31,7 @@ void PrintUsage(std::ostream& out) {
          "Usage: epctl (--socket=PATH | --address=HOST:PORT) [--json] [--timeout_ms=N] COMMAND\n"
          "       epctl COMMAND --help\n\nCommands:\n";
   for (const auto& command : epfabric::epctl::Commands()) {
-    out << "  " << command.name << std::string(10 - std::min<size_t>(9, command.name.size()), ' ') << command.summary
+    out << "  " << command.name << std::string(14 - std::min<size_t>(13, command.name.size()), ' ') << command.summary
         << "\n";
   }
   out << "\nFlags:\n" << epfabric::cli::FlagsHelp("epctl/main.cc");
@@ -62,6 +69,13 @@ int main(int argc, char** argv) {
   options.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
   options.json = absl::GetFlag(FLAGS_json);
   options.service = absl::GetFlag(FLAGS_service);
+  options.group = absl::GetFlag(FLAGS_group);
+  options.ranks = absl::GetFlag(FLAGS_ranks);
+  options.nvl_bytes = absl::GetFlag(FLAGS_nvl_bytes);
+  options.rdma_bytes = absl::GetFlag(FLAGS_rdma_bytes);
+  options.low_latency = absl::GetFlag(FLAGS_low_latency);
+  options.sharing = absl::GetFlag(FLAGS_sharing);
+  options.token = absl::GetFlag(FLAGS_token);
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
