@@ -79,8 +79,8 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
     return FlagError(o.tls_cert.empty() ? "tls_cert" : (o.tls_key.empty() ? "tls_key" : "tls_ca"),
                      "--tls_cert, --tls_key and --tls_ca go together: give all three or none");
   }
-  for (auto [flag, path] : {std::pair{"tls_cert", o.tls_cert}, std::pair{"tls_key", o.tls_key},
-                            std::pair{"tls_ca", o.tls_ca}}) {
+  for (auto [flag, path] :
+       {std::pair{"tls_cert", o.tls_cert}, std::pair{"tls_key", o.tls_key}, std::pair{"tls_ca", o.tls_ca}}) {
     std::error_code ec;
     if (!path.empty() && !std::filesystem::is_regular_file(path, ec)) {
       return FlagError(flag, absl::StrCat("'", path, "' is not a readable file"));

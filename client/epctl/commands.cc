@@ -9,13 +9,13 @@
 #include <tuple>
 #include <utility>
 
+#include <google/protobuf/struct.pb.h>
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "epfabric/v1/control.grpc.pb.h"
-#include <google/protobuf/struct.pb.h>
 #include "epfabric/v1/ops.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -131,8 +131,8 @@ int RunCreateGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Cha
   if (options.json) {
     out << ToJson(response);
   } else {
-    out << "group '" << response.group().name() << "' " << v1::GroupState_Name(response.group().state())
-        << "\ntoken " << response.token() << "\n";
+    out << "group '" << response.group().name() << "' " << v1::GroupState_Name(response.group().state()) << "\ntoken "
+        << response.token() << "\n";
   }
   return 0;
 }
@@ -287,16 +287,17 @@ std::string FormatFabric(const v1::FabricView& f) {
   const v1::Membership& m = f.membership();
   std::string s = absl::StrCat("fabric '", f.fabric_id(), "'  epoch ", m.epoch(), "  ranks ", m.world_size(),
                                "  self rank ", f.self_rank(), "  degraded: ", f.degraded() ? "yes" : "no", "\n");
-  absl::StrAppend(&s, absl::StrFormat("  %-5s %-8s %-22s %-34s %-13s %s\n", "rank", "state", "peer", "host",
-                                      "backend", "incarnation"));
+  absl::StrAppend(&s, absl::StrFormat("  %-5s %-8s %-22s %-34s %-13s %s\n", "rank", "state", "peer", "host", "backend",
+                                      "incarnation"));
   for (const v1::MemberInfo& member : m.members()) {
     std::string state = v1::MemberState_Name(member.state());
     state = state.substr(state.rfind('_') + 1);
-    absl::StrAppend(&s, absl::StrFormat("  %-5d %-8s %-22s %-34s %-13s %016x\n", member.rank(), state,
-                                        member.peer_address().empty() ? "-" : member.peer_address(),
-                                        member.host_id().empty() ? "-" : member.host_id(),
-                                        member.backend() == v1::BACKEND_UNSPECIFIED ? "-" : BackendName(member.backend()),
-                                        member.incarnation()));
+    absl::StrAppend(&s,
+                    absl::StrFormat("  %-5d %-8s %-22s %-34s %-13s %016x\n", member.rank(), state,
+                                    member.peer_address().empty() ? "-" : member.peer_address(),
+                                    member.host_id().empty() ? "-" : member.host_id(),
+                                    member.backend() == v1::BACKEND_UNSPECIFIED ? "-" : BackendName(member.backend()),
+                                    member.incarnation()));
   }
   absl::StrAppend(&s, "\ngroups (", f.groups_size(), ")\n");
   for (const v1::GroupInfo& g : f.groups()) {

@@ -85,9 +85,8 @@ void Membership::Stop() {
 
 absl::Status Membership::CheckFabricId(const std::string& fabric_id) const {
   if (fabric_id == config_.fabric_id) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("fabric id mismatch: this daemon belongs to fabric '", config_.fabric_id, "', the caller to '",
-                   fabric_id, "'"));
+  return absl::FailedPreconditionError(absl::StrCat("fabric id mismatch: this daemon belongs to fabric '",
+                                                    config_.fabric_id, "', the caller to '", fabric_id, "'"));
 }
 
 std::string Membership::CoordinatorAddress() const {
@@ -209,23 +208,22 @@ void Membership::ProbeAsync(int rank, const std::string& address, uint64_t incar
   call->request.set_fabric_id(config_.fabric_id);
   call->request.set_rank(config_.rank);
   call->request.set_incarnation(incarnation_);
-  call->stub->async()->Heartbeat(&call->context, &call->request, &call->response,
-                                 [this, call, rank, incarnation](grpc::Status status) {
-                                   absl::MutexLock lock(&mutex_);
-                                   probing_[rank] = false;
-                                   const bool refused = status.error_code() == grpc::StatusCode::UNAVAILABLE;
-                                   const bool replaced = status.ok() && call->response.incarnation() != incarnation;
-                                   v1::MemberInfo* member = view_.mutable_members(rank);
-                                   if ((refused || replaced) && member->state() == v1::MEMBER_STATE_UP &&
-                                       member->incarnation() == incarnation) {
-                                     Logger("fabric")->warn("rank {} is late and its peer port {}: marking it down",
-                                                            rank, refused ? "refuses connections" : "has a new daemon");
-                                     member->set_state(v1::MEMBER_STATE_DOWN);
-                                     ChangedLocked();
-                                   }
-                                   --probes_in_flight_;
-                                   delete call;
-                                 });
+  call->stub->async()->Heartbeat(
+      &call->context, &call->request, &call->response, [this, call, rank, incarnation](grpc::Status status) {
+        absl::MutexLock lock(&mutex_);
+        probing_[rank] = false;
+        const bool refused = status.error_code() == grpc::StatusCode::UNAVAILABLE;
+        const bool replaced = status.ok() && call->response.incarnation() != incarnation;
+        v1::MemberInfo* member = view_.mutable_members(rank);
+        if ((refused || replaced) && member->state() == v1::MEMBER_STATE_UP && member->incarnation() == incarnation) {
+          Logger("fabric")->warn("rank {} is late and its peer port {}: marking it down", rank,
+                                 refused ? "refuses connections" : "has a new daemon");
+          member->set_state(v1::MEMBER_STATE_DOWN);
+          ChangedLocked();
+        }
+        --probes_in_flight_;
+        delete call;
+      });
 }
 
 void Membership::PushMembership(const v1::Membership& view) {
@@ -415,9 +413,9 @@ void Membership::RunMemberStep() {
     }
     static thread_local int failures = 0;
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || failures++ % 20 == 0) {
-      Logger("fabric")->log(status.error_code() == grpc::StatusCode::UNAVAILABLE ? spdlog::level::info
-                                                                                 : spdlog::level::err,
-                            "join {} failed: {}", config_.coordinator, status.error_message());
+      Logger("fabric")->log(
+          status.error_code() == grpc::StatusCode::UNAVAILABLE ? spdlog::level::info : spdlog::level::err,
+          "join {} failed: {}", config_.coordinator, status.error_message());
     }
   } else {
     v1::HeartbeatRequest request;
@@ -444,10 +442,9 @@ void Membership::RunMemberStep() {
   }
   // No answer: after the configured misses, the coordinator counts as down in our view.
   absl::MutexLock lock(&mutex_);
-  if (coordinator_reachable_ &&
-      absl::Now() - last_contact_ > config_.heartbeat_interval * config_.heartbeat_misses) {
-    Logger("fabric")->warn("coordinator {} silent for {} heartbeats: fabric degraded, rejoining",
-                           config_.coordinator, config_.heartbeat_misses);
+  if (coordinator_reachable_ && absl::Now() - last_contact_ > config_.heartbeat_interval * config_.heartbeat_misses) {
+    Logger("fabric")->warn("coordinator {} silent for {} heartbeats: fabric degraded, rejoining", config_.coordinator,
+                           config_.heartbeat_misses);
     coordinator_reachable_ = false;
     joined_ = false;
     view_.mutable_members(0)->set_state(v1::MEMBER_STATE_DOWN);

@@ -18,8 +18,8 @@ groups::ClientIdentity ControlService::Caller(grpc::ServerContext* context) cons
 grpc::Status ControlService::Finish(const char* method, grpc::ServerContext* context,
                                     const absl::Status& status) const {
   const groups::ClientIdentity caller = Caller(context);
-  Logger("control")->log(status.ok() ? spdlog::level::debug : spdlog::level::info, "{} from pid {} uid {}: {}",
-                         method, caller.pid, caller.uid, status.ok() ? "OK" : status.ToString());
+  Logger("control")->log(status.ok() ? spdlog::level::debug : spdlog::level::info, "{} from pid {} uid {}: {}", method,
+                         caller.pid, caller.uid, status.ok() ? "OK" : status.ToString());
   return ToGrpcStatus(status);
 }
 

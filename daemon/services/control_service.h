@@ -10,8 +10,7 @@ namespace epfabric::daemon {
 
 class ControlService final : public v1::Control::Service {
  public:
-  ControlService(groups::GroupManager* groups, const ClientListener* listener)
-      : groups_(groups), listener_(listener) {}
+  ControlService(groups::GroupManager* groups, const ClientListener* listener) : groups_(groups), listener_(listener) {}
 
   grpc::Status CreateGroup(grpc::ServerContext*, const v1::CreateGroupRequest*, v1::CreateGroupResponse*) override;
   grpc::Status DeleteGroup(grpc::ServerContext*, const v1::DeleteGroupRequest*, v1::DeleteGroupResponse*) override;

@@ -388,13 +388,13 @@ struct Pki {
 
 Pki MakePki(const std::string& dir, const std::string& name) {
   Pki pki{dir, dir + "/" + name + "-ca.pem", dir + "/" + name + ".pem", dir + "/" + name + ".key"};
-  const std::string script = absl::StrCat(
-      "set -e; cd ", dir, "; ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';",
-      "openssl req -x509 $ec -keyout ", name, "-ca.key -out ", name, "-ca.pem -days 1 -subj /CN=", name, "-ca;",
-      "openssl req $ec -keyout ", name, ".key -out ", name, ".csr -subj /CN=localhost;",
-      "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth\\n' > ", name,
-      ".ext;", "openssl x509 -req -in ", name, ".csr -CA ", name, "-ca.pem -CAkey ", name, "-ca.key -CAcreateserial -out ",
-      name, ".pem -days 1 -extfile ", name, ".ext");
+  const std::string script =
+      absl::StrCat("set -e; cd ", dir, "; ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';",
+                   "openssl req -x509 $ec -keyout ", name, "-ca.key -out ", name, "-ca.pem -days 1 -subj /CN=", name,
+                   "-ca;", "openssl req $ec -keyout ", name, ".key -out ", name, ".csr -subj /CN=localhost;",
+                   "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth\\n' > ",
+                   name, ".ext;", "openssl x509 -req -in ", name, ".csr -CA ", name, "-ca.pem -CAkey ", name,
+                   "-ca.key -CAcreateserial -out ", name, ".pem -days 1 -extfile ", name, ".ext");
   RunResult result = RunBinary({"/bin/sh", "-c", script});
   EXPECT_EQ(result.exit_code, 0) << result.err;
   return pki;
@@ -488,13 +488,13 @@ TEST(Security, MalformedRequestsGetTheRightStatus) {
     v1::DeleteGroupRequest request;
     grpc::ClientContext c1;
     v1::DeleteGroupResponse response;
-    cases.push_back({"delete no name", control->DeleteGroup(&c1, request, &response), Code::INVALID_ARGUMENT,
-                     "name: empty"});
+    cases.push_back(
+        {"delete no name", control->DeleteGroup(&c1, request, &response), Code::INVALID_ARGUMENT, "name: empty"});
     request.set_name("nope");
     request.set_token("x");
     grpc::ClientContext c2;
-    cases.push_back({"delete unknown", control->DeleteGroup(&c2, request, &response), Code::NOT_FOUND,
-                     "no group named 'nope'"});
+    cases.push_back(
+        {"delete unknown", control->DeleteGroup(&c2, request, &response), Code::NOT_FOUND, "no group named 'nope'"});
   }
   {
     v1::AttachRequest request;
@@ -521,8 +521,8 @@ TEST(Security, MalformedRequestsGetTheRightStatus) {
     cases.push_back({"attach bad rank", control->Attach(&c1, request, &response), Code::INVALID_ARGUMENT, nullptr});
     request.set_rank(-1);
     grpc::ClientContext c2;
-    cases.push_back({"attach negative rank", control->Attach(&c2, request, &response), Code::INVALID_ARGUMENT,
-                     nullptr});
+    cases.push_back(
+        {"attach negative rank", control->Attach(&c2, request, &response), Code::INVALID_ARGUMENT, nullptr});
   }
   {
     v1::DetachRequest request;
@@ -537,8 +537,8 @@ TEST(Security, MalformedRequestsGetTheRightStatus) {
   }
   // Peer RPCs, straight to rank 0's and rank 1's peer ports.
   auto peer0 = v1::Peer::NewStub(grpc::CreateChannel((*fabric)->coordinator(), grpc::InsecureChannelCredentials()));
-  auto peer1 = v1::Peer::NewStub(
-      grpc::CreateChannel(*(*fabric)->daemon(1).PeerAddress(), grpc::InsecureChannelCredentials()));
+  auto peer1 =
+      v1::Peer::NewStub(grpc::CreateChannel(*(*fabric)->daemon(1).PeerAddress(), grpc::InsecureChannelCredentials()));
   {
     v1::JoinRequest join;
     join.set_fabric_id("other");
@@ -587,12 +587,12 @@ TEST(Security, MalformedRequestsGetTheRightStatus) {
     prepare.mutable_group()->add_ranks(0);
     v1::PrepareGroupResponse prepared;
     grpc::ClientContext c1;
-    cases.push_back({"prepare non-member", peer1->PrepareGroup(&c1, prepare, &prepared), Code::INVALID_ARGUMENT,
-                     nullptr});
+    cases.push_back(
+        {"prepare non-member", peer1->PrepareGroup(&c1, prepare, &prepared), Code::INVALID_ARGUMENT, nullptr});
     prepare.mutable_group()->add_ranks(1);
     grpc::ClientContext c2;
-    cases.push_back({"prepare zero size", peer1->PrepareGroup(&c2, prepare, &prepared), Code::INVALID_ARGUMENT,
-                     nullptr});
+    cases.push_back(
+        {"prepare zero size", peer1->PrepareGroup(&c2, prepare, &prepared), Code::INVALID_ARGUMENT, nullptr});
     v1::CommitGroupRequest commit;
     commit.set_fabric_id((*fabric)->fabric_id());
     commit.set_name("never-prepared");
@@ -603,14 +603,14 @@ TEST(Security, MalformedRequestsGetTheRightStatus) {
     propose.set_fabric_id((*fabric)->fabric_id());
     v1::CreateGroupResponse proposed;
     grpc::ClientContext c4;
-    cases.push_back({"propose to a member", peer1->ProposeGroup(&c4, propose, &proposed), Code::FAILED_PRECONDITION,
-                     nullptr});
+    cases.push_back(
+        {"propose to a member", peer1->ProposeGroup(&c4, propose, &proposed), Code::FAILED_PRECONDITION, nullptr});
     v1::RetireGroupRequest retire;
     retire.set_fabric_id("other");
     v1::RetireGroupResponse retired;
     grpc::ClientContext c5;
-    cases.push_back({"retire other fabric", peer0->RetireGroup(&c5, retire, &retired), Code::FAILED_PRECONDITION,
-                     nullptr});
+    cases.push_back(
+        {"retire other fabric", peer0->RetireGroup(&c5, retire, &retired), Code::FAILED_PRECONDITION, nullptr});
     v1::BarrierRequest barrier;
     v1::BarrierResponse passed;
     grpc::ClientContext c6;

@@ -60,7 +60,8 @@ std::vector<std::string> FabricUnderTest::FlagsFor(int rank) const {
                                     "--fabric_id=" + fabric_id_, "--backend=host"};
   if (rank != 0) flags.push_back("--coordinator=" + coordinator_);
   flags.insert(flags.end(), flags_.begin(), flags_.end());
-  if (auto it = rank_flags_.find(rank); it != rank_flags_.end()) flags.insert(flags.end(), it->second.begin(), it->second.end());
+  if (auto it = rank_flags_.find(rank); it != rank_flags_.end())
+    flags.insert(flags.end(), it->second.begin(), it->second.end());
   return flags;
 }
 
@@ -125,7 +126,9 @@ absl::Status FabricUnderTest::WaitComplete(absl::Duration timeout) {
   for (const auto& [rank, daemon] : daemons_) {
     auto view = WaitView(
         rank,
-        [&](const v1::FabricView& v) { return all_up(v) && v.membership().epoch() >= coordinator->membership().epoch(); },
+        [&](const v1::FabricView& v) {
+          return all_up(v) && v.membership().epoch() >= coordinator->membership().epoch();
+        },
         deadline - absl::Now());
     if (!view.ok()) return view.status();
   }

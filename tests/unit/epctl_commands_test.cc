@@ -100,5 +100,57 @@ TEST(Commands, EveryCommandHasHelpAndRunner) {
   EXPECT_EQ(FindCommand("nope"), nullptr);
 }
 
+TEST(FormatFabric, MembersAndGroups) {
+  v1::FabricView f;
+  f.set_fabric_id("prod");
+  f.set_self_rank(1);
+  f.set_degraded(true);
+  f.mutable_membership()->set_epoch(7);
+  f.mutable_membership()->set_world_size(2);
+  v1::MemberInfo* up = f.mutable_membership()->add_members();
+  up->set_rank(0);
+  up->set_state(v1::MEMBER_STATE_UP);
+  up->set_peer_address("10.0.0.1:7100");
+  up->set_backend(v1::BACKEND_CUDA);
+  up->set_incarnation(0xabc);
+  v1::MemberInfo* down = f.mutable_membership()->add_members();
+  down->set_rank(1);
+  down->set_state(v1::MEMBER_STATE_DOWN);
+  v1::GroupInfo* g = f.add_groups();
+  g->set_name("moe");
+  g->set_state(v1::GROUP_STATE_DEGRADED);
+  g->add_ranks(0);
+  g->add_ranks(1);
+  g->set_num_nvl_bytes(1024);
+  const std::string text = FormatFabric(f);
+  EXPECT_NE(text.find("fabric 'prod'  epoch 7  ranks 2  self rank 1  degraded: yes"), std::string::npos) << text;
+  EXPECT_NE(text.find("0     UP       10.0.0.1:7100"), std::string::npos) << text;
+  EXPECT_NE(text.find("cuda          0000000000000abc"), std::string::npos) << text;
+  EXPECT_NE(text.find("1     DOWN     -"), std::string::npos) << text;
+  EXPECT_NE(text.find("moe                      DEGRADED  ranks [0,1]  nvl 1024 B"), std::string::npos) << text;
+}
+
+TEST(CreateGroupRequestFrom, ParsesAndNamesBadFlags) {
+  GlobalOptions o;
+  o.group = "g";
+  o.ranks = "0,2,3";
+  o.nvl_bytes = 4096;
+  o.sharing = "cuda_ipc";
+  auto request = CreateGroupRequestFrom(o);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->ranks_size(), 3);
+  EXPECT_EQ(request->ranks(2), 3);
+  EXPECT_EQ(request->memory_sharing(), v1::MEMORY_SHARING_CUDA_IPC);
+  o.ranks = "0,x";
+  EXPECT_EQ(CreateGroupRequestFrom(o).status().message(), "--ranks: 'x' is not a rank");
+  o.ranks = "0";
+  o.sharing = "nvshmem";
+  EXPECT_EQ(CreateGroupRequestFrom(o).status().message(),
+            "--sharing: 'nvshmem' is not one of posix_fd, cuda_ipc, posix_shm");
+  o.sharing = "";
+  o.nvl_bytes = 0;
+  EXPECT_EQ(CreateGroupRequestFrom(o).status().message(), "--nvl_bytes: required (bytes per member)");
+}
+
 }  // namespace
 }  // namespace epfabric::epctl
