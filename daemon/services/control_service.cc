@@ -15,11 +15,12 @@ groups::ClientIdentity ControlService::Caller(grpc::ServerContext* context) cons
   return identity;
 }
 
-grpc::Status ControlService::Finish(const char* method, grpc::ServerContext* context,
-                                    const absl::Status& status) const {
+grpc::Status ControlService::Finish(const char* method, grpc::ServerContext* context, const absl::Status& status,
+                                    bool mutating) const {
   const groups::ClientIdentity caller = Caller(context);
-  Logger("control")->log(status.ok() ? spdlog::level::debug : spdlog::level::info, "{} from pid {} uid {}: {}", method,
-                         caller.pid, caller.uid, status.ok() ? "OK" : status.ToString());
+  Logger("control")->log(mutating || !status.ok() ? spdlog::level::info : spdlog::level::debug,
+                         "{} from pid {} uid {}: {}", method, caller.pid, caller.uid,
+                         status.ok() ? "OK" : status.ToString());
   return ToGrpcStatus(status);
 }
 
@@ -27,37 +28,37 @@ grpc::Status ControlService::CreateGroup(grpc::ServerContext* context, const v1:
                                          v1::CreateGroupResponse* response) {
   auto result = groups_->CreateGroup(*request);
   if (result.ok()) *response = std::move(*result);
-  return Finish("CreateGroup", context, result.status());
+  return Finish("CreateGroup", context, result.status(), true);
 }
 
 grpc::Status ControlService::DeleteGroup(grpc::ServerContext* context, const v1::DeleteGroupRequest* request,
                                          v1::DeleteGroupResponse*) {
-  return Finish("DeleteGroup", context, groups_->DeleteGroup(*request));
+  return Finish("DeleteGroup", context, groups_->DeleteGroup(*request), true);
 }
 
 grpc::Status ControlService::ListGroups(grpc::ServerContext* context, const v1::ListGroupsRequest*,
                                         v1::ListGroupsResponse* response) {
   *response = groups_->ListGroups();
-  return Finish("ListGroups", context, absl::OkStatus());
+  return Finish("ListGroups", context, absl::OkStatus(), false);
 }
 
 grpc::Status ControlService::Attach(grpc::ServerContext* context, const v1::AttachRequest* request,
                                     v1::AttachResponse* response) {
   auto result = groups_->Attach(*request, Caller(context));
   if (result.ok()) *response = std::move(*result);
-  return Finish("Attach", context, result.status());
+  return Finish("Attach", context, result.status(), true);
 }
 
 grpc::Status ControlService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                     v1::DetachResponse*) {
-  return Finish("Detach", context, groups_->Detach(*request));
+  return Finish("Detach", context, groups_->Detach(*request), true);
 }
 
 grpc::Status ControlService::KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
                                        v1::KeepAliveResponse* response) {
   auto result = groups_->KeepAlive(*request);
   if (result.ok()) *response = std::move(*result);
-  return Finish("KeepAlive", context, result.status());
+  return Finish("KeepAlive", context, result.status(), false);
 }
 
 }  // namespace epfabric::daemon

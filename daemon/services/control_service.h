@@ -21,7 +21,9 @@ class ControlService final : public v1::Control::Service {
 
  private:
   groups::ClientIdentity Caller(grpc::ServerContext* context) const;
-  grpc::Status Finish(const char* method, grpc::ServerContext* context, const absl::Status& status) const;
+  // Logs the call with the caller's pid/uid (mutating calls at info, the rest at debug) and converts the status.
+  grpc::Status Finish(const char* method, grpc::ServerContext* context, const absl::Status& status,
+                      bool mutating) const;
 
   groups::GroupManager* const groups_;
   const ClientListener* const listener_;

@@ -150,6 +150,12 @@ TEST(Fabric, KilledDaemonIsMarkedDownWithinThreeSecondsAndRejoins) {
   std::vector<std::string> codes;
   for (const auto& incident : report.incidents()) codes.push_back(incident.code() + " " + incident.entity());
   EXPECT_THAT(codes, ::testing::UnorderedElementsAre("PEER_DOWN rank 3", "GROUP_DEGRADED group with-3"));
+  // A group with a member that is down cannot be created.
+  v1::CreateGroupResponse refused;
+  const grpc::Status create_status = CreateGroup(**fabric, 2, "needs-3", {2, 3}, 1 << 20, &refused);
+  EXPECT_EQ(create_status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(create_status.error_message(),
+            "rank 3 is MEMBER_STATE_DOWN: a group can only be created when all its members are up");
   // A degraded group refuses attach; the healthy one still works.
   v1::AttachResponse attached;
   EXPECT_EQ(Attach(**fabric, 1, "with-3", 1, with3.token(), &attached).error_code(), grpc::StatusCode::UNAVAILABLE);
