@@ -95,15 +95,12 @@ GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* li
                            LeaseLimits lease_limits)
     : membership_(membership), links_(links), allocator_(allocator), lease_limits_(lease_limits) {}
 
-absl::Status GroupManager::ForwardToCoordinatorStatus(const grpc::Status& status) const {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    return absl::UnavailableError(absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
-                                               ") is unreachable: groups cannot be created or deleted until it is "
-                                               "back (",
-                                               status.error_message(), ")"));
-  }
-  return FromGrpc(status);
+absl::Status GroupManager::ForwardedStatus(const grpc::ClientContext& context, const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  if (context.GetServerTrailingMetadata().count(kAnsweredByCoordinator) != 0) return FromGrpc(status);
+  return absl::UnavailableError(absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
+                                             ") is unreachable: groups cannot be created or deleted until it is back (",
+                                             status.error_message(), ")"));
 }
 
 // ---------------------------------------------------------------- control
@@ -119,7 +116,7 @@ absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::Crea
   v1::CreateGroupResponse response;
   const grpc::Status status =
       links_->Stub(membership_->CoordinatorAddress())->ProposeGroup(&context, forward, &response);
-  if (!status.ok()) return ForwardToCoordinatorStatus(status);
+  if (!status.ok()) return ForwardedStatus(context, status);
   return response;
 }
 
@@ -135,7 +132,7 @@ absl::Status GroupManager::DeleteGroup(const v1::DeleteGroupRequest& request) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
   v1::RetireGroupResponse response;
   const grpc::Status status = links_->Stub(membership_->CoordinatorAddress())->RetireGroup(&context, retire, &response);
-  return status.ok() ? absl::OkStatus() : ForwardToCoordinatorStatus(status);
+  return ForwardedStatus(context, status);
 }
 
 v1::ListGroupsResponse GroupManager::ListGroups() const {

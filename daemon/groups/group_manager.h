@@ -29,6 +29,10 @@ namespace epfabric::daemon::groups {
 // Largest region a CreateGroup may ask for, whatever the daemons' limits (catches unit mistakes).
 inline constexpr uint64_t kMaxRegionBytes = 1ull << 40;
 
+// Trailing-metadata key the coordinator sets on its ProposeGroup/RetireGroup answers, so that a forwarding daemon can
+// tell the coordinator's own errors (passed through) from a coordinator it could not reach.
+inline constexpr char kAnsweredByCoordinator[] = "epf-answered-by-coordinator";
+
 // Checks a CreateGroup request on its own (name, ranks, sizes, sharing). Errors name the field and value.
 absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int world_size);
 
@@ -103,7 +107,9 @@ class GroupManager {
 
   // Ends a lease: zeroes the rank's regions so the next client starts clean. Requires mutex_.
   void EndLeaseLocked(const std::string& lease_id, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
-  absl::Status ForwardToCoordinatorStatus(const grpc::Status& status) const;
+  // The status a forwarded call ends with: the coordinator's own error as it is, or UNAVAILABLE naming an
+  // unreachable coordinator when the call never got an answer from it.
+  absl::Status ForwardedStatus(const grpc::ClientContext& context, const grpc::Status& status) const;
 
   fabric::Membership* const membership_;
   fabric::PeerLinks* const links_;

@@ -28,14 +28,16 @@ grpc::Status PeerService::PublishMembership(grpc::ServerContext*, const v1::Publ
   return ToGrpcStatus(membership_->HandlePublish(*request));
 }
 
-grpc::Status PeerService::ProposeGroup(grpc::ServerContext*, const v1::ProposeGroupRequest* request,
+grpc::Status PeerService::ProposeGroup(grpc::ServerContext* context, const v1::ProposeGroupRequest* request,
                                        v1::CreateGroupResponse* response) {
+  context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
   if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
   return Answer(groups_->Propose(request->request()), response);
 }
 
-grpc::Status PeerService::RetireGroup(grpc::ServerContext*, const v1::RetireGroupRequest* request,
+grpc::Status PeerService::RetireGroup(grpc::ServerContext* context, const v1::RetireGroupRequest* request,
                                       v1::RetireGroupResponse*) {
+  context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
   if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(groups_->Retire(*request));
 }
