@@ -116,9 +116,10 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       have_weights |= 1u << s;
     }
     __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
-    const float w = slot >= 0 ? __int_as_float(ld_volatile_s32(reinterpret_cast<const int32_t*>(weights_in) +
-                                                               static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
-                              : 0.0f;
+    const float w = slot >= 0
+                        ? __int_as_float(ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(weights_in) +
+                                                                 static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
+                        : 0.0f;
     // The expert rows of this token in top-k order, gathered into registers of every lane.
     int32_t rows[kLowLatencyMaxTopk];
     float row_weights[kLowLatencyMaxTopk];
@@ -211,7 +212,8 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
 #pragma unroll
     for (int r = 0; r < kMaxNvlPeers; ++r) {
       if ((ranks >> r) & 1u)
-        parts[r] = ld_volatile_v4(reinterpret_cast<const int4*>(recv + (static_cast<size_t>(t) * R + r) * H * 2) + v);
+        parts[r] =
+            ptx::ld_volatile_global(reinterpret_cast<const int4*>(recv + (static_cast<size_t>(t) * R + r) * H * 2) + v);
     }
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll

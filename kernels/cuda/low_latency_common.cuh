@@ -56,14 +56,6 @@ __device__ __forceinline__ void mask_rank(const GroupView& g, int peer) {
   if (g.rank_mask != nullptr) atomicExch(g.rank_mask + peer, 1);
 }
 
-__device__ __forceinline__ int4 ld_volatile_v4(const int4* ptr) {
-  int4 v;
-  asm volatile("ld.volatile.global.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
-}
-
 // Zeroes the signals of the half the previous call used (and the next call will use). Called by block 0 at the
 // start of a send phase; its completion is counted into `done_counter` so that no signal leaves this rank before
 // the cleaning is visible (peers may write into the cleaned half as soon as they see this call's signals).
@@ -88,7 +80,7 @@ __device__ __forceinline__ void warp_copy_volatile(int4* dst, const int4* src, i
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int i = base + u * 32 + lane;
-      if (i < num_int4) v[u] = ld_volatile_v4(src + i);
+      if (i < num_int4) v[u] = ptx::ld_volatile_global(src + i);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -106,9 +98,6 @@ __device__ __forceinline__ uint32_t float_to_bf16_bits(float v) {
   if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (bits >> 16) | 0x40u;
   return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
-
-
-__device__ __forceinline__ int32_t ld_volatile_s32(const int32_t* ptr) { return ptx::ld_volatile_global(ptr); }
 
 // Launches `kernel` with `params` as one cooperative grid of `num_blocks` x kThreadsPerBlock.
 template <typename Kernel, typename Params>

@@ -243,7 +243,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
         reinterpret_cast<const int32_t*>(my_half + l.dispatch_table_offset) + (static_cast<size_t>(local) * R + s) * M;
     const uint8_t* msgs = my_half + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
     for (int j = sub; j < count; j += warps_per_item) {
-      const int32_t entry = ld_volatile_s32(table + j);
+      const int32_t entry = ptx::ld_volatile_global(table + j);
       const int t = entry & 0xFFFF, k0 = entry >> 16;
       const size_t slot = static_cast<size_t>(local) * slots + begin + j;
       const uint8_t* payload = msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes + kLowLatencyMessageHeaderBytes;
@@ -251,8 +251,8 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
       int32_t scale_bits[2] = {0, 0};
       if constexpr (kUseFP8) {
         const int32_t* scales = reinterpret_cast<const int32_t*>(payload + H);
-        if (lane < G) scale_bits[0] = ld_volatile_s32(scales + lane);
-        if (lane + 32 < G) scale_bits[1] = ld_volatile_s32(scales + lane + 32);
+        if (lane < G) scale_bits[0] = ptx::ld_volatile_global(scales + lane);
+        if (lane + 32 < G) scale_bits[1] = ptx::ld_volatile_global(scales + lane + 32);
       }
       warp_copy_volatile(reinterpret_cast<int4*>(p.packed_recv_x + slot * row_bytes),
                          reinterpret_cast<const int4*>(payload), static_cast<int>(row_bytes / 16), lane);
@@ -273,7 +273,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
           if (lane + 32 * u < G) write_scale(lane + 32 * u, scale_bits[u]);
         }
         const int32_t* scales = reinterpret_cast<const int32_t*>(payload + H);
-        for (int gi = lane + 64; gi < G; gi += 32) write_scale(gi, ld_volatile_s32(scales + gi));
+        for (int gi = lane + 64; gi < G; gi += 32) write_scale(gi, ptx::ld_volatile_global(scales + gi));
       }
       if (lane == 0) {
         p.packed_recv_src_info[slot] = t;

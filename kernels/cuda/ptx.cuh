@@ -52,6 +52,15 @@ __device__ __forceinline__ void red_add_release_sys_global(int32_t* ptr, int32_t
   asm volatile("red.release.sys.global.add.s32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 
+// 16-byte volatile load: data a peer may still be writing, read without caching (no ordering implied).
+__device__ __forceinline__ int4 ld_volatile_global(const int4* ptr) {
+  int4 v;
+  asm volatile("ld.volatile.global.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
 // 16-byte loads/stores that bypass L1 on the read side; used for payload copies through NVLink.
 __device__ __forceinline__ int4 ld_nc_global(const int4* ptr) {
   int4 v;
