@@ -1,6 +1,10 @@
 #include "groups/group_manager.h"
 
+#include <fcntl.h>
 #include <sys/random.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <set>
@@ -71,8 +75,8 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
     if (!seen.insert(rank).second) return absl::InvalidArgumentError(absl::StrCat("ranks: ", rank, " appears twice"));
   }
   if (request.num_nvl_bytes() == 0) return absl::InvalidArgumentError("num_nvl_bytes: must be positive");
-  for (auto [field, bytes] : {std::pair{"num_nvl_bytes", request.num_nvl_bytes()},
-                              std::pair{"num_rdma_bytes", request.num_rdma_bytes()}}) {
+  for (auto [field, bytes] :
+       {std::pair{"num_nvl_bytes", request.num_nvl_bytes()}, std::pair{"num_rdma_bytes", request.num_rdma_bytes()}}) {
     if (bytes > kMaxRegionBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": ", bytes, " bytes is over the limit of one region (", kMaxRegionBytes, ")"));
@@ -91,12 +95,13 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links,
-                           memory::RegionAllocator* allocator, LeaseLimits lease_limits)
+GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
+                           LeaseLimits lease_limits)
     : membership_(membership), links_(links), allocator_(allocator), lease_limits_(lease_limits) {}
 
 absl::Status GroupManager::ForwardToCoordinatorStatus(const grpc::Status& status) const {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE || status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::UnavailableError(absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
                                                ") is unreachable: groups cannot be created or deleted until it is "
                                                "back (",
@@ -133,8 +138,7 @@ absl::Status GroupManager::DeleteGroup(const v1::DeleteGroupRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
   v1::RetireGroupResponse response;
-  const grpc::Status status =
-      links_->Stub(membership_->CoordinatorAddress())->RetireGroup(&context, retire, &response);
+  const grpc::Status status = links_->Stub(membership_->CoordinatorAddress())->RetireGroup(&context, retire, &response);
   return status.ok() ? absl::OkStatus() : ForwardToCoordinatorStatus(status);
 }
 
@@ -175,8 +179,8 @@ absl::StatusOr<v1::CreateGroupResponse> GroupManager::Propose(const v1::CreateGr
     }
     if (member.backend() != backend) {
       return absl::FailedPreconditionError(absl::StrCat("ranks: rank ", rank, " runs backend ",
-                                                        v1::Backend_Name(member.backend()), ", rank ",
-                                                        request.ranks(0), " runs ", v1::Backend_Name(backend)));
+                                                        v1::Backend_Name(member.backend()), ", rank ", request.ranks(0),
+                                                        " runs ", v1::Backend_Name(backend)));
     }
   }
   if (!SharingFitsBackend(request.memory_sharing(), backend)) {
@@ -316,8 +320,8 @@ absl::Status GroupManager::Retire(const v1::RetireGroupRequest& request) {
       return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.name(), "'"));
     }
     if (it->second.info.state() == v1::GROUP_STATE_CREATING || it->second.info.state() == v1::GROUP_STATE_DELETING) {
-      return absl::FailedPreconditionError(absl::StrCat("group '", request.name(), "' is ",
-                                                        v1::GroupState_Name(it->second.info.state())));
+      return absl::FailedPreconditionError(
+          absl::StrCat("group '", request.name(), "' is ", v1::GroupState_Name(it->second.info.state())));
     }
     it->second.info.set_state(v1::GROUP_STATE_DELETING);
     info = it->second.info;
@@ -378,8 +382,7 @@ absl::StatusOr<v1::PrepareGroupResponse> GroupManager::Prepare(const v1::Prepare
     return absl::InvalidArgumentError(absl::StrCat("group.ranks: rank ", self, " is not a member"));
   }
   if (!ValidGroupName(info.name())) return absl::InvalidArgumentError("group.name: invalid");
-  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes ||
-      info.num_rdma_bytes() > kMaxRegionBytes) {
+  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes || info.num_rdma_bytes() > kMaxRegionBytes) {
     return absl::InvalidArgumentError("group: region sizes out of range");
   }
   if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
@@ -428,8 +431,8 @@ absl::Status GroupManager::Commit(const v1::CommitGroupRequest& request) {
   if (it == local_.end()) return absl::NotFoundError(absl::StrCat("group '", request.name(), "' was not prepared"));
   LocalGroup& group = it->second;
   if (request.members_size() != group.info.ranks_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("members: ", request.members_size(), " descriptors for ",
-                                                   group.info.ranks_size(), " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("members: ", request.members_size(), " descriptors for ", group.info.ranks_size(), " ranks"));
   }
   group.members.assign(request.members().begin(), request.members().end());
   group.incarnations.clear();
@@ -492,8 +495,8 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
   if (request.group().empty()) return absl::InvalidArgumentError("group: empty");
   if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
   if (request.client_name().size() > 128) return absl::InvalidArgumentError("client_name: longer than 128 bytes");
-  absl::Duration ttl = request.lease_ttl_ms() == 0 ? lease_limits_.default_ttl
-                                                   : absl::Milliseconds(request.lease_ttl_ms());
+  absl::Duration ttl =
+      request.lease_ttl_ms() == 0 ? lease_limits_.default_ttl : absl::Milliseconds(request.lease_ttl_ms());
   ttl = std::clamp(ttl, lease_limits_.min_ttl, lease_limits_.max_ttl);
   const v1::Membership view = membership_->View();
   const int self = membership_->config().rank;
@@ -501,8 +504,8 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
   absl::MutexLock lock(&mutex_);
   auto it = local_.find(request.group());
   if (it == local_.end()) {
-    return absl::NotFoundError(absl::StrCat("group '", request.group(), "' has no region on this daemon (rank ", self,
-                                            ")"));
+    return absl::NotFoundError(
+        absl::StrCat("group '", request.group(), "' has no region on this daemon (rank ", self, ")"));
   }
   LocalGroup& group = it->second;
   if (!ConstantTimeEquals(group.token, request.token())) {
@@ -518,8 +521,8 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
                                                       owner.rank(), " at ", owner.peer_address(), "; attach there"));
   }
   if (group.info.state() != v1::GROUP_STATE_READY) {
-    return absl::UnavailableError(absl::StrCat("group '", request.group(), "' is ",
-                                               v1::GroupState_Name(group.info.state())));
+    return absl::UnavailableError(
+        absl::StrCat("group '", request.group(), "' is ", v1::GroupState_Name(group.info.state())));
   }
   for (const auto& [id, lease] : leases_) {
     if (lease.info.group() == request.group() && lease.info.rank() == request.rank()) {
@@ -552,7 +555,10 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
     if (view.members(group.info.ranks(i)).host_id() != my_host) continue;
     response.add_nvl_ranks(i);
     for (const v1::RegionDescriptor& region : group.members[i].regions()) {
-      if (region.kind() == v1::RegionDescriptor::KIND_NVL || i == group.group_rank) *response.add_regions() = region;
+      if (region.kind() != v1::RegionDescriptor::KIND_NVL && i != group.group_rank) continue;
+      v1::RegionDescriptor* added = response.add_regions();
+      *added = region;
+      added->set_fd_socket(view.members(group.info.ranks(i)).fd_socket());
     }
   }
   Logger("groups")->info("lease {} on group '{}' rank {} for '{}' (pid {}, uid {})", lease.info.lease_id(),
@@ -579,13 +585,68 @@ void GroupManager::EndLeaseLocked(const std::string& lease_id, const char* why) 
   leases_.erase(it);
 }
 
-absl::Status GroupManager::Detach(const v1::DetachRequest& request) {
+absl::Status GroupManager::Detach(const v1::DetachRequest& request) { return EndLease(request.lease_id(), "detached"); }
+
+absl::Status GroupManager::EndLease(const std::string& lease_id, const std::string& reason) {
   absl::MutexLock lock(&mutex_);
-  if (leases_.count(request.lease_id()) == 0) {
-    return absl::NotFoundError(absl::StrCat("lease_id: '", request.lease_id(), "' is not a live lease"));
+  if (leases_.count(lease_id) == 0) {
+    return absl::NotFoundError(absl::StrCat("lease_id: '", lease_id, "' is not a live lease"));
   }
-  EndLeaseLocked(request.lease_id(), "detached");
+  EndLeaseLocked(lease_id, reason.c_str());
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ClientInfo> GroupManager::LeaseInfo(const std::string& lease_id) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("lease_id: '", lease_id, "' is not a live lease"));
+  return it->second.info;
+}
+
+absl::StatusOr<GroupManager::SharedRegion> GroupManager::ShareRegion(const std::string& group_name, int group_rank,
+                                                                     v1::RegionDescriptor::Kind kind,
+                                                                     const std::string& token) const {
+  const v1::Membership view = membership_->View();
+  const int self = membership_->config().rank;
+  absl::MutexLock lock(&mutex_);
+  auto it = local_.find(group_name);
+  if (it == local_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("group: '", group_name, "' has no region on this daemon (rank ", self, ")"));
+  }
+  const LocalGroup& group = it->second;
+  if (!ConstantTimeEquals(group.token, token)) {
+    return absl::PermissionDeniedError(absl::StrCat("token: wrong token for group '", group_name, "'"));
+  }
+  if (group_rank < 0 || group_rank >= group.info.ranks_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", group_rank, " is not a rank of group '", group_name,
+                                                   "' (0..", group.info.ranks_size() - 1, ")"));
+  }
+  if (group_rank != group.group_rank) {
+    const v1::MemberInfo& owner = view.members(group.info.ranks(group_rank));
+    return absl::FailedPreconditionError(absl::StrCat("rank: group rank ", group_rank, " of '", group_name,
+                                                      "' is served by daemon rank ", owner.rank(), " (fd socket ",
+                                                      owner.fd_socket(), "); ask there"));
+  }
+  const memory::Region* region = kind == v1::RegionDescriptor::KIND_NVL    ? group.nvl.get()
+                                 : kind == v1::RegionDescriptor::KIND_RDMA ? group.rdma.get()
+                                                                           : nullptr;
+  if (region == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("kind: group '", group_name, "' has no ", v1::RegionDescriptor::Kind_Name(kind), " region"));
+  }
+  SharedRegion shared;
+  shared.descriptor = region->descriptor();
+  shared.descriptor.set_fd_socket(view.members(self).fd_socket());
+  if (region->shareable_fd() >= 0) {
+    // Duplicated under the lock: once it is released the group may be deleted and the Region's fd closed.
+    shared.fd.reset(fcntl(region->shareable_fd(), F_DUPFD_CLOEXEC, 0));
+    if (!shared.fd.valid()) {
+      return absl::InternalError(absl::StrCat("duplicating the fd of group '", group_name, "' ",
+                                              v1::RegionDescriptor::Kind_Name(kind), " region: ", strerror(errno)));
+    }
+  }
+  return shared;
 }
 
 absl::StatusOr<v1::KeepAliveResponse> GroupManager::KeepAlive(const v1::KeepAliveRequest& request) {
