@@ -236,8 +236,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->membership = std::make_unique<fabric::Membership>(fabric_config, self, s->links.get());
   groups::LeaseLimits lease_limits;
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
-  s->groups =
-      std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(), lease_limits);
+  s->groups = std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(),
+                                                     lease_limits);
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });

@@ -75,8 +75,8 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
     if (!seen.insert(rank).second) return absl::InvalidArgumentError(absl::StrCat("ranks: ", rank, " appears twice"));
   }
   if (request.num_nvl_bytes() == 0) return absl::InvalidArgumentError("num_nvl_bytes: must be positive");
-  for (auto [field, bytes] :
-       {std::pair{"num_nvl_bytes", request.num_nvl_bytes()}, std::pair{"num_rdma_bytes", request.num_rdma_bytes()}}) {
+  for (auto [field, bytes] : {std::pair{"num_nvl_bytes", request.num_nvl_bytes()},
+                              std::pair{"num_rdma_bytes", request.num_rdma_bytes()}}) {
     if (bytes > kMaxRegionBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": ", bytes, " bytes is over the limit of one region (", kMaxRegionBytes, ")"));
@@ -95,13 +95,12 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
-                           LeaseLimits lease_limits)
+GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links,
+                           memory::RegionAllocator* allocator, LeaseLimits lease_limits)
     : membership_(membership), links_(links), allocator_(allocator), lease_limits_(lease_limits) {}
 
 absl::Status GroupManager::ForwardToCoordinatorStatus(const grpc::Status& status) const {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE || status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::UnavailableError(absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
                                                ") is unreachable: groups cannot be created or deleted until it is "
                                                "back (",
@@ -138,7 +137,8 @@ absl::Status GroupManager::DeleteGroup(const v1::DeleteGroupRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
   v1::RetireGroupResponse response;
-  const grpc::Status status = links_->Stub(membership_->CoordinatorAddress())->RetireGroup(&context, retire, &response);
+  const grpc::Status status =
+      links_->Stub(membership_->CoordinatorAddress())->RetireGroup(&context, retire, &response);
   return status.ok() ? absl::OkStatus() : ForwardToCoordinatorStatus(status);
 }
 
@@ -179,8 +179,8 @@ absl::StatusOr<v1::CreateGroupResponse> GroupManager::Propose(const v1::CreateGr
     }
     if (member.backend() != backend) {
       return absl::FailedPreconditionError(absl::StrCat("ranks: rank ", rank, " runs backend ",
-                                                        v1::Backend_Name(member.backend()), ", rank ", request.ranks(0),
-                                                        " runs ", v1::Backend_Name(backend)));
+                                                        v1::Backend_Name(member.backend()), ", rank ",
+                                                        request.ranks(0), " runs ", v1::Backend_Name(backend)));
     }
   }
   if (!SharingFitsBackend(request.memory_sharing(), backend)) {
@@ -320,8 +320,8 @@ absl::Status GroupManager::Retire(const v1::RetireGroupRequest& request) {
       return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.name(), "'"));
     }
     if (it->second.info.state() == v1::GROUP_STATE_CREATING || it->second.info.state() == v1::GROUP_STATE_DELETING) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("group '", request.name(), "' is ", v1::GroupState_Name(it->second.info.state())));
+      return absl::FailedPreconditionError(absl::StrCat("group '", request.name(), "' is ",
+                                                        v1::GroupState_Name(it->second.info.state())));
     }
     it->second.info.set_state(v1::GROUP_STATE_DELETING);
     info = it->second.info;
@@ -382,7 +382,8 @@ absl::StatusOr<v1::PrepareGroupResponse> GroupManager::Prepare(const v1::Prepare
     return absl::InvalidArgumentError(absl::StrCat("group.ranks: rank ", self, " is not a member"));
   }
   if (!ValidGroupName(info.name())) return absl::InvalidArgumentError("group.name: invalid");
-  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes || info.num_rdma_bytes() > kMaxRegionBytes) {
+  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes ||
+      info.num_rdma_bytes() > kMaxRegionBytes) {
     return absl::InvalidArgumentError("group: region sizes out of range");
   }
   if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
@@ -431,8 +432,8 @@ absl::Status GroupManager::Commit(const v1::CommitGroupRequest& request) {
   if (it == local_.end()) return absl::NotFoundError(absl::StrCat("group '", request.name(), "' was not prepared"));
   LocalGroup& group = it->second;
   if (request.members_size() != group.info.ranks_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("members: ", request.members_size(), " descriptors for ", group.info.ranks_size(), " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat("members: ", request.members_size(), " descriptors for ",
+                                                   group.info.ranks_size(), " ranks"));
   }
   group.members.assign(request.members().begin(), request.members().end());
   group.incarnations.clear();
@@ -495,8 +496,8 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
   if (request.group().empty()) return absl::InvalidArgumentError("group: empty");
   if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
   if (request.client_name().size() > 128) return absl::InvalidArgumentError("client_name: longer than 128 bytes");
-  absl::Duration ttl =
-      request.lease_ttl_ms() == 0 ? lease_limits_.default_ttl : absl::Milliseconds(request.lease_ttl_ms());
+  absl::Duration ttl = request.lease_ttl_ms() == 0 ? lease_limits_.default_ttl
+                                                   : absl::Milliseconds(request.lease_ttl_ms());
   ttl = std::clamp(ttl, lease_limits_.min_ttl, lease_limits_.max_ttl);
   const v1::Membership view = membership_->View();
   const int self = membership_->config().rank;
@@ -504,8 +505,8 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
   absl::MutexLock lock(&mutex_);
   auto it = local_.find(request.group());
   if (it == local_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("group '", request.group(), "' has no region on this daemon (rank ", self, ")"));
+    return absl::NotFoundError(absl::StrCat("group '", request.group(), "' has no region on this daemon (rank ", self,
+                                            ")"));
   }
   LocalGroup& group = it->second;
   if (!ConstantTimeEquals(group.token, request.token())) {
@@ -521,8 +522,8 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
                                                       owner.rank(), " at ", owner.peer_address(), "; attach there"));
   }
   if (group.info.state() != v1::GROUP_STATE_READY) {
-    return absl::UnavailableError(
-        absl::StrCat("group '", request.group(), "' is ", v1::GroupState_Name(group.info.state())));
+    return absl::UnavailableError(absl::StrCat("group '", request.group(), "' is ",
+                                               v1::GroupState_Name(group.info.state())));
   }
   for (const auto& [id, lease] : leases_) {
     if (lease.info.group() == request.group() && lease.info.rank() == request.rank()) {
