@@ -21,6 +21,7 @@
 #include "epfabric/client/client.h"
 #include "epfabric/common/fd_passing.h"
 #include "epfabric/v1/fdchannel.pb.h"
+#include "integration/client_test_util.h"
 #include "integration/fabric_under_test.h"
 #include "memory_test_util.h"
 
@@ -34,7 +35,6 @@ using ::testing::HasSubstr;
 
 const std::vector<std::string> kFast = {"--heartbeat_ms=100", "--heartbeat_misses=3"};
 constexpr uint64_t kRegionBytes = 1 << 20;
-constexpr absl::Duration kMessageTimeout = absl::Seconds(30);
 
 absl::StatusOr<v1::CreateGroupResponse> CreateGroup(FabricUnderTest& fabric, const std::string& name,
                                                     std::vector<int> ranks, uint64_t rdma_bytes = 0) {
@@ -69,61 +69,6 @@ absl::StatusOr<std::unique_ptr<Lease>> AttachVia(const std::string& socket, cons
   auto connected = Client::Connect(socket, {.client_name = "client_test"});
   if (!connected.ok()) return connected.status();
   return (*connected)->Attach(group, rank, token, options);
-}
-
-// ---- messages between the test and its helper processes (one string per message) ----
-
-absl::Status Say(int fd, const std::string& text) { return common::SendFds(fd, {}, text, kMessageTimeout); }
-
-absl::StatusOr<std::vector<std::string>> Hear(int fd, absl::Duration timeout = kMessageTimeout) {
-  auto message = common::ReceiveFds(fd, timeout);
-  if (!message.ok()) return message.status();
-  return std::vector<std::string>(absl::StrSplit(message->payload, ' '));
-}
-
-// A helper process holding one rank.
-struct Helper {
-  pid_t pid = -1;
-  common::UniqueFd channel;
-  int rank = -1;
-  std::string lease_id;
-  double attach_ms = 0;
-};
-
-// Starts helpers (mode "exchange" or "hold") for `ranks` and waits until each attached.
-std::vector<Helper> StartHelpers(ChildChannel& parent, FabricUnderTest& fabric, const std::string& mode,
-                                 const std::string& group, const std::string& token, const std::vector<int>& ranks,
-                                 int lease_ttl_ms = 0) {
-  std::map<pid_t, int> rank_of;
-  for (int rank : ranks) {
-    auto pid = SpawnSelf({"--epf_client_helper", "--mode=" + mode, "--socket=" + fabric.daemon(rank).socket(),
-                          "--group=" + group, absl::StrCat("--rank=", rank), "--token=" + token,
-                          "--parent=" + parent.path(), absl::StrCat("--ttl_ms=", lease_ttl_ms)});
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    if (pid.ok()) rank_of[*pid] = rank;
-  }
-  std::vector<Helper> helpers;
-  for (size_t i = 0; i < rank_of.size(); ++i) {
-    auto connection = parent.Accept(absl::Seconds(30));
-    EXPECT_TRUE(connection.ok()) << connection.status();
-    if (!connection.ok()) break;
-    Helper helper;
-    helper.channel = std::move(*connection);
-    auto said = Hear(helper.channel.get());
-    EXPECT_TRUE(said.ok()) << said.status();
-    if (!said.ok()) break;
-    // "attached <rank> <pid> <lease_id> <attach_ms>" or "failed <status...>"
-    EXPECT_EQ((*said)[0], "attached") << absl::StrJoin(*said, " ");
-    if ((*said)[0] != "attached" || said->size() != 5) break;
-    EXPECT_TRUE(absl::SimpleAtoi((*said)[1], &helper.rank));
-    EXPECT_TRUE(absl::SimpleAtoi((*said)[2], &helper.pid));
-    helper.lease_id = (*said)[3];
-    EXPECT_TRUE(absl::SimpleAtod((*said)[4], &helper.attach_ms));
-    EXPECT_EQ(rank_of.count(helper.pid), 1u);
-    helpers.push_back(std::move(helper));
-  }
-  std::sort(helpers.begin(), helpers.end(), [](const Helper& a, const Helper& b) { return a.rank < b.rank; });
-  return helpers;
 }
 
 // ---- the fd side channel, spoken directly ----
@@ -181,7 +126,8 @@ TEST(Client, EveryRankOfAFourRankGroupFromItsOwnProcessSeesEveryPeer) {
   ASSERT_TRUE(group.ok()) << group.status();
   auto parent = ChildChannel::Listen();
   ASSERT_TRUE(parent.ok()) << parent.status();
-  std::vector<Helper> helpers = StartHelpers(*parent, **fabric, "exchange", "four", group->token(), {0, 1, 2, 3});
+  std::vector<Helper> helpers =
+      StartHelpers(*parent, **fabric, "--epf_client_helper", "exchange", "four", group->token(), {0, 1, 2, 3});
   ASSERT_EQ(helpers.size(), 4u);
   // Every helper wrote its pattern before saying "attached"; now each checks every peer through its own mapping.
   for (Helper& helper : helpers) ASSERT_TRUE(Say(helper.channel.get(), "check").ok());
@@ -343,8 +289,8 @@ TEST(Client, LeaseEndsWhenTheClientProcessIsKilled) {
   auto parent = ChildChannel::Listen();
   ASSERT_TRUE(parent.ok()) << parent.status();
   // A five-minute TTL: only the closed connection can explain the lease ending within the test.
-  std::vector<Helper> helpers =
-      StartHelpers(*parent, **fabric, "hold", "killed", group->token(), {0}, /*lease_ttl_ms=*/300000);
+  std::vector<Helper> helpers = StartHelpers(*parent, **fabric, "--epf_client_helper", "hold", "killed", group->token(),
+                                             {0}, /*lease_ttl_ms=*/300000);
   ASSERT_EQ(helpers.size(), 1u);
   const std::string socket = (*fabric)->daemon(0).socket();
   auto refused = AttachVia(socket, "killed", 0, group->token());
@@ -477,7 +423,8 @@ TEST(FdChannel, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
   auto parent = ChildChannel::Listen();
   ASSERT_TRUE(parent.ok());
   // A lease held by another process (rank 0 of "strict"), and one held by this process (rank 0 of "other").
-  std::vector<Helper> helpers = StartHelpers(*parent, **fabric, "hold", "strict", group->token(), {0});
+  std::vector<Helper> helpers =
+      StartHelpers(*parent, **fabric, "--epf_client_helper", "hold", "strict", group->token(), {0});
   ASSERT_EQ(helpers.size(), 1u);
   auto mine = AttachVia(socket, "other", 0, other->token());
   ASSERT_TRUE(mine.ok()) << mine.status();
