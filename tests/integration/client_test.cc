@@ -314,7 +314,7 @@ TEST(Client, LeaseEndsWhenTheClientProcessIsKilled) {
   EXPECT_EQ(Mismatches((*again)->region(0), kRegionBytes, 0, true), 0u) << "the dead client's pattern was cleaned";
 }
 
-TEST(Client, DegradedGroupMakesHealthyFail) {
+TEST(Client, DegradedGroupAndLostDaemonMakeHealthyFail) {
   auto fabric = FabricUnderTest::Start(2, kFast);
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
@@ -329,6 +329,14 @@ TEST(Client, DegradedGroupMakesHealthyFail) {
   EXPECT_THAT((*lease)->Healthy().message(), HasSubstr("DEGRADED"));
   EXPECT_EQ((*lease)->group_state(), v1::GROUP_STATE_DEGRADED);
   EXPECT_GT((*lease)->epoch(), (*lease)->attach_epoch());
+  // Its own daemon gone: the side channel closes, the lease is over.
+  (*fabric)->Kill(0);
+  ASSERT_TRUE(
+      Eventually([&] { return (*lease)->Healthy().code() == absl::StatusCode::kFailedPrecondition; }, absl::Seconds(3)))
+      << (*lease)->Healthy();
+  EXPECT_THAT((*lease)->Healthy().message(), HasSubstr("closed the lease's side channel"));
+  EXPECT_EQ((*lease)->Detach().code(), absl::StatusCode::kUnavailable) << "Detach cannot reach the daemon";
+  EXPECT_TRUE((*lease)->Detach().ok()) << "and is done anyway";
 }
 
 TEST(Client, AttachTime) {

@@ -57,7 +57,8 @@ class Lease {
 
   // Unmaps every region, ends the lease on the daemon (which zeroes this rank's regions for the next client) and
   // closes the side-channel connection. Idempotent: later calls return OK. A lease that had already ended (expired,
-  // group deleted) is not an error.
+  // group deleted) is not an error; Unavailable when the daemon cannot be reached (this side is detached anyway,
+  // and a live daemon ends the lease when the side channel closes).
   absl::Status Detach();
 
   // OK while the lease is held and the group is READY. Unavailable when the group is DEGRADED (a member is down or
