@@ -303,7 +303,9 @@ const std::string& Client::socket_path() const { return state_->socket_path; }
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path, ConnectOptions options) {
   struct stat st {};
   if (stat(socket_path.c_str(), &st) != 0) {
-    return absl::NotFoundError(absl::StrCat("socket_path: '", socket_path, "': ", std::strerror(errno)));
+    const int error = errno;
+    return absl::Status(error == EACCES ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kNotFound,
+                        absl::StrCat("socket_path: '", socket_path, "': ", std::strerror(error)));
   }
   if (!S_ISSOCK(st.st_mode)) {
     return absl::InvalidArgumentError(absl::StrCat("socket_path: '", socket_path, "' is not a socket"));
