@@ -345,24 +345,29 @@ TEST(Client, AttachTime) {
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
   auto group = CreateGroup(**fabric, "timed", {0, 1, 2, 3});
   ASSERT_TRUE(group.ok()) << group.status();
-  std::vector<double> attach_ms, detach_ms;
+  std::vector<double> total_ms, connect_ms, detach_ms;
   for (int iteration = 0; iteration < 20; ++iteration) {
     for (int rank = 0; rank < 4; ++rank) {
       const absl::Time start = absl::Now();
-      auto lease = AttachVia((*fabric)->daemon(rank).socket(), "timed", rank, group->token());
+      auto connected = Client::Connect((*fabric)->daemon(rank).socket());
+      const absl::Time connected_at = absl::Now();
+      ASSERT_TRUE(connected.ok()) << connected.status();
+      auto lease = (*connected)->Attach("timed", rank, group->token());
       const absl::Time attached = absl::Now();
       ASSERT_TRUE(lease.ok()) << lease.status();
       ASSERT_EQ((*lease)->nvl_ranks().size(), 4u);
       ASSERT_TRUE((*lease)->Detach().ok());
-      attach_ms.push_back(absl::ToDoubleMilliseconds(attached - start));
+      total_ms.push_back(absl::ToDoubleMilliseconds(attached - start));
+      connect_ms.push_back(absl::ToDoubleMilliseconds(connected_at - start));
       detach_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - attached));
     }
   }
   std::cout
       << "[ ATTACH   ] in-process re-attach, connect + attach + map 4 same-host 1 MiB regions, 80 samples: median "
-      << Median(attach_ms) << " ms, min " << *std::min_element(attach_ms.begin(), attach_ms.end()) << " ms, max "
-      << *std::max_element(attach_ms.begin(), attach_ms.end()) << " ms; detach median " << Median(detach_ms) << " ms\n";
-  EXPECT_LT(Median(attach_ms), 100.0);
+      << Median(total_ms) << " ms (connect " << Median(connect_ms) << " ms), min "
+      << *std::min_element(total_ms.begin(), total_ms.end()) << " ms, max "
+      << *std::max_element(total_ms.begin(), total_ms.end()) << " ms; detach median " << Median(detach_ms) << " ms\n";
+  EXPECT_LT(Median(total_ms), 100.0);
 }
 
 // ---------------------------------------------------------------- the fd side channel
