@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -567,6 +568,54 @@ TEST(FdChannel, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
   ASSERT_TRUE(Say(helpers[0].channel.get(), "detach").ok());
   auto exit_code = WaitChild(helpers[0].pid, absl::Seconds(10));
   EXPECT_TRUE(exit_code.ok() && *exit_code == 0);
+}
+
+// Random bytes and random field values: every request gets an answer, none gets a region, the daemon lives on.
+TEST(FdChannel, RandomRequestsAreRefusedAndTheDaemonKeepsServing) {
+  auto fabric = FabricUnderTest::Start(1, kFast);
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  auto group = CreateGroup(**fabric, "fuzzed", {0}, /*rdma_bytes=*/4096);
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::string socket = (*fabric)->daemon(0).socket();
+  auto connection = ConnectTo(socket + ".fds");
+  ASSERT_TRUE(connection.ok());
+  std::mt19937 random(20261122);
+  auto bytes = [&random](size_t max) {
+    std::string text(random() % (max + 1), '\0');
+    for (char& c : text) c = static_cast<char>(random());
+    return text;
+  };
+  auto printable = [&random](size_t max) {  // string fields must hold UTF-8; random bytes are sent raw below
+    std::string text(random() % (max + 1), 'a');
+    for (char& c : text) c = static_cast<char>(' ' + random() % 95);
+    return text;
+  };
+  const std::vector<std::string> groups = {"fuzzed", "", "nope", std::string(300, 'g')};
+  for (int i = 0; i < 1000; ++i) {
+    std::string payload;
+    if (i % 2 == 0) {
+      payload = bytes(300);
+    } else {
+      v1::FdRequest request;
+      request.set_group(groups[random() % groups.size()]);
+      request.set_rank(static_cast<int32_t>(random() % 5) - 2);
+      request.set_kind(static_cast<v1::RegionDescriptor::Kind>(random() % 4));
+      request.set_token(random() % 4 == 0 ? "" : printable(40));
+      if (random() % 2 == 0) request.set_lease_id(printable(40));
+      payload = request.SerializeAsString();
+    }
+    ASSERT_TRUE(common::SendFds(connection->get(), {}, payload, absl::Seconds(5)).ok()) << i;
+    auto answer = common::ReceiveFds(connection->get(), absl::Seconds(5));
+    ASSERT_TRUE(answer.ok()) << i << ": " << answer.status();
+    v1::FdResponse response;
+    ASSERT_TRUE(response.ParseFromString(answer->payload)) << i;
+    ASSERT_NE(response.code(), 0) << i << ": a random request got a region";
+    ASSERT_TRUE(answer->fds.empty()) << i;
+  }
+  auto lease = AttachVia(socket, "fuzzed", 0, group->token());
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_TRUE((*lease)->Healthy().ok());
 }
 
 }  // namespace
