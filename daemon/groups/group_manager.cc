@@ -3,10 +3,9 @@
 #include <fcntl.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-
-#include <algorithm>
 #include <set>
 
 #include "absl/strings/escaping.h"
