@@ -2,9 +2,11 @@
 // sharing mechanism (POSIX_FD: fds fetched from each owning daemon's fd side channel; CUDA_IPC: handles from
 // Attach), and two client processes (this binary started again with --epf_client_cuda_helper), each on its own
 // GPU: each writes a pattern into its own region, then reads every same-host rank's region through its own mapping
-// (cudaMemcpy from the mapped device pointer) and checks it. Needs 2 GPUs; skips cleanly otherwise.
+// (cudaMemcpy from the mapped device pointer) and checks it; then a client killed with SIGKILL must give its rank
+// back at once. Needs 2 GPUs; skips cleanly otherwise.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -66,6 +68,19 @@ void RunGroup(v1::MemorySharing sharing) {
     auto exit_code = WaitChild(helper.pid, absl::Seconds(60));
     EXPECT_TRUE(exit_code.ok() && *exit_code == 0) << "helper rank " << helper.rank;
   }
+  // A client process killed with SIGKILL gives its rank back at once (default TTL 10 s; the side channel closed).
+  std::vector<Helper> doomed = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
+                                            group.token(), {0}, 0, {"--device={rank}"});
+  ASSERT_EQ(doomed.size(), 1u);
+  kill(doomed[0].pid, SIGKILL);
+  ASSERT_TRUE(WaitChild(doomed[0].pid, absl::Seconds(10)).ok());
+  std::vector<Helper> successor = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
+                                               group.token(), {0}, 0, {"--device={rank}"});
+  ASSERT_EQ(successor.size(), 1u) << "rank 0 attachable again after its client was killed";
+  ASSERT_TRUE(Say(successor[0].channel.get(), "detach").ok());
+  auto successor_exit = WaitChild(successor[0].pid, absl::Seconds(60));
+  EXPECT_TRUE(successor_exit.ok() && *successor_exit == 0);
+
   std::cout << "[ ATTACH   ] " << v1::MemorySharing_Name(sharing)
             << ": fresh client process (CUDA context created before), connect + attach + map 2 regions of "
             << (kRegionBytes >> 20) << " MiB: rank 0 " << helpers[0].attach_ms << " ms, rank 1 " << helpers[1].attach_ms
