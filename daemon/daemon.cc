@@ -26,6 +26,7 @@
 #include "memory/region.h"
 #include "services/client_listener.h"
 #include "services/control_service.h"
+#include "services/fd_channel.h"
 #include "services/ops_service.h"
 #include "services/peer_service.h"
 #include "topology/system_files.h"
@@ -114,6 +115,7 @@ struct Daemon::State {
   DaemonOptions options;
   ResolvedBackend backend;
   std::string socket_path;
+  std::string fd_socket_path;
   std::string host_id;
   int64_t start_time_unix = 0;
   std::mutex topology_mutex;  // CUDA/NVML/verbs discovery: one at a time; ops calls are rare
@@ -122,6 +124,7 @@ struct Daemon::State {
   std::unique_ptr<memory::RegionAllocator> allocator;
   std::unique_ptr<fabric::Membership> membership;
   std::unique_ptr<groups::GroupManager> groups;
+  std::unique_ptr<FdChannel> fd_channel;  // declared after groups: stopped before the group manager goes
   ClientListener listener;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<PeerService> peer;
@@ -181,6 +184,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->options = options;
   s->start_time_unix = std::time(nullptr);
   s->socket_path = std::filesystem::absolute(options.client_socket).string();
+  s->fd_socket_path = FdSocketPath(s->socket_path);
   s->host_id = topology::ReadHostId(options.system_root, options.host_id);
 
   auto backend = ResolveBackend(options.backend, options.device, options.rank, VisibleGpuCount());
@@ -223,6 +227,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   self.set_version(EPF_VERSION);
   self.set_incarnation(RandomIncarnation());
   self.set_state(v1::MEMBER_STATE_UP);
+  self.set_fd_socket(s->fd_socket_path);
   if (s->backend.backend == v1::BACKEND_CUDA) {
     for (const v1::Gpu& gpu : topology::DiscoverGpus(options.system_root)) {
       if (gpu.ordinal() == s->backend.device) self.set_gpu_uuid(gpu.uuid());
@@ -237,6 +242,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });
 
+  s->fd_channel = std::make_unique<FdChannel>(s->groups.get());
   s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener);
   s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get());
   OpsProviders providers;
@@ -247,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->ops = std::make_unique<OpsService>(std::move(providers));
 
   if (absl::Status claimed = ClaimSocketPath(s->socket_path); !claimed.ok()) return claimed;
+  if (absl::Status claimed = ClaimSocketPath(s->fd_socket_path); !claimed.ok()) return claimed;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -277,6 +284,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     builder.RegisterService(s->ops.get());
     s->client_server = builder.BuildAndStart();
     if (s->client_server == nullptr) return absl::InternalError("cannot start the client gRPC server");
+    // The fd side channel first: a client that finds the gRPC socket finds its neighbour too.
+    if (absl::Status started = s->fd_channel->Start(s->fd_socket_path, options.client_socket_mode); !started.ok()) {
+      s->peer_server->Shutdown();
+      s->client_server->Shutdown();
+      return started;
+    }
     if (absl::Status started = s->listener.Start(s->socket_path, options.client_socket_mode, s->client_server.get());
         !started.ok()) {
       s->peer_server->Shutdown();
@@ -298,10 +311,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   });
 
   Logger("daemon")->info(
-      "epfabricd {} rank {}/{} fabric '{}' backend {} device {}: clients on unix:{} (mode {:o}), peers on {}{}",
+      "epfabricd {} rank {}/{} fabric '{}' backend {} device {}: clients on unix:{} and unix:{} (mode {:o}), "
+      "peers on {}{}",
       EPF_VERSION, options.rank, options.world_size, options.fabric_id, v1::Backend_Name(s->backend.backend),
-      s->backend.device, s->socket_path, options.client_socket_mode, s->membership->self().peer_address(),
-      s->links->tls() ? " (mutual TLS)" : "");
+      s->backend.device, s->socket_path, s->fd_socket_path, options.client_socket_mode,
+      s->membership->self().peer_address(), s->links->tls() ? " (mutual TLS)" : "");
   return std::unique_ptr<Daemon>(new Daemon(std::move(state)));
 }
 
@@ -322,6 +336,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     if (server != nullptr && server->GetHealthCheckService() != nullptr) server->GetHealthCheckService()->Shutdown();
   }
   s->listener.Stop();
+  s->fd_channel->Stop();
   s->membership->Stop();
   {
     absl::MutexLock lock(&s->housekeeping_mutex);

@@ -1,8 +1,11 @@
 #include "groups/group_manager.h"
 
+#include <fcntl.h>
 #include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/escaping.h"
@@ -548,7 +551,10 @@ absl::StatusOr<v1::AttachResponse> GroupManager::Attach(const v1::AttachRequest&
     if (view.members(group.info.ranks(i)).host_id() != my_host) continue;
     response.add_nvl_ranks(i);
     for (const v1::RegionDescriptor& region : group.members[i].regions()) {
-      if (region.kind() == v1::RegionDescriptor::KIND_NVL || i == group.group_rank) *response.add_regions() = region;
+      if (region.kind() != v1::RegionDescriptor::KIND_NVL && i != group.group_rank) continue;
+      v1::RegionDescriptor* added = response.add_regions();
+      *added = region;
+      added->set_fd_socket(view.members(group.info.ranks(i)).fd_socket());
     }
   }
   Logger("groups")->info("lease {} on group '{}' rank {} for '{}' (pid {}, uid {})", lease.info.lease_id(),
@@ -575,13 +581,68 @@ void GroupManager::EndLeaseLocked(const std::string& lease_id, const char* why) 
   leases_.erase(it);
 }
 
-absl::Status GroupManager::Detach(const v1::DetachRequest& request) {
+absl::Status GroupManager::Detach(const v1::DetachRequest& request) { return EndLease(request.lease_id(), "detached"); }
+
+absl::Status GroupManager::EndLease(const std::string& lease_id, const std::string& reason) {
   absl::MutexLock lock(&mutex_);
-  if (leases_.count(request.lease_id()) == 0) {
-    return absl::NotFoundError(absl::StrCat("lease_id: '", request.lease_id(), "' is not a live lease"));
+  if (leases_.count(lease_id) == 0) {
+    return absl::NotFoundError(absl::StrCat("lease_id: '", lease_id, "' is not a live lease"));
   }
-  EndLeaseLocked(request.lease_id(), "detached");
+  EndLeaseLocked(lease_id, reason.c_str());
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ClientInfo> GroupManager::LeaseInfo(const std::string& lease_id) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) return absl::NotFoundError(absl::StrCat("lease_id: '", lease_id, "' is not a live lease"));
+  return it->second.info;
+}
+
+absl::StatusOr<GroupManager::SharedRegion> GroupManager::ShareRegion(const std::string& group_name, int group_rank,
+                                                                     v1::RegionDescriptor::Kind kind,
+                                                                     const std::string& token) const {
+  const v1::Membership view = membership_->View();
+  const int self = membership_->config().rank;
+  absl::MutexLock lock(&mutex_);
+  auto it = local_.find(group_name);
+  if (it == local_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("group: '", group_name, "' has no region on this daemon (rank ", self, ")"));
+  }
+  const LocalGroup& group = it->second;
+  if (!ConstantTimeEquals(group.token, token)) {
+    return absl::PermissionDeniedError(absl::StrCat("token: wrong token for group '", group_name, "'"));
+  }
+  if (group_rank < 0 || group_rank >= group.info.ranks_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", group_rank, " is not a rank of group '", group_name,
+                                                   "' (0..", group.info.ranks_size() - 1, ")"));
+  }
+  if (group_rank != group.group_rank) {
+    const v1::MemberInfo& owner = view.members(group.info.ranks(group_rank));
+    return absl::FailedPreconditionError(absl::StrCat("rank: group rank ", group_rank, " of '", group_name,
+                                                      "' is served by daemon rank ", owner.rank(), " (fd socket ",
+                                                      owner.fd_socket(), "); ask there"));
+  }
+  const memory::Region* region = kind == v1::RegionDescriptor::KIND_NVL    ? group.nvl.get()
+                                 : kind == v1::RegionDescriptor::KIND_RDMA ? group.rdma.get()
+                                                                           : nullptr;
+  if (region == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("kind: group '", group_name, "' has no ", v1::RegionDescriptor::Kind_Name(kind), " region"));
+  }
+  SharedRegion shared;
+  shared.descriptor = region->descriptor();
+  shared.descriptor.set_fd_socket(view.members(self).fd_socket());
+  if (region->shareable_fd() >= 0) {
+    // Duplicated under the lock: once it is released the group may be deleted and the Region's fd closed.
+    shared.fd.reset(fcntl(region->shareable_fd(), F_DUPFD_CLOEXEC, 0));
+    if (!shared.fd.valid()) {
+      return absl::InternalError(absl::StrCat("duplicating the fd of group '", group_name, "' ",
+                                              v1::RegionDescriptor::Kind_Name(kind), " region: ", strerror(errno)));
+    }
+  }
+  return shared;
 }
 
 absl::StatusOr<v1::KeepAliveResponse> GroupManager::KeepAlive(const v1::KeepAliveRequest& request) {

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "epfabric/common/fd_passing.h"
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/ops.pb.h"
 #include "epfabric/v1/peer.pb.h"
@@ -67,6 +68,22 @@ class GroupManager {
   std::vector<v1::ClientInfo> Clients() const;
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.
   void ExpireLeases(absl::Time now);
+
+  // ---- fd side channel (services/fd_channel.h) ----
+  // This daemon's region of `kind` for (group, group_rank), after checking `token` in constant time: NotFound
+  // (unknown group, or no region of that kind), PermissionDenied (wrong token), InvalidArgument (rank outside
+  // the group), FailedPrecondition (that rank is served by another daemon). `fd` is a duplicate of a POSIX_FD
+  // region's descriptor, owned by the caller, so that it stays valid even if the group is released meanwhile.
+  struct SharedRegion {
+    v1::RegionDescriptor descriptor;  // fd_socket filled
+    common::UniqueFd fd;              // -1 unless POSIX_FD
+  };
+  absl::StatusOr<SharedRegion> ShareRegion(const std::string& group, int group_rank, v1::RegionDescriptor::Kind kind,
+                                           const std::string& token) const;
+  // The live lease `lease_id` (group, rank, pid and uid of the process that attached); NotFound otherwise.
+  absl::StatusOr<v1::ClientInfo> LeaseInfo(const std::string& lease_id) const;
+  // Ends the lease as Detach does (regions zeroed), logging `reason`; NotFound when it is not live (any more).
+  absl::Status EndLease(const std::string& lease_id, const std::string& reason);
 
   // ---- Peer service, coordinator side ----
   absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request);

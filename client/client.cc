@@ -1,0 +1,457 @@
+#include "epfabric/client/client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "epfabric/common/fd_passing.h"
+#include "epfabric/proto/grpc_status.h"
+#include "epfabric/v1/control.grpc.pb.h"
+#include "epfabric/v1/fdchannel.pb.h"
+#include "memory/region_import.h"
+
+namespace epfabric::client {
+namespace {
+
+using common::UniqueFd;
+using memory::MappedRegion;
+
+// The daemon serves its fd side channel here (daemon/services/fd_channel.h).
+std::string FdSocketNextTo(const std::string& client_socket) { return client_socket + ".fds"; }
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration timeout) {
+  return absl::ToChronoTime(absl::Now() + timeout);
+}
+
+// Prefixes a status' message with what was being done; keeps the code.
+absl::Status Annotate(const absl::Status& status, const std::string& what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path) {
+  sockaddr_un address{};
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", path, "' is longer than ", sizeof(address.sun_path) - 1, " bytes"));
+  }
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", std::strerror(errno)));
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  // A Unix stream connect completes or fails at once (EAGAIN only when the backlog is full).
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const int error = errno;
+    const absl::StatusCode code = error == ENOENT   ? absl::StatusCode::kNotFound
+                                  : error == EACCES ? absl::StatusCode::kPermissionDenied
+                                                    : absl::StatusCode::kUnavailable;
+    return absl::Status(code, absl::StrCat("connect to ", path, ": ", std::strerror(error)));
+  }
+  return fd;
+}
+
+struct FetchedRegion {
+  v1::RegionDescriptor descriptor;
+  UniqueFd fd;  // POSIX_FD only
+  bool holds_lease = false;
+};
+
+// One request/response exchange on a side-channel connection.
+absl::StatusOr<FetchedRegion> FetchRegion(int connection, const v1::FdRequest& request, absl::Duration timeout) {
+  if (absl::Status sent = common::SendFds(connection, {}, request.SerializeAsString(), timeout); !sent.ok()) {
+    return sent;
+  }
+  auto message = common::ReceiveFds(connection, timeout, /*max_fds=*/1);
+  if (!message.ok()) return message.status();
+  v1::FdResponse response;
+  if (!response.ParseFromString(message->payload)) {
+    return absl::InternalError("the daemon's answer is not an epfabric.v1.FdResponse");
+  }
+  if (response.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+  }
+  FetchedRegion fetched;
+  fetched.descriptor = response.region();
+  fetched.holds_lease = response.holds_lease();
+  if (fetched.descriptor.rank() != request.rank() || fetched.descriptor.kind() != request.kind()) {
+    return absl::InternalError(absl::StrCat("asked for rank ", request.rank(), " ",
+                                            v1::RegionDescriptor::Kind_Name(request.kind()),
+                                            ", the daemon described rank ", fetched.descriptor.rank(), " ",
+                                            v1::RegionDescriptor::Kind_Name(fetched.descriptor.kind())));
+  }
+  const bool wants_fd = fetched.descriptor.sharing() == v1::MEMORY_SHARING_POSIX_FD;
+  if (wants_fd != (message->fds.size() == 1)) {
+    return absl::InternalError(absl::StrCat("a ", v1::MemorySharing_Name(fetched.descriptor.sharing()),
+                                            " region arrived with ", message->fds.size(), " file descriptors"));
+  }
+  if (wants_fd) fetched.fd = std::move(message->fds[0]);
+  return fetched;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Lease
+
+struct Lease::State {
+  std::shared_ptr<v1::Control::Stub> stub;
+  std::string socket_path;
+  absl::Duration timeout;
+  v1::AttachResponse attach;  // regions cleared once mapped; the facts stay
+  std::vector<int> nvl_ranks;
+  absl::Duration ttl;
+
+  // The connection to this daemon's fd side channel that holds the lease: it closes when this process dies.
+  UniqueFd side_channel;
+
+  mutable absl::Mutex mutex;
+  std::vector<std::optional<MappedRegion>> nvl ABSL_GUARDED_BY(mutex);  // by group rank
+  std::vector<v1::RegionDescriptor> nvl_descriptors ABSL_GUARDED_BY(mutex);
+  std::optional<MappedRegion> rdma ABSL_GUARDED_BY(mutex);
+  v1::GroupState group_state ABSL_GUARDED_BY(mutex) = v1::GROUP_STATE_UNSPECIFIED;
+  uint64_t epoch ABSL_GUARDED_BY(mutex) = 0;
+  absl::Status ended ABSL_GUARDED_BY(mutex);        // not OK once the lease is known to be gone
+  absl::Status unreachable ABSL_GUARDED_BY(mutex);  // the last KeepAlive's transport failure
+  bool detached ABSL_GUARDED_BY(mutex) = false;
+  bool stopping ABSL_GUARDED_BY(mutex) = false;
+  std::thread keep_alive;
+
+  void KeepAliveLoop();
+  // Whether the daemon closed the side channel (it stopped, or crashed).
+  bool SideChannelClosed() const;
+};
+
+bool Lease::State::SideChannelClosed() const {
+  pollfd entry{.fd = side_channel.get(), .events = POLLIN | POLLRDHUP, .revents = 0};
+  if (poll(&entry, 1, 0) <= 0) return false;
+  if ((entry.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) return true;
+  char byte;
+  return recv(side_channel.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+void Lease::State::KeepAliveLoop() {
+  const absl::Duration period = std::max(ttl / 3, absl::Milliseconds(20));
+  absl::MutexLock lock(&mutex);
+  while (!mutex.AwaitWithTimeout(absl::Condition(&stopping), period)) {
+    mutex.Unlock();
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(std::min(timeout, period)));
+    v1::KeepAliveRequest request;
+    request.set_lease_id(attach.lease_id());
+    v1::KeepAliveResponse response;
+    const grpc::Status status = stub->KeepAlive(&context, request, &response);
+    const bool closed = SideChannelClosed();
+    mutex.Lock();
+    if (status.ok()) {
+      group_state = response.group_state();
+      epoch = response.epoch();
+      unreachable = absl::OkStatus();
+    } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      ended = absl::FailedPreconditionError(
+          absl::StrCat("lease ", attach.lease_id(), " on group '", attach.group().name(), "' rank ", attach.rank(),
+                       " has ended (expired or released by the daemon): ", status.error_message()));
+    } else {
+      unreachable = absl::UnavailableError(absl::StrCat("KeepAlive to ", socket_path, ": ", status.error_message()));
+    }
+    if (closed && ended.ok()) {
+      ended = absl::FailedPreconditionError(
+          absl::StrCat("the daemon at ", socket_path, " closed the lease's side channel (it stopped or restarted)"));
+    }
+    if (!ended.ok()) return;  // nothing left to keep alive
+  }
+}
+
+Lease::Lease(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Lease::~Lease() { (void)Detach(); }
+
+absl::Status Lease::Detach() {
+  State& s = *state_;
+  std::vector<MappedRegion> unmapping;
+  {
+    absl::MutexLock lock(&s.mutex);
+    if (s.detached) return absl::OkStatus();
+    s.detached = true;
+    s.stopping = true;
+    for (std::optional<MappedRegion>& region : s.nvl) {
+      if (region.has_value()) unmapping.push_back(std::move(*region));
+    }
+    s.nvl.clear();
+    if (s.rdma.has_value()) unmapping.push_back(std::move(*s.rdma));
+    s.rdma.reset();
+  }
+  if (s.keep_alive.joinable()) s.keep_alive.join();
+  // Unmapped before the daemon zeroes the memory for the next client: nothing here can touch it afterwards.
+  absl::Status first;
+  for (MappedRegion& region : unmapping) first.Update(region.Unmap());
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(s.timeout));
+  v1::DetachRequest request;
+  request.set_lease_id(s.attach.lease_id());
+  v1::DetachResponse response;
+  const grpc::Status status = s.stub->Detach(&context, request, &response);
+  if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND) {
+    first.Update(Annotate(FromGrpcStatus(status), absl::StrCat("Detach on ", s.socket_path)));
+  }
+  // Closing the side channel would end the lease too; after Detach it only says goodbye.
+  s.side_channel.reset();
+  return first;
+}
+
+absl::Status Lease::Healthy() const {
+  absl::MutexLock lock(&state_->mutex);
+  const State& s = *state_;
+  if (s.detached) return absl::FailedPreconditionError(absl::StrCat("lease ", s.attach.lease_id(), " was detached"));
+  if (!s.ended.ok()) return s.ended;
+  if (s.group_state == v1::GROUP_STATE_DEGRADED) {
+    return absl::UnavailableError(absl::StrCat("group '", s.attach.group().name(), "' is DEGRADED (epoch ", s.epoch,
+                                               "): a member is down or restarted; delete and re-create the group"));
+  }
+  if (s.group_state != v1::GROUP_STATE_READY) {
+    return absl::UnavailableError(
+        absl::StrCat("group '", s.attach.group().name(), "' is ", v1::GroupState_Name(s.group_state)));
+  }
+  return s.unreachable;
+}
+
+const std::string& Lease::lease_id() const { return state_->attach.lease_id(); }
+const std::string& Lease::group_name() const { return state_->attach.group().name(); }
+const v1::GroupInfo& Lease::group() const { return state_->attach.group(); }
+int Lease::rank() const { return state_->attach.rank(); }
+int Lease::world_size() const { return state_->attach.world_size(); }
+const std::vector<int>& Lease::nvl_ranks() const { return state_->nvl_ranks; }
+v1::Backend Lease::backend() const { return state_->attach.backend(); }
+uint64_t Lease::attach_epoch() const { return state_->attach.epoch(); }
+absl::Duration Lease::lease_ttl() const { return state_->ttl; }
+
+v1::GroupState Lease::group_state() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->group_state;
+}
+
+uint64_t Lease::epoch() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->epoch;
+}
+
+void* Lease::region(int group_rank) const {
+  absl::MutexLock lock(&state_->mutex);
+  const auto& nvl = state_->nvl;
+  if (group_rank < 0 || group_rank >= static_cast<int>(nvl.size()) || !nvl[group_rank].has_value()) return nullptr;
+  return nvl[group_rank]->data();
+}
+
+uint64_t Lease::region_bytes(int group_rank) const {
+  absl::MutexLock lock(&state_->mutex);
+  const auto& nvl = state_->nvl;
+  if (group_rank < 0 || group_rank >= static_cast<int>(nvl.size()) || !nvl[group_rank].has_value()) return 0;
+  return nvl[group_rank]->size();
+}
+
+const v1::RegionDescriptor* Lease::region_descriptor(int group_rank) const {
+  absl::MutexLock lock(&state_->mutex);
+  const auto& nvl = state_->nvl;
+  if (group_rank < 0 || group_rank >= static_cast<int>(nvl.size()) || !nvl[group_rank].has_value()) return nullptr;
+  return &state_->nvl_descriptors[group_rank];
+}
+
+void* Lease::rdma_region() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->rdma.has_value() ? state_->rdma->data() : nullptr;
+}
+
+uint64_t Lease::rdma_region_bytes() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->rdma.has_value() ? state_->rdma->size() : 0;
+}
+
+// ---------------------------------------------------------------- Client
+
+struct Client::State {
+  std::string socket_path;
+  ConnectOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::shared_ptr<v1::Control::Stub> stub;
+
+  // Where this process reaches the fd socket that a daemon announced as `announced`.
+  std::string PeerFdSocket(const std::string& announced) const {
+    if (options.fd_socket_directory.empty()) return announced;
+    return (std::filesystem::path(options.fd_socket_directory) / std::filesystem::path(announced).filename()).string();
+  }
+};
+
+Client::Client(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Client::~Client() = default;
+
+const std::string& Client::socket_path() const { return state_->socket_path; }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path, ConnectOptions options) {
+  struct stat st {};
+  if (stat(socket_path.c_str(), &st) != 0) {
+    const int error = errno;
+    return absl::Status(error == EACCES ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kNotFound,
+                        absl::StrCat("socket_path: '", socket_path, "': ", std::strerror(error)));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket_path: '", socket_path, "' is not a socket"));
+  }
+  auto state = std::make_unique<State>();
+  state->socket_path = socket_path;
+  state->options = std::move(options);
+  grpc::ChannelArguments arguments;
+  // A connection of our own, not one shared with other Clients of this process through gRPC's global pool.
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  state->channel = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(), arguments);
+  if (!state->channel->WaitForConnected(DeadlineIn(state->options.timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("no daemon answers on ", socket_path, " within ", absl::FormatDuration(state->options.timeout)));
+  }
+  state->stub = v1::Control::NewStub(state->channel);
+  return std::unique_ptr<Client>(new Client(std::move(state)));
+}
+
+absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, int rank, const std::string& token,
+                                                      AttachOptions options) {
+  const State& c = *state_;
+  const std::string what = absl::StrCat("attach to group '", group, "' rank ", rank, " on ", c.socket_path);
+  v1::AttachRequest request;
+  request.set_group(group);
+  request.set_rank(rank);
+  request.set_token(token);
+  request.set_client_name(c.options.client_name);
+  request.set_lease_ttl_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.lease_ttl), 0, std::numeric_limits<uint32_t>::max())));
+  auto s = std::make_unique<Lease::State>();
+  s->stub = c.stub;
+  s->socket_path = c.socket_path;
+  s->timeout = c.options.timeout;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(c.options.timeout));
+    const grpc::Status status = c.stub->Attach(&context, request, &s->attach);
+    if (!status.ok()) return Annotate(FromGrpcStatus(status), what);
+  }
+  const v1::AttachResponse& attach = s->attach;
+  // From here on a failure gives the lease back, so that the rank can be attached again at once.
+  absl::Cleanup release = [&c, &attach] {
+    grpc::ClientContext context;
+    context.set_deadline(DeadlineIn(c.options.timeout));
+    v1::DetachRequest detach;
+    detach.set_lease_id(attach.lease_id());
+    v1::DetachResponse response;
+    (void)c.stub->Detach(&context, detach, &response);
+  };
+  s->ttl = absl::Milliseconds(attach.lease_ttl_ms());
+  s->nvl_ranks.assign(attach.nvl_ranks().begin(), attach.nvl_ranks().end());
+  std::sort(s->nvl_ranks.begin(), s->nvl_ranks.end());
+  s->group_state = attach.group().state();
+  s->epoch = attach.epoch();
+  if (attach.world_size() <= 0 || attach.rank() != rank) {
+    return absl::InternalError(
+        absl::StrCat(what, ": the daemon answered rank ", attach.rank(), " of world size ", attach.world_size()));
+  }
+  memory::ImportOptions import_options;
+  import_options.accessing_device = options.accessing_device;
+  absl::MutexLock lock(&s->mutex);  // nobody else sees the state yet; taken for the annotations
+  s->nvl.resize(attach.world_size());
+  s->nvl_descriptors.resize(attach.world_size());
+
+  // The lease's own side channel: holds the lease (liveness) and brings this rank's own regions.
+  const std::string own_fd_socket = FdSocketNextTo(c.socket_path);
+  auto side_channel = ConnectUnix(own_fd_socket);
+  if (!side_channel.ok()) return Annotate(side_channel.status(), absl::StrCat(what, ": fd side channel"));
+  s->side_channel = std::move(*side_channel);
+  auto map_own = [&](v1::RegionDescriptor::Kind kind) -> absl::StatusOr<std::pair<FetchedRegion, MappedRegion>> {
+    v1::FdRequest fd_request;
+    fd_request.set_group(group);
+    fd_request.set_rank(rank);
+    fd_request.set_kind(kind);
+    fd_request.set_token(token);
+    fd_request.set_lease_id(attach.lease_id());
+    auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
+    if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel ", own_fd_socket));
+    if (!fetched->holds_lease) {
+      return absl::InternalError(absl::StrCat(what, ": the fd side channel did not take the lease"));
+    }
+    auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), import_options);
+    if (!mapped.ok()) {
+      return Annotate(mapped.status(),
+                      absl::StrCat(what, ": mapping this rank's ", v1::RegionDescriptor::Kind_Name(kind), " region"));
+    }
+    return std::make_pair(std::move(*fetched), std::move(*mapped));
+  };
+  auto own = map_own(v1::RegionDescriptor::KIND_NVL);
+  if (!own.ok()) return own.status();
+  s->nvl_descriptors[rank] = std::move(own->first.descriptor);
+  s->nvl[rank] = std::move(own->second);
+
+  for (const v1::RegionDescriptor& descriptor : attach.regions()) {
+    const int owner = descriptor.rank();
+    if (owner < 0 || owner >= attach.world_size()) {
+      return absl::InternalError(absl::StrCat(what, ": a region of rank ", owner, " is outside the group"));
+    }
+    if (owner == rank) {
+      if (descriptor.kind() != v1::RegionDescriptor::KIND_RDMA) continue;  // NVL mapped above
+      auto rdma = map_own(v1::RegionDescriptor::KIND_RDMA);
+      if (!rdma.ok()) return rdma.status();
+      s->rdma = std::move(rdma->second);
+      continue;
+    }
+    if (descriptor.kind() != v1::RegionDescriptor::KIND_NVL) continue;
+    v1::RegionDescriptor peer = descriptor;
+    UniqueFd peer_fd;
+    if (descriptor.sharing() == v1::MEMORY_SHARING_POSIX_FD) {
+      // The fd comes from the owning daemon's side channel, on a short connection that holds no lease.
+      if (descriptor.fd_socket().empty()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, ": rank ", owner, "'s region is POSIX_FD but its daemon announced no fd socket"));
+      }
+      const std::string path = c.PeerFdSocket(descriptor.fd_socket());
+      auto connection = ConnectUnix(path);
+      if (!connection.ok()) {
+        return Annotate(connection.status(), absl::StrCat(what, ": fd socket of rank ", owner));
+      }
+      v1::FdRequest fd_request;
+      fd_request.set_group(group);
+      fd_request.set_rank(owner);
+      fd_request.set_kind(v1::RegionDescriptor::KIND_NVL);
+      fd_request.set_token(token);
+      auto fetched = FetchRegion(connection->get(), fd_request, c.options.timeout);
+      if (!fetched.ok())
+        return Annotate(fetched.status(), absl::StrCat(what, ": fd socket of rank ", owner, " ", path));
+      peer = std::move(fetched->descriptor);
+      peer_fd = std::move(fetched->fd);
+    }
+    auto mapped = memory::ImportRegion(peer, peer_fd.get(), import_options);
+    if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping rank ", owner, "'s NVL region"));
+    s->nvl_descriptors[owner] = std::move(peer);
+    s->nvl[owner] = std::move(*mapped);
+  }
+  for (int nvl_rank : s->nvl_ranks) {
+    if (nvl_rank < 0 || nvl_rank >= attach.world_size() || !s->nvl[nvl_rank].has_value()) {
+      return absl::InternalError(absl::StrCat(what, ": same-host rank ", nvl_rank, " came without a region"));
+    }
+  }
+  s->attach.clear_regions();  // they live in nvl_descriptors now
+  std::move(release).Cancel();
+  Lease::State* raw = s.get();
+  if (options.keep_alive) raw->keep_alive = std::thread([raw] { raw->KeepAliveLoop(); });
+  return std::unique_ptr<Lease>(new Lease(std::move(s)));
+}
+
+}  // namespace epfabric::client

@@ -1,0 +1,258 @@
+#include "services/fd_channel.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "logging.h"
+
+namespace epfabric::daemon {
+namespace {
+
+// How often blocked loops look at the stop flag.
+constexpr int kPollMs = 100;
+
+v1::FdResponse ErrorResponse(const absl::Status& status) {
+  v1::FdResponse response;
+  response.set_code(static_cast<int32_t>(status.code()));
+  response.set_message(std::string(status.message()));
+  return response;
+}
+
+std::string Describe(const common::PeerCredentials& peer) { return absl::StrCat("pid ", peer.pid, " uid ", peer.uid); }
+
+}  // namespace
+
+std::string FdSocketPath(const std::string& client_socket) { return client_socket + ".fds"; }
+
+FdChannel::~FdChannel() { Stop(); }
+
+absl::Status FdChannel::Start(const std::string& path, uint32_t mode) {
+  path_ = path;
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("--client_socket: the fd side channel ", path, " is ", path.size(),
+                                                   " bytes; Unix sockets allow at most ", sizeof(addr.sun_path) - 1,
+                                                   " (shorten --client_socket)"));
+  }
+  listen_fd_.reset(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listen_fd_.valid()) return absl::InternalError(absl::StrCat("socket(AF_UNIX): ", strerror(errno)));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    listen_fd_.reset();
+    return absl::UnavailableError(absl::StrCat("fd side channel: cannot bind ", path, ": ", strerror(err)));
+  }
+  // Nobody can connect before listen(), so setting the mode here leaves no window.
+  if (chmod(path.c_str(), mode) != 0 || listen(listen_fd_.get(), 128) != 0) {
+    const int err = errno;
+    listen_fd_.reset();
+    unlink(path.c_str());
+    return absl::InternalError(absl::StrCat("fd side channel: ", path, ": ", strerror(err)));
+  }
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  return absl::OkStatus();
+}
+
+bool FdChannel::stopping() const {
+  absl::MutexLock lock(&mutex_);
+  return stopping_;
+}
+
+void FdChannel::Stop() {
+  {
+    absl::MutexLock lock(&mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (listen_fd_.valid()) {
+    listen_fd_.reset();
+    unlink(path_.c_str());
+  }
+  std::list<std::unique_ptr<Connection>> connections;
+  {
+    absl::MutexLock lock(&mutex_);
+    connections.swap(connections_);
+    // Wakes every connection thread out of poll/recv; they see stopping_ and leave the leases alone.
+    for (auto& connection : connections) shutdown(connection->fd.get(), SHUT_RDWR);
+  }
+  for (auto& connection : connections) {
+    if (connection->thread.joinable()) connection->thread.join();
+  }
+}
+
+void FdChannel::ReapFinished() {
+  std::list<std::unique_ptr<Connection>> finished;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if ((*it)->finished.load()) {
+        finished.push_back(std::move(*it));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& connection : finished) connection->thread.join();  // then the fd closes with it
+}
+
+void FdChannel::AcceptLoop() {
+  while (!stopping()) {
+    ReapFinished();
+    pollfd entry{listen_fd_.get(), POLLIN, 0};
+    if (poll(&entry, 1, kPollMs) <= 0) continue;
+    common::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.valid()) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
+        Logger("fdchannel")->warn("accept on {}: {}", path_, strerror(errno));
+      }
+      continue;
+    }
+    auto credentials = common::GetPeerCredentials(fd.get());
+    if (!credentials.ok()) {
+      Logger("fdchannel")->warn("{}: dropping a connection: {}", path_, credentials.status().ToString());
+      continue;
+    }
+    auto connection = std::make_unique<Connection>();
+    connection->fd = std::move(fd);
+    connection->peer = *credentials;
+    Connection* raw = connection.get();
+    absl::MutexLock lock(&mutex_);
+    if (stopping_) return;
+    if (connections_.size() >= kMaxConnections) {
+      Logger("fdchannel")
+          ->warn("{}: {} connections open; refusing one from {}", path_, connections_.size(), Describe(raw->peer));
+      continue;  // closes it
+    }
+    Logger("fdchannel")->debug("connection from {}", Describe(raw->peer));
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+    connections_.push_back(std::move(connection));
+  }
+}
+
+void FdChannel::Serve(Connection* connection) {
+  const int fd = connection->fd.get();
+  std::string held_lease;
+  while (!stopping()) {
+    pollfd entry{fd, POLLIN, 0};
+    const int ready = poll(&entry, 1, kPollMs);
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready < 0 || stopping()) break;
+    // Clients never send descriptors: max_fds = 0 refuses (and closes) any that arrive.
+    auto message = common::ReceiveFds(fd, kMessageTimeout, /*max_fds=*/0, kMaxRequestBytes);
+    if (!message.ok()) {
+      if (message.status().code() != absl::StatusCode::kUnavailable) {
+        // The stream cannot be resynchronised after a refused or incomplete message: answer, then close.
+        Logger("fdchannel")
+            ->info("closing the connection of {}: {}", Describe(connection->peer), message.status().ToString());
+        const v1::FdResponse response = ErrorResponse(absl::Status(
+            message.status().code() == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kInvalidArgument
+                                                                            : message.status().code(),
+            absl::StrCat(message.status().message(), "; closing the connection")));
+        (void)common::SendFds(fd, {}, response.SerializeAsString(), kMessageTimeout);
+      }
+      break;
+    }
+    Answer answer;
+    v1::FdRequest request;
+    if (!request.ParseFromString(message->payload)) {
+      answer.response = ErrorResponse(absl::InvalidArgumentError(
+          absl::StrCat("payload: ", message->payload.size(), " bytes that are not an epfabric.v1.FdRequest")));
+    } else {
+      answer = Handle(request, connection->peer, &held_lease);
+    }
+    if (answer.response.code() != 0) {
+      Logger("fdchannel")->info("refused a request from {}: {}", Describe(connection->peer), answer.response.message());
+    }
+    std::vector<int> fds;
+    if (answer.fd.valid()) fds.push_back(answer.fd.get());
+    if (absl::Status sent = common::SendFds(fd, fds, answer.response.SerializeAsString(), kMessageTimeout);
+        !sent.ok()) {
+      Logger("fdchannel")->info("answering {}: {}", Describe(connection->peer), sent.ToString());
+      break;
+    }
+  }
+  // The peer sees the end of the connection now; the descriptor itself is closed when the thread is reaped.
+  shutdown(fd, SHUT_RDWR);
+  if (!held_lease.empty()) OnConnectionClosed(held_lease, connection->peer);
+  connection->finished.store(true);
+}
+
+FdChannel::Answer FdChannel::Handle(const v1::FdRequest& request, const common::PeerCredentials& peer,
+                                    std::string* held_lease) {
+  auto refuse = [](const absl::Status& status) {
+    Answer refused;
+    refused.response = ErrorResponse(status);
+    return refused;
+  };
+  if (request.group().empty()) return refuse(absl::InvalidArgumentError("group: empty"));
+  if (request.token().empty()) return refuse(absl::InvalidArgumentError("token: empty"));
+  if (request.kind() != v1::RegionDescriptor::KIND_NVL && request.kind() != v1::RegionDescriptor::KIND_RDMA) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat("kind: ", request.kind(), " is not KIND_NVL or KIND_RDMA")));
+  }
+  auto shared = groups_->ShareRegion(request.group(), request.rank(), request.kind(), request.token());
+  if (!shared.ok()) return refuse(shared.status());
+
+  if (!request.lease_id().empty()) {
+    if (!held_lease->empty() && *held_lease != request.lease_id()) {
+      return refuse(absl::FailedPreconditionError(
+          absl::StrCat("lease_id: this connection already holds lease ", *held_lease, "; one lease per connection")));
+    }
+    // Checked on every request that names the lease, not only when it is bound: a request may name another group.
+    auto lease = groups_->LeaseInfo(request.lease_id());
+    if (!lease.ok()) return refuse(lease.status());
+    if (lease->group() != request.group() || lease->rank() != request.rank()) {
+      return refuse(absl::PermissionDeniedError(absl::StrCat("lease_id: lease ", request.lease_id(), " is for group '",
+                                                             lease->group(), "' rank ", lease->rank(), ", not '",
+                                                             request.group(), "' rank ", request.rank())));
+    }
+    if (lease->pid() != peer.pid || lease->uid() != peer.uid) {
+      return refuse(absl::PermissionDeniedError(absl::StrCat("lease_id: lease ", request.lease_id(),
+                                                             " was taken by pid ", lease->pid(), " uid ", lease->uid(),
+                                                             "; this connection is ", Describe(peer))));
+    }
+    if (held_lease->empty()) {
+      absl::MutexLock lock(&mutex_);
+      if (!held_leases_.insert(request.lease_id()).second) {
+        return refuse(absl::FailedPreconditionError(
+            absl::StrCat("lease_id: lease ", request.lease_id(), " is already held by another connection")));
+      }
+      *held_lease = request.lease_id();
+      Logger("fdchannel")
+          ->info("lease {} (group '{}' rank {}) is held by a connection of {}", *held_lease, request.group(),
+                 request.rank(), Describe(peer));
+    }
+  }
+  if (request.kind() == v1::RegionDescriptor::KIND_RDMA && request.lease_id().empty()) {
+    return refuse(absl::PermissionDeniedError(
+        "kind: an RDMA region is only handed to the holder of its rank's lease (give lease_id)"));
+  }
+  Answer answer;
+  answer.response.set_code(0);
+  *answer.response.mutable_region() = std::move(shared->descriptor);
+  answer.response.set_holds_lease(!request.lease_id().empty() && request.lease_id() == *held_lease);
+  answer.fd = std::move(shared->fd);
+  return answer;
+}
+
+void FdChannel::OnConnectionClosed(const std::string& lease_id, const common::PeerCredentials& peer) {
+  {
+    absl::MutexLock lock(&mutex_);
+    held_leases_.erase(lease_id);
+    if (stopping_) return;
+  }
+  // NotFound: the lease already ended (Detach, expiry, group deleted); nothing to do.
+  (void)groups_->EndLease(lease_id, absl::StrCat("the connection that held it closed (", Describe(peer), ")"));
+}
+
+}  // namespace epfabric::daemon

@@ -1,0 +1,88 @@
+// The fd side channel: a Unix stream socket next to the client socket ("<client_socket>.fds", same mode) where
+// clients fetch the file descriptors of POSIX_FD regions (gRPC cannot carry descriptors) and where a client's
+// connection holds its lease, so that the lease ends when the client's process exits or is killed, whatever the
+// backend. Protocol: proto/epfabric/v1/fdchannel.proto, framed by epfabric/common/fd_passing.h; docs/client.md.
+//
+// One thread per connection (they are few: one per attached client, plus short ones for peers' fds); every read
+// and write has a deadline, so a stalled client only ever holds up its own connection.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <list>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "epfabric/common/fd_passing.h"
+#include "epfabric/v1/fdchannel.pb.h"
+#include "groups/group_manager.h"
+
+namespace epfabric::daemon {
+
+// The path of the fd side channel of a daemon whose client socket is `client_socket`.
+std::string FdSocketPath(const std::string& client_socket);
+
+class FdChannel {
+ public:
+  // Limits: a request is a few hundred bytes; the connection count bounds threads and descriptors.
+  static constexpr size_t kMaxRequestBytes = 4096;
+  static constexpr size_t kMaxConnections = 1024;
+  // A message that started arriving must be complete within this; the connection is closed otherwise.
+  static constexpr absl::Duration kMessageTimeout = absl::Seconds(5);
+
+  explicit FdChannel(groups::GroupManager* groups) : groups_(groups) {}
+  ~FdChannel();
+  FdChannel(const FdChannel&) = delete;
+  FdChannel& operator=(const FdChannel&) = delete;
+
+  // Binds `path` (which must be free) with permission bits `mode` and starts serving.
+  absl::Status Start(const std::string& path, uint32_t mode);
+  // Stops accepting, closes every connection and removes the socket file. Leases held by connections are NOT
+  // ended: the daemon is going away with its memory. Idempotent.
+  void Stop();
+
+  // What one request gets: the response and, for a POSIX_FD region, the descriptor to attach to it.
+  struct Answer {
+    v1::FdResponse response;
+    common::UniqueFd fd;
+  };
+  // Decides one request from a connection of process `peer` that holds lease `*held_lease` (empty: none); binds
+  // the lease to the connection (updating `*held_lease`) when the request presents one that checks out.
+  Answer Handle(const v1::FdRequest& request, const common::PeerCredentials& peer, std::string* held_lease);
+  // A connection that held `lease_id` closed: the lease ends (unless the daemon is stopping).
+  void OnConnectionClosed(const std::string& lease_id, const common::PeerCredentials& peer);
+
+ private:
+  struct Connection {
+    common::UniqueFd fd;
+    common::PeerCredentials peer;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+
+  void AcceptLoop();
+  void Serve(Connection* connection);
+  // Joins and closes connections whose thread finished.
+  void ReapFinished() ABSL_LOCKS_EXCLUDED(mutex_);
+  bool stopping() const;
+
+  groups::GroupManager* const groups_;
+  std::string path_;
+  common::UniqueFd listen_fd_;
+  std::thread accept_thread_;
+
+  mutable absl::Mutex mutex_;
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mutex_);
+  // Leases held by a live connection (a lease is held by at most one).
+  std::set<std::string> held_leases_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace epfabric::daemon
