@@ -1,0 +1,213 @@
+// The data-path API a serving process uses, mirroring DeepEP's Buffer so that users can switch: layout, normal
+// dispatch/combine (with cached dispatch), low-latency dispatch/combine with FP8 and receive hooks. A Buffer sits
+// on a Lease (client.h): the regions of every same-host rank are already mapped; the Buffer only launches work
+// against them — CUDA kernels on the caller's stream (cuda backend) or the host backend's C++ on the calling
+// thread (host backend: streams are ignored). Nothing goes through gRPC.
+//
+// Memory: every TensorView is contiguous row-major, device memory on the cuda backend and host memory on the host
+// backend. Outputs are allocated through the Buffer's Allocator (default: stream-ordered cudaMallocAsync, or
+// aligned host memory), so a framework binding can hand out its own tensors without copies.
+//
+// Errors: bad input (dtype, shape, alignment, expert index out of range, more tokens than the regions were sized
+// for) is refused with InvalidArgument before anything is launched, and the next valid call still works. A peer
+// that does not answer within BufferConfig::timeout gives DeadlineExceeded naming it; then every rank calls Reset()
+// before the next operation. A degraded group (Lease::Healthy) fails fast with Unavailable.
+//
+//   BufferConfig config{.max_tokens_per_rank = 4096, .hidden = 7168, .max_topk = 8, .num_experts = 256};
+//   // CreateGroup(num_nvl_bytes = *RequiredRegionBytes(config, 8)) was done by whoever set the group up.
+//   auto buffer = Buffer::Create(lease.get(), config);
+//   auto layout = (*buffer)->GetDispatchLayout(topk_idx, stream);
+//   auto recv = (*buffer)->Dispatch({.x = x, .topk_idx = topk_idx, .topk_weights = w, .layout = &*layout}, stream);
+//   ... experts on recv->recv_x ...
+//   auto out = (*buffer)->Combine({.x = expert_out, .handle = recv->handle}, stream);
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "epfabric/client/client.h"
+#include "epfabric/kernels/common.h"
+#include "epfabric/kernels/intranode.h"
+#include "epfabric/kernels/low_latency.h"
+
+namespace epfabric::client {
+
+// A contiguous row-major tensor: pointer, element type, shape. An empty view (data == nullptr) means "not given".
+struct TensorView {
+  void* data = nullptr;
+  kernels::DType dtype = kernels::DType::kBF16;
+  std::vector<int64_t> shape;
+
+  bool empty() const { return data == nullptr; }
+  int64_t numel() const;
+  size_t bytes() const;
+};
+
+// An output: a view plus the allocation that owns it (freed through the allocator when the last copy goes).
+struct Tensor {
+  TensorView view;
+  std::shared_ptr<void> storage;
+};
+
+// Where outputs come from.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // `bytes` of memory usable in stream order on `stream` (cuda) or by the host (host backend).
+  virtual absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) = 0;
+  virtual void Free(void* ptr, cudaStream_t stream) = 0;
+};
+
+// cuda: cudaMallocAsync / cudaFreeAsync on the call's stream; host: 256-byte aligned host memory.
+std::shared_ptr<Allocator> DefaultAllocator(v1::Backend backend);
+
+// What a Buffer is sized for. Every rank of the group uses the same; the group's regions (CreateGroup's
+// num_nvl_bytes) must be at least RequiredRegionBytes(config, number of same-host ranks).
+struct BufferConfig {
+  int max_tokens_per_rank = 0;  // normal: most tokens one rank dispatches per call; low latency: exactly that bound
+  int hidden = 0;               // normal: the widest hidden size; low latency: the hidden size
+  int max_topk = 0;
+  int num_experts = 0;          // a multiple of the number of ranks
+  int num_sms = 20;             // normal mode: SMs (= channels) per dispatch/combine
+  bool low_latency = false;     // the group's mode (GroupInfo.low_latency)
+  absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
+};
+
+absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num_nvl_ranks);
+
+// ---- normal mode ----
+
+struct DispatchLayout {
+  Tensor num_tokens_per_rank;    // int32 [num_ranks]
+  Tensor num_tokens_per_expert;  // int32 [num_experts]
+  Tensor is_token_in_rank;       // bool [num_tokens, num_ranks]
+};
+
+// What dispatch records for combine and for cached dispatch (DeepEP's handle). Keep it until the combine.
+struct DispatchHandle {
+  kernels::IntranodeHandle raw;  // points into the tensors below
+  Tensor is_token_in_rank, rank_prefix_matrix, recv_channel_prefix, send_slot, recv_src_idx;
+  int num_tokens = 0;
+  int num_recv_tokens = 0;
+  int hidden = 0;
+};
+
+struct DispatchArgs {
+  TensorView x;             // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
+  TensorView x_scales;      // float [num_tokens, hidden / 128], fp8 only
+  TensorView topk_idx;      // int64 [num_tokens, num_topk], -1 = none; optional in cached mode
+  TensorView topk_weights;  // float [num_tokens, num_topk]; optional
+  const DispatchLayout* layout = nullptr;         // from GetDispatchLayout; required unless `cached`
+  std::shared_ptr<const DispatchHandle> cached;   // cached mode: reuse a handle, no notify
+  int expert_alignment = 1;                       // per-expert receive counts rounded up to a multiple of this
+};
+
+struct DispatchResult {
+  Tensor recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights;  // rows in the received order
+  std::vector<int32_t> num_recv_tokens_per_expert;                 // host copy, per local expert
+  std::shared_ptr<const DispatchHandle> handle;
+};
+
+struct CombineArgs {
+  TensorView x;             // bf16 [num_recv_tokens, hidden], rows in the received order
+  TensorView topk_weights;  // float [num_recv_tokens, num_topk]; optional
+  TensorView bias_0, bias_1;  // bf16 [num_tokens, hidden]; optional
+  std::shared_ptr<const DispatchHandle> handle;
+};
+
+struct CombineResult {
+  Tensor combined_x;             // bf16 [num_tokens, hidden]
+  Tensor combined_topk_weights;  // float [num_tokens, num_topk] when topk_weights were given
+};
+
+// ---- low-latency mode ----
+
+struct LowLatencyHandle {
+  kernels::LowLatencyHandle raw;  // points into the tensors below
+  Tensor src_info, layout_range, topk_slot, token_map;
+  int buffer_half = 0;  // the half the dispatch used
+};
+
+struct LowLatencyDispatchArgs {
+  TensorView x;         // bf16 [num_tokens, hidden], num_tokens <= max_tokens_per_rank
+  TensorView topk_idx;  // int64 [num_tokens, num_topk]
+  bool use_fp8 = true;
+  bool round_scale = false;
+  bool use_ue8m0 = false;
+  TensorView cumulative_stats;  // int32 [num_local_experts], added to; optional
+  bool return_recv_hook = false;
+};
+
+struct LowLatencyDispatchResult {
+  Tensor packed_recv_x;         // fp8 or bf16 [L, R*M, hidden]
+  Tensor packed_recv_x_scales;  // fp8: float [L][G][R*M] or packed ue8m0 int32 [L][G/4][R*M]
+  Tensor packed_recv_count;     // int32 [L]
+  Tensor packed_recv_src_info;  // int32 [L, R*M]
+  Tensor packed_recv_layout_range;  // int64 [L, R]
+  std::shared_ptr<const LowLatencyHandle> handle;
+  // With return_recv_hook: launches the receive phase; call it before using the outputs. Otherwise empty.
+  std::function<absl::Status(cudaStream_t)> recv_hook;
+};
+
+struct LowLatencyCombineArgs {
+  TensorView x;             // bf16 [L, R*M, hidden] expert outputs (ignored with zero_copy)
+  TensorView topk_idx;      // int64 [num_tokens, num_topk], the dispatch's
+  TensorView topk_weights;  // float [num_tokens, num_topk]
+  std::shared_ptr<const LowLatencyHandle> handle;
+  bool zero_copy = false;  // outputs were written into NextLowLatencyCombineBuffer()
+  bool return_recv_hook = false;
+};
+
+struct LowLatencyCombineResult {
+  Tensor combined_x;  // bf16 [num_tokens, hidden]
+  std::function<absl::Status(cudaStream_t)> recv_hook;
+};
+
+class Buffer {
+ public:
+  // `lease` must outlive the Buffer. Checks that the regions are large enough for `config`.
+  static absl::StatusOr<std::unique_ptr<Buffer>> Create(Lease* lease, BufferConfig config,
+                                                        std::shared_ptr<Allocator> allocator = nullptr);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  int rank() const;
+  int num_ranks() const;
+  v1::Backend backend() const;
+  const BufferConfig& config() const;
+
+  absl::StatusOr<DispatchLayout> GetDispatchLayout(const TensorView& topk_idx, cudaStream_t stream = nullptr);
+  // Normal dispatch waits on the host for the received size (as DeepEP does), unless `cached`.
+  absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream = nullptr);
+  absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream = nullptr);
+
+  absl::StatusOr<LowLatencyDispatchResult> LowLatencyDispatch(const LowLatencyDispatchArgs& args,
+                                                              cudaStream_t stream = nullptr);
+  absl::StatusOr<LowLatencyCombineResult> LowLatencyCombine(const LowLatencyCombineArgs& args,
+                                                            cudaStream_t stream = nullptr);
+  // DeepEP's get_next_low_latency_combine_buffer: where expert outputs go for a zero-copy combine,
+  // bf16 [L, R*M, hidden], inside this rank's region.
+  TensorView NextLowLatencyCombineBuffer() const;
+
+  // cuda: synchronises `stream` and turns a kernel's timeout record into DeadlineExceeded naming the rank waited
+  // for (then clears it). The asynchronous calls (combine, low latency) report timeouts here. Host: returns OK.
+  absl::Status Check(cudaStream_t stream = nullptr);
+  // After DeadlineExceeded: every rank calls Reset (no call of the group in flight) before the next operation.
+  absl::Status Reset(cudaStream_t stream = nullptr);
+
+  struct State;
+
+ private:
+  explicit Buffer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace epfabric::client
