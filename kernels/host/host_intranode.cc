@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_format.h"
 #include "epfabric/kernels/host_backend.h"
+#include "host_numeric.h"
 #include "host_sync.h"
 #include "intranode_reference.h"
 
@@ -505,16 +506,12 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
           row = reinterpret_cast<const uint16_t*>(v.Pool<char>(me, l.staging_x, l.staging_x_pool_bytes, d) +
                                                   static_cast<size_t>(slot) * row_bytes);
         }
-        for (int i = 0; i < H; ++i) acc[i] += reference::Bf16ToFloat(row[i]);
+        internal::AddBf16Row(acc.data(), row, H);
       }
       const size_t out = static_cast<size_t>(t) * H;
-      if (bias_0 != nullptr) {
-        for (int i = 0; i < H; ++i) acc[i] += reference::Bf16ToFloat(bias_0[out + i]);
-      }
-      if (bias_1 != nullptr) {
-        for (int i = 0; i < H; ++i) acc[i] += reference::Bf16ToFloat(bias_1[out + i]);
-      }
-      for (int i = 0; i < H; ++i) combined_x[out + i] = reference::FloatToBf16(acc[i]);
+      if (bias_0 != nullptr) internal::AddBf16Row(acc.data(), bias_0 + out, H);
+      if (bias_1 != nullptr) internal::AddBf16Row(acc.data(), bias_1 + out, H);
+      internal::StoreBf16Row(combined_x + out, acc.data(), H);
       for (int k = 0; k < K; ++k) {
         float sum = 0.0f;
         for (int d = 0; d < R; ++d) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "epfabric/kernels/host_backend.h"
 #include "fp8.h"
+#include "host_numeric.h"
 #include "host_sync.h"
 
 namespace epfabric::kernels::host_backend {
@@ -264,13 +265,11 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Tim
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int j = 0; j < num_present; ++j) {
-        const uint16_t* values = x + static_cast<size_t>(rows[j]) * H;
-        const float w = row_weights[j];
-        for (int i = 0; i < H; ++i) acc[i] = std::fmaf(host::Bf16ToFloat(values[i]), w, acc[i]);
+        internal::FmaBf16Row(acc.data(), x + static_cast<size_t>(rows[j]) * H, row_weights[j], H);
       }
       uint16_t* dst = reinterpret_cast<uint16_t*>(v.HalfBase(s) + l.combine_recv_offset) +
                       (static_cast<size_t>(t) * R + v.rank) * H;
-      for (int i = 0; i < H; ++i) dst[i] = host::FloatToBf16(acc[i]);
+      internal::StoreBf16Row(dst, acc.data(), H);
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -303,10 +302,9 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, TimeoutRecord* timeout
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int r = 0; r < R; ++r) {
       if (((ranks >> r) & 1u) == 0) continue;
-      const uint16_t* part = recv + (static_cast<size_t>(t) * R + r) * H;
-      for (int i = 0; i < H; ++i) acc[i] = acc[i] + host::Bf16ToFloat(part[i]);
+      internal::AddBf16Row(acc.data(), recv + (static_cast<size_t>(t) * R + r) * H, H);
     }
-    for (int i = 0; i < H; ++i) out[static_cast<size_t>(t) * H + i] = host::FloatToBf16(acc[i]);
+    internal::StoreBf16Row(out + static_cast<size_t>(t) * H, acc.data(), H);
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -428,9 +429,19 @@ inline std::vector<LowLatencyIteration> MakeLowLatencyExpected(const LowLatencyC
   return its;
 }
 
+// Wall time of each call of a rank (the benchmark reads it; the checks are not timed).
+struct LowLatencyTimes {
+  std::vector<double> dispatch_ms, combine_ms;
+};
+
+inline double MillisecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
 // One rank's sequence of low-latency dispatch + combine pairs, each checked against the reference.
 inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase& c,
-                              const std::vector<LowLatencyIteration>& its, Mismatches* m) {
+                              const std::vector<LowLatencyIteration>& its, Mismatches* m,
+                              LowLatencyTimes* times = nullptr) {
   const int rank = ctx.rank, R = c.num_ranks, M = c.max_tokens, H = c.hidden, L = c.num_experts / R;
   const size_t slots = static_cast<size_t>(R) * M;
   const int G = H / 128;
@@ -473,6 +484,7 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     d.packed_recv_topk_slot = topk_slot.data();
     d.packed_recv_token_map = token_map.data();
     d.buffer_half = cursor.Next();
+    auto start = std::chrono::steady_clock::now();
     if (c.hook) {
       d.phases = LowLatencyPhases::kSend;
       m->Status("LowLatencyDispatch send", rank, host_backend::LowLatencyDispatch(ctx, d));
@@ -481,6 +493,7 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     } else {
       m->Status("LowLatencyDispatch", rank, host_backend::LowLatencyDispatch(ctx, d));
     }
+    if (times != nullptr) times->dispatch_ms.push_back(MillisecondsSince(start));
     m->CompareArrays("packed_recv_count", rank, count.data(), want.packed_recv_count.data(), L);
     m->CompareArrays("layout_range", rank, layout_range.data(), want.layout_range.data(), layout_range.size());
     m->CompareArrays("token_map", rank, token_map.data(), want.token_map.data(), token_map.size());
@@ -531,6 +544,7 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     cb.zero_copy = c.zero_copy;
     cb.combined_x = combined.data;
     cb.buffer_half = cursor.Next();
+    start = std::chrono::steady_clock::now();
     if (c.hook) {
       cb.phases = LowLatencyPhases::kSend;
       m->Status("LowLatencyCombine send", rank, host_backend::LowLatencyCombine(ctx, cb));
@@ -539,6 +553,7 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     } else {
       m->Status("LowLatencyCombine", rank, host_backend::LowLatencyCombine(ctx, cb));
     }
+    if (times != nullptr) times->combine_ms.push_back(MillisecondsSince(start));
     m->CompareArrays("combined_x", rank, reinterpret_cast<const uint16_t*>(combined.data), it.combined[rank].data(),
                      it.combined[rank].size());
   }
