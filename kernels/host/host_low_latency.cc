@@ -97,7 +97,7 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
     dst_ranks &= ~v.masked;
     if (dst_ranks == 0) continue;
     const uint16_t* row = x + static_cast<size_t>(t) * H;
-    if (a.use_fp8) host::QuantizeRowFp8(row, H, a.round_scale, fp8.data(), scales.data());
+    if (a.use_fp8) internal::QuantizeRowFp8Fast(row, H, a.round_scale, fp8.data(), scales.data());
     const size_t msg_offset = l.dispatch_msgs_offset + (static_cast<size_t>(v.rank) * M + t) * l.dispatch_msg_bytes;
     for (int r = 0; r < v.num_ranks; ++r) {
       if (((dst_ranks >> r) & 1u) == 0) continue;

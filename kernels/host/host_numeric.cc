@@ -1,5 +1,9 @@
 #include "host_numeric.h"
 
+#include <algorithm>
+
+#include "fp8.h"
+
 namespace epfabric::kernels::host_backend::internal {
 namespace {
 
@@ -25,6 +29,19 @@ FmaRowFn SelectFmaRow() {
 }
 
 }  // namespace
+
+void QuantizeRowFp8Fast(const uint16_t* bf16_row, int hidden, bool round_scale, uint8_t* fp8_out, float* scales_out) {
+  constexpr int kGroup = 128;
+  for (int g = 0; g < hidden / kGroup; ++g) {
+    const uint16_t* in = bf16_row + g * kGroup;
+    float amax = 0.0f;
+    for (int i = 0; i < kGroup; ++i) amax = std::max(amax, std::fabs(Bf16BitsToFloat(in[i])));
+    const host::Fp8GroupScale s = host::ComputeFp8GroupScale(amax, round_scale);
+    scales_out[g] = s.stored_scale;
+    for (int i = 0; i < kGroup; ++i)
+      fp8_out[g * kGroup + i] = FloatToFp8E4M3Fast(Bf16BitsToFloat(in[i]) * s.quant_multiplier);
+  }
+}
 
 void FmaBf16Row(float* __restrict acc, const uint16_t* __restrict row, float w, int n) {
   static const FmaRowFn fn = SelectFmaRow();

@@ -40,4 +40,36 @@ inline void StoreBf16Row(uint16_t* __restrict out, const float* __restrict acc, 
 // per element).
 void FmaBf16Row(float* __restrict acc, const uint16_t* __restrict row, float w, int n);
 
+// float -> e4m3 bits, bit-identical to host::FloatToFp8E4M3 (saturating, round to nearest even), with integer
+// operations on the float's bits instead of frexp/nearbyint in double (about 10x faster; the tests compare the two
+// on 17 million inputs and every rounding tie).
+inline uint8_t FloatToFp8E4M3Fast(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) return sign | 0x7F;   // NaN
+  if (abs_bits >= 0x43e00000u) return sign | 0x7E;  // >= 448 (and infinity): saturate
+  if (abs_bits < 0x3c800000u) {                     // < 2^-6: multiples of 2^-9, round to nearest even
+    float a;
+    std::memcpy(&a, &abs_bits, sizeof(a));
+    // a * 512 < 8 is exact; adding and subtracting 2^23 rounds it to an integer in the default (nearest-even) mode.
+    const float steps = (a * 512.0f + 8388608.0f) - 8388608.0f;
+    return sign | static_cast<uint8_t>(steps);
+  }
+  int exponent = static_cast<int>(abs_bits >> 23) - 127;
+  uint32_t mantissa = (abs_bits >> 20) & 7u;
+  const uint32_t rest = abs_bits & 0xfffffu;
+  if (rest > 0x80000u || (rest == 0x80000u && (mantissa & 1u) != 0)) ++mantissa;
+  if (mantissa == 8) {
+    mantissa = 0;
+    ++exponent;
+  }
+  if (exponent > 8 || (exponent == 8 && mantissa > 6)) return sign | 0x7E;  // rounded past 448: saturate
+  return sign | static_cast<uint8_t>(((exponent + 7) << 3) | mantissa);
+}
+
+// host::QuantizeRowFp8 with FloatToFp8E4M3Fast: the same scales and bytes.
+void QuantizeRowFp8Fast(const uint16_t* bf16_row, int hidden, bool round_scale, uint8_t* fp8_out, float* scales_out);
+
 }  // namespace epfabric::kernels::host_backend::internal

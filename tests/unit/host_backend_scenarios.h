@@ -5,11 +5,14 @@
 // sequence of calls, so that one rank's mismatch does not leave its peers waiting.
 #pragma once
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -431,8 +434,16 @@ inline std::vector<LowLatencyIteration> MakeLowLatencyExpected(const LowLatencyC
 
 // Wall time of each call of a rank (the benchmark reads it; the checks are not timed).
 struct LowLatencyTimes {
-  std::vector<double> dispatch_ms, combine_ms;
+  std::vector<double> dispatch_ms, combine_ms;          // wall time
+  std::vector<double> dispatch_cpu_ms, combine_cpu_ms;  // CPU time of the calling thread (excludes waiting)
+  std::function<void()> before_each_call;  // e.g. a barrier of all ranks, so that no rank waits for a peer's checks
 };
+
+inline double ThreadCpuMs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
 
 inline double MillisecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -484,7 +495,9 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     d.packed_recv_topk_slot = topk_slot.data();
     d.packed_recv_token_map = token_map.data();
     d.buffer_half = cursor.Next();
+    if (times != nullptr && times->before_each_call) times->before_each_call();
     auto start = std::chrono::steady_clock::now();
+    double cpu_start = ThreadCpuMs();
     if (c.hook) {
       d.phases = LowLatencyPhases::kSend;
       m->Status("LowLatencyDispatch send", rank, host_backend::LowLatencyDispatch(ctx, d));
@@ -493,7 +506,10 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     } else {
       m->Status("LowLatencyDispatch", rank, host_backend::LowLatencyDispatch(ctx, d));
     }
-    if (times != nullptr) times->dispatch_ms.push_back(MillisecondsSince(start));
+    if (times != nullptr) {
+      times->dispatch_ms.push_back(MillisecondsSince(start));
+      times->dispatch_cpu_ms.push_back(ThreadCpuMs() - cpu_start);
+    }
     m->CompareArrays("packed_recv_count", rank, count.data(), want.packed_recv_count.data(), L);
     m->CompareArrays("layout_range", rank, layout_range.data(), want.layout_range.data(), layout_range.size());
     m->CompareArrays("token_map", rank, token_map.data(), want.token_map.data(), token_map.size());
@@ -544,7 +560,9 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     cb.zero_copy = c.zero_copy;
     cb.combined_x = combined.data;
     cb.buffer_half = cursor.Next();
+    if (times != nullptr && times->before_each_call) times->before_each_call();
     start = std::chrono::steady_clock::now();
+    cpu_start = ThreadCpuMs();
     if (c.hook) {
       cb.phases = LowLatencyPhases::kSend;
       m->Status("LowLatencyCombine send", rank, host_backend::LowLatencyCombine(ctx, cb));
@@ -553,7 +571,10 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     } else {
       m->Status("LowLatencyCombine", rank, host_backend::LowLatencyCombine(ctx, cb));
     }
-    if (times != nullptr) times->combine_ms.push_back(MillisecondsSince(start));
+    if (times != nullptr) {
+      times->combine_ms.push_back(MillisecondsSince(start));
+      times->combine_cpu_ms.push_back(ThreadCpuMs() - cpu_start);
+    }
     m->CompareArrays("combined_x", rank, reinterpret_cast<const uint16_t*>(combined.data), it.combined[rank].data(),
                      it.combined[rank].size());
   }
