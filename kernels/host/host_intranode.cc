@@ -166,7 +166,6 @@ absl::Status IntranodeResetRegion(const IntranodeGroup& group) {
   absl::StatusOr<View> v = MakeView(group);
   if (!v.ok()) return v.status();
   std::memset(group.peer_regions[group.rank], 0, v->layout.signal_bytes);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
   return absl::OkStatus();
 }
 
