@@ -147,6 +147,7 @@ struct IntranodeCase {
   bool bias = false;
   int num_channels = 3;
   int expert_alignment = 1;
+  bool worst_case_capacity = false;  // recv tensors sized for the worst case (no wait for the count), not the count
   Routing routing;
   uint64_t seed = 1;
   int num_ranks() const { return static_cast<int>(num_tokens.size()); }
@@ -286,13 +287,14 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
 
   // Dispatch, then cached dispatch with the same handle into re-poisoned outputs.
   const int N = want.num_recv_tokens;
+  const int capacity = c.worst_case_capacity ? static_cast<int>(IntranodeWorstCaseRecvTokens(group.config)) : N;
   const int K = x.config.num_topk;
-  AlignedBuffer recv_x(static_cast<size_t>(N) * x.config.row_bytes + 16);
-  std::vector<float> recv_scales(static_cast<size_t>(N) * x.config.num_scales + 1);
-  std::vector<int64_t> recv_topk_idx(static_cast<size_t>(N) * K + 1);
-  std::vector<float> recv_topk_weights(static_cast<size_t>(N) * K + 1);
+  AlignedBuffer recv_x(static_cast<size_t>(capacity) * x.config.row_bytes + 16);
+  std::vector<float> recv_scales(static_cast<size_t>(capacity) * x.config.num_scales + 1);
+  std::vector<int64_t> recv_topk_idx(static_cast<size_t>(capacity) * K + 1);
+  std::vector<float> recv_topk_weights(static_cast<size_t>(capacity) * K + 1);
   std::vector<int32_t> channel_prefix(static_cast<size_t>(R) * c.num_channels),
-      send_slot(static_cast<size_t>(T) * R + 1), recv_src_idx(N + 1);
+      send_slot(static_cast<size_t>(T) * R + 1), recv_src_idx(capacity + 1);
   IntranodeHandle handle;
   handle.num_tokens = T;
   handle.num_recv_tokens = N;
@@ -311,13 +313,13 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   dp.num_topk = K;
   dp.num_experts = c.num_experts;
   dp.num_sms = c.num_channels;
-  dp.recv_capacity = N;
+  dp.recv_capacity = capacity;
   dp.recv_x = recv_x.data;
   dp.recv_x_scales = c.fp8 ? recv_scales.data() : nullptr;
   dp.recv_topk_idx = K > 0 ? recv_topk_idx.data() : nullptr;
   dp.recv_topk_weights = x.config.has_weights ? recv_topk_weights.data() : nullptr;
   for (int pass = 0; pass < 2; ++pass) {
-    std::memset(recv_x.data, 0xFF, static_cast<size_t>(N) * x.config.row_bytes);
+    std::memset(recv_x.data, 0xFF, static_cast<size_t>(capacity) * x.config.row_bytes);
     std::fill(recv_scales.begin(), recv_scales.end(), -1.0f);
     std::fill(recv_topk_idx.begin(), recv_topk_idx.end(), -7);
     std::fill(recv_topk_weights.begin(), recv_topk_weights.end(), -7.0f);
@@ -327,6 +329,12 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
     const char* what = pass == 0 ? "IntranodeDispatch" : "cached IntranodeDispatch";
     m->Status(what, rank, host_backend::IntranodeDispatch(group, dp, &handle));
     m->CompareArrays("recv_x", rank, recv_x.data, want.recv_x.data(), want.recv_x.size());
+    for (size_t i = want.recv_x.size(); i < static_cast<size_t>(capacity) * x.config.row_bytes; ++i) {
+      if (recv_x.data[i] != 0xFF) {
+        m->Add(absl::StrFormat("rank %d: recv_x byte %d past the received rows was written", rank, i));
+        break;
+      }
+    }
     m->CompareArrays("recv_x_scales", rank, recv_scales.data(), want.recv_x_scales.data(), want.recv_x_scales.size());
     m->CompareArrays("recv_topk_idx", rank, recv_topk_idx.data(), want.recv_topk_idx.data(), want.recv_topk_idx.size());
     m->CompareArrays("recv_topk_weights", rank, recv_topk_weights.data(), want.recv_topk_weights.data(),
@@ -382,6 +390,7 @@ struct LowLatencyCase {
   bool hook = false;
   bool cumulative_stats = true;
   int iterations = 1;           // dispatch + combine pairs, back to back (the halves alternate)
+  std::vector<bool> masked;     // ranks masked from the start (they run nothing; ctx.rank_mask says so)
   std::vector<int> num_tokens;  // per rank for every iteration; empty = random in [0, max_tokens] per iteration
   Routing routing;
   uint64_t seed = 1;
@@ -421,13 +430,13 @@ inline std::vector<LowLatencyIteration> MakeLowLatencyExpected(const LowLatencyC
       for (float& w : in.topk_weights) w = weight(rng);
     }
     it.dispatched = host::LowLatencyDispatchReference(
-        shape, {.use_fp8 = c.fp8, .round_scale = c.round_scale, .use_ue8m0 = c.ue8m0}, it.inputs);
+        shape, {.use_fp8 = c.fp8, .round_scale = c.round_scale, .use_ue8m0 = c.ue8m0}, it.inputs, c.masked);
     it.expert_outputs.resize(c.num_ranks);
     for (auto& out : it.expert_outputs) {
       out.resize(static_cast<size_t>(shape.num_local_experts()) * shape.recv_slots() * c.hidden);
       for (uint16_t& v : out) v = RandomWideBf16(rng);
     }
-    it.combined = host::LowLatencyCombineReference(shape, it.inputs, it.expert_outputs, it.dispatched);
+    it.combined = host::LowLatencyCombineReference(shape, it.inputs, it.expert_outputs, it.dispatched, c.masked);
   }
   return its;
 }

@@ -85,6 +85,7 @@ TEST(HostIntranode, TwoRanksAllTopkModesAndBias) {
   a.expert_alignment = 4;
   IntranodeCase b = Case({40, 90}, 512, 6, 32, true, 4);
   b.topk = TopkMode::kIdsOnly;
+  b.worst_case_capacity = true;
   IntranodeCase c = Case({70, 70}, 256, 3, 32, false, 5);
   c.topk = TopkMode::kNone;
   c.num_channels = 1;
@@ -133,7 +134,7 @@ TEST(HostIntranode, ManyBackToBackCallsWithRandomShapes) {
   EXPECT_EQ(RunIntranodeSequence(cases), "");
 }
 
-TEST(HostIntranode, RejectsBadInputBeforeTouchingTheRegion) {
+TEST(HostIntranode, RejectsBadInputNamingFieldAndValue) {
   IntranodeRegions regions(IntranodeConfigFor({Case({4, 4}, 256, 2, 8, false, 1)}));
   IntranodeGroup group = regions.Group(0);
   IntranodeNotifyParams np;
@@ -212,7 +213,17 @@ class LowLatencyRegions {
 std::string RunLowLatency(const LowLatencyCase& c) {
   const std::vector<LowLatencyIteration> its = MakeLowLatencyExpected(c);
   LowLatencyRegions regions(c);
-  return RunRanks(c.num_ranks, [&](int rank, Mismatches* m) { RunLowLatencyCase(regions.Context(rank), c, its, m); });
+  // With masked ranks: each running rank has its own mask (device memory per rank on the GPU); masked ranks run
+  // nothing.
+  std::vector<std::vector<int32_t>> masks(c.num_ranks, std::vector<int32_t>(c.num_ranks, 0));
+  for (int r = 0; r < static_cast<int>(c.masked.size()); ++r) {
+    for (auto& mask : masks) mask[r] = c.masked[r] ? 1 : 0;
+  }
+  return RunRanks(c.num_ranks, [&](int rank, Mismatches* m) {
+    if (rank < static_cast<int>(c.masked.size()) && c.masked[rank]) return;
+    RunLowLatencyCase(regions.Context(rank, kTestTimeoutNs, nullptr, c.masked.empty() ? nullptr : masks[rank].data()),
+                      c, its, m);
+  });
 }
 
 LowLatencyCase LLCase(int ranks, int max_tokens, int hidden, int experts, int topk, uint64_t seed) {
@@ -286,6 +297,16 @@ TEST(HostLowLatency, EdgeCases) {
   sparse.max_tokens = 12;
   sparse.num_tokens = {12, 12};
   EXPECT_EQ(RunLowLatency(sparse), "");
+}
+
+TEST(HostLowLatency, MaskedRanksTakeNoPart) {
+  // Mooncake-style masking: ranks 1 and 2 of 4 are masked from the start; the others neither send to them nor wait
+  // for them, and their experts count as zero (the references with the same mask).
+  LowLatencyCase c = LLCase(4, 10, 256, 8, 4, 45);
+  c.masked = {false, true, true, false};
+  c.iterations = 4;
+  c.hook = true;
+  EXPECT_EQ(RunLowLatency(c), "");
 }
 
 TEST(HostLowLatency, ManyBackToBackCallsAlternateHalves) {
