@@ -1,0 +1,535 @@
+// Host backend of the intranode (normal) mode: layout, notify, dispatch (also cached) and combine, run by the CPU
+// over the same regions (ComputeIntranodeRegionLayout) and with the same signals as the CUDA kernels
+// (kernels/cuda/intranode_*.cu, docs/intranode-kernels.md, docs/host-backend.md):
+//  - barrier: monotonic arrival counters (lane 0; the host runs all channels on one thread, so one lane suffices),
+//  - dispatch: per (sender, channel) a slot range and a tail, written by the sender with release stores into the
+//    receiver's region after the rows; the receiver acquires them, copies, and zeroes them when done,
+//  - combine: per (expert rank, channel) a tail holding the absolute slot end, zeroed by the reducing rank.
+// The staging pools hold every row a peer can send, so a sender never waits: a rank sends everything, then
+// receives; the only waits are the barrier and the tails, each bounded by group.timeout_ns.
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "epfabric/kernels/host_backend.h"
+#include "host_numeric.h"
+#include "host_sync.h"
+#include "intranode_reference.h"
+
+namespace epfabric::kernels::host_backend {
+namespace {
+
+using internal::BoundedWait;
+using internal::CounterReached;
+using internal::LoadAcquire;
+using internal::StoreRelaxed;
+using internal::StoreRelease;
+using internal::TimeoutRecord;
+
+constexpr int kMaxTopk = 32;  // the GPU kernels' limit (one lane per top-k slot); kept so that both accept the same
+constexpr int kMaxLayoutExperts = 8192;
+constexpr int kMaxLayoutRanks = 64;
+constexpr int kFp8ScaleBlock = 128;
+constexpr int kBarrierLane = 0;
+
+absl::Status Invalid(const char* field, int64_t value, const char* requirement) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s = %d: %s", field, value, requirement));
+}
+
+absl::Status Missing(const char* field, const char* when) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s is null: required %s", field, when));
+}
+
+bool Aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+
+// The group with its layout: what every step needs to address a section of any rank's region.
+struct View {
+  const IntranodeGroup& group;
+  IntranodeRegionLayout layout;
+  int rank;
+  int num_ranks;
+  int experts_per_rank;
+  int max_channels;
+
+  template <typename T>
+  T* Section(int region_rank, size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(group.peer_regions[region_rank]) + offset);
+  }
+  // Staging pool of `region_rank`'s region for the rank at the other end of the transfer.
+  template <typename T>
+  T* Pool(int region_rank, size_t section, size_t pool_bytes, int pool) const {
+    return reinterpret_cast<T*>(static_cast<char*>(group.peer_regions[region_rank]) + section + pool * pool_bytes);
+  }
+  int32_t* ChannelTail(int region_rank, int writer, int channel) const {
+    return Section<int32_t>(region_rank, layout.channel_tail) + writer * max_channels + channel;
+  }
+  int64_t* DispatchRange(int region_rank, int writer, int channel) const {
+    return Section<int64_t>(region_rank, layout.dispatch_range) + writer * max_channels + channel;
+  }
+};
+
+absl::StatusOr<View> MakeView(const IntranodeGroup& group) {
+  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  if (!layout.ok()) return layout.status();
+  const int num_ranks = group.config.num_ranks;
+  if (group.rank < 0 || group.rank >= num_ranks) return Invalid("group.rank", group.rank, "must be in [0, num_ranks)");
+  for (int r = 0; r < num_ranks; ++r) {
+    if (group.peer_regions[r] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("group.peer_regions[%d] is null", r));
+    }
+    if (!Aligned16(group.peer_regions[r])) {
+      return absl::InvalidArgumentError(absl::StrFormat("group.peer_regions[%d] is not 16-byte aligned", r));
+    }
+  }
+  if (group.timeout_ns == 0) return Invalid("group.timeout_ns", 0, "must be positive");
+  return View{group, *layout, group.rank, num_ranks, group.config.num_experts / num_ranks, group.config.max_channels};
+}
+
+// Cross-rank barrier on lane 0 (see block_barrier in kernels/cuda/intranode_common.cuh): arrive at every rank
+// (release: this rank's earlier writes into peers' regions become visible to them), then wait until every rank has
+// arrived here as often as this rank completed barriers + 1. A rank arrives only after its previous call returned,
+// so after the barrier nothing a peer reads from an earlier call is still being read.
+bool Barrier(const View& v, TimeoutRecord* timeout) {
+  int32_t* epoch = v.Section<int32_t>(v.rank, v.layout.barrier_epoch) + kBarrierLane;
+  const int32_t target = static_cast<int32_t>(static_cast<uint32_t>(*epoch) + 1u);
+  for (int peer = 0; peer < v.num_ranks; ++peer) {
+    internal::FetchAddRelease(v.Section<int32_t>(peer, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + v.rank,
+                              1);
+  }
+  for (int peer = 0; peer < v.num_ranks; ++peer) {
+    const int32_t* arrived = v.Section<int32_t>(v.rank, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + peer;
+    if (!BoundedWait([&] { return CounterReached(LoadAcquire(arrived), target); }, v.group.timeout_ns)) {
+      timeout->Record(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
+      return false;
+    }
+  }
+  *epoch = target;  // only the owner touches its epoch
+  return true;
+}
+
+int RecvBase(const int32_t* rank_prefix_matrix, int num_ranks, int src, int dst) {
+  return src == 0 ? 0 : rank_prefix_matrix[(src - 1) * num_ranks + dst];
+}
+
+int64_t PackRange(int begin, int end) { return (static_cast<int64_t>(end + 1) << 32) | static_cast<uint32_t>(begin); }
+
+}  // namespace
+
+absl::Status GetDispatchLayout(const DispatchLayoutParams& p) {
+  if (p.num_tokens < 0) return Invalid("num_tokens", p.num_tokens, "must be >= 0");
+  if (p.num_topk < 1 || p.num_topk > 1024) return Invalid("num_topk", p.num_topk, "must be in [1, 1024]");
+  if (p.num_ranks < 1 || p.num_ranks > kMaxLayoutRanks) return Invalid("num_ranks", p.num_ranks, "must be in [1, 64]");
+  if (p.num_experts < p.num_ranks || p.num_experts % p.num_ranks != 0 || p.num_experts > kMaxLayoutExperts) {
+    return Invalid("num_experts", p.num_experts, "must be a multiple of num_ranks, at most 8192");
+  }
+  if (p.num_tokens > 0 && p.topk_idx == nullptr) return Missing("topk_idx", "when num_tokens > 0");
+  if (p.num_tokens_per_rank == nullptr) return Missing("num_tokens_per_rank", "always");
+  if (p.num_tokens_per_expert == nullptr) return Missing("num_tokens_per_expert", "always");
+  if (p.num_tokens > 0 && p.is_token_in_rank == nullptr) return Missing("is_token_in_rank", "when num_tokens > 0");
+  const int num_rdma_ranks = (p.num_ranks + kMaxNvlPeers - 1) / kMaxNvlPeers;
+  const int experts_per_rank = p.num_experts / p.num_ranks;
+  std::fill(p.num_tokens_per_rank, p.num_tokens_per_rank + p.num_ranks, 0);
+  std::fill(p.num_tokens_per_expert, p.num_tokens_per_expert + p.num_experts, 0);
+  if (p.num_tokens_per_rdma_rank != nullptr) {
+    std::fill(p.num_tokens_per_rdma_rank, p.num_tokens_per_rdma_rank + num_rdma_ranks, 0);
+  }
+  int32_t invalid = 0;
+  std::vector<uint8_t> in_rdma(num_rdma_ranks);
+  for (int t = 0; t < p.num_tokens; ++t) {
+    bool* in_rank = p.is_token_in_rank + static_cast<size_t>(t) * p.num_ranks;
+    std::fill(in_rank, in_rank + p.num_ranks, false);
+    for (int k = 0; k < p.num_topk; ++k) {
+      const int64_t e = p.topk_idx[static_cast<size_t>(t) * p.num_topk + k];
+      if (e < -1 || e >= p.num_experts) {
+        ++invalid;  // treated as -1, counted so that the caller can tell
+        continue;
+      }
+      if (e < 0) continue;
+      ++p.num_tokens_per_expert[e];
+      in_rank[e / experts_per_rank] = true;
+    }
+    std::fill(in_rdma.begin(), in_rdma.end(), 0);
+    for (int r = 0; r < p.num_ranks; ++r) {
+      if (!in_rank[r]) continue;
+      ++p.num_tokens_per_rank[r];
+      in_rdma[r / kMaxNvlPeers] = 1;
+    }
+    if (p.num_tokens_per_rdma_rank != nullptr) {
+      for (int rr = 0; rr < num_rdma_ranks; ++rr) p.num_tokens_per_rdma_rank[rr] += in_rdma[rr];
+    }
+  }
+  if (p.num_invalid_topk != nullptr) *p.num_invalid_topk = invalid;
+  return absl::OkStatus();
+}
+
+absl::Status IntranodeResetRegion(const IntranodeGroup& group) {
+  absl::StatusOr<View> v = MakeView(group);
+  if (!v.ok()) return v.status();
+  std::memset(group.peer_regions[group.rank], 0, v->layout.signal_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& p) {
+  absl::StatusOr<View> view = MakeView(group);
+  if (!view.ok()) return view.status();
+  const View& v = *view;
+  if (p.num_tokens < 0 || p.num_tokens > group.config.max_tokens_per_rank) {
+    return Invalid("num_tokens", p.num_tokens, "must be in [0, config.max_tokens_per_rank]");
+  }
+  if (p.num_experts != group.config.num_experts) {
+    return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
+  }
+  if (p.expert_alignment < 1) return Invalid("expert_alignment", p.expert_alignment, "must be >= 1");
+  if (p.num_tokens_per_rank == nullptr) return Missing("num_tokens_per_rank", "always");
+  if (p.num_tokens_per_expert == nullptr) return Missing("num_tokens_per_expert", "always");
+  if (p.rank_prefix_matrix == nullptr) return Missing("rank_prefix_matrix", "always");
+  if ((p.host_num_recv_tokens == nullptr) != (p.host_num_recv_tokens_per_expert == nullptr)) {
+    return absl::InvalidArgumentError("host_num_recv_tokens and host_num_recv_tokens_per_expert go together");
+  }
+  const int R = v.num_ranks, epr = v.experts_per_rank;
+  TimeoutRecord timeout;
+  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+  // Every region gets this rank's row of counts; published by the second barrier's release.
+  for (int dst = 0; dst < R; ++dst) {
+    std::memcpy(v.Section<int32_t>(dst, v.layout.notify_rank_counts) + v.rank * R, p.num_tokens_per_rank,
+                R * sizeof(int32_t));
+    std::memcpy(v.Section<int32_t>(dst, v.layout.notify_expert_counts) + v.rank * epr,
+                p.num_tokens_per_expert + dst * epr, epr * sizeof(int32_t));
+  }
+  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+  const int32_t* rank_counts = v.Section<int32_t>(v.rank, v.layout.notify_rank_counts);
+  const int32_t* expert_counts = v.Section<int32_t>(v.rank, v.layout.notify_expert_counts);
+  for (int dst = 0; dst < R; ++dst) {
+    int32_t sum = 0;
+    for (int src = 0; src < R; ++src) {
+      sum += rank_counts[src * R + dst];
+      p.rank_prefix_matrix[src * R + dst] = sum;
+    }
+  }
+  for (int e = 0; e < epr; ++e) {
+    int32_t sum = 0;
+    for (int s = 0; s < R; ++s) sum += expert_counts[s * epr + e];
+    const int32_t aligned = (sum + p.expert_alignment - 1) / p.expert_alignment * p.expert_alignment;
+    if (p.recv_counts != nullptr) p.recv_counts[1 + e] = aligned;
+    if (p.host_num_recv_tokens_per_expert != nullptr) p.host_num_recv_tokens_per_expert[e] = aligned;
+  }
+  const int32_t num_recv = p.rank_prefix_matrix[(R - 1) * R + v.rank];
+  if (p.recv_counts != nullptr) p.recv_counts[0] = num_recv;
+  // Last, with release: a thread polling it (IntranodeWaitRecvCounts) then sees the per-expert counts too.
+  if (p.host_num_recv_tokens != nullptr) StoreRelease(p.host_num_recv_tokens, num_recv);
+  return absl::OkStatus();
+}
+
+absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle) {
+  absl::StatusOr<View> view = MakeView(group);
+  if (!view.ok()) return view.status();
+  const View& v = *view;
+  const IntranodeRegionConfig& c = group.config;
+  if (handle == nullptr) return Missing("handle", "always");
+  const IntranodeHandle& h = *handle;
+  if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
+    return Invalid("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
+  }
+  if (p.x_dtype != DType::kBF16 && p.x_dtype != DType::kFP8E4M3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("x_dtype = %s: dispatch takes bf16 or fp8_e4m3", DTypeName(p.x_dtype)));
+  }
+  const bool fp8 = p.x_dtype == DType::kFP8E4M3;
+  if (p.hidden < 1 || p.hidden > c.max_hidden) return Invalid("hidden", p.hidden, "must be in [1, config.max_hidden]");
+  if (fp8 ? p.hidden % kFp8ScaleBlock != 0 : p.hidden % 8 != 0) {
+    return Invalid("hidden", p.hidden, fp8 ? "must be a multiple of 128 for fp8" : "must be a multiple of 8");
+  }
+  if (fp8 && h.num_tokens > 0 && p.x_scales == nullptr) return Missing("x_scales", "for fp8 x");
+  if (!fp8 && p.x_scales != nullptr) return absl::InvalidArgumentError("x_scales given for bf16 x");
+  if (h.num_tokens > 0 && p.x == nullptr) return Missing("x", "when num_tokens > 0");
+  if (p.topk_idx != nullptr) {
+    if (p.num_topk < 1 || p.num_topk > c.max_topk || p.num_topk > kMaxTopk) {
+      return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_idx");
+    }
+    if (p.recv_topk_idx == nullptr && p.recv_capacity > 0) return Missing("recv_topk_idx", "with topk_idx");
+  }
+  if (p.topk_weights != nullptr) {
+    if (p.topk_idx == nullptr) return Missing("topk_idx", "with topk_weights");
+    if (p.recv_topk_weights == nullptr && p.recv_capacity > 0) return Missing("recv_topk_weights", "with topk_weights");
+  }
+  if (p.num_experts != c.num_experts) return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
+  if (p.num_sms < 1 || p.num_sms > c.max_channels) {
+    return Invalid("num_sms", p.num_sms, "must be in [1, config.max_channels]");
+  }
+  if (p.recv_capacity < 0 || p.recv_capacity > IntranodeWorstCaseRecvTokens(c)) {
+    return Invalid("recv_capacity", p.recv_capacity, "must be in [0, num_ranks * max_tokens_per_rank]");
+  }
+  if (h.num_recv_tokens > p.recv_capacity) {
+    return Invalid("handle.num_recv_tokens", h.num_recv_tokens, "exceeds recv_capacity");
+  }
+  if (p.recv_capacity > 0) {
+    if (p.recv_x == nullptr) return Missing("recv_x", "when recv_capacity > 0");
+    if (fp8 && p.recv_x_scales == nullptr) return Missing("recv_x_scales", "for fp8 x");
+    if (h.recv_src_idx == nullptr) return Missing("handle.recv_src_idx", "when recv_capacity > 0");
+  }
+  if (h.num_tokens > 0 && h.is_token_in_rank == nullptr) return Missing("handle.is_token_in_rank", "num_tokens > 0");
+  if (h.rank_prefix_matrix == nullptr) return Missing("handle.rank_prefix_matrix", "always");
+  if (h.recv_channel_prefix == nullptr) return Missing("handle.recv_channel_prefix", "always");
+  if (h.num_tokens > 0 && h.send_slot == nullptr) return Missing("handle.send_slot", "when num_tokens > 0");
+  // The receive side is checked against the prefix matrix (the GPU trusts it; the host can afford the check).
+  const int R = v.num_ranks, me = v.rank, C = p.num_sms;
+  if (h.rank_prefix_matrix[(R - 1) * R + me] > p.recv_capacity) {
+    return Invalid("handle.rank_prefix_matrix total for this rank", h.rank_prefix_matrix[(R - 1) * R + me],
+                   "exceeds recv_capacity");
+  }
+
+  const int T = h.num_tokens;
+  const size_t row_bytes = fp8 ? p.hidden : static_cast<size_t>(p.hidden) * 2;
+  const int num_scales = fp8 ? p.hidden / kFp8ScaleBlock : 0;
+  const int K = p.topk_idx != nullptr ? p.num_topk : 0;
+  const bool has_weights = p.topk_weights != nullptr;
+  const int epr = v.experts_per_rank;
+  const IntranodeRegionLayout& l = v.layout;
+  const char* x = static_cast<const char*>(p.x);
+  char* recv_x = static_cast<char*>(p.recv_x);
+  handle->num_channels = C;
+
+  TimeoutRecord timeout;
+  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+
+  // Slots: send_slot[t][d] = index of token t among this rank's tokens sent to d (cached mode recomputes them from
+  // is_token_in_rank, as the kernel does).
+  std::vector<int> next_slot(R, 0);
+  for (int t = 0; t < T; ++t) {
+    for (int d = 0; d < R; ++d) {
+      h.send_slot[static_cast<size_t>(t) * R + d] =
+          h.is_token_in_rank[static_cast<size_t>(t) * R + d] ? next_slot[d]++ : -1;
+    }
+  }
+
+  // Send, channel by channel: range first, then the rows, then the tail (release: the rows before it).
+  const int my_recv_base = RecvBase(h.rank_prefix_matrix, R, me, me);
+  std::vector<int> channel_begin(R, 0), channel_count(R, 0);
+  for (int ch = 0; ch < C; ++ch) {
+    const int token_begin = reference::ChannelTokenBegin(T, C, ch);
+    const int token_end = reference::ChannelTokenBegin(T, C, ch + 1);
+    for (int d = 0; d < R; ++d) {
+      channel_begin[d] += channel_count[d];
+      channel_count[d] = 0;
+      for (int t = token_begin; t < token_end; ++t)
+        channel_count[d] += h.is_token_in_rank[static_cast<size_t>(t) * R + d];
+      if (d == me) {
+        h.recv_channel_prefix[d * C + ch] = channel_begin[d];
+      } else {
+        StoreRelease(v.DispatchRange(d, me, ch), PackRange(channel_begin[d], channel_begin[d] + channel_count[d]));
+      }
+    }
+    for (int t = token_begin; t < token_end; ++t) {
+      for (int d = 0; d < R; ++d) {
+        const int slot = h.send_slot[static_cast<size_t>(t) * R + d];
+        if (slot < 0) continue;
+        const bool local = d == me;
+        const size_t row = local ? static_cast<size_t>(my_recv_base) + slot : static_cast<size_t>(slot);
+        char* x_dst = local ? recv_x : v.Pool<char>(d, l.staging_x, l.staging_x_pool_bytes, me);
+        std::memcpy(x_dst + row * row_bytes, x + static_cast<size_t>(t) * row_bytes, row_bytes);
+        if (num_scales > 0) {
+          float* dst = local ? p.recv_x_scales : v.Pool<float>(d, l.staging_scales, l.staging_scales_pool_bytes, me);
+          std::memcpy(dst + row * num_scales, p.x_scales + static_cast<size_t>(t) * num_scales,
+                      num_scales * sizeof(float));
+        }
+        if (K > 0) {
+          int64_t* idx_dst =
+              local ? p.recv_topk_idx : v.Pool<int64_t>(d, l.staging_topk_idx, l.staging_topk_idx_pool_bytes, me);
+          float* w_dst = !has_weights ? nullptr
+                         : local      ? p.recv_topk_weights
+                                      : v.Pool<float>(d, l.staging_topk_weights, l.staging_topk_weights_pool_bytes, me);
+          for (int k = 0; k < K; ++k) {
+            const int64_t expert = p.topk_idx[static_cast<size_t>(t) * K + k];
+            const bool here = expert >= static_cast<int64_t>(d) * epr && expert < static_cast<int64_t>(d + 1) * epr;
+            idx_dst[row * K + k] = here ? expert - static_cast<int64_t>(d) * epr : -1;
+            if (has_weights) w_dst[row * K + k] = here ? p.topk_weights[static_cast<size_t>(t) * K + k] : 0.0f;
+          }
+        }
+        int32_t* src_dst =
+            local ? h.recv_src_idx : v.Pool<int32_t>(d, l.staging_src_idx, l.staging_src_idx_pool_bytes, me);
+        src_dst[row] = t;
+      }
+    }
+    for (int d = 0; d < R; ++d) {
+      // A tail is written only for a non-empty range, so no write can follow the receiver's reset of it.
+      if (d != me && channel_count[d] > 0) StoreRelease(v.ChannelTail(d, me, ch), channel_count[d]);
+    }
+  }
+
+  // Receive every peer's channels: wait for the range, then for the tail, copy, and zero both.
+  for (int k = 1; k < R; ++k) {
+    const int src = (me + k) % R;
+    const int src_base = RecvBase(h.rank_prefix_matrix, R, src, me);
+    for (int ch = 0; ch < C; ++ch) {
+      int64_t* range_word = v.DispatchRange(me, src, ch);
+      int64_t range = 0;
+      if (!BoundedWait([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns)) {
+        timeout.Record(WaitSite::kDispatchFifoData, me, src, ch);
+        return timeout.Finish(group.status);
+      }
+      const int begin = static_cast<int>(static_cast<uint32_t>(range & 0xffffffff));
+      const int count = static_cast<int>(range >> 32) - 1 - begin;
+      h.recv_channel_prefix[src * C + ch] = begin;
+      int32_t* tail_word = v.ChannelTail(me, src, ch);
+      if (count > 0 && !BoundedWait([&] { return LoadAcquire(tail_word) >= count; }, group.timeout_ns)) {
+        timeout.Record(WaitSite::kDispatchFifoData, me, src, ch);
+        return timeout.Finish(group.status);
+      }
+      if (count > 0) {
+        const size_t recv_row = static_cast<size_t>(src_base) + begin;
+        std::memcpy(recv_x + recv_row * row_bytes,
+                    v.Pool<char>(me, l.staging_x, l.staging_x_pool_bytes, src) + begin * row_bytes, count * row_bytes);
+        if (num_scales > 0) {
+          std::memcpy(p.recv_x_scales + recv_row * num_scales,
+                      v.Pool<float>(me, l.staging_scales, l.staging_scales_pool_bytes, src) +
+                          static_cast<size_t>(begin) * num_scales,
+                      static_cast<size_t>(count) * num_scales * sizeof(float));
+        }
+        if (K > 0) {
+          std::memcpy(p.recv_topk_idx + recv_row * K,
+                      v.Pool<int64_t>(me, l.staging_topk_idx, l.staging_topk_idx_pool_bytes, src) +
+                          static_cast<size_t>(begin) * K,
+                      static_cast<size_t>(count) * K * sizeof(int64_t));
+          if (has_weights) {
+            std::memcpy(p.recv_topk_weights + recv_row * K,
+                        v.Pool<float>(me, l.staging_topk_weights, l.staging_topk_weights_pool_bytes, src) +
+                            static_cast<size_t>(begin) * K,
+                        static_cast<size_t>(count) * K * sizeof(float));
+          }
+        }
+        std::memcpy(h.recv_src_idx + recv_row,
+                    v.Pool<int32_t>(me, l.staging_src_idx, l.staging_src_idx_pool_bytes, src) + begin,
+                    static_cast<size_t>(count) * sizeof(int32_t));
+      }
+      // Consumed: the sender wrote its final values before the tail we saw and writes them again only after the
+      // next call's barrier, which needs this rank's arrival.
+      StoreRelaxed(range_word, int64_t{0});
+      StoreRelaxed(tail_word, int32_t{0});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombineParams& p, const IntranodeHandle& h) {
+  absl::StatusOr<View> view = MakeView(group);
+  if (!view.ok()) return view.status();
+  const View& v = *view;
+  const IntranodeRegionConfig& c = group.config;
+  if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
+    return Invalid("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
+  }
+  if (h.num_recv_tokens < 0 || h.num_recv_tokens > IntranodeWorstCaseRecvTokens(c)) {
+    return Invalid("handle.num_recv_tokens", h.num_recv_tokens, "must be in [0, num_ranks * max_tokens_per_rank]");
+  }
+  if (h.num_channels < 1 || h.num_channels > c.max_channels) {
+    return Invalid("handle.num_channels", h.num_channels, "must be in [1, config.max_channels] (run dispatch first)");
+  }
+  if (p.hidden < 8 || p.hidden > c.max_hidden || p.hidden % 8 != 0) {
+    return Invalid("hidden", p.hidden, "must be a multiple of 8 in [8, config.max_hidden]");
+  }
+  if (h.num_recv_tokens > 0 && p.x == nullptr) return Missing("x", "when handle.num_recv_tokens > 0");
+  if (h.num_tokens > 0 && p.combined_x == nullptr) return Missing("combined_x", "when handle.num_tokens > 0");
+  if (p.topk_weights != nullptr) {
+    if (p.num_topk < 1 || p.num_topk > c.max_topk) {
+      return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_weights");
+    }
+    if (h.num_tokens > 0 && p.combined_topk_weights == nullptr) {
+      return Missing("combined_topk_weights", "with topk_weights");
+    }
+  }
+  if (h.rank_prefix_matrix == nullptr) return Missing("handle.rank_prefix_matrix", "always");
+  if (h.recv_channel_prefix == nullptr) return Missing("handle.recv_channel_prefix", "always");
+  if (h.num_tokens > 0 && h.send_slot == nullptr) return Missing("handle.send_slot", "when num_tokens > 0");
+
+  const int R = v.num_ranks, me = v.rank, C = h.num_channels, H = p.hidden, T = h.num_tokens;
+  const int K = p.topk_weights != nullptr ? p.num_topk : 0;
+  const size_t row_bytes = static_cast<size_t>(H) * 2;
+  const IntranodeRegionLayout& l = v.layout;
+  const uint16_t* x = static_cast<const uint16_t*>(p.x);
+
+  TimeoutRecord timeout;
+  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+
+  // Send back: the rows received from `dst` in its channel ch are contiguous in x and go to the same slots of dst's
+  // staging pool for this rank; the tail (absolute slot end, release) follows the rows.
+  for (int k = 1; k < R; ++k) {
+    const int dst = (me + k) % R;
+    const int base = RecvBase(h.rank_prefix_matrix, R, dst, me);
+    const int count = h.rank_prefix_matrix[dst * R + me] - base;
+    char* staging_x = v.Pool<char>(dst, l.staging_x, l.staging_x_pool_bytes, me);
+    float* staging_w = v.Pool<float>(dst, l.staging_topk_weights, l.staging_topk_weights_pool_bytes, me);
+    for (int ch = 0; ch < C; ++ch) {
+      const int begin = h.recv_channel_prefix[dst * C + ch];
+      const int end = ch + 1 < C ? h.recv_channel_prefix[dst * C + ch + 1] : count;
+      if (end <= begin) continue;
+      std::memcpy(staging_x + begin * row_bytes, x + (static_cast<size_t>(base) + begin) * H,
+                  (end - begin) * row_bytes);
+      if (K > 0) {
+        std::memcpy(staging_w + static_cast<size_t>(begin) * K,
+                    p.topk_weights + (static_cast<size_t>(base) + begin) * K,
+                    static_cast<size_t>(end - begin) * K * sizeof(float));
+      }
+      StoreRelease(v.ChannelTail(dst, me, ch), end);
+    }
+  }
+
+  // Reduce this rank's tokens, channel by channel (the tails are per channel): float sums in rank order, then the
+  // biases, one rounding to BF16: exactly the kernel's and the reference's order of operations.
+  const int my_recv_base = RecvBase(h.rank_prefix_matrix, R, me, me);
+  const uint16_t* bias_0 = static_cast<const uint16_t*>(p.bias_0);
+  const uint16_t* bias_1 = static_cast<const uint16_t*>(p.bias_1);
+  uint16_t* combined_x = static_cast<uint16_t*>(p.combined_x);
+  std::vector<float> acc(H);
+  std::vector<int32_t> seen_tail(R);
+  for (int ch = 0; ch < C; ++ch) {
+    const int token_begin = reference::ChannelTokenBegin(T, C, ch);
+    const int token_end = reference::ChannelTokenBegin(T, C, ch + 1);
+    std::fill(seen_tail.begin(), seen_tail.end(), 0);
+    for (int t = token_begin; t < token_end; ++t) {
+      const int32_t* slots = h.send_slot + static_cast<size_t>(t) * R;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int d = 0; d < R; ++d) {
+        const int slot = slots[d];
+        if (slot < 0) continue;
+        const uint16_t* row;
+        if (d == me) {
+          row = x + (static_cast<size_t>(my_recv_base) + slot) * H;
+        } else {
+          if (seen_tail[d] <= slot) {
+            const int32_t* tail_word = v.ChannelTail(me, d, ch);
+            if (!BoundedWait([&] { return (seen_tail[d] = LoadAcquire(tail_word)) > slot; }, group.timeout_ns)) {
+              timeout.Record(WaitSite::kCombineFifoData, me, d, ch);
+              return timeout.Finish(group.status);
+            }
+          }
+          row = reinterpret_cast<const uint16_t*>(v.Pool<char>(me, l.staging_x, l.staging_x_pool_bytes, d) +
+                                                  static_cast<size_t>(slot) * row_bytes);
+        }
+        internal::AddBf16Row(acc.data(), row, H);
+      }
+      const size_t out = static_cast<size_t>(t) * H;
+      if (bias_0 != nullptr) internal::AddBf16Row(acc.data(), bias_0 + out, H);
+      if (bias_1 != nullptr) internal::AddBf16Row(acc.data(), bias_1 + out, H);
+      internal::StoreBf16Row(combined_x + out, acc.data(), H);
+      for (int k = 0; k < K; ++k) {
+        float sum = 0.0f;
+        for (int d = 0; d < R; ++d) {
+          const int slot = slots[d];
+          if (slot < 0) continue;
+          sum += d == me ? p.topk_weights[(static_cast<size_t>(my_recv_base) + slot) * K + k]
+                         : v.Pool<float>(me, l.staging_topk_weights, l.staging_topk_weights_pool_bytes,
+                                         d)[static_cast<size_t>(slot) * K + k];
+        }
+        p.combined_topk_weights[static_cast<size_t>(t) * K + k] = sum;
+      }
+    }
+    // Every peer with rows in this channel has published its final tail (the last row's slot is covered), and
+    // writes it again only after the next call's barrier.
+    for (int d = 0; d < R; ++d) {
+      if (d != me) StoreRelaxed(v.ChannelTail(me, d, ch), int32_t{0});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace epfabric::kernels::host_backend

@@ -1,0 +1,353 @@
+// Host backend of the low-latency mode: dispatch and combine run by the CPU over the regions of MakeLowLatencyLayout
+// with the protocol of kernels/cuda/low_latency_{dispatch,combine}.cu (docs/low-latency-kernels.md,
+// docs/host-backend.md):
+//  - dispatch send: clean the other half's signals, one message per (token, destination rank) at slot
+//    [this rank][token] (FP8 quantised once per token, exactly as fp8.cc), the per-(expert, source) token lists, then
+//    per expert `-count-1` with a release store into the expert's rank;
+//  - dispatch receive: acquire every (local expert, source) count, fan the messages out into the packed layout;
+//  - combine send: clean the other half's signals, publish this rank's top-k weights + a weights flag to every rank,
+//    reduce per (source rank, token) over this rank's experts (fmaf, top-k order, one bf16 rounding) into the
+//    source's combine_recv row, then raise the combine flag on every rank;
+//  - combine receive: acquire every rank's combine flag, add the partial rows in rank order.
+// Signals are released only after the other half was cleaned, so a peer that reaches the next call (it must have
+// seen this call's signals) never writes into a half that is still being cleaned.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "epfabric/kernels/host_backend.h"
+#include "fp8.h"
+#include "host_numeric.h"
+#include "host_sync.h"
+
+namespace epfabric::kernels::host_backend {
+namespace {
+
+using internal::BoundedWait;
+using internal::LoadAcquire;
+using internal::StoreRelease;
+using internal::TimeoutRecord;
+
+// The regions of the group for one call: this rank, its half, the masked ranks.
+struct View {
+  const LowLatencyContext& ctx;
+  const LowLatencyLayout& l;
+  int half;
+  int rank;
+  int num_ranks;
+  uint32_t masked = 0;  // bit r: rank r takes no part (ctx.rank_mask, plus peers that timed out in this call)
+
+  uint8_t* HalfBase(int r) const { return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * half; }
+  uint8_t* OtherHalfBase(int r) const { return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * (half ^ 1); }
+  bool Masked(int r) const { return ((masked >> r) & 1u) != 0; }
+  // A peer that did not answer in time: skipped for the rest of the call and, as on the GPU, in later calls.
+  void MaskAfterTimeout(int r) {
+    masked |= 1u << r;
+    if (ctx.rank_mask != nullptr) internal::StoreRelease(ctx.rank_mask + r, int32_t{1});
+  }
+};
+
+View MakeView(const LowLatencyContext& ctx, int half) {
+  View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks};
+  if (ctx.rank_mask != nullptr) {
+    for (int r = 0; r < ctx.num_ranks; ++r) {
+      if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked |= 1u << r;
+    }
+  }
+  return v;
+}
+
+// Zeroes the signals of the half the previous call used and the next call will use (see the file comment).
+void CleanOtherHalfSignals(const View& v) {
+  std::memset(v.OtherHalfBase(v.rank), 0, v.l.signal_bytes);
+  // The release stores that follow publish the zeroes together with the data.
+}
+
+bool Sends(LowLatencyPhases phases) {
+  return (static_cast<int>(phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0;
+}
+bool Receives(LowLatencyPhases phases) {
+  return (static_cast<int>(phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
+}
+
+absl::Status ValidateContext(const LowLatencyContext& ctx, KernelStatus* dummy, LowLatencyContext* checked) {
+  *checked = ctx;
+  // The host reports timeouts through the return value; a status word is optional here.
+  if (checked->status == nullptr) checked->status = dummy;
+  if (ctx.timeout_ns == 0) return absl::InvalidArgumentError("ctx.timeout_ns = 0: must be positive");
+  return absl::OkStatus();
+}
+
+void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
+  const LowLatencyLayout& l = v.l;
+  const int H = l.hidden, M = l.max_tokens_per_rank, L = l.num_local_experts, E = l.num_experts, K = a.num_topk;
+  const int G = H / kFp8GroupSize;
+  CleanOtherHalfSignals(v);
+  const uint16_t* x = static_cast<const uint16_t*>(a.x);
+  std::vector<uint8_t> fp8(a.use_fp8 ? H : 0);
+  std::vector<float> scales(a.use_fp8 ? G : 0);
+  // Messages: one per (token, destination rank holding at least one of its experts).
+  for (int t = 0; t < a.num_tokens; ++t) {
+    uint32_t dst_ranks = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = a.topk_idx[static_cast<size_t>(t) * K + k];
+      if (e >= 0 && e < E) dst_ranks |= 1u << static_cast<int>(e / L);
+    }
+    dst_ranks &= ~v.masked;
+    if (dst_ranks == 0) continue;
+    const uint16_t* row = x + static_cast<size_t>(t) * H;
+    if (a.use_fp8) internal::QuantizeRowFp8Fast(row, H, a.round_scale, fp8.data(), scales.data());
+    const size_t msg_offset = l.dispatch_msgs_offset + (static_cast<size_t>(v.rank) * M + t) * l.dispatch_msg_bytes;
+    for (int r = 0; r < v.num_ranks; ++r) {
+      if (((dst_ranks >> r) & 1u) == 0) continue;
+      uint8_t* msg = v.HalfBase(r) + msg_offset;
+      const int32_t header[4] = {t, 0, 0, 0};
+      std::memcpy(msg, header, sizeof(header));
+      uint8_t* payload = msg + kLowLatencyMessageHeaderBytes;
+      if (a.use_fp8) {
+        std::memcpy(payload, fp8.data(), H);
+        std::memcpy(payload + H, scales.data(), G * sizeof(float));
+      } else {
+        std::memcpy(payload, row, static_cast<size_t>(H) * 2);
+      }
+    }
+  }
+  // Routing: per global expert, the tokens that chose it (first top-k position), ascending, then the count. The
+  // release store of the count publishes the list and every message above (and the cleaning) to the expert's rank.
+  for (int e = 0; e < E; ++e) {
+    const int r = e / L, local = e % L;
+    if (v.Masked(r)) continue;
+    int32_t* table = reinterpret_cast<int32_t*>(v.HalfBase(r) + l.dispatch_table_offset) +
+                     (static_cast<size_t>(local) * v.num_ranks + v.rank) * M;
+    int count = 0;
+    for (int t = 0; t < a.num_tokens; ++t) {
+      const int64_t* row = a.topk_idx + static_cast<size_t>(t) * K;
+      for (int k = 0; k < K; ++k) {
+        if (row[k] == e) {
+          table[count++] = t | (k << 16);
+          break;
+        }
+      }
+    }
+    StoreRelease(reinterpret_cast<int32_t*>(v.HalfBase(r) + l.dispatch_count_offset) + local * v.num_ranks + v.rank,
+                 -count - 1);
+  }
+}
+
+void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, TimeoutRecord* timeout) {
+  const LowLatencyLayout& l = v.l;
+  const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts;
+  const int G = H / kFp8GroupSize;
+  const size_t slots = static_cast<size_t>(R) * M;
+  const size_t row_bytes = a.use_fp8 ? static_cast<size_t>(H) : static_cast<size_t>(H) * 2;
+  const uint8_t* my_half = v.HalfBase(v.rank);
+  uint8_t* packed_x = static_cast<uint8_t*>(a.packed_recv_x);
+  // The token map (an output of this phase) is reset here; the GPU does it in the send phase because its receive
+  // blocks cannot order a reset before their own writes without a grid-wide sync.
+  std::fill(a.packed_recv_token_map, a.packed_recv_token_map + slots * kLowLatencyMaxTopk, -1);
+  std::vector<int> counts(R);
+  for (int local = 0; local < L; ++local) {
+    for (int s = 0; s < R; ++s) {
+      counts[s] = 0;
+      if (v.Masked(s)) continue;
+      const int32_t* signal = reinterpret_cast<const int32_t*>(my_half + l.dispatch_count_offset) + local * R + s;
+      int32_t value = 0;
+      if (BoundedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns)) {
+        counts[s] = -value - 1;
+      } else {
+        timeout->Record(WaitSite::kLowLatencyRecvCount, v.rank, s, local);
+        v.MaskAfterTimeout(s);
+      }
+    }
+    int begin = 0;
+    for (int s = 0; s < R; ++s) {
+      const int count = counts[s];
+      a.packed_recv_layout_range[local * R + s] = (static_cast<int64_t>(begin) << 32) | static_cast<uint32_t>(count);
+      const int32_t* table = reinterpret_cast<const int32_t*>(my_half + l.dispatch_table_offset) +
+                             (static_cast<size_t>(local) * R + s) * M;
+      const uint8_t* msgs = my_half + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
+      for (int j = 0; j < count; ++j) {
+        const int32_t entry = table[j];
+        const int t = entry & 0xFFFF, k0 = entry >> 16;
+        const size_t pos = begin + j;
+        const size_t slot = static_cast<size_t>(local) * slots + pos;
+        const uint8_t* payload = msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes + kLowLatencyMessageHeaderBytes;
+        std::memcpy(packed_x + slot * row_bytes, payload, row_bytes);
+        if (a.use_fp8) {
+          const uint8_t* scales = payload + H;
+          for (int g = 0; g < G; ++g) {
+            uint32_t bits;
+            std::memcpy(&bits, scales + g * sizeof(float), sizeof(bits));
+            if (a.use_ue8m0) {
+              // The biased exponent of the power-of-two scale, byte g % 4 of int32 [local][g / 4][pos].
+              static_cast<uint8_t*>(a.packed_recv_x_scales)
+                  [((static_cast<size_t>(local) * (G / kUe8m0ScalesPerInt32) + g / kUe8m0ScalesPerInt32) * slots +
+                    pos) *
+                       4 +
+                   g % kUe8m0ScalesPerInt32] = static_cast<uint8_t>((bits >> 23) & 0xFF);
+            } else {
+              static_cast<uint32_t*>(a.packed_recv_x_scales)[(static_cast<size_t>(local) * G + g) * slots + pos] = bits;
+            }
+          }
+        }
+        a.packed_recv_src_info[slot] = t;
+        a.packed_recv_topk_slot[slot] = k0;
+        a.packed_recv_token_map[(static_cast<size_t>(s) * M + t) * kLowLatencyMaxTopk + k0] =
+            static_cast<int32_t>(slot);
+      }
+      begin += count;
+    }
+    a.packed_recv_count[local] = begin;
+    if (a.cumulative_stats != nullptr) a.cumulative_stats[local] += begin;
+  }
+}
+
+void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, TimeoutRecord* timeout) {
+  const LowLatencyLayout& l = v.l;
+  const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
+  const int K = a.num_topk;
+  CleanOtherHalfSignals(v);
+  // This rank's weights into every expert's rank (duplicates of an expert summed into its first position), then the
+  // weights flags (release: the weights before them).
+  for (int t = 0; t < a.num_tokens; ++t) {
+    const int64_t* row = a.topk_idx + static_cast<size_t>(t) * K;
+    const float* w = a.topk_weights + static_cast<size_t>(t) * K;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = row[k];
+      if (e < 0 || e >= E) continue;
+      const int r = static_cast<int>(e / L);
+      if (v.Masked(r)) continue;
+      bool first = true;
+      for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
+      if (!first) continue;
+      float sum = w[k];
+      for (int kk = k + 1; kk < K; ++kk) {
+        if (row[kk] == e) sum = sum + w[kk];
+      }
+      reinterpret_cast<float*>(
+          v.HalfBase(r) + l.combine_weights_offset)[(static_cast<size_t>(v.rank) * M + t) * kLowLatencyMaxTopk + k] =
+          sum;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (!v.Masked(r)) StoreRelease(reinterpret_cast<int32_t*>(v.HalfBase(r) + l.weights_flag_offset) + v.rank, 1);
+  }
+  // Partial sums per (source rank, token) over this rank's experts, in top-k order.
+  const uint8_t* my_half = v.HalfBase(v.rank);
+  const float* weights_in = reinterpret_cast<const float*>(my_half + l.combine_weights_offset);
+  const int32_t* weights_flag = reinterpret_cast<const int32_t*>(my_half + l.weights_flag_offset);
+  uint32_t have_weights = 0;
+  std::vector<float> acc(H);
+  int32_t rows[kLowLatencyMaxTopk];
+  float row_weights[kLowLatencyMaxTopk];
+  for (int s = 0; s < R; ++s) {
+    for (int t = 0; t < M; ++t) {
+      if (v.Masked(s)) break;
+      const int32_t* map = a.handle.packed_recv_token_map + (static_cast<size_t>(s) * M + t) * kLowLatencyMaxTopk;
+      int num_present = 0;
+      for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
+        if (map[k] >= 0) rows[num_present++] = map[k];
+      }
+      if (num_present == 0) continue;
+      if (((have_weights >> s) & 1u) == 0) {
+        if (!BoundedWait([&] { return LoadAcquire(weights_flag + s) != 0; }, v.ctx.timeout_ns)) {
+          timeout->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
+          v.MaskAfterTimeout(s);
+          break;
+        }
+        have_weights |= 1u << s;
+      }
+      num_present = 0;
+      for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
+        if (map[k] >= 0)
+          row_weights[num_present++] = weights_in[(static_cast<size_t>(s) * M + t) * kLowLatencyMaxTopk + k];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int j = 0; j < num_present; ++j) {
+        internal::FmaBf16Row(acc.data(), x + static_cast<size_t>(rows[j]) * H, row_weights[j], H);
+      }
+      uint16_t* dst = reinterpret_cast<uint16_t*>(v.HalfBase(s) + l.combine_recv_offset) +
+                      (static_cast<size_t>(t) * R + v.rank) * H;
+      internal::StoreBf16Row(dst, acc.data(), H);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (!v.Masked(r)) StoreRelease(reinterpret_cast<int32_t*>(v.HalfBase(r) + l.combine_flag_offset) + v.rank, 1);
+  }
+}
+
+void CombineRecv(View& v, const LowLatencyCombineArgs& a, TimeoutRecord* timeout) {
+  const LowLatencyLayout& l = v.l;
+  const int H = l.hidden, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts, K = a.num_topk;
+  const uint8_t* my_half = v.HalfBase(v.rank);
+  for (int r = 0; r < R; ++r) {
+    if (v.Masked(r)) continue;
+    const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + r;
+    if (!BoundedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns)) {
+      timeout->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
+      v.MaskAfterTimeout(r);
+    }
+  }
+  const uint16_t* recv = reinterpret_cast<const uint16_t*>(my_half + l.combine_recv_offset);
+  uint16_t* out = static_cast<uint16_t*>(a.combined_x);
+  std::vector<float> acc(H);
+  for (int t = 0; t < a.num_tokens; ++t) {
+    uint32_t ranks = 0;
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = a.topk_idx[static_cast<size_t>(t) * K + k];
+      if (e >= 0 && e < E) ranks |= 1u << static_cast<int>(e / L);
+    }
+    ranks &= ~v.masked;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int r = 0; r < R; ++r) {
+      if (((ranks >> r) & 1u) == 0) continue;
+      internal::AddBf16Row(acc.data(), recv + (static_cast<size_t>(t) * R + r) * H, H);
+    }
+    internal::StoreBf16Row(out + static_cast<size_t>(t) * H, acc.data(), H);
+  }
+}
+
+}  // namespace
+
+absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args) {
+  KernelStatus dummy{};
+  LowLatencyContext checked;
+  if (absl::Status s = ValidateContext(ctx, &dummy, &checked); !s.ok()) return s;
+  if (absl::Status s = ValidateLowLatencyDispatch(checked, args); !s.ok()) return s;
+  View v = MakeView(ctx, args.buffer_half);
+  TimeoutRecord timeout;
+  if (Sends(args.phases)) DispatchSend(v, args);
+  if (Receives(args.phases)) DispatchRecv(v, args, &timeout);
+  return timeout.Finish(ctx.status);
+}
+
+absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args) {
+  KernelStatus dummy{};
+  LowLatencyContext checked;
+  if (absl::Status s = ValidateContext(ctx, &dummy, &checked); !s.ok()) return s;
+  if (absl::Status s = ValidateLowLatencyCombine(checked, args); !s.ok()) return s;
+  View v = MakeView(ctx, args.buffer_half);
+  TimeoutRecord timeout;
+  const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
+  if (Sends(args.phases)) CombineSend(v, args, x, &timeout);
+  if (Receives(args.phases)) CombineRecv(v, args, &timeout);
+  return timeout.Finish(ctx.status);
+}
+
+absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {
+  if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks || ctx.num_ranks > kMaxNvlPeers) {
+    return absl::InvalidArgumentError(absl::StrFormat("ctx.rank = %d: must be in [0, num_ranks)", ctx.rank));
+  }
+  if (ctx.peer_regions[ctx.rank] == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("ctx.peer_regions[%d] is null", ctx.rank));
+  }
+  if (ctx.layout.signal_bytes == 0) return absl::InvalidArgumentError("ctx.layout is empty: use MakeLowLatencyLayout");
+  for (int half = 0; half < 2; ++half) {
+    std::memset(static_cast<uint8_t*>(ctx.peer_regions[ctx.rank]) + half * ctx.layout.half_bytes, 0,
+                ctx.layout.signal_bytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace epfabric::kernels::host_backend

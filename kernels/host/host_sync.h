@@ -1,0 +1,117 @@
+// Private helpers of the host backend: atomics on signals that live in shared memory regions, and the bounded wait.
+//
+// Signals are plain int32/int64 words inside a region that several processes have mapped (at different addresses).
+// They are accessed only through std::atomic_ref, which on this platform is lock-free and address-free for 4- and
+// 8-byte aligned words (static_asserts below), so it is valid across processes. Data (rows, counts tables) is
+// written with plain stores / memcpy and published by a release store or release read-modify-write of a signal; the
+// reader's acquire load of that signal makes the data visible (the same release/acquire pairs as the GPU kernels'
+// st.release.sys / ld.acquire.sys).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "absl/status/status.h"
+#include "epfabric/kernels/common.h"
+#include "epfabric/kernels/status_word.h"
+
+namespace epfabric::kernels::host_backend::internal {
+
+static_assert(std::atomic_ref<int32_t>::is_always_lock_free, "region signals need lock-free 4-byte atomics");
+static_assert(std::atomic_ref<int64_t>::is_always_lock_free, "region signals need lock-free 8-byte atomics");
+
+template <typename T>
+inline T LoadAcquire(const T* word) {
+  return std::atomic_ref<T>(*const_cast<T*>(word)).load(std::memory_order_acquire);
+}
+template <typename T>
+inline void StoreRelease(T* word, T value) {
+  std::atomic_ref<T>(*word).store(value, std::memory_order_release);
+}
+template <typename T>
+inline void StoreRelaxed(T* word, T value) {
+  std::atomic_ref<T>(*word).store(value, std::memory_order_relaxed);
+}
+template <typename T>
+inline T FetchAddRelease(T* word, T value) {
+  return std::atomic_ref<T>(*word).fetch_add(value, std::memory_order_acq_rel);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// The first timeout of a call: where it happened and who was waited for. Turned into the same absl::Status as the
+// GPU's status word, and copied into the caller's status word (if any) when that word is still clear.
+class TimeoutRecord {
+ public:
+  bool failed() const { return record_.code != kKernelStatusOk; }
+  void Record(WaitSite site, int waiting_rank, int peer_rank, int channel) {
+    if (failed()) return;  // keep the root cause, not its consequences
+    record_.code = kKernelStatusTimeout;
+    record_.site = static_cast<int32_t>(site);
+    record_.waiting_rank = waiting_rank;
+    record_.peer_rank = peer_rank;
+    record_.channel = channel;
+  }
+  // Copies the record into `status_word` if it holds no earlier failure, and returns the status of this call.
+  absl::Status Finish(KernelStatus* status_word) const {
+    if (!failed()) return absl::OkStatus();
+    if (status_word != nullptr) {
+      int32_t expected = kKernelStatusOk;
+      // Claim the word as the GPU kernels do (compare-and-swap on code), then fill in the fields.
+      if (std::atomic_ref<int32_t>(status_word->code)
+              .compare_exchange_strong(expected, kKernelStatusTimeout, std::memory_order_acq_rel)) {
+        status_word->site = record_.site;
+        status_word->waiting_rank = record_.waiting_rank;
+        status_word->peer_rank = record_.peer_rank;
+        status_word->channel = record_.channel;
+      }
+    }
+    return KernelStatusToStatus(record_);
+  }
+
+ private:
+  KernelStatus record_{};
+};
+
+// Spins until `ready()` is true or `timeout_ns` passed. Backoff: a short pause loop (a peer on another core usually
+// answers within microseconds), then yields (ranks may outnumber cores: CI has 2), then sleeps of up to 50 us so
+// that a long wait does not burn a core. Returns false on timeout (ready() was false at the last check).
+template <typename Ready>
+bool BoundedWait(Ready&& ready, uint64_t timeout_ns) {
+  for (int i = 0; i < 128; ++i) {
+    if (ready()) return true;
+    CpuRelax();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto timeout = std::chrono::nanoseconds(timeout_ns);
+  for (uint32_t iter = 0;; ++iter) {
+    if (ready()) return true;
+    if (std::chrono::steady_clock::now() - start > timeout) return ready();
+    if (iter < 256) {
+      std::this_thread::yield();
+    } else {
+      const int shift = iter < 256 + 6 ? static_cast<int>(iter - 256) : 6;
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(1 << shift, 50)));
+    }
+  }
+}
+
+// True when a monotonic int32 counter has reached `target` (wrap-around safe), as the GPU barrier compares.
+inline bool CounterReached(int32_t value, int32_t target) {
+  return static_cast<int32_t>(static_cast<uint32_t>(value) - static_cast<uint32_t>(target)) >= 0;
+}
+
+}  // namespace epfabric::kernels::host_backend::internal
