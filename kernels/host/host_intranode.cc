@@ -246,11 +246,11 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
     if (p.num_topk < 1 || p.num_topk > c.max_topk || p.num_topk > kMaxTopk) {
       return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_idx");
     }
-    if (p.recv_topk_idx == nullptr && p.recv_capacity > 0) return Missing("recv_topk_idx", "with topk_idx");
+    if (p.recv_topk_idx == nullptr) return Missing("recv_topk_idx", "with topk_idx");
   }
   if (p.topk_weights != nullptr) {
     if (p.topk_idx == nullptr) return Missing("topk_idx", "with topk_weights");
-    if (p.recv_topk_weights == nullptr && p.recv_capacity > 0) return Missing("recv_topk_weights", "with topk_weights");
+    if (p.recv_topk_weights == nullptr) return Missing("recv_topk_weights", "with topk_weights");
   }
   if (p.num_experts != c.num_experts) return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
   if (p.num_sms < 1 || p.num_sms > c.max_channels) {
