@@ -169,9 +169,14 @@ struct Daemon::State {
     return view;
   }
 
+  // Membership changes arrive on the fabric thread (or a peer handler) while Start may still be building the
+  // servers: the server pointers are read and written under servers_mutex.
+  absl::Mutex servers_mutex;
+
   void OnMembership(const v1::Membership& view, bool degraded) {
     groups->OnMembership(view);
     const bool self_up = view.members(options.rank).state() == v1::MEMBER_STATE_UP;
+    absl::MutexLock lock(&servers_mutex);
     for (grpc::Server* server : {client_server.get(), peer_server.get()}) {
       SetServing(server, {kFabricHealth}, self_up && !degraded);
     }
@@ -266,7 +271,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
     builder.RegisterService(s->peer.get());
     builder.RegisterService(s->ops.get());
-    s->peer_server = builder.BuildAndStart();
+    {
+      absl::MutexLock lock(&s->servers_mutex);
+      s->peer_server = builder.BuildAndStart();
+    }
     if (s->peer_server == nullptr || selected_port == 0) {
       return absl::UnavailableError(absl::StrCat("--peer_listen: cannot listen on ", options.peer_listen));
     }
@@ -282,7 +290,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     grpc::ServerBuilder builder;
     builder.RegisterService(s->control.get());
     builder.RegisterService(s->ops.get());
-    s->client_server = builder.BuildAndStart();
+    {
+      absl::MutexLock lock(&s->servers_mutex);
+      s->client_server = builder.BuildAndStart();
+    }
     if (s->client_server == nullptr) return absl::InternalError("cannot start the client gRPC server");
     // The fd side channel first: a client that finds the gRPC socket finds its neighbour too.
     if (absl::Status started = s->fd_channel->Start(s->fd_socket_path, options.client_socket_mode); !started.ok()) {

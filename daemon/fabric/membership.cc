@@ -125,8 +125,7 @@ void Membership::ChangedLocked() {
 }
 
 void Membership::Notify() {
-  static absl::Mutex notify_mutex;  // serialises listener calls so that they see views in order
-  absl::MutexLock serial(&notify_mutex);
+  absl::MutexLock serial(&notify_mutex_);
   v1::Membership view;
   bool degraded = false;
   {

@@ -92,6 +92,8 @@ class Membership {
   const uint64_t incarnation_;
   PeerLinks* const links_;
 
+  // Serialises listener calls so that they see views in order; taken before mutex_, never while holding it.
+  absl::Mutex notify_mutex_;
   mutable absl::Mutex mutex_;
   v1::MemberInfo self_ ABSL_GUARDED_BY(mutex_);
   v1::Membership view_ ABSL_GUARDED_BY(mutex_);
