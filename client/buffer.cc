@@ -83,10 +83,12 @@ absl::Status CheckExpertIndices(const int64_t* topk_idx, int64_t num_tokens, int
   return absl::OkStatus();
 }
 
-// A pointer the kernels accept for a given tensor: never null (an empty but given tensor still says "given").
+// A pointer the kernels accept for a given tensor: never null (an empty but given tensor still says "given" to the
+// peers). With no elements nothing is read or written through it, so a host address serves on cuda as well; it is
+// aligned because the kernels' argument checks want 16-byte alignment.
 template <typename T>
 T* GivenPointer(const TensorView& t) {
-  static uint64_t dummy[4] = {};
+  alignas(256) static uint64_t dummy[32] = {};
   if (t.empty()) return nullptr;
   return static_cast<T*>(t.data != nullptr ? t.data : static_cast<void*>(dummy));
 }
