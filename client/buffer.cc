@@ -134,9 +134,20 @@ class MappedWordPool {
   ~MappedWordPool() {
     if (host_ != nullptr) cudaFreeHost(host_);
   }
-  // A slot or -1 when all are taken (the caller then does without).
+  // A slot or -1 when all are taken (the caller then does without). A slot given back while its layout kernel may
+  // still be queued (value still -1) is only reused once the kernel has written it, so a late write can never land
+  // in the next layout's count.
   int Take() {
     std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < returned_.size();) {
+      if (static_cast<volatile int32_t*>(host_)[returned_[i]] >= 0) {
+        free_.push_back(returned_[i]);
+        returned_[i] = returned_.back();
+        returned_.pop_back();
+      } else {
+        ++i;
+      }
+    }
     if (free_.empty()) return -1;
     const int slot = free_.back();
     free_.pop_back();
@@ -144,7 +155,7 @@ class MappedWordPool {
   }
   void Give(int slot) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(slot);
+    returned_.push_back(slot);
   }
   volatile int32_t* host(int slot) { return host_ + slot; }
   int32_t* device(int slot) { return device_ + slot; }
@@ -153,6 +164,7 @@ class MappedWordPool {
   MappedWordPool() = default;
   std::mutex mu_;
   std::vector<int> free_;
+  std::vector<int> returned_;  // given back, reusable once the kernel wrote them
   int32_t* host_ = nullptr;
   int32_t* device_ = nullptr;
 };
@@ -474,7 +486,11 @@ absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_
           std::shared_ptr<void>(pool->device(slot), [pool, slot](void*) { pool->Give(slot); });
       p.num_invalid_topk = pool->device(slot);
     }
-    if (absl::Status st = kernels::GetDispatchLayout(p, stream); !st.ok()) return st;
+    if (absl::Status st = kernels::GetDispatchLayout(p, stream); !st.ok()) {
+      if (p.num_invalid_topk != nullptr)
+        *static_cast<int32_t*>(layout.num_invalid_topk.view.data) = 0;  // nothing will write it
+      return st;
+    }
   } else {
     auto invalid = s.NewTensor(DType::kInt32, {1}, stream);
     if (!invalid.ok()) return invalid.status();
