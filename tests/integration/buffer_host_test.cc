@@ -203,6 +203,27 @@ TEST_F(BufferHostTest, NormalFourRanksEdgeCases) {
   RunNormalCases(ranks, cases);
 }
 
+// A long sequence of random shapes on one group: every call's outputs checked, the Buffer reused throughout.
+TEST_F(BufferHostTest, NormalRandomSequence) {
+  const BufferConfig config = NormalConfig(1024, 64, 32, 8);
+  Ranks ranks;
+  ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
+  std::mt19937_64 rng(Seed() + 77);
+  std::vector<hbt::IntranodeCase> cases;
+  for (int i = 0; i < 16; ++i) {
+    hbt::IntranodeCase c = CaseFor(config, {static_cast<int>(rng() % 65), static_cast<int>(rng() % 65)}, 200 + i);
+    c.fp8 = rng() % 2 == 0;
+    c.hidden = 128 * static_cast<int>(1 + rng() % 8);
+    c.num_topk = static_cast<int>(1 + rng() % 8);
+    c.topk = static_cast<hbt::TopkMode>(rng() % 3);
+    c.bias = rng() % 2 == 0;
+    c.expert_alignment = 1 + static_cast<int>(rng() % 4);
+    c.routing.empty_fraction = (rng() % 5) * 0.1;
+    cases.push_back(c);
+  }
+  RunNormalCases(ranks, cases);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Low latency.
 
@@ -296,7 +317,12 @@ TEST_F(BufferHostTest, LowLatencyFourRanksHidden7168) {
   hbt::LowLatencyCase hook = LowLatencyCaseFor(config, 4, 51);
   hook.hook = true;
   hook.zero_copy = true;
-  RunLowLatencyCases(ranks, {c, hook});
+  hook.iterations = 4;
+  hbt::LowLatencyCase bf16 = LowLatencyCaseFor(config, 4, 52);
+  bf16.fp8 = false;
+  bf16.iterations = 3;
+  bf16.routing.empty_fraction = 0.3;
+  RunLowLatencyCases(ranks, {c, hook, bf16});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
