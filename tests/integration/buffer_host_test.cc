@@ -81,6 +81,7 @@ class BufferHostTest : public ::testing::Test {
 
   // A group sized with RequiredRegionBytes, attached on every rank, with a Buffer each.
   static void MakeRanks(int n, const BufferConfig& config, Ranks* ranks) {
+    ASSERT_TRUE(fabrics_.count(n) == 1 && fabrics_[n] != nullptr) << "the " << n << "-rank fabric did not start";
     auto bytes = client::RequiredRegionBytes(config, n);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     auto group = CreateGroup(n, *bytes, config.low_latency);
@@ -546,6 +547,7 @@ TEST_F(BufferHostTest, AnEndedLeaseIsUnavailableBeforeAnythingRuns) {
 }
 
 TEST_F(BufferHostTest, CreateRefusesASmallRegionAndAModeMismatch) {
+  ASSERT_TRUE(fabrics_[2] != nullptr) << "the 2-rank fabric did not start";
   const BufferConfig config = NormalConfig(256, 32);
   auto bytes = client::RequiredRegionBytes(config, 2);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
