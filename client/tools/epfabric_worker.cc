@@ -78,6 +78,8 @@ ABSL_FLAG(std::string, recover_dir, "",
           "After a timeout: write DIR/timedout.<rank>, wait for DIR/reset, Reset(), write DIR/reset.<rank>, wait for "
           "DIR/go, then run --repeats rounds again from round 0.");
 ABSL_FLAG(bool, reset_first, false, "Call Buffer::Reset() before the first round (a rank that rejoins).");
+ABSL_FLAG(bool, flip_one_output, false,
+          "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
 ABSL_FLAG(int, device, -1, "CUDA device (cuda groups); -1: rank modulo the visible devices.");
@@ -110,6 +112,7 @@ struct Scenario {
   double empty_fraction = 0;
   int num_sms = 0;
   bool exact = true;
+  bool flip_one_output = false;
 };
 
 float ExpertScale(int64_t expert) { return 1.0f + static_cast<float>(expert % 8) * 0.125f; }
@@ -455,7 +458,8 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
 
-  const auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
+  auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
+  if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;
   if (s.exact) {
     checks.Exact("combined_x", got, x.combined[rank].combined_x);
     checks.Exact("combined_topk_weights",
@@ -624,7 +628,8 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
 
-  const auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
+  auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
+  if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;
   if (s.exact) checks.Exact("combined_x", got, x.combined[rank]);
   checks.WeightedSum("combined_x (weighted sum)", got, x.exact, x.magnitude);
   for (size_t i = 0; i < got.size() && i < x.exact_bf16.size(); ++i) {
@@ -739,6 +744,7 @@ int Main() {
   s.empty_fraction = absl::GetFlag(FLAGS_empty_fraction);
   s.num_sms = absl::GetFlag(FLAGS_num_sms);
   s.exact = absl::GetFlag(FLAGS_exact);
+  s.flip_one_output = absl::GetFlag(FLAGS_flip_one_output);
   if (s.routing != "random" && s.routing != "silent" && s.routing != "nowhere" && s.routing != "one_expert") {
     std::cerr << "unknown --routing=" << s.routing << "\n";
     return kExitUsage;
@@ -787,7 +793,7 @@ int Main() {
   }
   if (lease.ok() && (*lease)->backend() == v1::BACKEND_CUDA) {
     // Attach again with the device chosen: the regions are mapped for the accessing device.
-    (*lease).value().reset();
+    lease->reset();  // detach first
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
       return fail("cuda group", absl::FailedPreconditionError("no CUDA device visible"));

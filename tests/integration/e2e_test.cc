@@ -283,6 +283,22 @@ TEST_F(E2e, BadInputIsRefusedAndTheNextCallIsCorrect) {
   }
 }
 
+// The checks can fail: one flipped bit of one combined value per rank is reported (ok=0, exit 1) by the exact
+// comparison and, with --exact=false, by the weighted-sum comparison alone.
+TEST_F(E2e, AWrongCombinedValueIsReported) {
+  for (const char* exact : {"--exact=true", "--exact=false"}) {
+    const std::vector<std::string> scenario =
+        Shape("normal", 8, 128, 2, 8, false, 99, {"--fixed_tokens", "--routing=one_expert", "--flip_one_output", exact});
+    std::vector<Finished> finished = RunScenario(absl::StrCat("e2e-flip-", exact + 8), scenario);
+    ASSERT_EQ(finished.size(), static_cast<size_t>(kRanks));
+    for (const Finished& f : finished) {
+      EXPECT_EQ(f.exit_code, 1) << f.Describe();
+      EXPECT_EQ(f.result.count("ok") ? f.result.at("ok") : "", "0") << f.Describe();
+      EXPECT_THAT(f.err, HasSubstr("combined_x")) << f.Describe();
+    }
+  }
+}
+
 bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (const std::string& name : names) {
