@@ -7,9 +7,10 @@
 //     --exact=false, and always against the weighted sum computed in double precision:
 //       experts: f_e(x) = x * (1 + (e % 8) / 8)   (exact in binary)
 //       expected combined[t] = sum over valid k of w[t][k] * f_{e[t][k]}(x[t])
-//     within |got - expected| <= 2^-7 * sum_k |w * f_e(x)| + 1e-6 (two BF16 roundings: the expert-side partial sum
-//     and the combined value). In low-latency FP8 mode x is the FP8 value the dispatch sent (host emulation of the
-//     kernel's quantisation); the error against the unquantised BF16 x is reported as max_rel_err_vs_bf16.
+//     within |got - expected| <= 2^-6 * sum_k |w * f_e(x)| + 1e-6: up to three BF16 roundings of at most 2^-8 each
+//     (the expert output, the per-rank partial sum, the combined value). In low-latency FP8 mode x is the FP8 value the
+//     dispatch sent (host emulation of the kernel's quantisation); the error against the unquantised BF16 x is reported
+//     as max_rel_err_vs_bf16.
 // Output: one line `EPF_RESULT key=value ...` (ok=1 only when everything matched), `EPF_EVENT ...` lines for
 // timeouts; exit code 0 only when everything matched. Usage errors: exit code 2.
 //
@@ -247,7 +248,7 @@ class Checks {
     for (size_t i = 0; i < got.size(); ++i) {
       const double value = ref::Bf16ToFloat(got[i]);
       const double err = std::fabs(value - want[i]);
-      const double tolerance = std::ldexp(magnitude[i], -7) + 1e-6;
+      const double tolerance = std::ldexp(magnitude[i], -6) + 1e-6;
       if (!(err <= tolerance)) {
         Fail(absl::StrFormat("%s[%d] = %g, expected weighted sum %g (tolerance %g)", what, i, value, want[i],
                              tolerance));
@@ -304,8 +305,8 @@ float NormalValue(const ref::DispatchConfig& c, const uint8_t* rows, const float
 // w * f_e(x), accumulated in float (k ascending) and rounded to BF16 — DeepEP's convention (weights applied on the
 // expert side, combine sums).
 std::vector<uint16_t> NormalExpertOutputs(const ref::DispatchConfig& c, int hidden, int rank, int num_rows,
-                                          const uint8_t* recv_x, const float* recv_scales,
-                                          const int64_t* recv_topk_idx, const float* recv_topk_weights) {
+                                          const uint8_t* recv_x, const float* recv_scales, const int64_t* recv_topk_idx,
+                                          const float* recv_topk_weights) {
   const int experts_per_rank = c.num_experts / c.num_ranks;
   std::vector<uint16_t> out(static_cast<size_t>(num_rows) * hidden);
   for (int row = 0; row < num_rows; ++row) {
@@ -361,9 +362,9 @@ NormalRound MakeNormalRound(const Scenario& s, int num_ranks, int rank, int roun
   x.combine_inputs.resize(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     const ref::RankOutput& o = x.dispatched[r];
-    x.combine_inputs[r].x = NormalExpertOutputs(c, s.hidden, r, o.num_recv_tokens, o.recv_x.data(),
-                                                o.recv_x_scales.data(), o.recv_topk_idx.data(),
-                                                o.recv_topk_weights.data());
+    x.combine_inputs[r].x =
+        NormalExpertOutputs(c, s.hidden, r, o.num_recv_tokens, o.recv_x.data(), o.recv_x_scales.data(),
+                            o.recv_topk_idx.data(), o.recv_topk_weights.data());
     x.combine_inputs[r].topk_weights = o.recv_topk_weights;
   }
   x.combined = ref::Combine(x.dispatched, x.combine_inputs, s.hidden, s.topk);
@@ -453,7 +454,8 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   auto expert_view = mem.Upload(expert_out, DType::kBF16, {N, H});
   if (!expert_view.ok()) return expert_view.status();
   start = std::chrono::steady_clock::now();
-  auto combined = buffer.Combine({.x = *expert_view, .topk_weights = recv->recv_topk_weights.view, .handle = recv->handle});
+  auto combined =
+      buffer.Combine({.x = *expert_view, .topk_weights = recv->recv_topk_weights.view, .handle = recv->handle});
   if (!combined.ok()) return combined.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
@@ -531,8 +533,8 @@ LowLatencyRound MakeLowLatencyRound(const Scenario& s, int num_ranks, int rank, 
   x.expert_outputs.resize(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     const host::LowLatencyDispatchOutput& o = x.dispatched[r];
-    x.expert_outputs[r] = LowLatencyExpertOutputs(x.shape, s.fp8, r, o.packed_recv_count.data(),
-                                                  o.packed_recv_x.data(), o.scales.data());
+    x.expert_outputs[r] =
+        LowLatencyExpertOutputs(x.shape, s.fp8, r, o.packed_recv_count.data(), o.packed_recv_x.data(), o.scales.data());
   }
   x.combined = host::LowLatencyCombineReference(x.shape, x.inputs, x.expert_outputs, x.dispatched);
   const host::LowLatencyRankInput& in = x.inputs[rank];
@@ -604,8 +606,8 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
                  std::vector<uint8_t>(packed_x.begin() + base * H * elem, packed_x.begin() + (base + n) * H * elem),
                  want.packed_recv_x.data() + base * H * elem, n * H * elem);
     checks.Exact(absl::StrCat("packed_recv_src_info[expert ", e, "]"),
-                 std::vector<int32_t>(src_info.begin() + base, src_info.begin() + base + n), want.src_info.data() + base,
-                 n);
+                 std::vector<int32_t>(src_info.begin() + base, src_info.begin() + base + n),
+                 want.src_info.data() + base, n);
     for (int g = 0; s.fp8 && g < G; ++g) {
       const size_t at = (static_cast<size_t>(e) * G + g) * slots;
       checks.Exact(absl::StrCat("packed_recv_x_scales[expert ", e, "][group ", g, "]"),
@@ -644,8 +646,8 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
 void ExpectRefused(Checks& checks, const std::string& what, const absl::Status& status, int* refused) {
   if (absl::IsInvalidArgument(status)) {
     ++*refused;
-    std::cout << "EPF_EVENT rank=" << checks.rank() << " refused case=\"" << what << "\"" << " status=\""
-              << absl::StrReplaceAll(status.message(), {{"\"", "'"}, {"\n", " "}}) << "\"\n";
+    std::cout << "EPF_EVENT rank=" << checks.rank() << " refused case=\"" << what << "\""
+              << " status=\"" << absl::StrReplaceAll(status.message(), {{"\"", "'"}, {"\n", " "}}) << "\"\n";
   } else {
     checks.Fail(absl::StrCat("bad input '", what, "' was not refused with InvalidArgument: ", status.ToString()));
   }
@@ -678,8 +680,8 @@ absl::Status RunBadInput(Buffer& buffer, Memory& mem, const Scenario& s, Checks&
   bad.push_back({"dtype: float32 x", x(DType::kFloat32, T, H), idx(idx_ok, T), weights(T)});
   bad.push_back({"shape: topk_idx rows != x rows", x(DType::kBF16, T, H), idx(idx_ok, T + 1), weights(T + 1)});
   bad.push_back({"expert index >= num_experts", x(DType::kBF16, T, H), idx(idx_bad, T), weights(T)});
-  bad.push_back({"more tokens than max_tokens_per_rank", x(DType::kBF16, M + 1, H), idx(idx_ok, M + 1),
-                 weights(M + 1)});
+  bad.push_back(
+      {"more tokens than max_tokens_per_rank", x(DType::kBF16, M + 1, H), idx(idx_ok, M + 1), weights(M + 1)});
   if (s.low_latency) {
     bad.push_back({"hidden != the buffer's hidden", x(DType::kBF16, T, H + 128), idx(idx_ok, T), weights(T)});
   } else {
@@ -772,15 +774,16 @@ int Main() {
 
   const int rank = absl::GetFlag(FLAGS_rank);
   const std::string prefix = absl::StrCat("EPF_RESULT rank=", rank, " group=", absl::GetFlag(FLAGS_group),
-                                          " mode=", mode, " tokens=", s.tokens, " hidden=", s.hidden,
-                                          " topk=", s.topk, " experts=", s.experts, " fp8=", s.fp8 ? 1 : 0);
+                                          " mode=", mode, " tokens=", s.tokens, " hidden=", s.hidden, " topk=", s.topk,
+                                          " experts=", s.experts, " fp8=", s.fp8 ? 1 : 0);
   auto fail = [&](const std::string& what, const absl::Status& status) {
-    std::cout << prefix << " ok=0 error=" << Quote(absl::Status(status.code(), what + ": " + std::string(status.message())))
+    std::cout << prefix
+              << " ok=0 error=" << Quote(absl::Status(status.code(), what + ": " + std::string(status.message())))
               << std::endl;
     return kExitMismatch;
   };
-  auto connected = client::Client::Connect(absl::GetFlag(FLAGS_socket),
-                                           {.client_name = absl::StrCat("epfabric_worker-", rank)});
+  auto connected =
+      client::Client::Connect(absl::GetFlag(FLAGS_socket), {.client_name = absl::StrCat("epfabric_worker-", rank)});
   if (!connected.ok()) return fail("Connect", connected.status());
   client::AttachOptions attach_options;
   int device = absl::GetFlag(FLAGS_device);
@@ -825,7 +828,8 @@ int Main() {
   std::vector<double> dispatch_ms, combine_ms;
   uint64_t bytes = 0;
   auto run_rounds = [&](int rounds) -> absl::Status {
-    for (int round = 0; round < rounds && checks.failures() == 0; ++round) {
+    // Every round runs even after a mismatch, so that the peers are not left waiting.
+    for (int round = 0; round < rounds; ++round) {
       RoundStats stats;
       absl::Status ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, round, checks, &stats)
                                        : RunNormalRound(**buffer, mem, s, round, checks, &stats);
@@ -885,12 +889,13 @@ int Main() {
               << std::endl;
     return kExitMismatch;
   }
-  std::cout << prefix << absl::StrFormat(
-                             " ok=1 rounds=%d dispatch_ms=%.3f combine_ms=%.3f bytes=%d max_rel_err=%.3g "
-                             "max_rel_err_vs_bf16=%.3g bad_input_refused=%d/%d timeouts=%d backend=%s",
-                             static_cast<int>(dispatch_ms.size()), Median(dispatch_ms), Median(combine_ms), bytes,
-                             checks.max_rel_err(), checks.max_rel_err_vs_bf16, refused, cases, timeouts,
-                             (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host")
+  std::cout << prefix
+            << absl::StrFormat(
+                   " ok=1 rounds=%d dispatch_ms=%.3f combine_ms=%.3f bytes=%d max_rel_err=%.3g "
+                   "max_rel_err_vs_bf16=%.3g bad_input_refused=%d/%d timeouts=%d backend=%s",
+                   static_cast<int>(dispatch_ms.size()), Median(dispatch_ms), Median(combine_ms), bytes,
+                   checks.max_rel_err(), checks.max_rel_err_vs_bf16, refused, cases, timeouts,
+                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host")
             << std::endl;
   return 0;
 }

@@ -125,8 +125,8 @@ class E2e : public ::testing::Test {
 
   static absl::StatusOr<Subprocess> StartWorker(const std::string& group, const std::string& token, int rank,
                                                 const std::vector<std::string>& scenario) {
-    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(rank).socket(),
-                                     "--group=" + group, absl::StrCat("--rank=", rank), "--token=" + token};
+    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(rank).socket(), "--group=" + group,
+                                     absl::StrCat("--rank=", rank), "--token=" + token};
     argv.insert(argv.end(), scenario.begin(), scenario.end());
     return Subprocess::Start(argv);
   }
@@ -208,24 +208,24 @@ TEST_F(E2e, ScenariosMatchTheSingleProcessReference) {
       // Random shapes.
       {"normal-random-bf16", Shape("normal", pick({1, 17, 48, 64}), pick({64, 256, 520}), pick({1, 3, 4, 8}),
                                    pick({8, 16, 32}), false, rng())},
-      {"normal-random-fp8", Shape("normal", pick({5, 33, 64}), pick({128, 512}), pick({2, 4, 6}), pick({16, 32}),
-                                  true, rng(), {absl::StrCat("--num_sms=", pick({1, 3, 8}))})},
-      {"ll-random-fp8", Shape("low_latency", pick({1, 9, 32}), pick({128, 256, 512}), pick({1, 4, 8}),
-                              pick({8, 16, 32}), true, rng())},
-      {"ll-random-bf16", Shape("low_latency", pick({3, 16}), pick({128, 384}), pick({2, 5}), pick({8, 16}), false,
-                               rng())},
+      {"normal-random-fp8", Shape("normal", pick({5, 33, 64}), pick({128, 512}), pick({2, 4, 6}), pick({16, 32}), true,
+                                  rng(), {absl::StrCat("--num_sms=", pick({1, 3, 8}))})},
+      {"ll-random-fp8",
+       Shape("low_latency", pick({1, 9, 32}), pick({128, 256, 512}), pick({1, 4, 8}), pick({8, 16, 32}), true, rng())},
+      {"ll-random-bf16",
+       Shape("low_latency", pick({3, 16}), pick({128, 384}), pick({2, 5}), pick({8, 16}), false, rng())},
       // Edge cases.
-      {"normal-rank-sends-nothing", Shape("normal", 32, 256, 4, 16, false, rng(), {"--routing=silent",
-                                                                                  "--silent_rank=2"})},
-      {"normal-tokens-go-nowhere", Shape("normal", 32, 256, 4, 16, false, rng(), {"--routing=nowhere",
-                                                                                 "--silent_rank=1"})},
+      {"normal-rank-sends-nothing",
+       Shape("normal", 32, 256, 4, 16, false, rng(), {"--routing=silent", "--silent_rank=2"})},
+      {"normal-tokens-go-nowhere",
+       Shape("normal", 32, 256, 4, 16, false, rng(), {"--routing=nowhere", "--silent_rank=1"})},
       {"normal-every-token-to-one-expert", Shape("normal", 48, 256, 4, 16, false, rng(), {"--routing=one_expert"})},
       {"normal-many-minus-one", Shape("normal", 40, 256, 8, 32, false, rng(), {"--empty_fraction=0.6"})},
       {"normal-hidden-7168", Shape("normal", 24, 7168, 8, 32, false, rng(), {"--fixed_tokens"})},
       {"normal-hidden-7168-fp8", Shape("normal", 24, 7168, 8, 32, true, rng())},
       {"normal-small-hidden-8", Shape("normal", 40, 8, 2, 8, false, rng())},
-      {"ll-rank-sends-nothing", Shape("low_latency", 16, 256, 4, 16, true, rng(), {"--routing=silent",
-                                                                                  "--silent_rank=3"})},
+      {"ll-rank-sends-nothing",
+       Shape("low_latency", 16, 256, 4, 16, true, rng(), {"--routing=silent", "--silent_rank=3"})},
       {"ll-every-token-to-one-expert", Shape("low_latency", 16, 128, 4, 16, true, rng(), {"--routing=one_expert"})},
       {"ll-many-minus-one", Shape("low_latency", 16, 128, 8, 32, false, rng(), {"--empty_fraction=0.6"})},
       {"ll-hidden-7168", Shape("low_latency", 8, 7168, 8, 32, true, rng(), {"--fixed_tokens"})},
@@ -266,9 +266,8 @@ TEST_F(E2e, TwoGroupsAtOnceDoNotCrossTalk) {
 // Bad input (dtype, shape, expert index, too many tokens, unaligned / wrong hidden) is refused with
 // InvalidArgument on every rank before anything runs; the valid rounds that follow are correct.
 TEST_F(E2e, BadInputIsRefusedAndTheNextCallIsCorrect) {
-  for (const std::vector<std::string>& scenario :
-       {Shape("normal", 16, 256, 4, 16, false, 77, {"--bad_input"}),
-        Shape("low_latency", 16, 256, 4, 16, true, 78, {"--bad_input"})}) {
+  for (const std::vector<std::string>& scenario : {Shape("normal", 16, 256, 4, 16, false, 77, {"--bad_input"}),
+                                                   Shape("low_latency", 16, 256, 4, 16, true, 78, {"--bad_input"})}) {
     const std::string group = absl::StrCat("e2e-bad-", scenario[0].substr(7));
     std::vector<Finished> finished = RunScenario(group, scenario);
     ExpectAllOk(finished, group);
@@ -287,8 +286,8 @@ TEST_F(E2e, BadInputIsRefusedAndTheNextCallIsCorrect) {
 // comparison and, with --exact=false, by the weighted-sum comparison alone.
 TEST_F(E2e, AWrongCombinedValueIsReported) {
   for (const char* exact : {"--exact=true", "--exact=false"}) {
-    const std::vector<std::string> scenario =
-        Shape("normal", 8, 128, 2, 8, false, 99, {"--fixed_tokens", "--routing=one_expert", "--flip_one_output", exact});
+    const std::vector<std::string> scenario = Shape(
+        "normal", 8, 128, 2, 8, false, 99, {"--fixed_tokens", "--routing=one_expert", "--flip_one_output", exact});
     std::vector<Finished> finished = RunScenario(absl::StrCat("e2e-flip-", exact + 8), scenario);
     ASSERT_EQ(finished.size(), static_cast<size_t>(kRanks));
     for (const Finished& f : finished) {
