@@ -18,6 +18,7 @@
 //                   --experts=32 [--fp8] [--seed=1] [--repeats=3]
 //   epfabric_worker --region_bytes --ranks=4 --mode=... --tokens=... ...   (prints RequiredRegionBytes and exits)
 #include <cuda_runtime_api.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,6 +79,9 @@ ABSL_FLAG(int, max_seconds, 60, "--until_timeout: give up (and fail) after this 
 ABSL_FLAG(std::string, recover_dir, "",
           "After a timeout: write DIR/timedout.<rank>, wait for DIR/reset, Reset(), write DIR/reset.<rank>, wait for "
           "DIR/go, then run --repeats rounds again from round 0.");
+ABSL_FLAG(int, sigkill_in_dispatch, 0,
+          "Failure tests: SIGKILL this process --sigkill_delay_us after its N-th dispatch call started (0: never).");
+ABSL_FLAG(int, sigkill_delay_us, 500, "See --sigkill_in_dispatch.");
 ABSL_FLAG(bool, reset_first, false, "Call Buffer::Reset() before the first round (a rank that rejoins).");
 ABSL_FLAG(bool, flip_one_output, false,
           "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
@@ -281,6 +285,17 @@ double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
+// --sigkill_in_dispatch: dies like a crash (no clean-up) while the N-th dispatch call is running.
+void MaybeDieDuringThisDispatch() {
+  static int calls = 0;
+  if (++calls != absl::GetFlag(FLAGS_sigkill_in_dispatch)) return;
+  std::cout << "EPF_EVENT rank=" << absl::GetFlag(FLAGS_rank) << " dying in dispatch " << calls << std::endl;
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::microseconds(absl::GetFlag(FLAGS_sigkill_delay_us)));
+    raise(SIGKILL);
+  }).detach();
+}
+
 // ---- normal mode ----
 
 struct NormalRound {
@@ -409,6 +424,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   auto start = std::chrono::steady_clock::now();
   auto layout = buffer.GetDispatchLayout(*idx_view);
   if (!layout.ok()) return layout.status();
+  MaybeDieDuringThisDispatch();
   auto recv = buffer.Dispatch({.x = *x_view,
                                .x_scales = s.fp8 ? *scales_view : TensorView{},
                                .topk_idx = *idx_view,
@@ -580,6 +596,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
     if (!v->ok()) return v->status();
   }
   auto start = std::chrono::steady_clock::now();
+  MaybeDieDuringThisDispatch();
   auto recv = buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8});
   if (!recv.ok()) return recv.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
