@@ -87,7 +87,7 @@ ABSL_FLAG(bool, flip_one_output, false,
           "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
-ABSL_FLAG(int, device, -1, "CUDA device (cuda groups); -1: rank modulo the visible devices.");
+ABSL_FLAG(int, device, -1, "CUDA device when devices are visible; -1: rank modulo the visible devices.");
 
 namespace epfabric::worker {
 namespace {
@@ -803,24 +803,23 @@ int Main() {
       client::Client::Connect(absl::GetFlag(FLAGS_socket), {.client_name = absl::StrCat("epfabric_worker-", rank)});
   if (!connected.ok()) return fail("Connect", connected.status());
   client::AttachOptions attach_options;
-  int device = absl::GetFlag(FLAGS_device);
+  // With CUDA devices visible, this rank's device is chosen before Attach: cuda regions are mapped for the
+  // accessing device (host-backend groups ignore it). Without a device (or driver) nothing CUDA is called again.
+  int device = absl::GetFlag(FLAGS_device), device_count = 0;
+  if (cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0) {
+    if (device < 0) device = rank % device_count;
+    if (cudaSetDevice(device) != cudaSuccess) {
+      return fail("cudaSetDevice", absl::InvalidArgumentError(absl::StrCat("device ", device)));
+    }
+    attach_options.accessing_device = device;
+  } else {
+    (void)cudaGetLastError();
+  }
   auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
   // A rank whose previous holder was killed a moment ago: the daemon ends that lease when it sees the connection
   // close; retry "already attached" for a few seconds.
   for (int tries = 0; tries < 100 && absl::IsFailedPrecondition(lease.status()); ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
-  }
-  if (lease.ok() && (*lease)->backend() == v1::BACKEND_CUDA) {
-    // Attach again with the device chosen: the regions are mapped for the accessing device.
-    lease->reset();  // detach first
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      return fail("cuda group", absl::FailedPreconditionError("no CUDA device visible"));
-    }
-    if (device < 0) device = rank % count;
-    if (cudaSetDevice(device) != cudaSuccess) return fail("cudaSetDevice", absl::InternalError("failed"));
-    attach_options.accessing_device = device;
     lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
   }
   if (!lease.ok()) return fail("Attach", lease.status());
