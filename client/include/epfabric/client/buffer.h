@@ -39,13 +39,15 @@
 
 namespace epfabric::client {
 
-// A contiguous row-major tensor: pointer, element type, shape. An empty view (data == nullptr) means "not given".
+// A contiguous row-major tensor: pointer, element type, shape. An empty view (data == nullptr and no shape) means
+// "not given". A view with a shape and no elements (a rank with 0 tokens) is given even when data is null: every
+// rank of a group must agree on which optional tensors are given.
 struct TensorView {
   void* data = nullptr;
   kernels::DType dtype = kernels::DType::kBF16;
   std::vector<int64_t> shape;
 
-  bool empty() const { return data == nullptr; }
+  bool empty() const { return data == nullptr && shape.empty(); }
   int64_t numel() const;
   size_t bytes() const;
 };
@@ -74,9 +76,9 @@ struct BufferConfig {
   int max_tokens_per_rank = 0;  // normal: most tokens one rank dispatches per call; low latency: exactly that bound
   int hidden = 0;               // normal: the widest hidden size; low latency: the hidden size
   int max_topk = 0;
-  int num_experts = 0;          // a multiple of the number of ranks
-  int num_sms = 20;             // normal mode: SMs (= channels) per dispatch/combine
-  bool low_latency = false;     // the group's mode (GroupInfo.low_latency)
+  int num_experts = 0;                        // a multiple of the number of ranks
+  int num_sms = 20;                           // normal mode: SMs (= channels) per dispatch/combine
+  bool low_latency = false;                   // the group's mode (GroupInfo.low_latency)
   absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
 };
 
@@ -88,6 +90,11 @@ struct DispatchLayout {
   Tensor num_tokens_per_rank;    // int32 [num_ranks]
   Tensor num_tokens_per_expert;  // int32 [num_experts]
   Tensor is_token_in_rank;       // bool [num_tokens, num_ranks]
+  // int32 [1]: top-k entries outside [-1, num_experts) (the layout treats them as -1). cuda: mapped host memory the
+  // layout kernel writes; Dispatch waits for it (bounded) and refuses the call before notify when it is not 0.
+  // Host backend: GetDispatchLayout refuses such input itself, so this is always 0. May be left empty by callers
+  // that build their own layout (cuda Dispatch then copies topk_idx to the host to check it).
+  Tensor num_invalid_topk;
 };
 
 // What dispatch records for combine and for cached dispatch (DeepEP's handle). Keep it until the combine.
@@ -100,13 +107,13 @@ struct DispatchHandle {
 };
 
 struct DispatchArgs {
-  TensorView x;             // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
-  TensorView x_scales;      // float [num_tokens, hidden / 128], fp8 only
-  TensorView topk_idx;      // int64 [num_tokens, num_topk], -1 = none; optional in cached mode
-  TensorView topk_weights;  // float [num_tokens, num_topk]; optional
-  const DispatchLayout* layout = nullptr;         // from GetDispatchLayout; required unless `cached`
-  std::shared_ptr<const DispatchHandle> cached;   // cached mode: reuse a handle, no notify
-  int expert_alignment = 1;                       // per-expert receive counts rounded up to a multiple of this
+  TensorView x;                                  // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
+  TensorView x_scales;                           // float [num_tokens, hidden / 128], fp8 only
+  TensorView topk_idx;                           // int64 [num_tokens, num_topk], -1 = none; optional in cached mode
+  TensorView topk_weights;                       // float [num_tokens, num_topk]; optional
+  const DispatchLayout* layout = nullptr;        // from GetDispatchLayout; required unless `cached`
+  std::shared_ptr<const DispatchHandle> cached;  // cached mode: reuse a handle, no notify
+  int expert_alignment = 1;                      // per-expert receive counts rounded up to a multiple of this
 };
 
 struct DispatchResult {
@@ -116,8 +123,8 @@ struct DispatchResult {
 };
 
 struct CombineArgs {
-  TensorView x;             // bf16 [num_recv_tokens, hidden], rows in the received order
-  TensorView topk_weights;  // float [num_recv_tokens, num_topk]; optional
+  TensorView x;               // bf16 [num_recv_tokens, hidden], rows in the received order
+  TensorView topk_weights;    // float [num_recv_tokens, num_topk]; optional
   TensorView bias_0, bias_1;  // bf16 [num_tokens, hidden]; optional
   std::shared_ptr<const DispatchHandle> handle;
 };
@@ -146,10 +153,12 @@ struct LowLatencyDispatchArgs {
 };
 
 struct LowLatencyDispatchResult {
-  Tensor packed_recv_x;         // fp8 or bf16 [L, R*M, hidden]
-  Tensor packed_recv_x_scales;  // fp8: float [L][G][R*M] or packed ue8m0 int32 [L][G/4][R*M]
-  Tensor packed_recv_count;     // int32 [L]
-  Tensor packed_recv_src_info;  // int32 [L, R*M]
+  Tensor packed_recv_x;  // fp8 or bf16 [L, R*M, hidden]
+  // fp8: float, shape [L, G, R*M] (DeepEP's [L, R*M, G] transposed: token-minor), or packed ue8m0 int32, shape
+  // [L, G/4, R*M]; G = hidden / 128. docs/data-layout.md.
+  Tensor packed_recv_x_scales;
+  Tensor packed_recv_count;         // int32 [L]
+  Tensor packed_recv_src_info;      // int32 [L, R*M]
   Tensor packed_recv_layout_range;  // int64 [L, R]
   std::shared_ptr<const LowLatencyHandle> handle;
   // With return_recv_hook: launches the receive phase; call it before using the outputs. Otherwise empty.
