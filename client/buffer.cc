@@ -83,10 +83,12 @@ absl::Status CheckExpertIndices(const int64_t* topk_idx, int64_t num_tokens, int
   return absl::OkStatus();
 }
 
-// A pointer the kernels accept for a given tensor: never null (an empty but given tensor still says "given").
+// A pointer the kernels accept for a given tensor: never null (an empty but given tensor still says "given" to the
+// peers). With no elements nothing is read or written through it, so a host address serves on cuda as well; it is
+// aligned because the kernels' argument checks want 16-byte alignment.
 template <typename T>
 T* GivenPointer(const TensorView& t) {
-  static uint64_t dummy[4] = {};
+  alignas(256) static uint64_t dummy[32] = {};
   if (t.empty()) return nullptr;
   return static_cast<T*>(t.data != nullptr ? t.data : static_cast<void*>(dummy));
 }
@@ -132,9 +134,20 @@ class MappedWordPool {
   ~MappedWordPool() {
     if (host_ != nullptr) cudaFreeHost(host_);
   }
-  // A slot or -1 when all are taken (the caller then does without).
+  // A slot or -1 when all are taken (the caller then does without). A slot given back while its layout kernel may
+  // still be queued (value still -1) is only reused once the kernel has written it, so a late write can never land
+  // in the next layout's count.
   int Take() {
     std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < returned_.size();) {
+      if (static_cast<volatile int32_t*>(host_)[returned_[i]] >= 0) {
+        free_.push_back(returned_[i]);
+        returned_[i] = returned_.back();
+        returned_.pop_back();
+      } else {
+        ++i;
+      }
+    }
     if (free_.empty()) return -1;
     const int slot = free_.back();
     free_.pop_back();
@@ -142,7 +155,7 @@ class MappedWordPool {
   }
   void Give(int slot) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(slot);
+    returned_.push_back(slot);
   }
   volatile int32_t* host(int slot) { return host_ + slot; }
   int32_t* device(int slot) { return device_ + slot; }
@@ -151,6 +164,7 @@ class MappedWordPool {
   MappedWordPool() = default;
   std::mutex mu_;
   std::vector<int> free_;
+  std::vector<int> returned_;  // given back, reusable once the kernel wrote them
   int32_t* host_ = nullptr;
   int32_t* device_ = nullptr;
 };
@@ -472,7 +486,11 @@ absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_
           std::shared_ptr<void>(pool->device(slot), [pool, slot](void*) { pool->Give(slot); });
       p.num_invalid_topk = pool->device(slot);
     }
-    if (absl::Status st = kernels::GetDispatchLayout(p, stream); !st.ok()) return st;
+    if (absl::Status st = kernels::GetDispatchLayout(p, stream); !st.ok()) {
+      if (p.num_invalid_topk != nullptr)
+        *static_cast<int32_t*>(layout.num_invalid_topk.view.data) = 0;  // nothing will write it
+      return st;
+    }
   } else {
     auto invalid = s.NewTensor(DType::kInt32, {1}, stream);
     if (!invalid.ok()) return invalid.status();

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,8 +17,8 @@
 #include "absl/time/clock.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/client/client.h"
+#include "integration/buffer_test_cases.h"
 #include "integration/fabric_under_test.h"
-#include "unit/host_backend_scenarios.h"
 
 namespace epfabric::testing {
 namespace {
@@ -28,8 +29,6 @@ using client::Client;
 using client::Lease;
 using client::TensorView;
 using kernels::DType;
-namespace hbt = kernels::host_backend_test;
-namespace ref = kernels::reference;
 
 // A fresh seed per run (printed, so a failure can be replayed with EPF_SEED).
 uint64_t Seed() {
@@ -82,6 +81,7 @@ class BufferHostTest : public ::testing::Test {
 
   // A group sized with RequiredRegionBytes, attached on every rank, with a Buffer each.
   static void MakeRanks(int n, const BufferConfig& config, Ranks* ranks) {
+    ASSERT_TRUE(fabrics_.count(n) == 1 && fabrics_[n] != nullptr) << "the " << n << "-rank fabric did not start";
     auto bytes = client::RequiredRegionBytes(config, n);
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     auto group = CreateGroup(n, *bytes, config.low_latency);
@@ -105,110 +105,6 @@ class BufferHostTest : public ::testing::Test {
 };
 
 std::map<int, std::unique_ptr<FabricUnderTest>> BufferHostTest::fabrics_;
-
-template <typename T>
-void CompareTensor(hbt::Mismatches* m, const char* what, int rank, const client::Tensor& got,
-                   const std::vector<T>& want, size_t n) {
-  if (got.view.numel() * kernels::DTypeSize(got.view.dtype) < n * sizeof(T)) {
-    m->Add(absl::StrCat("rank ", rank, ": ", what, " has ", got.view.numel(), " elements, want at least ", n));
-    return;
-  }
-  m->CompareArrays(what, rank, static_cast<const T*>(got.view.data), want.data(), n);
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Normal mode: layout, dispatch, cached dispatch, combine of one case on every rank.
-
-void RunNormalCase(int rank, Buffer& buffer, const hbt::IntranodeExpected& x, hbt::Mismatches* m) {
-  const hbt::IntranodeCase& c = x.c;
-  const int R = c.num_ranks();
-  const ref::RankInput& in = x.inputs[rank];
-  const ref::RankOutput& want = x.dispatched[rank];
-  const int64_t T = in.num_tokens;
-  const int K = x.config.num_topk;
-
-  auto layout = buffer.GetDispatchLayout(View(in.topk_idx, DType::kInt64, {T, c.num_topk}));
-  if (!layout.ok()) {
-    m->Status("GetDispatchLayout", rank, layout.status());
-    // The peers go on: issue nothing else (they will time out and report it).
-    return;
-  }
-  CompareTensor(m, "num_tokens_per_rank", rank, layout->num_tokens_per_rank, want.layout.num_tokens_per_rank, R);
-  CompareTensor(m, "num_tokens_per_expert", rank, layout->num_tokens_per_expert, want.layout.num_tokens_per_expert,
-                c.num_experts);
-  CompareTensor(m, "is_token_in_rank", rank, layout->is_token_in_rank, want.layout.is_token_in_rank, T * R);
-
-  client::DispatchArgs args;
-  args.x = View(in.x, c.fp8 ? DType::kFP8E4M3 : DType::kBF16, {T, c.hidden});
-  if (c.fp8) args.x_scales = View(in.x_scales, DType::kFloat32, {T, c.hidden / 128});
-  if (K > 0) args.topk_idx = View(in.topk_idx, DType::kInt64, {T, K});
-  if (x.config.has_weights) args.topk_weights = View(in.topk_weights, DType::kFloat32, {T, K});
-  args.layout = &*layout;
-  args.expert_alignment = c.expert_alignment;
-  std::shared_ptr<const client::DispatchHandle> handle;
-  for (int pass = 0; pass < 2; ++pass) {
-    const char* what = pass == 0 ? "Dispatch" : "cached Dispatch";
-    if (pass == 1) {
-      args.cached = handle;
-      args.layout = nullptr;
-    }
-    auto got = buffer.Dispatch(args);
-    if (!got.ok()) {
-      m->Status(what, rank, got.status());
-      return;
-    }
-    const int N = want.num_recv_tokens;
-    if (got->handle->num_recv_tokens != N) m->Add(absl::StrCat("rank ", rank, ": ", what, " num_recv_tokens"));
-    if (got->recv_x.view.shape != std::vector<int64_t>{N, c.hidden}) {
-      m->Add(absl::StrCat("rank ", rank, ": ", what, " recv_x shape"));
-    }
-    CompareTensor(m, "recv_x", rank, got->recv_x, want.recv_x, want.recv_x.size());
-    if (c.fp8)
-      CompareTensor(m, "recv_x_scales", rank, got->recv_x_scales, want.recv_x_scales, want.recv_x_scales.size());
-    if (K > 0)
-      CompareTensor(m, "recv_topk_idx", rank, got->recv_topk_idx, want.recv_topk_idx, want.recv_topk_idx.size());
-    if (x.config.has_weights) {
-      CompareTensor(m, "recv_topk_weights", rank, got->recv_topk_weights, want.recv_topk_weights,
-                    want.recv_topk_weights.size());
-    }
-    if (pass == 0) {
-      if (got->num_recv_tokens_per_expert != want.num_recv_tokens_per_expert) {
-        m->Add(absl::StrCat("rank ", rank, ": num_recv_tokens_per_expert"));
-      }
-    }
-    const client::DispatchHandle& h = *got->handle;
-    CompareTensor(m, "rank_prefix_matrix", rank, h.rank_prefix_matrix, want.rank_prefix_matrix, R * R);
-    CompareTensor(m, "recv_channel_prefix", rank, h.recv_channel_prefix, want.recv_channel_prefix,
-                  want.recv_channel_prefix.size());
-    CompareTensor(m, "send_slot", rank, h.send_slot, want.send_slot, T * R);
-    CompareTensor(m, "recv_src_idx", rank, h.recv_src_idx, want.recv_src_idx, N);
-    handle = got->handle;
-  }
-
-  const ref::CombineInput& cin = x.combine_inputs[rank];
-  const ref::CombineOutput& cwant = x.combined[rank];
-  const int combine_topk = x.config.has_weights ? c.num_topk : 0;
-  client::CombineArgs cargs;
-  cargs.handle = handle;
-  cargs.x = View(cin.x, DType::kBF16, {handle->num_recv_tokens, c.hidden});
-  if (combine_topk > 0) {
-    cargs.topk_weights = View(cin.topk_weights, DType::kFloat32, {handle->num_recv_tokens, combine_topk});
-  }
-  if (c.bias) {
-    cargs.bias_0 = View(cin.bias_0, DType::kBF16, {T, c.hidden});
-    cargs.bias_1 = View(cin.bias_1, DType::kBF16, {T, c.hidden});
-  }
-  auto combined = buffer.Combine(cargs);
-  if (!combined.ok()) {
-    m->Status("Combine", rank, combined.status());
-    return;
-  }
-  CompareTensor(m, "combined_x", rank, combined->combined_x, cwant.combined_x, cwant.combined_x.size());
-  if (combine_topk > 0) {
-    CompareTensor(m, "combined_topk_weights", rank, combined->combined_topk_weights, cwant.combined_topk_weights,
-                  cwant.combined_topk_weights.size());
-  }
-}
 
 BufferConfig NormalConfig(int hidden, int max_tokens = 96, int num_experts = 16, int max_topk = 8) {
   return BufferConfig{.max_tokens_per_rank = max_tokens,
@@ -239,7 +135,11 @@ void RunNormalCases(Ranks& ranks, const std::vector<hbt::IntranodeCase>& cases) 
     const int n = static_cast<int>(ranks.buffers.size());
     std::vector<hbt::Mismatches> found(n);
     std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { RunNormalCase(r, *ranks.buffers[r], x, &found[r]); });
+    for (int r = 0; r < n; ++r)
+      threads.emplace_back([&, r] {
+        HostTestMemory memory;
+        RunNormalCase(memory, r, *ranks.buffers[r], x, &found[r]);
+      });
     for (std::thread& t : threads) t.join();
     for (int r = 0; r < n; ++r) EXPECT_TRUE(found[r].empty()) << "rank " << r << ":\n" << found[r].str();
   }
@@ -304,94 +204,29 @@ TEST_F(BufferHostTest, NormalFourRanksEdgeCases) {
   RunNormalCases(ranks, cases);
 }
 
+// A long sequence of random shapes on one group: every call's outputs checked, the Buffer reused throughout.
+TEST_F(BufferHostTest, NormalRandomSequence) {
+  const BufferConfig config = NormalConfig(1024, 64, 32, 8);
+  Ranks ranks;
+  ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
+  std::mt19937_64 rng(Seed() + 77);
+  std::vector<hbt::IntranodeCase> cases;
+  for (int i = 0; i < 16; ++i) {
+    hbt::IntranodeCase c = CaseFor(config, {static_cast<int>(rng() % 65), static_cast<int>(rng() % 65)}, 200 + i);
+    c.fp8 = rng() % 2 == 0;
+    c.hidden = 128 * static_cast<int>(1 + rng() % 8);
+    c.num_topk = static_cast<int>(1 + rng() % 8);
+    c.topk = static_cast<hbt::TopkMode>(rng() % 3);
+    c.bias = rng() % 2 == 0;
+    c.expert_alignment = 1 + static_cast<int>(rng() % 4);
+    c.routing.empty_fraction = (rng() % 5) * 0.1;
+    cases.push_back(c);
+  }
+  RunNormalCases(ranks, cases);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Low latency.
-
-void RunLowLatencyIterations(int rank, Buffer& buffer, const hbt::LowLatencyCase& c,
-                             const std::vector<hbt::LowLatencyIteration>& its, hbt::Mismatches* m) {
-  const int R = c.num_ranks, M = c.max_tokens, H = c.hidden, L = c.num_experts / R, G = H / 128;
-  const size_t slots = static_cast<size_t>(R) * M;
-  const size_t elem = c.fp8 ? 1 : 2;
-  std::vector<int32_t> stats(L, 0), want_stats(L, 0);
-  for (size_t i = 0; i < its.size(); ++i) {
-    const hbt::LowLatencyIteration& it = its[i];
-    const kernels::host::LowLatencyRankInput& in = it.inputs[rank];
-    const kernels::host::LowLatencyDispatchOutput& want = it.dispatched[rank];
-    const int64_t T = in.num_tokens;
-    client::LowLatencyDispatchArgs d;
-    d.x = View(in.x, DType::kBF16, {T, H});
-    d.topk_idx = View(in.topk_idx, DType::kInt64, {T, c.num_topk});
-    d.use_fp8 = c.fp8;
-    d.round_scale = c.round_scale;
-    d.use_ue8m0 = c.ue8m0;
-    if (c.cumulative_stats) d.cumulative_stats = View(stats, DType::kInt32, {L});
-    d.return_recv_hook = c.hook;
-    auto got = buffer.LowLatencyDispatch(d);
-    if (!got.ok()) {
-      m->Status("LowLatencyDispatch", rank, got.status());
-      return;
-    }
-    if (c.hook) {
-      if (!got->recv_hook) {
-        m->Add("no recv_hook");
-        return;
-      }
-      m->Status("dispatch recv_hook", rank, got->recv_hook(nullptr));
-      if (got->recv_hook(nullptr).ok()) m->Add("a recv_hook ran twice");
-    }
-    CompareTensor(m, "packed_recv_count", rank, got->packed_recv_count, want.packed_recv_count, L);
-    CompareTensor(m, "layout_range", rank, got->packed_recv_layout_range, want.layout_range, want.layout_range.size());
-    CompareTensor(m, "token_map", rank, got->handle->token_map, want.token_map, want.token_map.size());
-    const int32_t* count = static_cast<const int32_t*>(got->packed_recv_count.view.data);
-    const uint8_t* packed_x = static_cast<const uint8_t*>(got->packed_recv_x.view.data);
-    const int32_t* src_info = static_cast<const int32_t*>(got->packed_recv_src_info.view.data);
-    const int32_t* topk_slot = static_cast<const int32_t*>(got->handle->topk_slot.view.data);
-    for (int e = 0; e < L; ++e) {
-      want_stats[e] += want.packed_recv_count[e];
-      const size_t n = std::max(0, std::min<int>(count[e], want.packed_recv_count[e]));
-      const size_t base = static_cast<size_t>(e) * slots;
-      m->CompareArrays("packed_recv_x", rank, packed_x + base * H * elem, want.packed_recv_x.data() + base * H * elem,
-                       n * H * elem);
-      m->CompareArrays("src_info", rank, src_info + base, want.src_info.data() + base, n);
-      m->CompareArrays("topk_slot", rank, topk_slot + base, want.topk_slot.data() + base, n);
-      if (c.fp8 && !c.ue8m0) {
-        const float* scales = static_cast<const float*>(got->packed_recv_x_scales.view.data);
-        for (int g = 0; g < G; ++g) {
-          const size_t at = (static_cast<size_t>(e) * G + g) * slots;
-          m->CompareArrays("scales", rank, scales + at, want.scales.data() + at, n);
-        }
-      } else if (c.ue8m0) {
-        const uint8_t* scales = static_cast<const uint8_t*>(got->packed_recv_x_scales.view.data);
-        for (int pack = 0; pack < G / 4; ++pack) {
-          const size_t at = ((static_cast<size_t>(e) * (G / 4) + pack) * slots) * 4;
-          m->CompareArrays("ue8m0 scales", rank, scales + at, want.ue8m0_scales.data() + at, n * 4);
-        }
-      }
-    }
-    // Combine.
-    client::LowLatencyCombineArgs cb;
-    if (c.zero_copy) {
-      TensorView into = buffer.NextLowLatencyCombineBuffer();
-      if (into.bytes() != it.expert_outputs[rank].size() * 2) m->Add("NextLowLatencyCombineBuffer size");
-      std::memcpy(into.data, it.expert_outputs[rank].data(), it.expert_outputs[rank].size() * 2);
-    } else {
-      cb.x = View(it.expert_outputs[rank], DType::kBF16, {L, static_cast<int64_t>(slots), H});
-    }
-    cb.topk_idx = d.topk_idx;
-    cb.topk_weights = View(in.topk_weights, DType::kFloat32, {T, c.num_topk});
-    cb.handle = got->handle;
-    cb.zero_copy = c.zero_copy;
-    cb.return_recv_hook = c.hook;
-    auto combined = buffer.LowLatencyCombine(cb);
-    if (!combined.ok()) {
-      m->Status("LowLatencyCombine", rank, combined.status());
-      return;
-    }
-    if (c.hook) m->Status("combine recv_hook", rank, combined->recv_hook(nullptr));
-    CompareTensor(m, "combined_x", rank, combined->combined_x, it.combined[rank], it.combined[rank].size());
-  }
-  if (c.cumulative_stats) m->CompareArrays("cumulative_stats", rank, stats.data(), want_stats.data(), L);
-}
 
 BufferConfig LowLatencyConfig(int hidden, int max_tokens, int num_experts) {
   return BufferConfig{.max_tokens_per_rank = max_tokens,
@@ -411,7 +246,10 @@ void RunLowLatencyCases(Ranks& ranks, const std::vector<hbt::LowLatencyCase>& ca
     std::vector<hbt::Mismatches> found(n);
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] { RunLowLatencyIterations(r, *ranks.buffers[r], c, its, &found[r]); });
+      threads.emplace_back([&, r] {
+        HostTestMemory memory;
+        RunLowLatencyIterations(memory, r, *ranks.buffers[r], c, its, &found[r]);
+      });
     }
     for (std::thread& t : threads) t.join();
     for (int r = 0; r < n; ++r) EXPECT_TRUE(found[r].empty()) << "rank " << r << ":\n" << found[r].str();
@@ -480,7 +318,12 @@ TEST_F(BufferHostTest, LowLatencyFourRanksHidden7168) {
   hbt::LowLatencyCase hook = LowLatencyCaseFor(config, 4, 51);
   hook.hook = true;
   hook.zero_copy = true;
-  RunLowLatencyCases(ranks, {c, hook});
+  hook.iterations = 4;
+  hbt::LowLatencyCase bf16 = LowLatencyCaseFor(config, 4, 52);
+  bf16.fp8 = false;
+  bf16.iterations = 3;
+  bf16.routing.empty_fraction = 0.3;
+  RunLowLatencyCases(ranks, {c, hook, bf16});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -607,7 +450,104 @@ TEST_F(BufferHostTest, LowLatencyBadInputIsRefusedAndTheNextCallWorks) {
   RunLowLatencyCases(ranks, {c});
 }
 
+TEST_F(BufferHostTest, PendingRecvHookBlocksTheNextLowLatencyCall) {
+  const BufferConfig config = LowLatencyConfig(256, 8, 8);
+  Ranks ranks;
+  ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
+  hbt::LowLatencyCase c = LowLatencyCaseFor(config, 2, 903);
+  c.num_tokens = {5, 8};
+  const std::vector<hbt::LowLatencyIteration> its = hbt::MakeLowLatencyExpected(c);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Buffer& b = *ranks.buffers[r];
+      const auto& in = its[0].inputs[r];
+      client::LowLatencyDispatchArgs d;
+      d.x = View(in.x, DType::kBF16, {in.num_tokens, 256});
+      d.topk_idx = View(in.topk_idx, DType::kInt64, {in.num_tokens, c.num_topk});
+      d.return_recv_hook = true;
+      auto first = b.LowLatencyDispatch(d);
+      if (!first.ok()) return void(errors[r] = first.status().ToString());
+      absl::Status early = b.LowLatencyDispatch(d).status();
+      if (!absl::IsFailedPrecondition(early) || early.message().find("recv_hook") == std::string::npos) {
+        errors[r] = absl::StrCat("second dispatch before the hook: ", early.ToString());
+      }
+      if (absl::Status hooked = first->recv_hook(nullptr); !hooked.ok()) return void(errors[r] = hooked.ToString());
+      client::LowLatencyCombineArgs cb;
+      const TensorView into = b.NextLowLatencyCombineBuffer();
+      std::memcpy(into.data, its[0].expert_outputs[r].data(), into.bytes());
+      cb.zero_copy = true;
+      cb.topk_idx = d.topk_idx;
+      cb.topk_weights = View(in.topk_weights, DType::kFloat32, {in.num_tokens, c.num_topk});
+      cb.handle = first->handle;
+      auto combined = b.LowLatencyCombine(cb);
+      if (!combined.ok()) return void(errors[r] = combined.status().ToString());
+      if (std::memcmp(combined->combined_x.view.data, its[0].combined[r].data(), its[0].combined[r].size() * 2) != 0) {
+        errors[r] = "combined_x differs";
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+// A rank that never calls: its peer's wait ends with DeadlineExceeded naming it; after Reset on every rank the
+// group works again.
+TEST_F(BufferHostTest, MissingPeerTimesOutNamingItAndResetRecovers) {
+  for (bool low_latency : {false, true}) {
+    SCOPED_TRACE(low_latency ? "low latency" : "normal");
+    BufferConfig config = low_latency ? LowLatencyConfig(256, 8, 8) : NormalConfig(256, 16);
+    config.timeout = absl::Milliseconds(300);
+    Ranks ranks;
+    ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
+    Buffer& b = *ranks.buffers[0];
+    const std::vector<int64_t> topk(4 * 2, 3);
+    const std::vector<uint16_t> x(4 * 256, 0);
+    absl::Status status;
+    const absl::Time start = absl::Now();
+    if (low_latency) {
+      client::LowLatencyDispatchArgs d;
+      d.x = View(x, DType::kBF16, {4, 256});
+      d.topk_idx = View(topk, DType::kInt64, {4, 2});
+      status = b.LowLatencyDispatch(d).status();
+    } else {
+      auto layout = b.GetDispatchLayout(View(topk, DType::kInt64, {4, 2}));
+      ASSERT_TRUE(layout.ok()) << layout.status();
+      status = b.Dispatch({.x = View(x, DType::kBF16, {4, 256}),
+                           .topk_idx = View(topk, DType::kInt64, {4, 2}),
+                           .layout = &*layout})
+                   .status();
+    }
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
+    EXPECT_NE(status.message().find("rank 0 timed out waiting for"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("from rank 1"), std::string::npos) << status;
+    EXPECT_LT(took, absl::Seconds(3));
+    for (auto& buffer : ranks.buffers) ASSERT_TRUE(buffer->Reset().ok());
+    if (low_latency) {
+      hbt::LowLatencyCase c = LowLatencyCaseFor(config, 2, 904);
+      c.iterations = 2;
+      RunLowLatencyCases(ranks, {c});
+    } else {
+      RunNormalCases(ranks, {CaseFor(config, {16, 7}, 905)});
+    }
+  }
+}
+
+TEST_F(BufferHostTest, AnEndedLeaseIsUnavailableBeforeAnythingRuns) {
+  const BufferConfig config = NormalConfig(256, 16);
+  Ranks ranks;
+  ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
+  ASSERT_TRUE(ranks.leases[0]->Detach().ok());
+  const std::vector<int64_t> topk(4 * 2, 3);
+  absl::Status status = ranks.buffers[0]->GetDispatchLayout(View(topk, DType::kInt64, {4, 2})).status();
+  EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+}
+
 TEST_F(BufferHostTest, CreateRefusesASmallRegionAndAModeMismatch) {
+  ASSERT_TRUE(fabrics_[2] != nullptr) << "the 2-rank fabric did not start";
   const BufferConfig config = NormalConfig(256, 32);
   auto bytes = client::RequiredRegionBytes(config, 2);
   ASSERT_TRUE(bytes.ok()) << bytes.status();

@@ -161,7 +161,9 @@ struct LowLatencyDispatchResult {
   Tensor packed_recv_src_info;      // int32 [L, R*M]
   Tensor packed_recv_layout_range;  // int64 [L, R]
   std::shared_ptr<const LowLatencyHandle> handle;
-  // With return_recv_hook: launches the receive phase; call it before using the outputs. Otherwise empty.
+  // With return_recv_hook: launches the receive phase; call it once, before using the outputs and before the next
+  // low-latency call (which is refused with FailedPrecondition until then). The Buffer must outlive it. Otherwise
+  // empty.
   std::function<absl::Status(cudaStream_t)> recv_hook;
 };
 

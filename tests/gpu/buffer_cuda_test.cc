@@ -1,0 +1,255 @@
+// The Buffer API on the cuda backend: two real daemons (--backend=cuda, GPU 0 and GPU 1), a 2-rank group per mode
+// sized with RequiredRegionBytes, and two client processes (this binary started again with
+// --epf_buffer_cuda_helper), each with a Client + Lease + Buffer on its own GPU, running normal-mode and low-latency
+// round trips on device memory; every output is copied back and compared element by element with the host
+// references (the same seeded inputs in both processes). Needs 2 GPUs; skips cleanly otherwise.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "epfabric/client/buffer.h"
+#include "epfabric/client/client.h"
+#include "gpu_env.h"
+#include "integration/buffer_test_cases.h"
+#include "integration/client_test_util.h"
+#include "integration/fabric_under_test.h"
+
+namespace epfabric::testing {
+namespace {
+
+using client::BufferConfig;
+
+constexpr uint64_t kGranularity = 2ull << 20;  // POSIX_FD regions map whole 2 MiB pages
+
+BufferConfig ConfigFor(bool low_latency) {
+  if (low_latency) {
+    return BufferConfig{
+        .max_tokens_per_rank = 64, .hidden = 7168, .max_topk = 8, .num_experts = 16, .low_latency = true};
+  }
+  return BufferConfig{.max_tokens_per_rank = 512, .hidden = 7168, .max_topk = 8, .num_experts = 64, .num_sms = 8};
+}
+
+std::vector<hbt::IntranodeCase> NormalCases(uint64_t seed) {
+  const BufferConfig config = ConfigFor(false);
+  std::vector<hbt::IntranodeCase> cases;
+  auto make = [&](std::vector<int> tokens, int hidden) {
+    hbt::IntranodeCase c;
+    c.num_tokens = std::move(tokens);
+    c.hidden = hidden;
+    c.num_topk = 8;
+    c.num_experts = config.num_experts;
+    c.num_channels = config.num_sms;
+    c.seed = seed * 31 + cases.size();
+    return c;
+  };
+  hbt::IntranodeCase bf16 = make({512, 300}, 7168);
+  bf16.bias = true;
+  cases.push_back(bf16);
+  hbt::IntranodeCase fp8 = make({0, 128}, 4096);
+  fp8.fp8 = true;
+  fp8.topk = hbt::TopkMode::kIdsOnly;
+  cases.push_back(fp8);
+  hbt::IntranodeCase none = make({100, 1}, 256);
+  none.topk = hbt::TopkMode::kNone;
+  cases.push_back(none);
+  hbt::IntranodeCase one = make({64, 64}, 1024);
+  one.routing.all_to_one_expert = true;
+  one.expert_alignment = 8;
+  cases.push_back(one);
+  return cases;
+}
+
+std::vector<hbt::LowLatencyCase> LowLatencyCases(uint64_t seed) {
+  const BufferConfig config = ConfigFor(true);
+  std::vector<hbt::LowLatencyCase> cases;
+  auto make = [&] {
+    hbt::LowLatencyCase c;
+    c.num_ranks = 2;
+    c.max_tokens = config.max_tokens_per_rank;
+    c.hidden = config.hidden;
+    c.num_experts = config.num_experts;
+    c.num_topk = 8;
+    c.seed = seed * 37 + cases.size();
+    return c;
+  };
+  hbt::LowLatencyCase plain = make();
+  plain.iterations = 3;
+  cases.push_back(plain);
+  hbt::LowLatencyCase round = make();
+  round.round_scale = true;
+  round.hook = true;
+  cases.push_back(round);
+  hbt::LowLatencyCase ue8m0 = make();
+  ue8m0.round_scale = true;
+  ue8m0.ue8m0 = true;
+  ue8m0.zero_copy = true;
+  ue8m0.iterations = 2;
+  cases.push_back(ue8m0);
+  hbt::LowLatencyCase bf16 = make();
+  bf16.fp8 = false;
+  bf16.hook = true;
+  bf16.zero_copy = true;
+  bf16.num_tokens = {0, 64};
+  cases.push_back(bf16);
+  return cases;
+}
+
+// Device memory for inputs; outputs are read back with synchronous copies (after the Buffer's stream work).
+class DeviceTestMemory final : public TestMemory {
+ public:
+  ~DeviceTestMemory() override {
+    for (void* p : owned_) cudaFree(p);
+  }
+  client::TensorView Upload(const void* data, size_t bytes, kernels::DType dtype, std::vector<int64_t> shape) override {
+    void* device = nullptr;
+    if (cudaMalloc(&device, std::max<size_t>(bytes, 256)) != cudaSuccess) return {};
+    owned_.push_back(device);
+    if (bytes > 0) cudaMemcpy(device, data, bytes, cudaMemcpyHostToDevice);
+    return client::TensorView{device, dtype, std::move(shape)};
+  }
+  void Read(void* to, const void* from, size_t bytes) override {
+    cudaDeviceSynchronize();
+    cudaMemcpy(to, from, bytes, cudaMemcpyDefault);
+  }
+  void Write(void* to, const void* from, size_t bytes) override {
+    cudaDeviceSynchronize();
+    cudaMemcpy(to, from, bytes, cudaMemcpyDefault);
+  }
+
+ private:
+  std::vector<void*> owned_;
+};
+
+void RunMode(bool low_latency) {
+  EPF_REQUIRE_GPUS(2);
+  auto fabric = FabricUnderTest::Start(2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
+                                       {{0, {"--backend=cuda", "--device=0"}}, {1, {"--backend=cuda", "--device=1"}}});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  auto bytes = client::RequiredRegionBytes(ConfigFor(low_latency), 2);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  const std::string name = low_latency ? "buffer-ll" : "buffer-normal";
+  v1::CreateGroupRequest request;
+  request.set_name(name);
+  request.add_ranks(0);
+  request.add_ranks(1);
+  request.set_num_nvl_bytes((*bytes + kGranularity - 1) / kGranularity * kGranularity);
+  request.set_low_latency(low_latency);
+  grpc::ClientContext context;
+  v1::CreateGroupResponse group;
+  const grpc::Status created = (*fabric)->Control(0)->CreateGroup(&context, request, &group);
+  ASSERT_TRUE(created.ok()) << created.error_message();
+
+  const uint64_t seed = std::random_device{}();
+  std::cout << "buffer_cuda_test seed " << seed << "\n";
+  auto parent = ChildChannel::Listen();
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  std::vector<Helper> helpers =
+      StartHelpers(*parent, **fabric, "--epf_buffer_cuda_helper", low_latency ? "low_latency" : "normal", name,
+                   group.token(), {0, 1}, 0, {"--device={rank}", absl::StrCat("--seed=", seed)});
+  ASSERT_EQ(helpers.size(), 2u);
+  for (Helper& helper : helpers) ASSERT_TRUE(Say(helper.channel.get(), "run").ok());
+  for (Helper& helper : helpers) {
+    auto said = Hear(helper.channel.get(), absl::Minutes(3));
+    ASSERT_TRUE(said.ok()) << said.status();
+    // "checked <cases> <mismatches>"
+    ASSERT_EQ(said->size(), 3u) << absl::StrJoin(*said, " ");
+    EXPECT_EQ((*said)[0], "checked") << absl::StrJoin(*said, " ");
+    EXPECT_EQ((*said)[2], "0") << "rank " << helper.rank << " found mismatches (its stderr has them)";
+  }
+  for (Helper& helper : helpers) ASSERT_TRUE(Say(helper.channel.get(), "detach").ok());
+  for (Helper& helper : helpers) {
+    auto exit_code = WaitChild(helper.pid, absl::Seconds(60));
+    EXPECT_TRUE(exit_code.ok() && *exit_code == 0) << "helper rank " << helper.rank;
+  }
+}
+
+TEST(BufferCuda, NormalModeRoundTripsAcrossTwoGpus) { RunMode(false); }
+TEST(BufferCuda, LowLatencyRoundTripsAcrossTwoGpus) { RunMode(true); }
+
+}  // namespace
+
+// The client process: its GPU, attach, a Buffer; on "run" the mode's cases (every rank runs the same sequence).
+int RunBufferCudaHelper(int argc, char** argv) {
+  auto parent = ConnectTo(FlagValue(argc, argv, "parent"));
+  if (!parent.ok()) return 2;
+  const int channel = parent->get();
+  int rank = -1, device = -1;
+  uint64_t seed = 0;
+  if (!absl::SimpleAtoi(FlagValue(argc, argv, "rank"), &rank) ||
+      !absl::SimpleAtoi(FlagValue(argc, argv, "device"), &device) ||
+      !absl::SimpleAtoi(FlagValue(argc, argv, "seed"), &seed)) {
+    (void)Say(channel, "failed bad-arguments");
+    return 2;
+  }
+  const bool low_latency = FlagValue(argc, argv, "mode") == "low_latency";
+  if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
+    (void)Say(channel, absl::StrCat("failed cuda-device-", device));
+    return 1;
+  }
+  auto connected = client::Client::Connect(FlagValue(argc, argv, "socket"), {.client_name = "buffer_cuda_test"});
+  if (!connected.ok()) {
+    (void)Say(channel, "failed connect");
+    return 1;
+  }
+  auto lease =
+      (*connected)
+          ->Attach(FlagValue(argc, argv, "group"), rank, FlagValue(argc, argv, "token"), {.accessing_device = device});
+  if (!lease.ok()) {
+    std::cerr << "rank " << rank << ": " << lease.status() << "\n";
+    (void)Say(channel, "failed attach");
+    return 1;
+  }
+  auto buffer = client::Buffer::Create(lease->get(), ConfigFor(low_latency));
+  if (!buffer.ok()) {
+    std::cerr << "rank " << rank << ": " << buffer.status() << "\n";
+    (void)Say(channel, "failed buffer");
+    return 1;
+  }
+  if (!Say(channel, absl::StrCat("attached ", rank, " ", getpid(), " ", (*lease)->lease_id(), " 0")).ok()) return 1;
+  while (true) {
+    auto said = Hear(channel, absl::Minutes(3));
+    if (!said.ok()) return 1;
+    if ((*said)[0] == "run") {
+      hbt::Mismatches found;
+      int cases = 0;
+      DeviceTestMemory memory;
+      if (low_latency) {
+        for (const hbt::LowLatencyCase& c : LowLatencyCases(seed)) {
+          RunLowLatencyIterations(memory, rank, **buffer, c, hbt::MakeLowLatencyExpected(c), &found);
+          ++cases;
+        }
+      } else {
+        for (const hbt::IntranodeCase& c : NormalCases(seed)) {
+          RunNormalCase(memory, rank, **buffer, hbt::MakeIntranodeExpected(c), &found);
+          ++cases;
+        }
+      }
+      if (!found.empty()) std::cerr << "rank " << rank << " mismatches:\n" << found.str();
+      const int mismatches = found.empty() ? 0 : 1;
+      if (!Say(channel, absl::StrCat("checked ", cases, " ", mismatches)).ok()) return 1;
+    } else if ((*said)[0] == "detach") {
+      buffer->reset();
+      return (*lease)->Detach().ok() ? 0 : 1;
+    }
+  }
+}
+
+}  // namespace epfabric::testing
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--epf_buffer_cuda_helper") == 0) {
+      return epfabric::testing::RunBufferCudaHelper(argc, argv);
+    }
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
