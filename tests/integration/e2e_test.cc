@@ -337,7 +337,7 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
   std::vector<Subprocess> workers;
   for (int r = 0; r < kRanks; ++r) {
     std::vector<std::string> args = looping;
-    if (self_kill && r == kVictim) args.push_back("--sigkill_in_dispatch=3");
+    if (self_kill && r == kVictim) args.insert(args.end(), {"--sigkill_in_dispatch=3", "--sigkill_delay_us=100"});
     auto worker = StartWorker(group, *token, r, args);
     ASSERT_TRUE(worker.ok()) << worker.status();
     workers.push_back(std::move(*worker));
@@ -408,7 +408,7 @@ TEST_F(E2eKill, WorkerKilledInsideADispatchTimesOutItsPeersAndTheRankRejoins) {
 }
 
 TEST_F(E2eKill, LowLatencyWorkerKilledInsideADispatchTimesOutItsPeersAndTheRankRejoins) {
-  Run("e2e-kill-ll", Shape("low_latency", 32, 1024, 4, 16, true, 4444, {"--timeout_ms=1000", "--fixed_tokens"}),
+  Run("e2e-kill-ll", Shape("low_latency", 64, 4096, 4, 16, true, 4444, {"--timeout_ms=1000", "--fixed_tokens"}),
       /*self_kill=*/true);
 }
 
