@@ -3,12 +3,12 @@
 // the host references and compares its outputs element by element (see client/tools/epfabric_worker.cc); the test
 // asserts on each worker's exit code and result line.
 //
-// Failure recovery (E2eKill.*): after a peer is SIGKILLed (from outside at a random point, or by itself 500 us into
+// Failure recovery (E2eKill.*): after a peer is SIGKILLed (from outside at a random point, or by itself 100 us into
 // a normal or low-latency dispatch) the survivors get DeadlineExceeded naming it; they stop, every survivor calls
 // Buffer::Reset() (as buffer.h documents), the new process of the dead rank attaches, calls Reset() too, and all
-// four continue on the SAME group (not a fresh one) with correct results. The worker
-// and the test rendezvous through files in a directory (timedout.<r>, reset, reset.<r>, ready.<r>, go), so that no
-// rank resets while a peer's call is still in flight.
+// four continue on the SAME group (not a fresh one) with correct results. The worker and the test rendezvous through
+// files in a directory (timedout.<r>, reset, reset.<r>, ready.<r>, go), so that no rank resets while a peer's call
+// is still in flight.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -320,8 +320,9 @@ void Touch(const std::string& path) { std::ofstream(path).put('\n'); }
 
 // kill -9 of one worker in the middle of its calls: the other workers' calls fail with DeadlineExceeded naming the
 // dead rank (short Buffer timeout, no hang); every survivor resets, a new process takes the dead rank, and the same
-// group gives correct results again. `self_kill`: the victim SIGKILLs itself 500 us into its third dispatch call
-// (certainly mid-dispatch); otherwise the test kills it from outside at a random point of its loop of calls.
+// group gives correct results again. `self_kill`: the victim SIGKILLs itself 100 us into its third dispatch call
+// (from a second thread while the call runs; the survivors' messages, printed, show where they were waiting);
+// otherwise the test kills it from outside at a random point of its loop of calls.
 class E2eKill : public E2e {
  public:
   void Run(const std::string& group, const std::vector<std::string>& scenario, bool self_kill);
