@@ -499,7 +499,7 @@ TEST_F(BufferHostTest, MissingPeerTimesOutNamingItAndResetRecovers) {
   for (bool low_latency : {false, true}) {
     SCOPED_TRACE(low_latency ? "low latency" : "normal");
     BufferConfig config = low_latency ? LowLatencyConfig(256, 8, 8) : NormalConfig(256, 16);
-    config.timeout = absl::Milliseconds(300);
+    config.timeout = absl::Seconds(1);  // short, yet long enough for a loaded 2-core machine in the checked case
     Ranks ranks;
     ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
     Buffer& b = *ranks.buffers[0];
@@ -524,7 +524,7 @@ TEST_F(BufferHostTest, MissingPeerTimesOutNamingItAndResetRecovers) {
     EXPECT_TRUE(absl::IsDeadlineExceeded(status)) << status;
     EXPECT_NE(status.message().find("rank 0 timed out waiting for"), std::string::npos) << status;
     EXPECT_NE(status.message().find("from rank 1"), std::string::npos) << status;
-    EXPECT_LT(took, absl::Seconds(3));
+    EXPECT_LT(took, absl::Seconds(5));
     for (auto& buffer : ranks.buffers) ASSERT_TRUE(buffer->Reset().ok());
     if (low_latency) {
       hbt::LowLatencyCase c = LowLatencyCaseFor(config, 2, 904);

@@ -109,7 +109,7 @@ struct DispatchHandle {
 struct DispatchArgs {
   TensorView x;                                  // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
   TensorView x_scales;                           // float [num_tokens, hidden / 128], fp8 only
-  TensorView topk_idx;                           // int64 [num_tokens, num_topk], -1 = none; optional in cached mode
+  TensorView topk_idx;                           // int64 [num_tokens, num_topk], -1 = none; optional (no recv_topk_*)
   TensorView topk_weights;                       // float [num_tokens, num_topk]; optional
   const DispatchLayout* layout = nullptr;        // from GetDispatchLayout; required unless `cached`
   std::shared_ptr<const DispatchHandle> cached;  // cached mode: reuse a handle, no notify
