@@ -1,0 +1,417 @@
+// End to end: 4 real epfabricd daemons (host backend) and real client processes (epfabric_worker, one per rank)
+// running dispatch + combine through the Buffer API. Every worker computes the single-process expected results with
+// the host references and compares its outputs element by element (see client/tools/epfabric_worker.cc); the test
+// asserts on each worker's exit code and result line.
+//
+// Failure recovery (E2eKill.*): after a peer is SIGKILLed (from outside at a random point, or by itself 100 us into
+// a normal or low-latency dispatch) the survivors get DeadlineExceeded naming it; they stop, every survivor calls
+// Buffer::Reset() (as buffer.h documents), the new process of the dead rank attaches, calls Reset() too, and all
+// four continue on the SAME group (not a fresh one) with correct results. The worker and the test rendezvous through
+// files in a directory (timedout.<r>, reset, reset.<r>, ready.<r>, go), so that no rank resets while a peer's call
+// is still in flight.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "integration/fabric_under_test.h"
+#include "integration/subprocess.h"
+
+namespace epfabric::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kRanks = 4;
+const std::vector<std::string> kFast = {"--heartbeat_ms=100", "--heartbeat_misses=5"};
+
+const char* WorkerBinary() {
+  const char* env = std::getenv("EPF_WORKER_BINARY");
+  return env != nullptr && *env != '\0' ? env : EPF_WORKER_BINARY;
+}
+
+// Seed of the random shapes: $EPF_E2E_SEED to replay a run, else a fresh one (printed).
+uint64_t TestSeed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("EPF_E2E_SEED");
+    uint64_t value = 0;
+    if (env == nullptr || !absl::SimpleAtoi(env, &value)) value = std::random_device()();
+    std::cout << "EPF_E2E_SEED=" << value << "\n";
+    return value;
+  }();
+  return seed;
+}
+
+// key=value fields of a worker's EPF_RESULT line (empty when there is none).
+std::map<std::string, std::string> ResultFields(const std::string& out) {
+  std::map<std::string, std::string> fields;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::ConsumePrefix(&line, "EPF_RESULT ")) continue;
+    // Values without spaces, except error="..." which comes last.
+    if (size_t error = line.find(" error="); error != absl::string_view::npos) {
+      fields["error"] = std::string(line.substr(error + 7));
+      line = line.substr(0, error);
+    }
+    for (absl::string_view field : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> kv = absl::StrSplit(field, absl::MaxSplits('=', 1));
+      fields.insert(kv);
+    }
+  }
+  return fields;
+}
+
+struct Finished {
+  int rank = -1;
+  int exit_code = -1;
+  std::string out, err;
+  std::map<std::string, std::string> result;
+  std::string Describe() const {
+    return absl::StrCat("worker rank ", rank, " exit ", exit_code, "\n--- stdout\n", out, "--- stderr\n", err);
+  }
+};
+
+class E2e : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto fabric = FabricUnderTest::Start(kRanks, kFast);
+    ASSERT_TRUE(fabric.ok()) << fabric.status();
+    ASSERT_TRUE((*fabric)->WaitComplete().ok());
+    fabric_ = fabric->release();
+  }
+  static void TearDownTestSuite() {
+    delete fabric_;
+    fabric_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(fabric_, nullptr); }
+
+  static absl::StatusOr<uint64_t> RegionBytes(const std::vector<std::string>& scenario) {
+    std::vector<std::string> argv = {WorkerBinary(), "--region_bytes", absl::StrCat("--ranks=", kRanks)};
+    argv.insert(argv.end(), scenario.begin(), scenario.end());
+    RunResult run = RunBinary(argv);
+    uint64_t bytes = 0;
+    if (run.exit_code != 0 || !absl::SimpleAtoi(absl::StripAsciiWhitespace(run.out), &bytes)) {
+      return absl::InternalError(absl::StrCat("--region_bytes: ", run.exit_code, " ", run.out, run.err));
+    }
+    return bytes;
+  }
+
+  // Creates `name` over all ranks, sized for `scenario`; returns the token.
+  static absl::StatusOr<std::string> CreateGroup(const std::string& name, const std::vector<std::string>& scenario) {
+    auto bytes = RegionBytes(scenario);
+    if (!bytes.ok()) return bytes.status();
+    v1::CreateGroupRequest request;
+    request.set_name(name);
+    for (int r = 0; r < kRanks; ++r) request.add_ranks(r);
+    request.set_num_nvl_bytes(*bytes);
+    request.set_low_latency(std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end());
+    grpc::ClientContext context;
+    v1::CreateGroupResponse response;
+    const grpc::Status status = fabric_->Control(0)->CreateGroup(&context, request, &response);
+    if (!status.ok()) return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+    return response.token();
+  }
+
+  static absl::StatusOr<Subprocess> StartWorker(const std::string& group, const std::string& token, int rank,
+                                                const std::vector<std::string>& scenario) {
+    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(rank).socket(), "--group=" + group,
+                                     absl::StrCat("--rank=", rank), "--token=" + token};
+    argv.insert(argv.end(), scenario.begin(), scenario.end());
+    return Subprocess::Start(argv);
+  }
+
+  static std::vector<Subprocess> StartWorkers(const std::string& group, const std::string& token,
+                                              const std::vector<std::string>& scenario) {
+    std::vector<Subprocess> workers;
+    for (int r = 0; r < kRanks; ++r) {
+      auto worker = StartWorker(group, token, r, scenario);
+      EXPECT_TRUE(worker.ok()) << worker.status();
+      if (worker.ok()) workers.push_back(std::move(*worker));
+    }
+    return workers;
+  }
+
+  static Finished Finish(Subprocess& worker, int rank, absl::Duration timeout = absl::Seconds(60)) {
+    Finished f;
+    f.rank = rank;
+    auto code = worker.Wait(timeout);
+    if (!code.ok()) {
+      worker.Signal(SIGKILL);
+      (void)worker.Wait(absl::Seconds(5));
+    }
+    f.exit_code = code.ok() ? *code : -1;
+    f.out = worker.Stdout();
+    f.err = worker.Stderr();
+    f.result = ResultFields(f.out);
+    return f;
+  }
+
+  // Runs `scenario` on a fresh group with one worker per rank; every worker must report ok=1 and exit 0.
+  static std::vector<Finished> RunScenario(const std::string& group, const std::vector<std::string>& scenario) {
+    std::vector<Finished> finished;
+    auto token = CreateGroup(group, scenario);
+    EXPECT_TRUE(token.ok()) << token.status();
+    if (!token.ok()) return finished;
+    std::vector<Subprocess> workers = StartWorkers(group, *token, scenario);
+    for (size_t r = 0; r < workers.size(); ++r) finished.push_back(Finish(workers[r], static_cast<int>(r)));
+    return finished;
+  }
+
+  static void ExpectAllOk(const std::vector<Finished>& finished, const std::string& what) {
+    ASSERT_EQ(finished.size(), static_cast<size_t>(kRanks)) << what;
+    for (const Finished& f : finished) {
+      EXPECT_EQ(f.exit_code, 0) << what << "\n" << f.Describe();
+      EXPECT_EQ(f.result.count("ok") ? f.result.at("ok") : "", "1") << what << "\n" << f.Describe();
+    }
+  }
+
+  static FabricUnderTest* fabric_;
+};
+
+FabricUnderTest* E2e::fabric_ = nullptr;
+
+std::vector<std::string> Shape(const std::string& mode, int tokens, int hidden, int topk, int experts, bool fp8,
+                               uint64_t seed, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--mode=" + mode,
+                                   absl::StrCat("--tokens=", tokens),
+                                   absl::StrCat("--hidden=", hidden),
+                                   absl::StrCat("--topk=", topk),
+                                   absl::StrCat("--experts=", experts),
+                                   absl::StrCat("--seed=", seed),
+                                   "--repeats=3",
+                                   "--timeout_ms=10000"};
+  if (fp8) args.push_back("--fp8");
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// Random shapes and the edge cases, each on its own group, every output compared element by element.
+TEST_F(E2e, ScenariosMatchTheSingleProcessReference) {
+  std::mt19937_64 rng(TestSeed());
+  auto pick = [&](std::vector<int> values) { return values[rng() % values.size()]; };
+  struct Named {
+    std::string name;
+    std::vector<std::string> args;
+  };
+  std::vector<Named> scenarios = {
+      // Random shapes.
+      {"normal-random-bf16", Shape("normal", pick({1, 17, 48, 64}), pick({64, 256, 520}), pick({1, 3, 4, 8}),
+                                   pick({8, 16, 32}), false, rng())},
+      {"normal-random-fp8", Shape("normal", pick({5, 33, 64}), pick({128, 512}), pick({2, 4, 6}), pick({16, 32}), true,
+                                  rng(), {absl::StrCat("--num_sms=", pick({1, 3, 8}))})},
+      {"ll-random-fp8",
+       Shape("low_latency", pick({1, 9, 32}), pick({128, 256, 512}), pick({1, 4, 8}), pick({8, 16, 32}), true, rng())},
+      {"ll-random-bf16",
+       Shape("low_latency", pick({3, 16}), pick({128, 384}), pick({2, 5}), pick({8, 16}), false, rng())},
+      // Edge cases.
+      {"normal-rank-sends-nothing",
+       Shape("normal", 32, 256, 4, 16, false, rng(), {"--routing=silent", "--silent_rank=2"})},
+      {"normal-tokens-go-nowhere",
+       Shape("normal", 32, 256, 4, 16, false, rng(), {"--routing=nowhere", "--silent_rank=1"})},
+      {"normal-every-token-to-one-expert", Shape("normal", 48, 256, 4, 16, false, rng(), {"--routing=one_expert"})},
+      {"normal-many-minus-one", Shape("normal", 40, 256, 8, 32, false, rng(), {"--empty_fraction=0.6"})},
+      {"normal-hidden-7168", Shape("normal", 24, 7168, 8, 32, false, rng(), {"--fixed_tokens"})},
+      {"normal-hidden-7168-fp8", Shape("normal", 24, 7168, 8, 32, true, rng())},
+      {"normal-small-hidden-8", Shape("normal", 40, 8, 2, 8, false, rng())},
+      {"ll-rank-sends-nothing",
+       Shape("low_latency", 16, 256, 4, 16, true, rng(), {"--routing=silent", "--silent_rank=3"})},
+      {"ll-every-token-to-one-expert", Shape("low_latency", 16, 128, 4, 16, true, rng(), {"--routing=one_expert"})},
+      {"ll-many-minus-one", Shape("low_latency", 16, 128, 8, 32, false, rng(), {"--empty_fraction=0.6"})},
+      {"ll-hidden-7168", Shape("low_latency", 8, 7168, 8, 32, true, rng(), {"--fixed_tokens"})},
+      {"ll-small-hidden-128", Shape("low_latency", 16, 128, 2, 8, false, rng())},
+  };
+  for (const Named& s : scenarios) {
+    SCOPED_TRACE(s.name + ": " + absl::StrJoin(s.args, " "));
+    const absl::Time start = absl::Now();
+    ExpectAllOk(RunScenario("e2e-" + s.name, s.args), s.name);
+    std::cout << s.name << ": " << absl::ToDoubleMilliseconds(absl::Now() - start) << " ms\n";
+  }
+}
+
+// Two groups on the same daemons, used at the same time by two sets of workers with the same shapes and different
+// data: any byte of one group landing in the other shows as a mismatch.
+TEST_F(E2e, TwoGroupsAtOnceDoNotCrossTalk) {
+  const std::vector<std::string> a = Shape("normal", 48, 512, 4, 16, false, 1001, {"--repeats=4"});
+  const std::vector<std::string> b = Shape("normal", 48, 512, 4, 16, false, 2002, {"--repeats=4"});
+  const std::vector<std::string> c = Shape("low_latency", 16, 256, 4, 16, true, 3003, {"--repeats=4"});
+  auto token_a = CreateGroup("e2e-tenant-a", a);
+  auto token_b = CreateGroup("e2e-tenant-b", b);
+  auto token_c = CreateGroup("e2e-tenant-c", c);
+  ASSERT_TRUE(token_a.ok() && token_b.ok() && token_c.ok());
+  std::vector<Subprocess> wa = StartWorkers("e2e-tenant-a", *token_a, a);
+  std::vector<Subprocess> wb = StartWorkers("e2e-tenant-b", *token_b, b);
+  std::vector<Subprocess> wc = StartWorkers("e2e-tenant-c", *token_c, c);
+  std::vector<Finished> fa, fb, fc;
+  for (int r = 0; r < kRanks; ++r) {
+    fa.push_back(Finish(wa[r], r));
+    fb.push_back(Finish(wb[r], r));
+    fc.push_back(Finish(wc[r], r));
+  }
+  ExpectAllOk(fa, "tenant a");
+  ExpectAllOk(fb, "tenant b");
+  ExpectAllOk(fc, "tenant c");
+}
+
+// Bad input (dtype, shape, expert index, too many tokens, unaligned / wrong hidden) is refused with
+// InvalidArgument on every rank before anything runs; the valid rounds that follow are correct.
+TEST_F(E2e, BadInputIsRefusedAndTheNextCallIsCorrect) {
+  for (const std::vector<std::string>& scenario : {Shape("normal", 16, 256, 4, 16, false, 77, {"--bad_input"}),
+                                                   Shape("low_latency", 16, 256, 4, 16, true, 78, {"--bad_input"})}) {
+    const std::string group = absl::StrCat("e2e-bad-", scenario[0].substr(7));
+    std::vector<Finished> finished = RunScenario(group, scenario);
+    ExpectAllOk(finished, group);
+    for (const Finished& f : finished) {
+      const std::string refused = f.result.count("bad_input_refused") ? f.result.at("bad_input_refused") : "";
+      std::pair<std::string, std::string> counts = absl::StrSplit(refused, '/');
+      EXPECT_EQ(counts.first, counts.second) << f.Describe();
+      int cases = 0;
+      EXPECT_TRUE(absl::SimpleAtoi(counts.second, &cases) && cases >= 5) << f.Describe();
+      EXPECT_THAT(f.out, HasSubstr("refused case=\"expert index >= num_experts\"")) << f.Describe();
+    }
+    if (!finished.empty()) {
+      for (absl::string_view line : absl::StrSplit(finished[0].out, '\n')) {
+        if (absl::StrContains(line, " refused ")) std::cout << line << "\n";
+      }
+    }
+  }
+}
+
+// The checks can fail: one flipped bit of one combined value per rank is reported (ok=0, exit 1) by the exact
+// comparison and, with --exact=false, by the weighted-sum comparison alone.
+TEST_F(E2e, AWrongCombinedValueIsReported) {
+  for (const char* exact : {"--exact=true", "--exact=false"}) {
+    const std::vector<std::string> scenario = Shape(
+        "normal", 8, 128, 2, 8, false, 99, {"--fixed_tokens", "--routing=one_expert", "--flip_one_output", exact});
+    std::vector<Finished> finished = RunScenario(absl::StrCat("e2e-flip-", exact + 8), scenario);
+    ASSERT_EQ(finished.size(), static_cast<size_t>(kRanks));
+    for (const Finished& f : finished) {
+      EXPECT_EQ(f.exit_code, 1) << f.Describe();
+      EXPECT_EQ(f.result.count("ok") ? f.result.at("ok") : "", "0") << f.Describe();
+      EXPECT_THAT(f.err, HasSubstr("combined_x")) << f.Describe();
+    }
+  }
+}
+
+bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const std::string& name : names) {
+    while (!std::filesystem::exists(dir + "/" + name)) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  return true;
+}
+
+void Touch(const std::string& path) { std::ofstream(path).put('\n'); }
+
+// kill -9 of one worker in the middle of its calls: the other workers' calls fail with DeadlineExceeded naming the
+// dead rank (short Buffer timeout, no hang); every survivor resets, a new process takes the dead rank, and the same
+// group gives correct results again. `self_kill`: the victim SIGKILLs itself 100 us into its third dispatch call
+// (from a second thread while the call runs; the survivors' messages, printed, show where they were waiting);
+// otherwise the test kills it from outside at a random point of its loop of calls.
+class E2eKill : public E2e {
+ public:
+  void Run(const std::string& group, const std::vector<std::string>& scenario, bool self_kill);
+};
+
+void E2eKill::Run(const std::string& group, const std::vector<std::string>& scenario, bool self_kill) {
+  constexpr int kVictim = 3;
+  auto token = CreateGroup(group, scenario);
+  ASSERT_TRUE(token.ok()) << token.status();
+  const std::string dir = MakeTempDir();
+  std::vector<std::string> looping = scenario;
+  looping.insert(looping.end(), {"--until_timeout", "--max_seconds=30", "--recover_dir=" + dir});
+  std::vector<Subprocess> workers;
+  for (int r = 0; r < kRanks; ++r) {
+    std::vector<std::string> args = looping;
+    if (self_kill && r == kVictim) args.insert(args.end(), {"--sigkill_in_dispatch=3", "--sigkill_delay_us=100"});
+    auto worker = StartWorker(group, *token, r, args);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(std::move(*worker));
+  }
+  absl::Time killed;
+  if (self_kill) {
+    auto code = workers[kVictim].Wait(absl::Seconds(30));
+    killed = absl::Now();
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 128 + SIGKILL) << workers[kVictim].Stdout() << workers[kVictim].Stderr();
+    EXPECT_THAT(workers[kVictim].Stdout(), HasSubstr("dying in dispatch 3"));
+  } else {
+    // Every worker is in its loop of calls, then the victim dies without any clean-up.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (Subprocess& worker : workers) {
+      while (worker.Stdout().find(" running") == std::string::npos && worker.running() && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50 + std::random_device()() % 200));
+    ASSERT_TRUE(workers[kVictim].running()) << Finish(workers[kVictim], kVictim).Describe();
+    killed = absl::Now();
+    workers[kVictim].Signal(SIGKILL);
+  }
+  ASSERT_TRUE(WaitForFiles(dir, {"timedout.0", "timedout.1", "timedout.2"}, absl::Seconds(15)))
+      << "survivors did not time out";
+  const double detect_ms = absl::ToDoubleMilliseconds(absl::Now() - killed);
+  std::cout << "survivors timed out within " << detect_ms << " ms of the kill\n";
+  EXPECT_LT(detect_ms, 10000);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == kVictim) continue;
+    const std::string out = workers[r].Stdout();
+    const size_t at = out.find("EPF_EVENT rank=" + std::to_string(r) + " timeout status=");
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string event = out.substr(at, out.find('\n', at) - at);
+    std::cout << event << "\n";
+    EXPECT_THAT(event, HasSubstr("DEADLINE_EXCEEDED"));
+    EXPECT_THAT(event, HasSubstr(absl::StrCat("from rank ", kVictim))) << "the timeout does not name the dead rank";
+  }
+
+  // Recovery: every survivor resets (none has a call in flight any more), then the new rank 3 joins.
+  Touch(dir + "/reset");
+  ASSERT_TRUE(WaitForFiles(dir, {"reset.0", "reset.1", "reset.2"}, absl::Seconds(15)));
+  std::vector<std::string> rejoin = scenario;
+  rejoin.insert(rejoin.end(), {"--reset_first", "--recover_dir=" + dir});
+  auto fresh = StartWorker(group, *token, kVictim, rejoin);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ASSERT_TRUE(WaitForFiles(dir, {"ready.3"}, absl::Seconds(15))) << Finish(*fresh, kVictim).Describe();
+  Touch(dir + "/go");
+  std::vector<Finished> finished;
+  for (int r = 0; r < kRanks; ++r) finished.push_back(Finish(r == kVictim ? *fresh : workers[r], r));
+  ExpectAllOk(finished, "after the rejoin");
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(finished[r].result["timeouts"], r == kVictim ? "0" : "1") << finished[r].Describe();
+    EXPECT_EQ(finished[r].result["rounds"], "3") << finished[r].Describe();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(E2eKill, WorkerKilledFromOutsideTimesOutItsPeersAndTheRankRejoins) {
+  Run("e2e-kill-outside", Shape("normal", 64, 2048, 4, 16, false, 4242, {"--timeout_ms=1000", "--fixed_tokens"}),
+      /*self_kill=*/false);
+}
+
+TEST_F(E2eKill, WorkerKilledInsideADispatchTimesOutItsPeersAndTheRankRejoins) {
+  Run("e2e-kill-dispatch", Shape("normal", 64, 2048, 4, 16, false, 4343, {"--timeout_ms=1000", "--fixed_tokens"}),
+      /*self_kill=*/true);
+}
+
+TEST_F(E2eKill, LowLatencyWorkerKilledInsideADispatchTimesOutItsPeersAndTheRankRejoins) {
+  Run("e2e-kill-ll", Shape("low_latency", 64, 4096, 4, 16, true, 4444, {"--timeout_ms=1000", "--fixed_tokens"}),
+      /*self_kill=*/true);
+}
+
+}  // namespace
+}  // namespace epfabric::testing
