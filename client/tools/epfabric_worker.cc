@@ -87,6 +87,9 @@ ABSL_FLAG(bool, flip_one_output, false,
           "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
+ABSL_FLAG(int64_t, launch_unix_ns, 0,
+          "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`): the worker then reports "
+          "restart_to_first_dispatch_ms, from launch to its first completed dispatch (connect, attach, map, dispatch).");
 ABSL_FLAG(int, device, -1, "CUDA device when devices are visible; -1: rank modulo the visible devices.");
 
 namespace epfabric::worker {
@@ -281,6 +284,17 @@ struct RoundStats {
   uint64_t bytes = 0;  // payload this rank sent: dispatched rows + combined rows
 };
 
+// Milliseconds from --launch_unix_ns to the end of this process' first completed dispatch; -1 until then (or
+// without the flag). Restarting a serving process and being back at its first dispatch is what the daemon saves.
+double g_restart_to_first_dispatch_ms = -1;
+
+void NoteDispatchCompleted() {
+  const int64_t launched = absl::GetFlag(FLAGS_launch_unix_ns);
+  if (launched <= 0 || g_restart_to_first_dispatch_ms >= 0) return;
+  const int64_t now = absl::ToUnixNanos(absl::Now());
+  g_restart_to_first_dispatch_ms = static_cast<double>(now - launched) / 1e6;
+}
+
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
@@ -433,6 +447,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   if (!recv.ok()) return recv.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->dispatch_ms = MsSince(start);
+  NoteDispatchCompleted();
 
   checks.Exact("num_tokens_per_rank", mem.Download<int32_t>(layout->num_tokens_per_rank.view, R),
                want.layout.num_tokens_per_rank);
@@ -602,6 +617,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (!recv.ok()) return recv.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->dispatch_ms = MsSince(start);
+  NoteDispatchCompleted();
 
   const auto count = mem.Download<int32_t>(recv->packed_recv_count.view, L);
   checks.Exact("packed_recv_count", count, want.packed_recv_count);
@@ -909,10 +925,11 @@ int Main() {
   std::cout << prefix
             << absl::StrFormat(
                    " ok=1 rounds=%d dispatch_ms=%.3f combine_ms=%.3f bytes=%d max_rel_err=%.3g "
-                   "max_rel_err_vs_bf16=%.3g bad_input_refused=%d/%d timeouts=%d backend=%s",
+                   "max_rel_err_vs_bf16=%.3g bad_input_refused=%d/%d timeouts=%d backend=%s "
+                   "restart_to_first_dispatch_ms=%.2f",
                    static_cast<int>(dispatch_ms.size()), Median(dispatch_ms), Median(combine_ms), bytes,
                    checks.max_rel_err(), checks.max_rel_err_vs_bf16, refused, cases, timeouts,
-                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host")
+                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", g_restart_to_first_dispatch_ms)
             << std::endl;
   return 0;
 }
