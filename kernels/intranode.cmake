@@ -6,4 +6,5 @@ target_sources(epfabric_kernels PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cuda/intranode_dispatch.cu
   ${CMAKE_CURRENT_LIST_DIR}/cuda/intranode_combine.cu
   ${CMAKE_CURRENT_LIST_DIR}/host/intranode_api.cc
+  ${CMAKE_CURRENT_LIST_DIR}/host/intranode_checks.cc
   ${CMAKE_CURRENT_LIST_DIR}/host/intranode_reference.cc)

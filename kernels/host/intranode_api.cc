@@ -5,16 +5,16 @@
 
 #include "absl/strings/str_format.h"
 #include "epfabric/kernels/intranode.h"
+#include "intranode_checks.h"
 #include "intranode_launch.h"
 
 namespace epfabric::kernels {
 namespace {
 
 constexpr size_t kSectionAlignment = 256;
-constexpr int kMaxTopk = 32;             // one lane per top-k slot in the kernels
-constexpr int kMaxLayoutExperts = 8192;  // the layout kernel's shared-memory histogram
-constexpr int kMaxLayoutRanks = 64;      // the layout kernel's rank bit mask
-constexpr int kFp8ScaleBlock = 128;
+using intranode_checks::kFp8ScaleBlock;
+using intranode_checks::kMaxTopk;
+constexpr intranode_checks::Backend kCuda = intranode_checks::Backend::kCuda;
 
 size_t AlignUp(size_t bytes) { return (bytes + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment; }
 
@@ -24,24 +24,6 @@ absl::Status Invalid(const char* field, int64_t value, const char* requirement) 
 
 absl::Status Missing(const char* field, const char* when) {
   return absl::InvalidArgumentError(absl::StrFormat("%s is null: required %s", field, when));
-}
-
-bool Aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
-
-absl::Status ValidateGroup(const IntranodeGroup& group, const IntranodeRegionLayout& /*layout*/) {
-  const int num_ranks = group.config.num_ranks;
-  if (group.rank < 0 || group.rank >= num_ranks) return Invalid("group.rank", group.rank, "must be in [0, num_ranks)");
-  for (int r = 0; r < num_ranks; ++r) {
-    if (group.peer_regions[r] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat("group.peer_regions[%d] is null", r));
-    }
-    if (!Aligned16(group.peer_regions[r])) {
-      return absl::InvalidArgumentError(absl::StrFormat("group.peer_regions[%d] is not 16-byte aligned", r));
-    }
-  }
-  if (group.status == nullptr) return Missing("group.status", "always (timeouts are reported there)");
-  if (group.timeout_ns == 0) return Invalid("group.timeout_ns", 0, "must be positive");
-  return absl::OkStatus();
 }
 
 intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeRegionLayout& layout) {
@@ -135,9 +117,8 @@ int64_t IntranodeWorstCaseRecvTokens(const IntranodeRegionConfig& config) {
 }
 
 absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
   if (!layout.ok()) return layout.status();
-  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
   EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(group.peer_regions[group.rank], 0, layout->signal_bytes, stream));
   return absl::OkStatus();
 }
@@ -157,16 +138,7 @@ absl::Status ClearKernelStatus(KernelStatus* status, cudaStream_t stream) {
 }
 
 absl::Status GetDispatchLayout(const DispatchLayoutParams& p, cudaStream_t stream) {
-  if (p.num_tokens < 0) return Invalid("num_tokens", p.num_tokens, "must be >= 0");
-  if (p.num_topk < 1 || p.num_topk > 1024) return Invalid("num_topk", p.num_topk, "must be in [1, 1024]");
-  if (p.num_ranks < 1 || p.num_ranks > kMaxLayoutRanks) return Invalid("num_ranks", p.num_ranks, "must be in [1, 64]");
-  if (p.num_experts < p.num_ranks || p.num_experts % p.num_ranks != 0 || p.num_experts > kMaxLayoutExperts) {
-    return Invalid("num_experts", p.num_experts, "must be a multiple of num_ranks, at most 8192");
-  }
-  if (p.num_tokens > 0 && p.topk_idx == nullptr) return Missing("topk_idx", "when num_tokens > 0");
-  if (p.num_tokens_per_rank == nullptr) return Missing("num_tokens_per_rank", "always");
-  if (p.num_tokens_per_expert == nullptr) return Missing("num_tokens_per_expert", "always");
-  if (p.num_tokens > 0 && p.is_token_in_rank == nullptr) return Missing("is_token_in_rank", "when num_tokens > 0");
+  if (absl::Status s = intranode_checks::CheckLayout(p); !s.ok()) return s;
   intranode::LayoutKernelParams k{p.topk_idx,
                                   p.num_tokens,
                                   p.num_topk,
@@ -181,22 +153,9 @@ absl::Status GetDispatchLayout(const DispatchLayoutParams& p, cudaStream_t strea
 }
 
 absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& p, cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
   if (!layout.ok()) return layout.status();
-  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
-  if (p.num_tokens < 0 || p.num_tokens > group.config.max_tokens_per_rank) {
-    return Invalid("num_tokens", p.num_tokens, "must be in [0, config.max_tokens_per_rank]");
-  }
-  if (p.num_experts != group.config.num_experts) {
-    return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
-  }
-  if (p.expert_alignment < 1) return Invalid("expert_alignment", p.expert_alignment, "must be >= 1");
-  if (p.num_tokens_per_rank == nullptr) return Missing("num_tokens_per_rank", "always");
-  if (p.num_tokens_per_expert == nullptr) return Missing("num_tokens_per_expert", "always");
-  if (p.rank_prefix_matrix == nullptr) return Missing("rank_prefix_matrix", "always");
-  if ((p.host_num_recv_tokens == nullptr) != (p.host_num_recv_tokens_per_expert == nullptr)) {
-    return absl::InvalidArgumentError("host_num_recv_tokens and host_num_recv_tokens_per_expert go together");
-  }
+  if (absl::Status s = intranode_checks::CheckNotify(group, p); !s.ok()) return s;
   intranode::NotifyKernelParams k{};
   k.group = MakeGroupView(group, *layout);
   k.num_tokens_per_rank = p.num_tokens_per_rank;
@@ -224,59 +183,11 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
 
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,
                                cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
   if (!layout.ok()) return layout.status();
-  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
-  const IntranodeRegionConfig& c = group.config;
-  if (handle == nullptr) return Missing("handle", "always");
+  if (absl::Status s = intranode_checks::CheckDispatch(group, p, handle, kCuda); !s.ok()) return s;
   const IntranodeHandle& h = *handle;
-  if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
-    return Invalid("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
-  }
-  if (p.x_dtype != DType::kBF16 && p.x_dtype != DType::kFP8E4M3) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("x_dtype = %s: dispatch takes bf16 or fp8_e4m3", DTypeName(p.x_dtype)));
-  }
   const bool fp8 = p.x_dtype == DType::kFP8E4M3;
-  if (p.hidden < 1 || p.hidden > c.max_hidden) return Invalid("hidden", p.hidden, "must be in [1, config.max_hidden]");
-  if (fp8 ? p.hidden % kFp8ScaleBlock != 0 : p.hidden % 8 != 0) {
-    return Invalid("hidden", p.hidden, fp8 ? "must be a multiple of 128 for fp8" : "must be a multiple of 8");
-  }
-  if (fp8 && h.num_tokens > 0 && p.x_scales == nullptr) return Missing("x_scales", "for fp8 x");
-  if (!fp8 && p.x_scales != nullptr) return absl::InvalidArgumentError("x_scales given for bf16 x");
-  if (h.num_tokens > 0 && p.x == nullptr) return Missing("x", "when num_tokens > 0");
-  if (!Aligned16(p.x) || !Aligned16(p.recv_x))
-    return absl::InvalidArgumentError("x and recv_x must be 16-byte aligned");
-  if (p.topk_idx != nullptr) {
-    if (p.num_topk < 1 || p.num_topk > c.max_topk) {
-      return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_idx");
-    }
-    if (p.recv_topk_idx == nullptr) return Missing("recv_topk_idx", "with topk_idx");
-  }
-  if (p.topk_weights != nullptr) {
-    if (p.topk_idx == nullptr) return Missing("topk_idx", "with topk_weights");
-    if (p.recv_topk_weights == nullptr) return Missing("recv_topk_weights", "with topk_weights");
-  }
-  if (p.num_experts != c.num_experts) return Invalid("num_experts", p.num_experts, "must equal config.num_experts");
-  if (p.num_sms < 1 || p.num_sms > c.max_channels) {
-    return Invalid("num_sms", p.num_sms, "must be in [1, config.max_channels]");
-  }
-  if (p.recv_capacity < 0 || p.recv_capacity > IntranodeWorstCaseRecvTokens(c)) {
-    return Invalid("recv_capacity", p.recv_capacity, "must be in [0, num_ranks * max_tokens_per_rank]");
-  }
-  if (h.num_recv_tokens > p.recv_capacity) {
-    return Invalid("handle.num_recv_tokens", h.num_recv_tokens, "exceeds recv_capacity");
-  }
-  if (p.recv_capacity > 0) {
-    if (p.recv_x == nullptr) return Missing("recv_x", "when recv_capacity > 0");
-    if (fp8 && p.recv_x_scales == nullptr) return Missing("recv_x_scales", "for fp8 x");
-    if (h.recv_src_idx == nullptr) return Missing("handle.recv_src_idx", "when recv_capacity > 0");
-  }
-  if (h.num_tokens > 0 && h.is_token_in_rank == nullptr) return Missing("handle.is_token_in_rank", "num_tokens > 0");
-  if (h.rank_prefix_matrix == nullptr) return Missing("handle.rank_prefix_matrix", "always");
-  if (h.recv_channel_prefix == nullptr) return Missing("handle.recv_channel_prefix", "always");
-  if (h.num_tokens > 0 && h.send_slot == nullptr) return Missing("handle.send_slot", "when num_tokens > 0");
-
   intranode::DispatchKernelParams k{};
   k.group = MakeGroupView(group, *layout);
   k.x = static_cast<const char*>(p.x);
@@ -304,39 +215,9 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
 
 absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombineParams& p, const IntranodeHandle& h,
                               cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(group.config);
+  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
   if (!layout.ok()) return layout.status();
-  if (absl::Status s = ValidateGroup(group, *layout); !s.ok()) return s;
-  const IntranodeRegionConfig& c = group.config;
-  if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
-    return Invalid("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
-  }
-  if (h.num_recv_tokens < 0 || h.num_recv_tokens > IntranodeWorstCaseRecvTokens(c)) {
-    return Invalid("handle.num_recv_tokens", h.num_recv_tokens, "must be in [0, num_ranks * max_tokens_per_rank]");
-  }
-  if (h.num_channels < 1 || h.num_channels > c.max_channels) {
-    return Invalid("handle.num_channels", h.num_channels, "must be in [1, config.max_channels] (run dispatch first)");
-  }
-  if (p.hidden < 8 || p.hidden > c.max_hidden || p.hidden % 8 != 0) {
-    return Invalid("hidden", p.hidden, "must be a multiple of 8 in [8, config.max_hidden]");
-  }
-  if (h.num_recv_tokens > 0 && p.x == nullptr) return Missing("x", "when handle.num_recv_tokens > 0");
-  if (h.num_tokens > 0 && p.combined_x == nullptr) return Missing("combined_x", "when handle.num_tokens > 0");
-  if (!Aligned16(p.x) || !Aligned16(p.combined_x) || !Aligned16(p.bias_0) || !Aligned16(p.bias_1)) {
-    return absl::InvalidArgumentError("x, combined_x and biases must be 16-byte aligned");
-  }
-  if (p.topk_weights != nullptr) {
-    if (p.num_topk < 1 || p.num_topk > c.max_topk) {
-      return Invalid("num_topk", p.num_topk, "must be in [1, config.max_topk] with topk_weights");
-    }
-    if (h.num_tokens > 0 && p.combined_topk_weights == nullptr) {
-      return Missing("combined_topk_weights", "with topk_weights");
-    }
-  }
-  if (h.rank_prefix_matrix == nullptr) return Missing("handle.rank_prefix_matrix", "always");
-  if (h.recv_channel_prefix == nullptr) return Missing("handle.recv_channel_prefix", "always");
-  if (h.num_tokens > 0 && h.send_slot == nullptr) return Missing("handle.send_slot", "when num_tokens > 0");
-
+  if (absl::Status s = intranode_checks::CheckCombine(group, p, h, kCuda); !s.ok()) return s;
   intranode::CombineKernelParams k{};
   k.group = MakeGroupView(group, *layout);
   k.x = static_cast<const char*>(p.x);
