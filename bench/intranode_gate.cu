@@ -31,11 +31,61 @@ __global__ void copy_probe_kernel(const int4* __restrict__ src, int4* __restrict
   }
 }
 
+// Bulk-copy (TMA) link probe: lane 0 of every warp runs its own pipeline of `stages` shared-memory buffers of
+// `chunk` bytes: bulk load from `src` into a buffer, bulk store from the buffer into `dst`; a buffer is refilled as
+// soon as its store has read it. Pipeline p of P takes chunks p, p + P, ...
+__global__ void bulk_probe_kernel(const char* __restrict__ src, char* __restrict__ dst, int64_t bytes, int chunk,
+                                  int stages) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ __align__(8) uint64_t bars[32][8];
+  namespace ptx = kernels::ptx;
+  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (threadIdx.x % 32 != 0) return;
+  char* buf = smem + static_cast<int64_t>(warp) * stages * chunk;
+  uint64_t* bar = bars[warp];
+  for (int s = 0; s < stages; ++s) ptx::mbarrier_init(bar + s, 1);
+  ptx::fence_mbarrier_init();
+  const int64_t pipelines = static_cast<int64_t>(gridDim.x) * warps;
+  const int64_t me = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  const int64_t num_chunks = (bytes + chunk - 1) / chunk;
+  const int64_t mine = num_chunks > me ? (num_chunks - me + pipelines - 1) / pipelines : 0;
+  auto offset = [&](int64_t i) { return (me + i * pipelines) * chunk; };
+  auto size = [&](int64_t i) { return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), bytes - offset(i))); };
+  auto load = [&](int64_t i) {
+    const int s = static_cast<int>(i % stages);
+    ptx::mbarrier_arrive_expect_tx(bar + s, size(i));
+    ptx::bulk_copy_global_to_shared(buf + static_cast<int64_t>(s) * chunk, src + offset(i), size(i), bar + s);
+  };
+  for (int64_t i = 0; i < mine && i < stages; ++i) load(i);
+  for (int64_t i = 0; i < mine; ++i) {
+    const int s = static_cast<int>(i % stages);
+    while (!ptx::mbarrier_try_wait_parity(bar + s, static_cast<uint32_t>((i / stages) & 1))) {
+    }
+    ptx::bulk_copy_shared_to_global(dst + offset(i), buf + static_cast<int64_t>(s) * chunk, size(i));
+    ptx::commit_bulk_group();
+    if (i + stages < mine) {
+      ptx::wait_bulk_group_read<0>();
+      load(i + stages);
+    }
+  }
+  ptx::wait_bulk_group<0>();
+}
+
 }  // namespace
 
 cudaError_t LaunchCopyProbe(const void* src, void* dst, size_t bytes, int blocks, int threads, cudaStream_t stream) {
   copy_probe_kernel<<<blocks, threads, 0, stream>>>(static_cast<const int4*>(src), static_cast<int4*>(dst),
                                                     static_cast<int64_t>(bytes / 16));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBulkCopyProbe(const void* src, void* dst, size_t bytes, int blocks, int pipelines, int stages,
+                               int chunk, cudaStream_t stream) {
+  const int smem = pipelines * stages * chunk;
+  cudaError_t err = cudaFuncSetAttribute(bulk_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  bulk_probe_kernel<<<blocks, pipelines * 32, smem, stream>>>(static_cast<const char*>(src), static_cast<char*>(dst),
+                                                             static_cast<int64_t>(bytes), chunk, stages);
   return cudaGetLastError();
 }
 

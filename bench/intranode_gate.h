@@ -15,4 +15,10 @@ cudaError_t LaunchGate(const int32_t* flag, uint64_t timeout_ns, cudaStream_t st
 // stores): with a peer's memory at one end, this measures what SM loads or stores get through NVLink.
 cudaError_t LaunchCopyProbe(const void* src, void* dst, size_t bytes, int blocks, int threads, cudaStream_t stream);
 
+// The same copy with bulk copies (TMA) through shared memory: `pipelines` warps per block, each a ring of `stages`
+// buffers of `chunk` bytes (a multiple of 16; pipelines * stages * chunk bytes of shared memory per block, at most 8
+// stages).
+cudaError_t LaunchBulkCopyProbe(const void* src, void* dst, size_t bytes, int blocks, int pipelines, int stages,
+                               int chunk, cudaStream_t stream);
+
 }  // namespace epfabric::bench

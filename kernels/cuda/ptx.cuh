@@ -128,6 +128,30 @@ __device__ __forceinline__ void bulk_copy_global_to_shared(void* dst_smem, const
                : "memory");
 }
 
+// Bulk copy of `bytes` (a multiple of 16, both ends 16-byte aligned) from shared memory into global memory, which
+// may be a peer GPU's memory mapped into this process: the copy engine of the SM (TMA) moves it without registers.
+// Completion is tracked per thread in bulk groups (commit_bulk_group / wait_bulk_group*).
+__device__ __forceinline__ void bulk_copy_shared_to_global(void* dst_global, const void* src_smem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst_global),
+               "r"(smem_addr(src_smem)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void commit_bulk_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until at most kPending of this thread's bulk groups still read their shared-memory source (the buffers of
+// the others may be reused; their writes may still be in flight).
+template <int kPending>
+__device__ __forceinline__ void wait_bulk_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+// Waits until at most kPending of this thread's bulk groups are incomplete (their writes performed).
+template <int kPending>
+__device__ __forceinline__ void wait_bulk_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // Orders earlier generic-proxy accesses before later async-proxy (bulk copy) accesses of shared / global memory.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
