@@ -7,7 +7,11 @@
 // bytes of recv_x on a rank (its own share included; FP8: data + scales) over time; "remote" counts only the rows
 // that crossed NVLink. Combine moves the same bytes back.
 //
-// Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N]
+// After the timed runs of each kernel, 20 more runs record its timeline (kernels' profile marks, %globaltimer): when
+// each warp role finished, relative to the first block's start (--no_profile skips them).
+//
+// Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] [--no_probes]
+//                        [--no_profile]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/report.h"
+#include "common/timeline.h"
 #include "epfabric/kernels/intranode.h"
 #include "intranode_gate.h"
 #include "intranode_harness.h"
@@ -38,6 +43,9 @@ struct Options {
   int num_sms = 24;
   int iters = 100;
   int warmup = 10;
+  bool probes_only = false;
+  bool probes = true;
+  bool profile = true;
 };
 
 #define BENCH_CHECK(expr)                                                    \
@@ -95,6 +103,47 @@ std::vector<double> TimeGated(IntranodeTestGroup& group, int32_t* gate_flag, int
     cudaEventDestroy(stop[r]);
   }
   return samples;
+}
+
+// Kernel timelines of `launch` on every rank (one gated run at a time, `runs` times), rank by rank.
+template <typename Launch>
+std::vector<std::vector<Timeline>> ProfileGated(IntranodeTestGroup& group, int32_t* gate_flag, int runs, int blocks,
+                                                Launch launch) {
+  const int R = group.num_ranks();
+  const size_t slots = static_cast<size_t>(blocks) * kernels::kProfileSlotsPerBlock;
+  std::vector<testing::DeviceBuffer> profile(R);
+  for (int r = 0; r < R; ++r) {
+    BENCH_CHECK(profile[r].Allocate(group.rank(r).device, slots * sizeof(uint64_t)));
+    group.rank(r).group.profile_ns = profile[r].as<uint64_t>();
+  }
+  std::vector<std::vector<Timeline>> out(R);
+  for (int run = 0; run < runs; ++run) {
+    for (int r = 0; r < R; ++r) {
+      BENCH_CUDA(cudaSetDevice(group.rank(r).device));
+      BENCH_CUDA(cudaMemset(profile[r].get(), 0, slots * sizeof(uint64_t)));
+    }
+    TimeGated(group, gate_flag, 0, 1, launch);
+    for (int r = 0; r < R; ++r) {
+      Timeline t;
+      t.num_blocks = blocks;
+      t.slots.resize(slots);
+      BENCH_CHECK(profile[r].Download(t.slots.data(), slots * sizeof(uint64_t)));
+      out[r].push_back(std::move(t));
+    }
+  }
+  for (int r = 0; r < R; ++r) group.rank(r).group.profile_ns = nullptr;
+  return out;
+}
+
+// The warp roles of dispatch and combine (intranode_launch.h).
+std::vector<WarpRole> IntranodeRoles(const char* receivers) {
+  return {{"copy warps", 0, 15}, {"publisher warp", 15, 16}, {receivers, 16, 32}};
+}
+
+void PrintProfile(const std::string& title, const std::vector<std::vector<Timeline>>& per_rank, const char* receivers) {
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    PrintTimelines(absl::StrCat(title, ", rank ", r), per_rank[r], IntranodeRoles(receivers));
+  }
 }
 
 CaseConfig BenchCase(bool fp8, int num_sms) {
@@ -186,6 +235,11 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
   const Summary dispatch =
       Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchDispatch(r); }));
   Print(absl::StrCat("dispatch ", dtype, " (cached) sms ", num_sms).c_str(), dispatch, bytes.recv, bytes.remote);
+  if (o.profile && num_sms == o.num_sms) {
+    PrintProfile(absl::StrCat("dispatch ", dtype, " sms ", num_sms),
+                 ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchDispatch(r); }),
+                 "receiver warps");
+  }
   Record(report, absl::StrCat("dispatch_", dtype) + suffix, dispatch, bytes.recv, bytes.remote);
   if (full) {
     const Summary with_notify = Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) {
@@ -214,12 +268,38 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
         Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchCombine(r); }));
     Print(absl::StrCat("combine bf16 sms ", num_sms).c_str(), combine, bytes.recv, bytes.remote);
     Record(report, "combine_bf16" + suffix, combine, bytes.recv, bytes.remote);
+    if (o.profile && num_sms == o.num_sms) {
+      PrintProfile(absl::StrCat("combine bf16 sms ", num_sms),
+                   ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchCombine(r); }),
+                   "reducer warps");
+      for (const char* variant : {"1", "2"}) {  // EXPERIMENT
+        setenv("EPF_COMBINE_REDUCER", variant, 1);
+        const Summary v =
+            Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchCombine(r); }));
+        Print(absl::StrCat("combine bf16 reducer variant ", variant).c_str(), v, bytes.recv, bytes.remote);
+        PrintProfile(absl::StrCat("combine bf16 variant ", variant),
+                     ProfileGated(group, gate, 10, num_sms, [&](int r) { return runner.LaunchCombine(r); }),
+                     "reducer warps");
+        BENCH_CHECK(runner.RunCombine());
+        const std::vector<ref::CombineOutput> want_c = ref::Combine(want, cin, c.hidden, c.num_topk);
+        for (int r = 0; r < group.num_ranks(); ++r) {
+          auto got = testing::DownloadVector<uint16_t>(runner.buffers(r).combined_x, want_c[r].combined_x.size());
+          BENCH_CHECK(got.status());
+          std::printf("  variant %s rank %d combined_x %s the reference\n", variant, r,
+                      *got == want_c[r].combined_x ? "matches" : "DIFFERS FROM");
+        }
+        unsetenv("EPF_COMBINE_REDUCER");
+      }
+    }
   }
 }
 
-// What plain SM copies get through NVLink with `blocks` x 512 threads per GPU, one way (rank 0 only) and both ways
-// at once (each rank to/from the other, as in dispatch and combine): the ceiling the kernels are measured against.
-void ProbeLink(IntranodeTestGroup& group, int32_t* gate, const Options& o, int blocks, Report& report) {
+// What copies get through NVLink per GPU, one way (rank 0 only) and both ways at once (each rank to/from the other,
+// as in dispatch and combine): the ceiling the kernels are measured against. `launch(src, dst, bytes, stream)` is
+// one probe kernel; `name` goes into the result keys.
+template <typename Launch>
+void ProbeLink(IntranodeTestGroup& group, int32_t* gate, const Options& o, const std::string& name, Report& report,
+               Launch launch) {
   const size_t bytes = size_t{4096} * 7168 * 2;
   const kernels::IntranodeRegionLayout layout = *kernels::ComputeIntranodeRegionLayout(group.config());
   std::vector<testing::DeviceBuffer> local(group.num_ranks());
@@ -233,15 +313,35 @@ void ProbeLink(IntranodeTestGroup& group, int32_t* gate, const Options& o, int b
         if (!both && r != 0) return absl::OkStatus();
         const void* src = store ? local[r].get() : peer_staging(r);
         void* dst = store ? static_cast<void*>(peer_staging(r)) : local[r].get();
-        const cudaError_t err = LaunchCopyProbe(src, dst, bytes, blocks, 512, group.rank(r).stream);
+        const cudaError_t err = launch(src, dst, bytes, group.rank(r).stream);
         return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(cudaGetErrorString(err));
       }));
       const std::string key =
-          absl::StrCat("probe_", store ? "store" : "load", both ? "_bidir" : "_unidir", "_sms", blocks, "_gbps");
-      std::printf("%-34s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s per direction\n", key.c_str(), s.median, s.p10,
+          absl::StrCat("probe_", name, store ? "_store" : "_load", both ? "_bidir" : "_unidir", "_gbps");
+      std::printf("%-44s %9.1f us  (p10 %7.1f, p90 %7.1f)  %7.1f GB/s per direction\n", key.c_str(), s.median, s.p10,
                   s.p90, bytes / s.median / 1e3);
       report.SetResult(key, bytes / s.median / 1e3);
     }
+  }
+}
+
+void ProbeLinks(IntranodeTestGroup& group, int32_t* gate, const Options& o, Report& report) {
+  for (int blocks : {24, 132}) {
+    ProbeLink(group, gate, o, absl::StrCat("sm_copy_sms", blocks), report,
+              [&](const void* src, void* dst, size_t bytes, cudaStream_t stream) {
+                return LaunchCopyProbe(src, dst, bytes, blocks, 512, stream);
+              });
+  }
+  struct Bulk {
+    int blocks, pipelines, stages, chunk;
+  };
+  for (const Bulk b : {Bulk{24, 1, 4, 16384}, Bulk{24, 2, 4, 16384}, Bulk{24, 4, 4, 8192}, Bulk{24, 8, 3, 8192},
+                       Bulk{16, 4, 4, 8192}, Bulk{8, 4, 4, 8192}, Bulk{132, 1, 4, 16384}}) {
+    ProbeLink(group, gate, o,
+              absl::StrCat("bulk_sms", b.blocks, "_pipes", b.pipelines, "_stages", b.stages, "_chunk", b.chunk), report,
+              [&](const void* src, void* dst, size_t bytes, cudaStream_t stream) {
+                return LaunchBulkCopyProbe(src, dst, bytes, b.blocks, b.pipelines, b.stages, b.chunk, stream);
+              });
   }
 }
 
@@ -264,8 +364,14 @@ int Main(int argc, char** argv) {
       o.iters = std::atoi(value().c_str());
     } else if (arg == "--warmup") {
       o.warmup = std::atoi(value().c_str());
+    } else if (arg == "--probes_only") {
+      o.probes_only = true;
+    } else if (arg == "--no_probes") {
+      o.probes = false;
+    } else if (arg == "--no_profile") {
+      o.profile = false;
     } else {
-      std::fprintf(stderr, "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N]\n");
+      std::fprintf(stderr, "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] [--no_probes] [--no_profile]\n");
       return 2;
     }
   }
@@ -301,12 +407,14 @@ int Main(int argc, char** argv) {
   std::printf("device: %s x2, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
               o.num_sms, o.iters);
 
-  BenchDtype(**group, gate, o, /*fp8=*/false, o.num_sms, /*full=*/true, report);
-  BenchDtype(**group, gate, o, /*fp8=*/true, o.num_sms, /*full=*/false, report);
-  for (int sms : {16, 20, 32}) {
-    if (sms != o.num_sms) BenchDtype(**group, gate, o, /*fp8=*/false, sms, /*full=*/false, report);
+  if (!o.probes_only) {
+    BenchDtype(**group, gate, o, /*fp8=*/false, o.num_sms, /*full=*/true, report);
+    BenchDtype(**group, gate, o, /*fp8=*/true, o.num_sms, /*full=*/false, report);
+    for (int sms : {16, 20, 32}) {
+      if (sms != o.num_sms) BenchDtype(**group, gate, o, /*fp8=*/false, sms, /*full=*/false, report);
+    }
   }
-  for (int blocks : {24, 132}) ProbeLink(**group, gate, o, blocks, report);
+  if (o.probes) ProbeLinks(**group, gate, o, report);
   cudaFreeHost(gate);
   absl::StatusOr<std::string> path = report.WriteTo(o.out);
   BENCH_CHECK(path.status());

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "common/report.h"
+#include "common/timeline.h"
 #include "gpu/low_latency_harness.h"
+#include "launch_probe.h"
 
 namespace epfabric {
 namespace {
@@ -124,9 +126,118 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   return t;
 }
 
+// The fixed cost in every figure: an empty cooperative kernel of the same shape (132 x 512 on an H200), timed like
+// the ordinary calls (one graph per rank of back-to-back kernels with events in between).
+std::vector<double> TimeEmptyKernel(LowLatencyGroup& g, int iters) {
+  const int R = g.config().num_ranks;
+  std::vector<double> samples;
+  for (int r = 0; r < R; ++r) {
+    auto& k = g.ranks()[r];
+    CHECK_CUDA(cudaSetDevice(k.device));
+    int sms = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, k.device));
+    std::vector<cudaEvent_t> ev(iters + 1);
+    for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+    CHECK_CUDA(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
+    CHECK_CUDA(cudaEventRecordWithFlags(ev[0], k.stream, cudaEventRecordExternal));
+    for (int i = 0; i < iters; ++i) {
+      CHECK_CUDA(bench::LaunchEmptyCooperative(sms, 512, k.stream));
+      CHECK_CUDA(cudaEventRecordWithFlags(ev[i + 1], k.stream, cudaEventRecordExternal));
+    }
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamEndCapture(k.stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      CHECK_CUDA(cudaGraphLaunch(exec, k.stream));
+      CHECK_CUDA(cudaStreamSynchronize(k.stream));
+    }
+    for (int i = 1; i < iters; ++i) samples.push_back(Elapsed(ev[i], ev[i + 1]));
+    CHECK_CUDA(cudaGraphExecDestroy(exec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    for (auto& e : ev) CHECK_CUDA(cudaEventDestroy(e));
+  }
+  return samples;
+}
+
 struct HookTimings {
   std::vector<double> dispatch_send, dispatch_recv, combine_send, combine_recv, combine_send_later_rank;
+  std::vector<std::vector<bench::Timeline>> timelines[4];  // [phase][rank]: kernel timelines of the timed runs
 };
+
+int NumBlocks(LowLatencyGroup& g, int r) {
+  const auto& k = g.ranks()[r];
+  if (k.ctx.num_blocks > 0) return k.ctx.num_blocks;
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, k.device));
+  return sms;
+}
+
+size_t ProfileSlots(LowLatencyGroup& g, int r) {
+  return static_cast<size_t>(NumBlocks(g, r)) * kernels::kProfileSlotsPerBlock;
+}
+
+bench::Timeline DownloadTimeline(LowLatencyGroup& g, int r, const uint64_t* device_slots) {
+  bench::Timeline t;
+  t.num_blocks = NumBlocks(g, r);
+  t.slots.resize(ProfileSlots(g, r));
+  CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+  CHECK_CUDA(cudaMemcpy(t.slots.data(), device_slots, t.slots.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  return t;
+}
+
+// Kernel timelines of ordinary calls: `runs` dispatch+combine pairs per rank launched directly (the host enqueues
+// faster than the GPUs run them, so they run back to back), every kernel with its own profile buffer. The first
+// pairs absorb the launch skew between the ranks and are dropped.
+void ProfileOrdinary(LowLatencyGroup& g, int runs, bench::Report& report) {
+  const int R = g.config().num_ranks;
+  constexpr int kDropped = 5;
+  std::vector<uint64_t*> buffers(R, nullptr);
+  for (int r = 0; r < R; ++r) {
+    auto& k = g.ranks()[r];
+    CHECK_CUDA(cudaSetDevice(k.device));
+    const size_t bytes = 2 * runs * ProfileSlots(g, r) * sizeof(uint64_t);
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&buffers[r]), bytes));
+    CHECK_CUDA(cudaMemset(buffers[r], 0, bytes));
+  }
+  for (int r = 0; r < R; ++r) {
+    auto& k = g.ranks()[r];
+    CHECK_CUDA(cudaSetDevice(k.device));
+    for (int i = 0; i < runs; ++i) {
+      kernels::LowLatencyContext ctx = k.ctx;
+      ctx.profile_ns = buffers[r] + (2 * i) * ProfileSlots(g, r);
+      CHECK_OK(kernels::LowLatencyDispatch(ctx, g.DispatchArgs(r, 0, LowLatencyPhases::kSendAndRecv), k.stream));
+      ctx.profile_ns = buffers[r] + (2 * i + 1) * ProfileSlots(g, r);
+      CHECK_OK(kernels::LowLatencyCombine(ctx, g.CombineArgs(r, 1, LowLatencyPhases::kSendAndRecv, false), k.stream));
+    }
+  }
+  CHECK_OK(g.Sync());
+  const std::vector<bench::WarpRole> roles = {{"all warps", 0, kernels::kProfileSlotsPerBlock - 2}};
+  std::vector<double> dispatch_us(runs - kDropped, 0.0), combine_us(runs - kDropped, 0.0);  // slower rank per run
+  for (int r = 0; r < R; ++r) {
+    std::vector<bench::Timeline> dispatch, combine, before_dispatch, before_combine;
+    for (int i = kDropped; i < runs; ++i) {
+      dispatch.push_back(DownloadTimeline(g, r, buffers[r] + (2 * i) * ProfileSlots(g, r)));
+      combine.push_back(DownloadTimeline(g, r, buffers[r] + (2 * i + 1) * ProfileSlots(g, r)));
+      before_dispatch.push_back(DownloadTimeline(g, r, buffers[r] + (2 * i - 1) * ProfileSlots(g, r)));
+      before_combine.push_back(dispatch.back());
+    }
+    for (size_t i = 0; i < dispatch.size(); ++i) {
+      dispatch_us[i] = std::max(dispatch_us[i], dispatch[i].DurationUs());
+      combine_us[i] = std::max(combine_us[i], combine[i].DurationUs());
+    }
+    bench::PrintTimelines("dispatch (ordinary, direct launches) rank " + std::to_string(r), dispatch, roles,
+                          &before_dispatch);
+    bench::PrintTimelines("combine (ordinary, direct launches) rank " + std::to_string(r), combine, roles,
+                          &before_combine);
+    CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+    CHECK_CUDA(cudaFree(buffers[r]));
+  }
+  const double d = bench::Summarize(dispatch_us).median, c = bench::Summarize(combine_us).median;
+  std::printf("kernel time (in-kernel, slower rank, median): dispatch %.2f us, combine %.2f us\n", d, c);
+  report.SetResult("dispatch_kernel_us", d);
+  report.SetResult("combine_kernel_us", c);
+}
 
 // Hook mode: each phase is one small graph per rank (event, kernel, event), so that no host launch gap is timed.
 // Phases run one after the other with a host synchronisation in between, so a receive kernel finds its data there.
@@ -137,18 +248,25 @@ HookTimings TimeHooks(LowLatencyGroup& g, int iters) {
   constexpr int kPhases = 4;  // dispatch send, dispatch recv, combine send, combine recv
   std::vector<std::vector<cudaEvent_t>> ev(R, std::vector<cudaEvent_t>(2 * kPhases));
   std::vector<std::vector<cudaGraphExec_t>> exec(R, std::vector<cudaGraphExec_t>(kPhases, nullptr));
+  std::vector<std::vector<uint64_t*>> profile(R, std::vector<uint64_t*>(kPhases, nullptr));
   for (int r = 0; r < R; ++r) {
     auto& k = g.ranks()[r];
     CHECK_CUDA(cudaSetDevice(k.device));
     for (auto& e : ev[r]) CHECK_CUDA(cudaEventCreate(&e));
+    for (auto& p : profile[r]) {
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), ProfileSlots(g, r) * sizeof(uint64_t)));
+      CHECK_CUDA(cudaMemset(p, 0, ProfileSlots(g, r) * sizeof(uint64_t)));
+    }
     for (int phase = 0; phase < kPhases; ++phase) {
       const LowLatencyPhases which = phase % 2 == 0 ? LowLatencyPhases::kSend : LowLatencyPhases::kRecv;
       CHECK_CUDA(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
       CHECK_CUDA(cudaEventRecordWithFlags(ev[r][2 * phase], k.stream, cudaEventRecordExternal));
+      kernels::LowLatencyContext ctx = k.ctx;
+      ctx.profile_ns = profile[r][phase];
       if (phase < 2) {
-        CHECK_OK(kernels::LowLatencyDispatch(k.ctx, g.DispatchArgs(r, 0, which), k.stream));
+        CHECK_OK(kernels::LowLatencyDispatch(ctx, g.DispatchArgs(r, 0, which), k.stream));
       } else {
-        CHECK_OK(kernels::LowLatencyCombine(k.ctx, g.CombineArgs(r, 1, which, false), k.stream));
+        CHECK_OK(kernels::LowLatencyCombine(ctx, g.CombineArgs(r, 1, which, false), k.stream));
       }
       CHECK_CUDA(cudaEventRecordWithFlags(ev[r][2 * phase + 1], k.stream, cudaEventRecordExternal));
       cudaGraph_t graph;
@@ -175,6 +293,10 @@ HookTimings TimeHooks(LowLatencyGroup& g, int iters) {
         const int last = (first + R - 1) % R;
         later_rank_combine_send = Elapsed(ev[last][4], ev[last][5]);
       }
+      if (i >= 10) {
+        t.timelines[phase].resize(R);
+        for (int r = 0; r < R; ++r) t.timelines[phase][r].push_back(DownloadTimeline(g, r, profile[r][phase]));
+      }
     }
     if (i < 10) continue;  // warm-up
     t.dispatch_send.push_back(times[0]);
@@ -187,6 +309,7 @@ HookTimings TimeHooks(LowLatencyGroup& g, int iters) {
     CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
     for (auto& e : exec[r]) CHECK_CUDA(cudaGraphExecDestroy(e));
     for (auto& e : ev[r]) CHECK_CUDA(cudaEventDestroy(e));
+    for (auto* p : profile[r]) CHECK_CUDA(cudaFree(p));
   }
   return t;
 }
@@ -227,11 +350,18 @@ int Main(int argc, char** argv) {
 
   const Timings ordinary = TimeOrdinary(g, iters);
   const HookTimings hooks = TimeHooks(g, iters);
+  const std::vector<double> empty = TimeEmptyKernel(g, iters);
+  // The design choice of the issue: DeepEP's traffic (a message per (token, expert)), same outputs.
+  g.set_message_per_expert(true);
+  const Timings per_expert = TimeOrdinary(g, iters);
+  const HookTimings per_expert_hooks = TimeHooks(g, iters / 2);
+  g.set_message_per_expert(false);
   for (int r = 0; r < c.num_ranks; ++r) CHECK_OK(g.ReadStatus(r));
 
   // Bytes, DeepEP's metric: the received tensor on a rank (local share included); and what crossed NVLink.
   const size_t fp8_token_bytes = c.hidden + c.hidden / 128 * 4;
-  const size_t msg_bytes = g.layout().dispatch_msg_bytes;
+  // What one message carries over NVLink (header + FP8 data + scales; the slot is sized for BF16).
+  const size_t msg_bytes = kernels::kLowLatencyMessageHeaderBytes + fp8_token_bytes;
   size_t recv_pairs = 0, remote_messages = 0, remote_pairs = 0;
   const int L = c.num_experts / c.num_ranks;
   for (int r = 0; r < c.num_ranks; ++r) {
@@ -267,6 +397,13 @@ int Main(int argc, char** argv) {
                    "ordinary: per-rank CUDA-graph replay of back-to-back dispatch+combine pairs, CUDA events between "
                    "kernels, per iteration the slower rank; hook: each phase a per-rank graph (event, kernel, event), "
                    "phases separated by host synchronisation, per iteration the slower rank");
+  report.SetConfig("message_per_expert",
+                   "the *_message_per_expert rows: the same dispatch sending DeepEP's traffic, one message per "
+                   "(token, expert) (identical outputs)");
+  report.SetConfig("kernel_us",
+                   "*_kernel_us: in-kernel duration from the kernels' profile marks (first block entry to last warp "
+                   "end, %globaltimer), the slower rank, as a profiler reports kernel time (DeepEP's figures are "
+                   "kernel times); the other *_us are CUDA-event times including launch");
   report.SetConfig("message_scheme",
                    "dispatch: one message per (token, destination rank) + receiver fan-out; "
                    "combine: expert rank sums its experts per token (fmaf, weights published by the token's rank), one "
@@ -283,6 +420,29 @@ int Main(int argc, char** argv) {
   Row(report, "combine_send", hooks.combine_send);
   Row(report, "combine_recv", hooks.combine_recv);
   Row(report, "combine_send_later_rank", hooks.combine_send_later_rank);
+  Row(report, "empty_kernel", empty);
+  Row(report, "dispatch_message_per_expert", per_expert.dispatch);
+  Row(report, "combine_after_message_per_expert", per_expert.combine);
+  Row(report, "dispatch_send_message_per_expert", per_expert_hooks.dispatch_send);
+
+  // Where the time goes inside the kernels (profile marks): one timeline per kernel.
+  const std::vector<bench::WarpRole> roles = {{"all warps", 0, kernels::kProfileSlotsPerBlock - 2}};
+  const char* phase_names[4] = {"dispatch send (hook)", "dispatch recv (hook)", "combine send (hook)",
+                                "combine recv (hook)"};
+  const char* phase_keys[4] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
+  for (int phase = 0; phase < 4; ++phase) {
+    std::vector<double> slowest;  // per run, the slower rank's kernel duration
+    for (int r = 0; r < c.num_ranks; ++r) {
+      bench::PrintTimelines(std::string(phase_names[phase]) + " rank " + std::to_string(r),
+                            hooks.timelines[phase][r], roles);
+      for (size_t i = 0; i < hooks.timelines[phase][r].size(); ++i) {
+        if (slowest.size() <= i) slowest.push_back(0);
+        slowest[i] = std::max(slowest[i], hooks.timelines[phase][r][i].DurationUs());
+      }
+    }
+    report.SetResult(std::string(phase_keys[phase]) + "_kernel_us", bench::Summarize(slowest).median);
+  }
+  ProfileOrdinary(g, 60, report);
 
   const double dispatch_us = bench::Summarize(ordinary.dispatch).median;
   const double combine_us = bench::Summarize(ordinary.combine).median;

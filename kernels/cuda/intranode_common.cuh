@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "bounded_wait.cuh"
+#include "profile.cuh"
 #include "intranode_launch.h"
 #include "ptx.cuh"
 
@@ -46,16 +47,23 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 // that a rank only writes into a peer's region after that peer has finished every earlier kernel on its stream
 // (stream order: its block `lane` of this launch only starts once its previous launch has ended). Counters are
 // monotonic (no reset needed between calls). Writes of the calling block before the barrier are visible to the
-// peers after it. Returns false (every thread of the block) when a peer did not arrive in time.
-__device__ __forceinline__ bool block_barrier(const GroupView& g, int lane) {
-  __syncthreads();
+// peers after it. Split in two so that a block can do local work between arriving and waiting:
+// block_barrier_arrive (threads < num_ranks) then block_barrier_wait (every thread of the block).
+__device__ __forceinline__ void block_barrier_arrive(const GroupView& g, int lane) {
+  if (threadIdx.x < g.num_ranks) {
+    const int peer = static_cast<int>(threadIdx.x);
+    ptx::fence_acq_rel_sys();
+    ptx::red_add_release_sys_global(section<int32_t>(g, peer, g.barrier_arrive) + lane * g.num_ranks + g.rank, 1);
+  }
+}
+
+// Returns false (every thread of the block) when a peer did not arrive in time.
+__device__ __forceinline__ bool block_barrier_wait(const GroupView& g, int lane) {
   bool failed = false;
   if (threadIdx.x < g.num_ranks) {
     const int peer = static_cast<int>(threadIdx.x);
     const int32_t* epoch = section<int32_t>(g, g.rank, g.barrier_epoch) + lane;
     const int32_t target = static_cast<int32_t>(static_cast<uint32_t>(*epoch) + 1u);
-    ptx::fence_acq_rel_sys();
-    ptx::red_add_release_sys_global(section<int32_t>(g, peer, g.barrier_arrive) + lane * g.num_ranks + g.rank, 1);
     const int32_t* arrived = section<int32_t>(g, g.rank, g.barrier_arrive) + lane * g.num_ranks + peer;
     failed = !bounded_wait([&] { return counter_reached(ptx::ld_acquire_sys_global(arrived), target); }, g.timeout_ns,
                            g.status, WaitSite::kBarrier, g.rank, peer, lane);
@@ -66,6 +74,12 @@ __device__ __forceinline__ bool block_barrier(const GroupView& g, int lane) {
     *epoch = static_cast<int32_t>(static_cast<uint32_t>(*epoch) + 1u);
   }
   return !failed;
+}
+
+__device__ __forceinline__ bool block_barrier(const GroupView& g, int lane) {
+  __syncthreads();
+  block_barrier_arrive(g, lane);
+  return block_barrier_wait(g, lane);
 }
 
 // Copies `num_int4` 16-byte words with `num_threads` threads (thread index `tid`), four loads in flight per thread

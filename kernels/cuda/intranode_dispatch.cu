@@ -344,9 +344,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   __shared__ int s_begin[kMaxNvlPeers], s_count[kMaxNvlPeers];
   __shared__ int s_warp_done[kCopyWarps];
   if (threadIdx.x < kCopyWarps) s_warp_done[threadIdx.x] = 0;
+  if (threadIdx.x == 0) profile_mark(g.profile, 0);
 
-  if (!block_barrier(g, channel)) return;
+  // Arrive, compute the slots (local work: reads inputs, writes this call's send_slot), then wait for the peers:
+  // the slot scan overlaps the barrier's round trip.
+  __syncthreads();
+  block_barrier_arrive(g, channel);
   compute_send_slots(p, token_begin, token_end, s_begin, s_count);
+  if (!block_barrier_wait(g, channel)) return;
 
   // Tell every peer which of its staging rows this channel will fill; record the own share's range directly.
   if (threadIdx.x < g.num_ranks) {
@@ -359,6 +364,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
     }
   }
   __syncthreads();
+  if (threadIdx.x == 0) profile_mark(g.profile, 1);
 
   const int warp = threadIdx.x / 32;
   if (warp < kCopyWarps) {
@@ -368,6 +374,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   } else {
     receive_tokens(p);
   }
+  if (threadIdx.x % 32 == 0) profile_warp_end(g.profile, warp);
 }
 
 }  // namespace

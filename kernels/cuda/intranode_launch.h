@@ -18,8 +18,10 @@ inline constexpr int kThreadsPerBlock = 1024;
 inline constexpr int kSenderWarps = 16;
 inline constexpr int kCopyWarps = kSenderWarps - 1;  // sender warps that move data; warp kCopyWarps publishes
 inline constexpr int kReceiverWarps = kThreadsPerBlock / 32 - kSenderWarps;
-// Shared memory per combine reducer warp for the rows it sums (filled by bulk copies).
-inline constexpr int kReduceBufferBytes = 8192;
+// Shared memory per combine reducer warp for the rows it sums (filled by bulk copies): two stages, so that one
+// chunk loads while the warp sums the other.
+inline constexpr int kReduceStageBytes = 6144;
+inline constexpr int kReduceStages = 2;
 inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
 
@@ -32,6 +34,7 @@ struct GroupView {
   int experts_per_rank;
   KernelStatus* status;
   uint64_t timeout_ns;
+  uint64_t* profile;  // null unless a benchmark asks for a timeline
   uint64_t barrier_arrive, barrier_epoch, dispatch_range, channel_tail, notify_rank_counts, notify_expert_counts;
   uint64_t staging_x, staging_x_pool_bytes, staging_scales, staging_scales_pool_bytes, staging_topk_idx,
       staging_topk_idx_pool_bytes, staging_topk_weights, staging_topk_weights_pool_bytes, staging_src_idx,
@@ -97,6 +100,7 @@ struct CombineKernelParams {
   int num_channels;
   char* combined_x;
   float* combined_topk_weights;
+  int reducer_variant;  // EXPERIMENT: 0 TMA (fence per token), 1 TMA (fence on fresh tails), 2 registers
 };
 
 cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t stream);

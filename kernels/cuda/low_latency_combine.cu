@@ -7,11 +7,13 @@
 //      (duplicate experts in a row have their weights summed into the first position), then raises that rank's
 //      weights flag;
 //   2. work items (source rank s, token t, slice of hidden): read the token map row (dispatch's handle: which packed
-//      slots hold this token's experts), wait for s's weights flag (bounded), sum fmaf(expert value, weight) over
-//      the experts in top-k order, round to bf16, store the slice into s's receive area at row (t, this rank);
+//      slots hold this token's experts), take the weights (this rank's own tokens: straight from the inputs; other
+//      ranks' tokens: wait for s's weights flag, bounded), sum fmaf(expert value, weight) over the experts in top-k
+//      order, round to bf16, store the slice into s's receive area at row (t, this rank);
 //   3. when every item is done, raise the combine flag on every rank.
-// Receive phase: every block waits for the combine flags (bounded), then each thread adds, for 8 channels of a token,
-// the partial rows of the ranks that hold the token's experts, in rank order, and stores bf16. Every operation
+// Receive phase: every block waits for the combine flags (bounded), then each warp takes a (token, slice of hidden):
+// it reads the token's top-k row once, and its lanes add the partial rows of the ranks that hold the token's experts,
+// in rank order, and store bf16. Every operation
 // mirrors host::LowLatencyCombineReference, so the result is bit-exact.
 #include "absl/status/status.h"
 #include "low_latency_common.cuh"
@@ -76,7 +78,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
-  const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks;
+  const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, K = p.num_topk;
   const int row_int4 = H / 8;
   uint8_t* my_half = g.half_base(g.rank);
   int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
@@ -101,6 +103,20 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
     const int32_t slot = lane < kLowLatencyMaxTopk ? __ldg(map + lane) : -1;
     uint32_t present = __ballot_sync(0xffffffffu, slot >= 0);  // bit k: top-k position k is an expert here
     if (present == 0) continue;
+    float w = 0.0f;
+    if (s == g.rank) {
+      // This rank's own tokens: the weights are the inputs, no need to wait for their publication. Summed exactly
+      // as publish_weights does (the first position of an expert gets its weights in top-k order).
+      const int64_t my_e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
+      const float my_w = lane < K ? __ldg(p.topk_weights + static_cast<size_t>(t) * K + lane) : 0.0f;
+      float sum = my_w;
+      for (int kk = 1; kk < K; ++kk) {
+        const int64_t e_kk = __shfl_sync(0xffffffffu, my_e, kk);
+        const float w_kk = __shfl_sync(0xffffffffu, my_w, kk);
+        if (kk > lane && e_kk == my_e) sum = sum + w_kk;
+      }
+      w = slot >= 0 ? sum : 0.0f;
+    } else {
     if (((have_weights >> s) & 1u) == 0) {
       bool ok = true;
       if (lane == 0) {
@@ -116,10 +132,10 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       have_weights |= 1u << s;
     }
     __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
-    const float w = slot >= 0
-                        ? __int_as_float(ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(weights_in) +
-                                                                 static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
-                        : 0.0f;
+    w = slot >= 0 ? __int_as_float(ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(weights_in) +
+                                                           static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
+                  : 0.0f;
+    }
     // The expert rows of this token in top-k order, gathered into registers of every lane.
     int32_t rows[kLowLatencyMaxTopk];
     float row_weights[kLowLatencyMaxTopk];
@@ -196,44 +212,48 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
   __syncthreads();
   const uint32_t skip = block_masked;
 
+  // Work items: (token, slice of hidden) per warp. Lanes < K read the token's top-k row once for the whole slice
+  // (which ranks hold its experts), then every lane adds the partial rows of those ranks for its channels.
   const uint8_t* recv = my_half + l.combine_recv_offset;
-  const int vecs_per_token = H / 8;
-  const int total = p.num_tokens * vecs_per_token;
-  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
-    const int t = idx / vecs_per_token, v = idx % vecs_per_token;
-    const int64_t* row = p.topk_idx + static_cast<size_t>(t) * K;
-    uint32_t ranks = 0;
-    for (int k = 0; k < K; ++k) {
-      const int64_t e = __ldg(row + k);
-      if (e >= 0 && e < E) ranks |= 1u << static_cast<int>(e / L);
-    }
-    ranks &= ~skip;
-    int4 parts[kMaxNvlPeers];
+  const int row_int4 = H / 8;
+  const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int total_warps = gridDim.x * kWarpsPerBlock;
+  const int slices = max(1, min((row_int4 + 31) / 32, total_warps / max(1, p.num_tokens)));
+  const int slice_int4 = (row_int4 + slices - 1) / slices;
+  for (int item = warp_global; item < p.num_tokens * slices; item += total_warps) {
+    const int t = item / slices, slice = item % slices;
+    const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
+    const uint32_t bit = (e >= 0 && e < E) ? (1u << static_cast<int>(e / L)) : 0u;
+    const uint32_t ranks = __reduce_or_sync(0xffffffffu, bit) & ~skip;
+    const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
+    for (int v = lo + lane; v < hi; v += 32) {
+      int4 parts[kMaxNvlPeers];
 #pragma unroll
-    for (int r = 0; r < kMaxNvlPeers; ++r) {
-      if ((ranks >> r) & 1u)
-        parts[r] =
-            ptx::ld_volatile_global(reinterpret_cast<const int4*>(recv + (static_cast<size_t>(t) * R + r) * H * 2) + v);
-    }
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int r = 0; r < kMaxNvlPeers; ++r) {
+        if ((ranks >> r) & 1u)
+          parts[r] = ptx::ld_volatile_global(
+              reinterpret_cast<const int4*>(recv + (static_cast<size_t>(t) * R + r) * H * 2) + v);
+      }
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
-    for (int r = 0; r < kMaxNvlPeers; ++r) {
-      if ((ranks >> r) & 1u) {
-        const uint32_t words[4] = {static_cast<uint32_t>(parts[r].x), static_cast<uint32_t>(parts[r].y),
-                                   static_cast<uint32_t>(parts[r].z), static_cast<uint32_t>(parts[r].w)};
+      for (int r = 0; r < kMaxNvlPeers; ++r) {
+        if ((ranks >> r) & 1u) {
+          const uint32_t words[4] = {static_cast<uint32_t>(parts[r].x), static_cast<uint32_t>(parts[r].y),
+                                     static_cast<uint32_t>(parts[r].z), static_cast<uint32_t>(parts[r].w)};
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
-          acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+          for (int q = 0; q < 4; ++q) {
+            acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
+            acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+          }
         }
       }
+      int4 out;
+      out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
+      out.y = static_cast<int>(float_to_bf16_bits(acc[2]) | (float_to_bf16_bits(acc[3]) << 16));
+      out.z = static_cast<int>(float_to_bf16_bits(acc[4]) | (float_to_bf16_bits(acc[5]) << 16));
+      out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
+      reinterpret_cast<int4*>(p.combined_x + static_cast<size_t>(t) * H)[v] = out;
     }
-    int4 out;
-    out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
-    out.y = static_cast<int>(float_to_bf16_bits(acc[2]) | (float_to_bf16_bits(acc[3]) << 16));
-    out.z = static_cast<int>(float_to_bf16_bits(acc[4]) | (float_to_bf16_bits(acc[5]) << 16));
-    out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
-    reinterpret_cast<int4*>(p.combined_x + static_cast<size_t>(t) * H)[v] = out;
   }
 }
 
@@ -241,9 +261,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   const int lane = threadIdx.x % 32;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
+  if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
   const uint32_t masked = read_masked_ranks(p.g);
-  if (p.g.sends()) send_phase(p, masked, lane, warp_global, total_warps);
+  if (p.g.sends()) {
+    send_phase(p, masked, lane, warp_global, total_warps);
+    if (lane == 0) profile_mark(p.g.profile, 1);
+  }
   if (p.g.receives()) recv_phase(p, masked);
+  if (lane == 0) profile_warp_end(p.g.profile, threadIdx.x / 32);
 }
 
 }  // namespace

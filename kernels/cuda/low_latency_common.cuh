@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "bounded_wait.cuh"
+#include "profile.cuh"
 #include "epfabric/kernels/common.h"
 #include "epfabric/kernels/low_latency.h"
 #include "ptx.cuh"
@@ -29,6 +30,7 @@ struct GroupView {
   int32_t* rank_mask;
   KernelStatus* status;
   uint64_t timeout_ns;
+  uint64_t* profile;  // null unless a benchmark asks for a timeline
 
   __device__ __forceinline__ uint8_t* half_base(int r) const { return regions[r] + layout.half_bytes * half; }
   __device__ __forceinline__ uint8_t* other_half_base(int r) const {

@@ -25,6 +25,8 @@ constexpr float kFp8Max = 448.0f;
 constexpr float kFp8MaxInv = 1.0f / 448.0f;  // the same float as host::kFp8E4M3MaxInv
 constexpr float kMinAmax = 1e-4f;
 constexpr int kChannelsPerChunk = 512;  // one warp item: 32 lanes x 16 channels
+// Top-k entries a routing block keeps in shared memory (int32, -1 for entries outside [0, E)); larger calls scan global memory.
+constexpr int kRoutingSmemEntries = 8192;
 
 struct DispatchParams {
   GroupView g;
@@ -34,6 +36,7 @@ struct DispatchParams {
   int num_topk;
   bool round_scale;
   bool use_ue8m0;
+  bool message_per_expert;
   int32_t* cumulative_stats;
   uint8_t* packed_recv_x;
   void* packed_recv_x_scales;
@@ -77,6 +80,20 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
   // The token map (an output) is reset here, before this call's receive phase fills it.
   clean_other_half_signals(g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk);
 
+  // Blocks that hold routing warps (see below) first copy topk_idx into shared memory, so that each routing warp
+  // scans it at shared-memory latency instead of through dependent rounds of global loads.
+  __shared__ int32_t s_topk[kRoutingSmemEntries];
+  const int first_routing_warp = max(0, total_warps - E);
+  const bool topk_in_smem = p.num_tokens * K <= kRoutingSmemEntries &&
+                            static_cast<int>((blockIdx.x + 1) * kWarpsPerBlock) > first_routing_warp;
+  if (topk_in_smem) {
+    for (int i = threadIdx.x; i < p.num_tokens * K; i += blockDim.x) {
+      const int64_t v = __ldg(p.topk_idx + i);
+      s_topk[i] = v >= 0 && v < E ? static_cast<int32_t>(v) : -1;  // out of range = no expert, as elsewhere
+    }
+    __syncthreads();
+  }
+
   // Data items.
   const int chunks = (H + kChannelsPerChunk - 1) / kChannelsPerChunk;
   const int num_items = p.num_tokens * chunks;
@@ -94,6 +111,20 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
     const uint32_t bit = (e >= 0 && e < E) ? (1u << static_cast<int>(e / L)) : 0u;
     uint32_t dst_ranks = __reduce_or_sync(0xffffffffu, bit) & ~masked;
+    // message_per_expert (measurement only): one copy per distinct expert of the token on the rank; 4 bits per
+    // rank (at most kLowLatencyMaxTopk = 16 experts, stored as count - 1), the same value in every lane.
+    uint32_t extra_copies = 0;
+    if (p.message_per_expert) {
+      bool first = e >= 0 && e < E;
+      for (int k = 0; k < K; ++k) {  // an expert listed twice counts once
+        const int64_t other = __shfl_sync(0xffffffffu, e, k);
+        if (k < lane && other == e) first = false;
+      }
+      for (int r = 0; r < R; ++r) {
+        const int n = __popc(__ballot_sync(0xffffffffu, first && static_cast<int>(e / L) == r));
+        extra_copies |= static_cast<uint32_t>(max(0, n - 1) & 15) << (4 * r);
+      }
+    }
     const size_t msg_offset = l.dispatch_msgs_offset + (static_cast<size_t>(g.rank) * M + t) * l.dispatch_msg_bytes;
     if constexpr (kUseFP8) {
       const uint32_t w[8] = {static_cast<uint32_t>(v0.x), static_cast<uint32_t>(v0.y), static_cast<uint32_t>(v0.z),
@@ -122,7 +153,8 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
         const int r = __ffs(dst_ranks) - 1;
         dst_ranks &= dst_ranks - 1;
         uint8_t* msg = g.half_base(r) + msg_offset;
-        if (active) {
+        const int copies = 1 + static_cast<int>((extra_copies >> (4 * r)) & 15u);
+        for (int copy = 0; copy < copies && active; ++copy) {
           ptx::st_na_global(reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + c0), q);
           if ((lane & 7) == 0) {
             reinterpret_cast<float*>(msg + kLowLatencyMessageHeaderBytes + H)[c0 / kFp8GroupSize] = stored;
@@ -135,7 +167,8 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
         const int r = __ffs(dst_ranks) - 1;
         dst_ranks &= dst_ranks - 1;
         uint8_t* msg = g.half_base(r) + msg_offset;
-        if (active) {
+        const int copies = 1 + static_cast<int>((extra_copies >> (4 * r)) & 15u);
+        for (int copy = 0; copy < copies && active; ++copy) {
           int4* dst = reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + static_cast<size_t>(c0) * 2);
           ptx::st_na_global(dst, v0);
           ptx::st_na_global(dst + 1, v1);
@@ -163,10 +196,16 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       const int t = t0 + lane;
       int k0 = -1;
       if (t < p.num_tokens) {
-        // No early exit: the loads of the row are independent and can all be in flight.
+        if (topk_in_smem) {
+          for (int k = K - 1; k >= 0; --k) {
+            if (s_topk[t * K + k] == e) k0 = k;
+          }
+        } else {
+          // No early exit: the loads of the row are independent and can all be in flight.
 #pragma unroll
-        for (int k = kLowLatencyMaxTopk - 1; k >= 0; --k) {
-          if (k < K && __ldg(p.topk_idx + static_cast<size_t>(t) * K + k) == e) k0 = k;
+          for (int k = kLowLatencyMaxTopk - 1; k >= 0; --k) {
+            if (k < K && __ldg(p.topk_idx + static_cast<size_t>(t) * K + k) == e) k0 = k;
+          }
         }
       }
       const uint32_t found = __ballot_sync(0xffffffffu, k0 >= 0);
@@ -290,9 +329,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int lane = threadIdx.x % 32;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
+  if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
   const uint32_t masked = read_masked_ranks(p.g);
-  if (p.g.sends()) send_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
+  if (p.g.sends()) {
+    send_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
+    if (lane == 0) profile_mark(p.g.profile, 1);
+  }
   if (p.g.receives()) recv_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
+  if (lane == 0) profile_warp_end(p.g.profile, threadIdx.x / 32);
 }
 
 }  // namespace
@@ -308,6 +352,7 @@ absl::StatusOr<GroupView> make_group_view(const LowLatencyContext& ctx, int half
   g.rank_mask = ctx.rank_mask;
   g.status = ctx.status;
   g.timeout_ns = ctx.timeout_ns;
+  g.profile = ctx.profile_ns;
   return g;
 }
 
@@ -335,6 +380,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   p.num_topk = args.num_topk;
   p.round_scale = args.round_scale;
   p.use_ue8m0 = args.use_ue8m0;
+  p.message_per_expert = args.message_per_expert;
   p.cumulative_stats = args.cumulative_stats;
   p.packed_recv_x = static_cast<uint8_t*>(args.packed_recv_x);
   p.packed_recv_x_scales = args.packed_recv_x_scales;

@@ -35,6 +35,7 @@ intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeR
   v.experts_per_rank = group.config.num_experts / group.config.num_ranks;
   v.status = group.status;
   v.timeout_ns = group.timeout_ns;
+  v.profile = group.profile_ns;
   v.barrier_arrive = layout.barrier_arrive;
   v.barrier_epoch = layout.barrier_epoch;
   v.dispatch_range = layout.dispatch_range;
@@ -233,6 +234,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.num_channels = h.num_channels;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;
+  k.reducer_variant = getenv("EPF_COMBINE_REDUCER") ? atoi(getenv("EPF_COMBINE_REDUCER")) : 0;  // EXPERIMENT
   return LaunchStatus(intranode::LaunchCombine(k, stream), "combine launch");
 }
 

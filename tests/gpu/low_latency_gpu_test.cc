@@ -191,6 +191,11 @@ std::vector<NamedCase> Cases() {
         .max_tokens = 1}},
       {"h2048_e256_top8_bf16_many_none",
        {.num_experts = 256, .hidden = 2048, .num_topk = 8, .use_fp8 = false, .none_fraction = 0.5}},
+      // DeepEP's traffic (a message per (token, expert)) must give the same outputs.
+      {"h7168_e288_top8_fp8_message_per_expert",
+       {.num_experts = 288, .hidden = 7168, .num_topk = 8, .use_fp8 = true, .message_per_expert = true}},
+      {"h4096_e256_top8_bf16_message_per_expert",
+       {.num_experts = 256, .hidden = 4096, .num_topk = 8, .use_fp8 = false, .message_per_expert = true}},
   };
 }
 

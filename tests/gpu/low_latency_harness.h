@@ -38,6 +38,7 @@ struct LowLatencyCase {
   int min_tokens = 1;          // tokens per rank drawn from [min_tokens, max_tokens]
   int max_tokens = 0;          // 0 = max_tokens_per_rank
   uint64_t seed = 1;
+  bool message_per_expert = false;  // LowLatencyDispatchArgs::message_per_expert (DeepEP's traffic, same results)
 };
 
 struct LowLatencyRank {
@@ -251,8 +252,12 @@ class LowLatencyGroup {
     a.packed_recv_token_map = k.token_map;
     a.buffer_half = half;
     a.phases = phases;
+    a.message_per_expert = c_.message_per_expert;
     return a;
   }
+
+  // Switches the dispatch traffic scheme of later calls (benchmark of the design choice).
+  void set_message_per_expert(bool on) { c_.message_per_expert = on; }
 
   kernels::LowLatencyCombineArgs CombineArgs(int r, int half, kernels::LowLatencyPhases phases, bool zero_copy) const {
     const LowLatencyRank& k = ranks_[r];

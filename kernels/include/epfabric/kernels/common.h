@@ -21,6 +21,13 @@ const char* DTypeName(DType dtype);
 
 const char* WaitSiteName(WaitSite site);
 
+// Kernel timelines for benchmarks (optional `profile_ns` of IntranodeGroup and LowLatencyContext): device memory of
+// uint64 [blocks][kProfileSlotsPerBlock], %globaltimer nanoseconds. Per block: slot 0 = entry, slot 1 = end of the
+// block's start-up (intranode: after the barrier and the slot scan; low latency: end of the send phase of the
+// block's last warp, written by each warp that sends, so it is the latest), slot 2 + w = when warp w finished.
+// Production leaves it null (the kernels then skip every mark).
+inline constexpr int kProfileSlotsPerBlock = 34;
+
 // Turns a status word read back from the device into an absl::Status naming the rank that was waited for.
 absl::Status KernelStatusToStatus(const KernelStatus& status);
 

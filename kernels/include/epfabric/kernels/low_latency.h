@@ -98,6 +98,7 @@ struct LowLatencyContext {
   uint64_t timeout_ns = kDefaultWaitTimeoutNs;
   // Blocks per launch; 0 = the device's SM count.
   int num_blocks = 0;
+  uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in common.h)
 };
 
 // Which phases a launch runs. kSendAndRecv is the ordinary call; with a receive hook the caller launches kSend,
@@ -160,6 +161,10 @@ struct LowLatencyDispatchArgs {
 
   int buffer_half = 0;
   LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
+  // DeepEP's traffic, kept to measure the design choice (docs/low-latency-kernels.md): the message of a token is
+  // sent once per (token, expert) instead of once per (token, destination rank). The extra copies land in the same
+  // slot, so every output is identical; only NVLink carries more bytes.
+  bool message_per_expert = false;
 };
 
 struct LowLatencyCombineArgs {

@@ -1,0 +1,73 @@
+#include "common/timeline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+
+#include "common/report.h"
+#include "epfabric/kernels/common.h"
+
+namespace epfabric::bench {
+namespace {
+
+constexpr int kSlots = kernels::kProfileSlotsPerBlock;
+
+}  // namespace
+
+uint64_t Timeline::Start() const {
+  uint64_t start = std::numeric_limits<uint64_t>::max();
+  for (int b = 0; b < num_blocks; ++b) {
+    const uint64_t v = slots[static_cast<size_t>(b) * kSlots];
+    if (v != 0) start = std::min(start, v);
+  }
+  return start;
+}
+
+uint64_t Timeline::End() const {
+  uint64_t end = 0;
+  for (int b = 0; b < num_blocks; ++b) {
+    for (int s = 2; s < kSlots; ++s) end = std::max(end, slots[static_cast<size_t>(b) * kSlots + s]);
+  }
+  return end;
+}
+
+double Timeline::WarpsEndUs(int first, int last) const {
+  uint64_t end = 0;
+  for (int b = 0; b < num_blocks; ++b) {
+    for (int w = first; w < last && 2 + w < kSlots; ++w) end = std::max(end, slots[static_cast<size_t>(b) * kSlots + 2 + w]);
+  }
+  return end == 0 ? 0 : (end - Start()) / 1e3;
+}
+
+double Timeline::Slot1MaxUs() const {
+  uint64_t end = 0;
+  for (int b = 0; b < num_blocks; ++b) end = std::max(end, slots[static_cast<size_t>(b) * kSlots + 1]);
+  return end == 0 ? 0 : (end - Start()) / 1e3;
+}
+
+void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs, const std::vector<WarpRole>& roles,
+                    const std::vector<Timeline>* previous) {
+  auto line = [&](const std::string& what, std::vector<double> v) {
+    const Summary s = Summarize(std::move(v));
+    std::printf("  %-36s %8.2f us  (p10 %7.2f, p90 %7.2f)\n", what.c_str(), s.median, s.p10, s.p90);
+  };
+  std::printf("timeline %s (%zu runs; us after the first block started)\n", title.c_str(), runs.size());
+  std::vector<double> v;
+  for (const Timeline& t : runs) v.push_back(t.Slot1MaxUs());
+  line("start-up / send phase done (slot 1)", v);
+  for (const WarpRole& role : roles) {
+    v.clear();
+    for (const Timeline& t : runs) v.push_back(t.WarpsEndUs(role.first_warp, role.last_warp));
+    line(role.name + " done", v);
+  }
+  v.clear();
+  for (const Timeline& t : runs) v.push_back(t.DurationUs());
+  line("kernel (first entry to last warp end)", v);
+  if (previous != nullptr && previous->size() == runs.size()) {
+    v.clear();
+    for (size_t i = 0; i < runs.size(); ++i) v.push_back((static_cast<double>(runs[i].Start()) - (*previous)[i].End()) / 1e3);
+    line("gap after the previous kernel", v);
+  }
+}
+
+}  // namespace epfabric::bench
