@@ -7,13 +7,18 @@
 // bytes of recv_x on a rank (its own share included; FP8: data + scales) over time; "remote" counts only the rows
 // that crossed NVLink. Combine moves the same bytes back.
 //
-// Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N]
+// Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--extra_results FILE]
+//
+// --extra_results FILE: key=value lines (numbers) measured elsewhere, added to the JSON `results` map as they are
+// (ReadResultsFile in common/report.h; a key this benchmark writes itself keeps the benchmark's value). device-checks
+// passes restart.txt, the restart cost of issue #5 (restart_to_first_dispatch_ms, ...), so that both land in one file.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -38,6 +43,7 @@ struct Options {
   int num_sms = 24;
   int iters = 100;
   int warmup = 10;
+  std::vector<std::pair<std::string, double>> extra_results;
 };
 
 #define BENCH_CHECK(expr)                                                    \
@@ -264,8 +270,16 @@ int Main(int argc, char** argv) {
       o.iters = std::atoi(value().c_str());
     } else if (arg == "--warmup") {
       o.warmup = std::atoi(value().c_str());
+    } else if (arg == "--extra_results") {
+      auto extra = ReadResultsFile(value());
+      if (!extra.ok()) {
+        std::fprintf(stderr, "--extra_results: %s\n", extra.status().ToString().c_str());
+        return 2;
+      }
+      o.extra_results = *std::move(extra);
     } else {
-      std::fprintf(stderr, "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N]\n");
+      std::fprintf(
+          stderr, "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--extra_results FILE]\n");
       return 2;
     }
   }
@@ -297,6 +311,8 @@ int Main(int argc, char** argv) {
   report.SetConfig("iters", static_cast<double>(o.iters));
   report.SetConfig("warmup", static_cast<double>(o.warmup));
   report.SetConfig("timing", "CUDA events per rank behind a start gate; slower rank per iteration; median");
+  // Set before this benchmark's own results, so that a key both write keeps the value measured here.
+  for (const auto& [key, value] : o.extra_results) report.SetResult(key, value);
   report.SetResult("num_sms", o.num_sms);
   std::printf("device: %s x2, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
               o.num_sms, o.iters);
