@@ -11,13 +11,18 @@
 // each warp role finished, relative to the first block's start (--no_profile skips them).
 //
 // Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] [--no_probes]
-//                        [--no_profile]
+//                        [--no_profile] [--extra_results FILE]
+//
+// --extra_results FILE: key=value lines (numbers) measured elsewhere, added to the JSON `results` map as they are
+// (ReadResultsFile in common/report.h; a key this benchmark writes itself keeps the benchmark's value). device-checks
+// passes restart.txt, the restart cost of issue #5 (restart_to_first_dispatch_ms, ...), so that both land in one file.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -46,6 +51,7 @@ struct Options {
   bool probes_only = false;
   bool probes = true;
   bool profile = true;
+  std::vector<std::pair<std::string, double>> extra_results;
 };
 
 #define BENCH_CHECK(expr)                                                    \
@@ -370,8 +376,17 @@ int Main(int argc, char** argv) {
       o.probes = false;
     } else if (arg == "--no_profile") {
       o.profile = false;
+    } else if (arg == "--extra_results") {
+      auto extra = ReadResultsFile(value());
+      if (!extra.ok()) {
+        std::fprintf(stderr, "--extra_results: %s\n", extra.status().ToString().c_str());
+        return 2;
+      }
+      o.extra_results = *std::move(extra);
     } else {
-      std::fprintf(stderr, "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] [--no_probes] [--no_profile]\n");
+      std::fprintf(stderr,
+                   "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] "
+                   "[--no_probes] [--no_profile] [--extra_results FILE]\n");
       return 2;
     }
   }
@@ -403,6 +418,8 @@ int Main(int argc, char** argv) {
   report.SetConfig("iters", static_cast<double>(o.iters));
   report.SetConfig("warmup", static_cast<double>(o.warmup));
   report.SetConfig("timing", "CUDA events per rank behind a start gate; slower rank per iteration; median");
+  // Set before this benchmark's own results, so that a key both write keeps the value measured here.
+  for (const auto& [key, value] : o.extra_results) report.SetResult(key, value);
   report.SetResult("num_sms", o.num_sms);
   std::printf("device: %s x2, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
               o.num_sms, o.iters);

@@ -1,6 +1,7 @@
 #include "common/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 
@@ -8,7 +9,10 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -26,6 +30,28 @@ Summary Summarize(std::vector<double> samples) {
   s.max = samples.back();
   s.count = samples.size();
   return s;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, double>>> ReadResultsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::vector<std::pair<std::string, double>> results;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    const absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    const size_t eq = text.find('=');
+    const absl::string_view key = eq == absl::string_view::npos ? text : absl::StripAsciiWhitespace(text.substr(0, eq));
+    double value = 0;
+    if (eq == absl::string_view::npos || key.empty() ||
+        !absl::SimpleAtod(absl::StripAsciiWhitespace(text.substr(eq + 1)), &value) || !std::isfinite(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", number, ": '", text, "' is not key=value with a finite numeric value"));
+    }
+    results.emplace_back(std::string(key), value);
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
+  return results;
 }
 
 std::string CudaDeviceName(int ordinal) {

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -49,6 +50,10 @@ class Report {
   std::map<std::string, std::variant<double, std::string>> config_;
   std::map<std::string, double> results_;
 };
+
+// Results measured by another program that belong in a benchmark's report (device-checks' restart.txt): `key=value`
+// lines, each value a number; blank lines and lines starting with '#' are skipped. Errors name the file and line.
+absl::StatusOr<std::vector<std::pair<std::string, double>>> ReadResultsFile(const std::string& path);
 
 // Name of CUDA device `ordinal`, or "host" when no device is visible.
 std::string CudaDeviceName(int ordinal = 0);

@@ -17,6 +17,17 @@
 //   epfabric_worker --socket=S --group=G --rank=R --token=T --mode=normal --tokens=64 --hidden=7168 --topk=8
 //                   --experts=32 [--fp8] [--seed=1] [--repeats=3]
 //   epfabric_worker --region_bytes --ranks=4 --mode=... --tokens=... ...   (prints RequiredRegionBytes and exits)
+//
+// --restart_probe (restart cost, issue #5): no checks, no host reference, no other rank's inputs. Timed from
+// --launch_unix_ns (the launcher's `date +%s%N`) to the completion of this process' first dispatch:
+//   main -> Connect -> Attach (every same-host rank's region mapped) -> Buffer::Create -> inputs (this rank's only:
+//   random expert ids, x and weights set by a memset) -> GetDispatchLayout + Dispatch -> Check()
+// and printed, as milliseconds since launch at each boundary, on one line
+//   EPF_RESTART rank=R restart_to_first_dispatch_ms=X main_ms=.. connect_ms=.. attach_ms=.. buffer_ms=..
+//               dispatch_ms=.. inputs_ms=.. context_ms=.. ...
+// (restart_to_first_dispatch_ms == dispatch_ms). A rank's dispatch stage includes waiting for its peers to reach
+// theirs, so a launcher takes the slowest rank. An unchecked combine follows (so every rank leaves the group as a
+// normal round would), then exit 0; any failure: `EPF_RESTART rank=R ok=0 stage=.. error=".."`, exit 1.
 #include <cuda_runtime_api.h>
 #include <signal.h>
 #include <unistd.h>
@@ -30,11 +41,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -88,9 +103,14 @@ ABSL_FLAG(bool, flip_one_output, false,
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
 ABSL_FLAG(int64_t, launch_unix_ns, 0,
-          "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`): the worker then reports "
-          "restart_to_first_dispatch_ms, from launch to its first completed dispatch (connect, attach, map, dispatch).");
+          "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`). Checked modes report "
+          "restart_to_first_dispatch_ms from it to the first completed dispatch, which there also includes making "
+          "every rank's inputs and the host reference; --restart_probe measures the restart path alone.");
 ABSL_FLAG(int, device, -1, "CUDA device when devices are visible; -1: rank modulo the visible devices.");
+ABSL_FLAG(bool, restart_probe, false,
+          "Measure only what a restarted serving process pays before its first dispatch (needs --launch_unix_ns): "
+          "connect, attach (maps every same-host region), Buffer::Create, one layout + dispatch of this rank's own "
+          "cheaply made inputs, completion; then one unchecked combine. Prints `EPF_RESTART ...` and exits 0.");
 
 namespace epfabric::worker {
 namespace {
@@ -168,23 +188,29 @@ class Memory {
   explicit Memory(bool device) : device_(device) {}
 
   absl::StatusOr<TensorView> Upload(const void* src, size_t bytes, DType dtype, std::vector<int64_t> shape) {
-    // Never null, even for zero rows: an empty view means "not given".
-    const size_t alloc = std::max<size_t>(256, (bytes + 255) / 256 * 256);
-    void* ptr = nullptr;
+    auto ptr = Allocate(bytes);
+    if (!ptr.ok()) return ptr.status();
     if (device_) {
-      if (cudaMalloc(&ptr, alloc) != cudaSuccess) return absl::ResourceExhaustedError("cudaMalloc");
-      if (bytes > 0 && cudaMemcpy(ptr, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-        cudaFree(ptr);
+      if (bytes > 0 && cudaMemcpy(*ptr, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
         return absl::InternalError("cudaMemcpy to the device");
       }
-      owned_.push_back(std::shared_ptr<void>(ptr, [](void* p) { cudaFree(p); }));
-    } else {
-      ptr = std::aligned_alloc(256, alloc);
-      if (ptr == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
-      if (bytes > 0) std::memcpy(ptr, src, bytes);
-      owned_.push_back(std::shared_ptr<void>(ptr, [](void* p) { std::free(p); }));
+    } else if (bytes > 0) {
+      std::memcpy(*ptr, src, bytes);
     }
-    return TensorView{.data = ptr, .dtype = dtype, .shape = std::move(shape)};
+    return TensorView{.data = *ptr, .dtype = dtype, .shape = std::move(shape)};
+  }
+
+  // `bytes` bytes all equal to `byte`, set where the memory lives (cudaMemset on the device): inputs for
+  // --restart_probe that cost no host loop and no host-to-device copy.
+  absl::StatusOr<TensorView> Filled(size_t bytes, uint8_t byte, DType dtype, std::vector<int64_t> shape) {
+    auto ptr = Allocate(bytes);
+    if (!ptr.ok()) return ptr.status();
+    if (device_) {
+      if (bytes > 0 && cudaMemset(*ptr, byte, bytes) != cudaSuccess) return absl::InternalError("cudaMemset");
+    } else if (bytes > 0) {
+      std::memset(*ptr, byte, bytes);
+    }
+    return TensorView{.data = *ptr, .dtype = dtype, .shape = std::move(shape)};
   }
 
   template <typename T>
@@ -211,6 +237,21 @@ class Memory {
   void Clear() { owned_.clear(); }
 
  private:
+  // Never null, even for zero rows: an empty view means "not given". Owned until Clear().
+  absl::StatusOr<void*> Allocate(size_t bytes) {
+    const size_t alloc = std::max<size_t>(256, (bytes + 255) / 256 * 256);
+    void* ptr = nullptr;
+    if (device_) {
+      if (cudaMalloc(&ptr, alloc) != cudaSuccess) return absl::ResourceExhaustedError("cudaMalloc");
+      owned_.push_back(std::shared_ptr<void>(ptr, [](void* p) { cudaFree(p); }));
+    } else {
+      ptr = std::aligned_alloc(256, alloc);
+      if (ptr == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
+      owned_.push_back(std::shared_ptr<void>(ptr, [](void* p) { std::free(p); }));
+    }
+    return ptr;
+  }
+
   bool device_;
   std::vector<std::shared_ptr<void>> owned_;
 };
@@ -760,7 +801,210 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int Main() {
+// ---- --restart_probe ----
+
+// This rank's CUDA device: --device, else the rank modulo the visible devices; -1 when none is visible (no GPU or no
+// driver: then nothing CUDA is called again). The checked modes and the probe choose it the same way.
+int ChooseDevice(int rank) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 0) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  const int device = absl::GetFlag(FLAGS_device);
+  return device >= 0 ? device : rank % count;
+}
+
+// Creates the CUDA context of this rank's device on a thread of its own, started first thing in main(): context
+// creation is the largest single cost of a fresh CUDA process (docs/memory.md: 120-160 ms), and nothing before the
+// region imports at the end of Attach needs it, so it runs while the main thread connects and makes the Attach RPC
+// instead of after them. The imports' own cudaSetDevice on the main thread waits for it inside the runtime (primary
+// context creation is serialised there); Buffer::Create runs after Wait(). A serving process can do the same.
+class EarlyCudaContext {
+ public:
+  explicit EarlyCudaContext(int rank) : thread_([this, rank] { Run(rank); }) {}
+  ~EarlyCudaContext() {
+    if (thread_.joinable()) thread_.join();
+  }
+  EarlyCudaContext(const EarlyCudaContext&) = delete;
+  EarlyCudaContext& operator=(const EarlyCudaContext&) = delete;
+
+  // The device (ChooseDevice), known once the driver is initialised, before the context exists.
+  int device() const { return device_.get(); }
+  // Waits for the context; the status of its creation.
+  absl::Status Wait() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+  // After Wait(): when the context was ready (CLOCK_REALTIME ns), 0 without a device.
+  int64_t ready_unix_ns() const { return ready_unix_ns_; }
+
+ private:
+  void Run(int rank) {
+    const int device = ChooseDevice(rank);
+    device_promise_.set_value(device);
+    if (device < 0) return;
+    cudaError_t error = cudaSetDevice(device);
+    if (error == cudaSuccess) error = cudaFree(nullptr);  // forces the context into existence
+    if (error != cudaSuccess) {
+      status_ = absl::UnavailableError(absl::StrCat("creating the CUDA context of device ", device, ": ",
+                                                    cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+      return;
+    }
+    ready_unix_ns_ = absl::ToUnixNanos(absl::Now());
+  }
+
+  std::promise<int> device_promise_;
+  std::shared_future<int> device_ = device_promise_.get_future().share();
+  absl::Status status_;
+  int64_t ready_unix_ns_ = 0;
+  std::thread thread_;  // last: it starts once the members it writes exist
+};
+
+// This rank's probe inputs: random expert ids (the --routing/--empty_fraction rules of the checked modes), weights
+// 1/k, x (and FP8 scales) set by a memset where the memory lives. Nothing is computed on the host per element of x.
+struct ProbeInputs {
+  TensorView x, x_scales, topk_idx, topk_weights;
+};
+
+absl::StatusOr<ProbeInputs> MakeProbeInputs(const Scenario& s, int rank, Memory& mem) {
+  std::mt19937_64 rng(s.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(rank) + 1);
+  const int T = TokensOf(rng, s, rank), K = s.topk, H = s.hidden;
+  const std::vector<int64_t> idx = RandomTopk(rng, s, rank, T);
+  const std::vector<float> weights(idx.size(), 1.0f / static_cast<float>(K));
+  // Low latency quantises BF16 x itself; normal mode takes FP8 x with scales. 0x3C in every byte: BF16 0.0115,
+  // FP8 e4m3 1.5, float scales 0.0115.
+  const bool fp8_x = s.fp8 && !s.low_latency;
+  auto idx_view = mem.Upload(idx, DType::kInt64, {T, K});
+  auto w_view = mem.Upload(weights, DType::kFloat32, {T, K});
+  auto x_view =
+      mem.Filled(static_cast<size_t>(T) * H * (fp8_x ? 1 : 2), 0x3C, fp8_x ? DType::kFP8E4M3 : DType::kBF16, {T, H});
+  for (const auto* v : {&idx_view, &w_view, &x_view}) {
+    if (!v->ok()) return v->status();
+  }
+  ProbeInputs in{.x = *x_view, .topk_idx = *idx_view, .topk_weights = *w_view};
+  if (fp8_x) {
+    auto scales = mem.Filled(static_cast<size_t>(T) * (H / 128) * sizeof(float), 0x3C, DType::kFloat32, {T, H / 128});
+    if (!scales.ok()) return scales.status();
+    in.x_scales = *scales;
+  }
+  return in;
+}
+
+// The first dispatch (layout + dispatch + Check: complete on this rank), `dispatched()` right after it, then one
+// unchecked combine of zeros / the received rows. Returns the rows this rank received.
+absl::StatusOr<int64_t> ProbeDispatchAndCombine(Buffer& buffer, Memory& mem, const Scenario& s, const ProbeInputs& in,
+                                                const std::function<void()>& dispatched) {
+  if (s.low_latency) {
+    auto recv = buffer.LowLatencyDispatch({.x = in.x, .topk_idx = in.topk_idx, .use_fp8 = s.fp8});
+    if (!recv.ok()) return recv.status();
+    if (absl::Status done = buffer.Check(); !done.ok()) return done;
+    dispatched();
+    const int64_t L = s.experts / buffer.num_ranks(), slots = static_cast<int64_t>(buffer.num_ranks()) * s.tokens;
+    auto expert_out = mem.Filled(static_cast<size_t>(L * slots) * s.hidden * 2, 0, DType::kBF16, {L, slots, s.hidden});
+    if (!expert_out.ok()) return expert_out.status();
+    auto combined = buffer.LowLatencyCombine(
+        {.x = *expert_out, .topk_idx = in.topk_idx, .topk_weights = in.topk_weights, .handle = recv->handle});
+    if (!combined.ok()) return combined.status();
+    if (absl::Status done = buffer.Check(); !done.ok()) return done;
+    const std::vector<int32_t> count = mem.Download<int32_t>(recv->packed_recv_count.view, L);
+    int64_t received = 0;
+    for (int32_t c : count) received += c;
+    return received;
+  }
+  auto layout = buffer.GetDispatchLayout(in.topk_idx);
+  if (!layout.ok()) return layout.status();
+  auto recv = buffer.Dispatch({.x = in.x,
+                               .x_scales = in.x_scales,
+                               .topk_idx = in.topk_idx,
+                               .topk_weights = in.topk_weights,
+                               .layout = &*layout});
+  if (!recv.ok()) return recv.status();
+  if (absl::Status done = buffer.Check(); !done.ok()) return done;
+  dispatched();
+  if (recv->handle == nullptr) return absl::InternalError("Dispatch returned no handle");
+  const int64_t N = recv->handle->num_recv_tokens;
+  TensorView expert_out = recv->recv_x.view;  // BF16 rows as received: the experts are the identity here
+  if (s.fp8) {
+    auto zeros = mem.Filled(static_cast<size_t>(N) * s.hidden * 2, 0, DType::kBF16, {N, s.hidden});
+    if (!zeros.ok()) return zeros.status();
+    expert_out = *zeros;
+  }
+  auto combined =
+      buffer.Combine({.x = expert_out, .topk_weights = recv->recv_topk_weights.view, .handle = recv->handle});
+  if (!combined.ok()) return combined.status();
+  if (absl::Status done = buffer.Check(); !done.ok()) return done;
+  return N;
+}
+
+// --restart_probe: see the file comment. Every stage is stamped as milliseconds since --launch_unix_ns.
+int RunRestartProbe(const Scenario& s, const BufferConfig& config, int64_t main_unix_ns, EarlyCudaContext& early) {
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int64_t launched = absl::GetFlag(FLAGS_launch_unix_ns);
+  auto since_launch = [launched](int64_t unix_ns) { return static_cast<double>(unix_ns - launched) / 1e6; };
+  auto now = [&] { return since_launch(absl::ToUnixNanos(absl::Now())); };
+  auto fail = [&](const std::string& stage, const absl::Status& status) {
+    std::cout << "EPF_RESTART rank=" << rank << " ok=0 stage=" << stage << " error=" << Quote(status) << std::endl;
+    std::cerr << "epfabric_worker --restart_probe rank " << rank << ": " << stage << " failed: " << status << "\n";
+    return kExitMismatch;
+  };
+  const double main_ms = since_launch(main_unix_ns);
+
+  auto connected =
+      client::Client::Connect(absl::GetFlag(FLAGS_socket), {.client_name = absl::StrCat("epfabric_worker-", rank)});
+  if (!connected.ok()) return fail("connect", connected.status());
+  const double connect_ms = now();
+
+  client::AttachOptions attach_options;
+  const int device = early.device();  // waits for the driver's initialisation only, not for the context
+  if (device >= 0) attach_options.accessing_device = device;
+  const std::string group = absl::GetFlag(FLAGS_group), token = absl::GetFlag(FLAGS_token);
+  auto lease = (*connected)->Attach(group, rank, token, attach_options);
+  // The previous process of this rank may have exited a moment ago: its lease ends when the daemon sees its side
+  // channel close. Counted, so that a run where this happened can be told apart.
+  int attach_retries = 0;
+  for (; attach_retries < 100 && absl::IsFailedPrecondition(lease.status()); ++attach_retries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    lease = (*connected)->Attach(group, rank, token, attach_options);
+  }
+  if (!lease.ok()) return fail("attach", lease.status());
+  if ((*lease)->group().low_latency() != s.low_latency) {
+    return fail("attach", absl::InvalidArgumentError("--mode is not the group's mode"));
+  }
+  const double attach_ms = now();
+
+  if (absl::Status context = early.Wait(); !context.ok()) return fail("cuda context", context);
+  if (device >= 0 && cudaSetDevice(device) != cudaSuccess) {  // Buffer::Create allocates on the current device
+    return fail("cuda context", absl::InternalError(absl::StrCat("cudaSetDevice(", device, ")")));
+  }
+  auto buffer = Buffer::Create(lease->get(), config);
+  if (!buffer.ok()) return fail("buffer", buffer.status());
+  const double buffer_ms = now();
+
+  Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);
+  auto inputs = MakeProbeInputs(s, rank, mem);
+  if (!inputs.ok()) return fail("inputs", inputs.status());
+  const double inputs_ms = now();
+
+  double dispatch_ms = -1;
+  auto received = ProbeDispatchAndCombine(**buffer, mem, s, *inputs, [&] { dispatch_ms = now(); });
+  if (!received.ok()) return fail(dispatch_ms < 0 ? "dispatch" : "combine", received.status());
+
+  const double context_ms = early.ready_unix_ns() > 0 ? since_launch(early.ready_unix_ns()) : -1;
+  std::cout << absl::StrFormat(
+                   "EPF_RESTART rank=%d restart_to_first_dispatch_ms=%.2f main_ms=%.2f connect_ms=%.2f "
+                   "attach_ms=%.2f buffer_ms=%.2f dispatch_ms=%.2f inputs_ms=%.2f context_ms=%.2f backend=%s "
+                   "device=%d mode=%s tokens=%d hidden=%d topk=%d experts=%d fp8=%d received=%d attach_retries=%d "
+                   "ok=1",
+                   rank, dispatch_ms, main_ms, connect_ms, attach_ms, buffer_ms, dispatch_ms, inputs_ms, context_ms,
+                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", device,
+                   s.low_latency ? "low_latency" : "normal", static_cast<int>(inputs->topk_idx.shape[0]), s.hidden,
+                   s.topk, s.experts, s.fp8 ? 1 : 0, *received, attach_retries)
+            << std::endl;
+  return 0;
+}
+
+int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   Scenario s;
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "normal" && mode != "low_latency") {
@@ -805,6 +1049,13 @@ int Main() {
     std::cout << *bytes << "\n";
     return 0;
   }
+  if (early != nullptr) {
+    if (absl::GetFlag(FLAGS_launch_unix_ns) <= 0) {
+      std::cerr << "--restart_probe needs --launch_unix_ns (the launcher's `date +%s%N`)\n";
+      return kExitUsage;
+    }
+    return RunRestartProbe(s, config, main_unix_ns, *early);
+  }
 
   const int rank = absl::GetFlag(FLAGS_rank);
   const std::string prefix = absl::StrCat("EPF_RESULT rank=", rank, " group=", absl::GetFlag(FLAGS_group),
@@ -822,15 +1073,11 @@ int Main() {
   client::AttachOptions attach_options;
   // With CUDA devices visible, this rank's device is chosen before Attach: cuda regions are mapped for the
   // accessing device (host-backend groups ignore it). Without a device (or driver) nothing CUDA is called again.
-  int device = absl::GetFlag(FLAGS_device), device_count = 0;
-  if (cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0) {
-    if (device < 0) device = rank % device_count;
+  if (const int device = ChooseDevice(rank); device >= 0) {
     if (cudaSetDevice(device) != cudaSuccess) {
       return fail("cudaSetDevice", absl::InvalidArgumentError(absl::StrCat("device ", device)));
     }
     attach_options.accessing_device = device;
-  } else {
-    (void)cudaGetLastError();
   }
   auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
   // A rank whose previous holder was killed a moment ago: the daemon ends that lease when it sees the connection
@@ -938,6 +1185,10 @@ int Main() {
 }  // namespace epfabric::worker
 
 int main(int argc, char** argv) {
+  // First thing: --restart_probe reports this as main_ms (exec, dynamic loading, static initialisers).
+  const int64_t main_unix_ns = absl::ToUnixNanos(absl::Now());
   absl::ParseCommandLine(argc, argv);
-  return epfabric::worker::Main();
+  std::optional<epfabric::worker::EarlyCudaContext> early;
+  if (absl::GetFlag(FLAGS_restart_probe)) early.emplace(absl::GetFlag(FLAGS_rank));
+  return epfabric::worker::Main(main_unix_ns, early ? &*early : nullptr);
 }

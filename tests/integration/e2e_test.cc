@@ -56,11 +56,11 @@ uint64_t TestSeed() {
   return seed;
 }
 
-// key=value fields of a worker's EPF_RESULT line (empty when there is none).
-std::map<std::string, std::string> ResultFields(const std::string& out) {
+// key=value fields of a worker's EPF_RESULT line, or of its line starting with `prefix` (empty when there is none).
+std::map<std::string, std::string> ResultFields(const std::string& out, absl::string_view prefix = "EPF_RESULT ") {
   std::map<std::string, std::string> fields;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
-    if (!absl::ConsumePrefix(&line, "EPF_RESULT ")) continue;
+    if (!absl::ConsumePrefix(&line, prefix)) continue;
     // Values without spaces, except error="..." which comes last.
     if (size_t error = line.find(" error="); error != absl::string_view::npos) {
       fields["error"] = std::string(line.substr(error + 7));
@@ -303,6 +303,53 @@ TEST_F(E2e, AWrongCombinedValueIsReported) {
       EXPECT_THAT(f.err, HasSubstr("combined_x")) << f.Describe();
     }
   }
+}
+
+// --restart_probe (issue #5's restart cost): fresh worker processes of every rank, started at once against the
+// running daemons, each report on one EPF_RESTART line the milliseconds from their launch to each stage (main,
+// connect, attach, Buffer::Create, inputs, first dispatch complete) and exit 0. Twice per group, as device-checks
+// runs trials back to back: a rank is attachable again as soon as its previous process has exited.
+TEST_F(E2e, RestartProbeReportsTheStagesFromLaunchToTheFirstDispatch) {
+  for (const std::vector<std::string>& scenario : {Shape("normal", 64, 7168, 8, 32, false, 5, {"--fixed_tokens"}),
+                                                   Shape("low_latency", 16, 512, 4, 16, true, 6, {"--fixed_tokens"})}) {
+    const std::string group = absl::StrCat("e2e-restart-", scenario[0].substr(7));
+    auto token = CreateGroup(group, scenario);
+    ASSERT_TRUE(token.ok()) << token.status();
+    for (int trial = 0; trial < 2; ++trial) {
+      std::vector<Subprocess> workers;
+      for (int r = 0; r < kRanks; ++r) {
+        std::vector<std::string> args = scenario;
+        args.insert(args.end(), {"--restart_probe", absl::StrCat("--launch_unix_ns=", absl::ToUnixNanos(absl::Now()))});
+        auto worker = StartWorker(group, *token, r, args);
+        ASSERT_TRUE(worker.ok()) << worker.status();
+        workers.push_back(std::move(*worker));
+      }
+      for (int r = 0; r < kRanks; ++r) {
+        Finished f = Finish(workers[r], r);
+        SCOPED_TRACE(absl::StrCat(group, " trial ", trial, "\n", f.Describe()));
+        EXPECT_EQ(f.exit_code, 0);
+        const std::map<std::string, std::string> line = ResultFields(f.out, "EPF_RESTART ");
+        ASSERT_EQ(line.count("ok") ? line.at("ok") : "", "1");
+        EXPECT_EQ(line.at("rank"), std::to_string(r));
+        EXPECT_EQ(line.at("backend"), "host");
+        EXPECT_EQ(line.at("restart_to_first_dispatch_ms"), line.at("dispatch_ms"));
+        double previous = 0;
+        for (const char* stage : {"main_ms", "connect_ms", "attach_ms", "buffer_ms", "inputs_ms", "dispatch_ms"}) {
+          double ms = -1;
+          ASSERT_TRUE(absl::SimpleAtod(line.at(stage), &ms)) << stage;
+          EXPECT_GE(ms, previous) << stage << " comes before the stage it follows";
+          previous = ms;
+        }
+        EXPECT_GT(previous, 0);
+        EXPECT_LT(previous, 30000);
+        if (r == 0) std::cout << f.out.substr(f.out.find("EPF_RESTART "));
+      }
+    }
+  }
+  // Without a launch time there is nothing to measure from: a usage error.
+  RunResult run = RunBinary({WorkerBinary(), "--restart_probe", "--socket=/nonexistent", "--rank=0"});
+  EXPECT_EQ(run.exit_code, 2) << run.out << run.err;
+  EXPECT_THAT(run.err, HasSubstr("--launch_unix_ns"));
 }
 
 bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names, absl::Duration timeout) {

@@ -1,0 +1,62 @@
+// ReadResultsFile: the key=value files that device-checks hands to a benchmark (restart.txt -> intranode_bench).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "common/report.h"
+
+namespace epfabric::bench {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+std::string WriteTemp(const std::string& text) {
+  char path[] = "/tmp/epf-report-test.XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ReadResultsFile, ReadsNumbersAndSkipsBlankAndCommentLines) {
+  const std::string path = WriteTemp(
+      "# restart cost\n"
+      "restart_to_first_dispatch_ms=41.25\n"
+      "\n"
+      "  restart_trials = 10  \n"
+      "restart_attach_ms=-1e-3\n");
+  auto results = ReadResultsFile(path);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_THAT(*results, ::testing::ElementsAre(Pair("restart_to_first_dispatch_ms", 41.25),
+                                               Pair("restart_trials", 10.0), Pair("restart_attach_ms", -1e-3)));
+  Report report("test");
+  for (const auto& [key, value] : *results) report.SetResult(key, value);
+  report.SetDevice("host");
+  auto json = report.ToJson();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"restart_to_first_dispatch_ms\": 41.25"));
+  std::remove(path.c_str());
+}
+
+TEST(ReadResultsFile, RefusesALineThatIsNotKeyEqualsNumberNamingIt) {
+  for (const std::string bad : {"restart_ms=fast", "restart_ms", "=3", "restart_ms=nan", "restart_ms=1 ms"}) {
+    const std::string path = WriteTemp("ok=1\n" + bad + "\n");
+    auto results = ReadResultsFile(path);
+    EXPECT_TRUE(absl::IsInvalidArgument(results.status())) << bad << ": " << results.status();
+    EXPECT_THAT(results.status().message(), HasSubstr(path + ":2:")) << bad;
+    std::remove(path.c_str());
+  }
+}
+
+TEST(ReadResultsFile, AMissingFileIsNotFound) {
+  EXPECT_TRUE(absl::IsNotFound(ReadResultsFile("/nonexistent/restart.txt").status()));
+}
+
+}  // namespace
+}  // namespace epfabric::bench
