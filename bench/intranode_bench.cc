@@ -278,24 +278,6 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
       PrintProfile(absl::StrCat("combine bf16 sms ", num_sms),
                    ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchCombine(r); }),
                    "reducer warps");
-      for (const char* variant : {"1", "2"}) {  // EXPERIMENT
-        setenv("EPF_COMBINE_REDUCER", variant, 1);
-        const Summary v =
-            Summarize(TimeGated(group, gate, o.warmup, o.iters, [&](int r) { return runner.LaunchCombine(r); }));
-        Print(absl::StrCat("combine bf16 reducer variant ", variant).c_str(), v, bytes.recv, bytes.remote);
-        PrintProfile(absl::StrCat("combine bf16 variant ", variant),
-                     ProfileGated(group, gate, 10, num_sms, [&](int r) { return runner.LaunchCombine(r); }),
-                     "reducer warps");
-        BENCH_CHECK(runner.RunCombine());
-        const std::vector<ref::CombineOutput> want_c = ref::Combine(want, cin, c.hidden, c.num_topk);
-        for (int r = 0; r < group.num_ranks(); ++r) {
-          auto got = testing::DownloadVector<uint16_t>(runner.buffers(r).combined_x, want_c[r].combined_x.size());
-          BENCH_CHECK(got.status());
-          std::printf("  variant %s rank %d combined_x %s the reference\n", variant, r,
-                      *got == want_c[r].combined_x ? "matches" : "DIFFERS FROM");
-        }
-        unsetenv("EPF_COMBINE_REDUCER");
-      }
     }
   }
 }

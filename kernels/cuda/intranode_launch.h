@@ -18,10 +18,6 @@ inline constexpr int kThreadsPerBlock = 1024;
 inline constexpr int kSenderWarps = 16;
 inline constexpr int kCopyWarps = kSenderWarps - 1;  // sender warps that move data; warp kCopyWarps publishes
 inline constexpr int kReceiverWarps = kThreadsPerBlock / 32 - kSenderWarps;
-// Shared memory per combine reducer warp for the rows it sums (filled by bulk copies): two stages, so that one
-// chunk loads while the warp sums the other.
-inline constexpr int kReduceStageBytes = 6144;
-inline constexpr int kReduceStages = 2;
 inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
 
@@ -100,7 +96,6 @@ struct CombineKernelParams {
   int num_channels;
   char* combined_x;
   float* combined_topk_weights;
-  int reducer_variant;  // EXPERIMENT: 0 TMA (fence per token), 1 TMA (fence on fresh tails), 2 registers
 };
 
 cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t stream);

@@ -234,7 +234,6 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.num_channels = h.num_channels;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;
-  k.reducer_variant = getenv("EPF_COMBINE_REDUCER") ? atoi(getenv("EPF_COMBINE_REDUCER")) : 0;  // EXPERIMENT
   return LaunchStatus(intranode::LaunchCombine(k, stream), "combine launch");
 }
 
