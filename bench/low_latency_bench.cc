@@ -7,7 +7,7 @@
 // Hook mode: each phase is a small graph per rank (event, kernel, event), launched on both ranks, host-synchronised
 // before the next phase; each kernel is timed alone by its events.
 //
-// Usage: low_latency_bench [--out DIR] [--iters N]
+// Usage: low_latency_bench [--out DIR] [--iters N] [--sweep_blocks B1,B2,...]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -189,7 +189,10 @@ bench::Timeline DownloadTimeline(LowLatencyGroup& g, int r, const uint64_t* devi
 // Kernel timelines of ordinary calls: `runs` dispatch+combine pairs per rank launched directly (the host enqueues
 // faster than the GPUs run them, so they run back to back), every kernel with its own profile buffer. The first
 // pairs absorb the launch skew between the ranks and are dropped.
-void ProfileOrdinary(LowLatencyGroup& g, int runs, bench::Report& report) {
+// Returns {dispatch, combine} median kernel times; `key_suffix` goes after the result keys; `verbose` prints the
+// timelines.
+std::pair<double, double> ProfileOrdinary(LowLatencyGroup& g, int runs, bench::Report& report,
+                                          const std::string& key_suffix = "", bool verbose = true) {
   const int R = g.config().num_ranks;
   constexpr int kDropped = 5;
   std::vector<uint64_t*> buffers(R, nullptr);
@@ -226,17 +229,21 @@ void ProfileOrdinary(LowLatencyGroup& g, int runs, bench::Report& report) {
       dispatch_us[i] = std::max(dispatch_us[i], dispatch[i].DurationUs());
       combine_us[i] = std::max(combine_us[i], combine[i].DurationUs());
     }
-    bench::PrintTimelines("dispatch (ordinary, direct launches) rank " + std::to_string(r), dispatch, roles,
-                          &before_dispatch);
-    bench::PrintTimelines("combine (ordinary, direct launches) rank " + std::to_string(r), combine, roles,
-                          &before_combine);
+    if (verbose) {
+      bench::PrintTimelines("dispatch (ordinary, direct launches) rank " + std::to_string(r), dispatch, roles,
+                            &before_dispatch);
+      bench::PrintTimelines("combine (ordinary, direct launches) rank " + std::to_string(r), combine, roles,
+                            &before_combine);
+    }
     CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
     CHECK_CUDA(cudaFree(buffers[r]));
   }
   const double d = bench::Summarize(dispatch_us).median, c = bench::Summarize(combine_us).median;
-  std::printf("kernel time (in-kernel, slower rank, median): dispatch %.2f us, combine %.2f us\n", d, c);
-  report.SetResult("dispatch_kernel_us", d);
-  report.SetResult("combine_kernel_us", c);
+  std::printf("kernel time (in-kernel, slower rank, median)%s: dispatch %.2f us, combine %.2f us\n",
+              key_suffix.c_str(), d, c);
+  report.SetResult("dispatch_kernel_us" + key_suffix, d);
+  report.SetResult("combine_kernel_us" + key_suffix, c);
+  return {d, c};
 }
 
 // Hook mode: each phase is one small graph per rank (event, kernel, event), so that no host launch gap is timed.
@@ -325,9 +332,18 @@ void Row(bench::Report& report, const char* key, const std::vector<double>& samp
 int Main(int argc, char** argv) {
   std::string out_dir = "bench/results";
   int iters = 200;
+  std::vector<int> sweep_blocks;  // --sweep_blocks 64,96: also time ordinary calls with these grid sizes
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_dir = argv[++i];
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--sweep_blocks") == 0 && i + 1 < argc) {
+      sweep_blocks.clear();
+      for (const char* p = argv[++i]; *p != 0;) {
+        sweep_blocks.push_back(std::atoi(p));
+        while (*p != 0 && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    }
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
@@ -443,6 +459,18 @@ int Main(int argc, char** argv) {
     report.SetResult(std::string(phase_keys[phase]) + "_kernel_us", bench::Summarize(slowest).median);
   }
   ProfileOrdinary(g, 60, report);
+  // Fewer blocks than SMs: less grid start-up and fewer warps to wait for, fewer warps per item.
+  for (int blocks : sweep_blocks) {
+    for (auto& k : g.ranks()) k.ctx.num_blocks = blocks;
+    const Timings t = TimeOrdinary(g, iters / 2);
+    const std::string suffix = "_blocks" + std::to_string(blocks);
+    std::printf("%d blocks: events dispatch %.2f us, combine %.2f us; ", blocks, bench::Summarize(t.dispatch).median,
+                bench::Summarize(t.combine).median);
+    report.SetResult("dispatch" + suffix + "_us", bench::Summarize(t.dispatch).median);
+    report.SetResult("combine" + suffix + "_us", bench::Summarize(t.combine).median);
+    ProfileOrdinary(g, 40, report, suffix, /*verbose=*/false);
+  }
+  for (auto& k : g.ranks()) k.ctx.num_blocks = 0;
 
   const double dispatch_us = bench::Summarize(ordinary.dispatch).median;
   const double combine_us = bench::Summarize(ordinary.combine).median;
