@@ -39,7 +39,7 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
 
 // Copy warp w returns rows begin + w, begin + w + kCopyWarps, ... of every peer in turn (a row per warp: no
 // block-level barrier, so loads stay in flight) and counts, per peer, the rows it has finished.
-__device__ void copy_rows(const CombineKernelParams& p, volatile int (*s_rows_done)[kMaxNvlPeers]) {
+__device__ void copy_rows(const CombineKernelParams& p, int (*s_rows_done)[kMaxNvlPeers]) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -72,10 +72,7 @@ __device__ void copy_rows(const CombineKernelParams& p, volatile int (*s_rows_do
             __ldg(p.topk_weights + (range.x_row0 + row) * p.num_topk + lane);
       }
       __syncwarp();
-      if (lane == 0) {
-        __threadfence_block();
-        s_rows_done[warp][dst] = ++done;
-      }
+      if (lane == 0) publish_progress(&s_rows_done[warp][dst], ++done);
     }
   }
 }
@@ -84,7 +81,7 @@ constexpr int kPublishBatch = 8;
 
 // Lane d of the publisher warp forwards the copy warps' progress towards rank d as release stores of d's tail
 // (absolute slot end), in batches of kPublishBatch rows: every release store costs a system-scope fence.
-__device__ void publish_rows(const CombineKernelParams& p, const volatile int (*s_rows_done)[kMaxNvlPeers]) {
+__device__ void publish_rows(const CombineKernelParams& p, int (*s_rows_done)[kMaxNvlPeers]) {
   const GroupView& g = p.group;
   const int lane = threadIdx.x % 32;
   const int channel = blockIdx.x;
@@ -96,7 +93,7 @@ __device__ void publish_rows(const CombineKernelParams& p, const volatile int (*
   for (uint32_t iter = 0; published < range.end; ++iter) {
     // Rows before the first one some copy warp has not finished are complete.
     int complete = range.end;
-    for (int w = 0; w < kCopyWarps; ++w) complete = min(complete, range.begin + w + s_rows_done[w][lane] * kCopyWarps);
+    for (int w = 0; w < kCopyWarps; ++w) complete = min(complete, range.begin + w + read_progress(&s_rows_done[w][lane]) * kCopyWarps);
     if (complete >= published + kPublishBatch || (complete == range.end && complete > published)) {
       ptx::st_release_sys_global(tail, complete);
       published = complete;

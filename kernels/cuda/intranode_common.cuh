@@ -37,6 +37,15 @@ __device__ __forceinline__ void named_barrier(int id, int num_threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
 }
 
+// Progress counters in shared memory that one warp publishes and another polls (copy warps -> publisher warp): an
+// atomic exchange after a CTA fence, read with atomic loads, so that the hand-off is explicit (and visible as such
+// to compute-sanitizer's racecheck, which does not model volatile flags).
+__device__ __forceinline__ void publish_progress(int* counter, int value) {
+  __threadfence_block();
+  atomicExch_block(counter, value);
+}
+__device__ __forceinline__ int read_progress(int* counter) { return atomicAdd_block(counter, 0); }
+
 __device__ __forceinline__ uint32_t lanemask_lt() {
   uint32_t mask;
   asm("mov.u32 %0, %%lanemask_lt;" : "=r"(mask));

@@ -94,7 +94,7 @@ __device__ void compute_send_slots(const DispatchKernelParams& p, int token_begi
 
 // Step 3a, copy warps: warp w sends the channel's tokens w, w + kCopyWarps, ... and after each one records how
 // many of its tokens are complete (shared memory, CTA-scope release) for the publisher.
-__device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end, volatile int* s_warp_done) {
+__device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end, int* s_warp_done) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -173,10 +173,7 @@ __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int 
       }
     }
     __syncwarp();
-    if (lane == 0) {
-      __threadfence_block();
-      s_warp_done[warp] = ++done;
-    }
+    if (lane == 0) publish_progress(&s_warp_done[warp], ++done);
   }
 }
 
@@ -186,7 +183,7 @@ constexpr int kPublishBatch = 8;
 // counts those that went to peer d and publishes the count with a release store of d's tail. The copy warps never
 // wait for this (the release store's system-scope fence is the slow part).
 __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, int token_end,
-                               const volatile int* s_warp_done) {
+                               int* s_warp_done) {
   const GroupView& g = p.group;
   const int lane = threadIdx.x % 32;
   const int channel = blockIdx.x;
@@ -199,7 +196,7 @@ __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, i
   for (uint32_t iter = 0; complete < token_end; ++iter) {
     // Lane w: the first token of copy warp w that is not complete.
     int pending = token_end;
-    if (lane < kCopyWarps) pending = min(token_end, token_begin + lane + s_warp_done[lane] * kCopyWarps);
+    if (lane < kCopyWarps) pending = min(token_end, token_begin + lane + read_progress(&s_warp_done[lane]) * kCopyWarps);
     const int next = __reduce_min_sync(0xffffffffu, pending);
     // Batches of kPublishBatch tokens: every release store costs a system-scope fence on this SM.
     if (next >= complete + kPublishBatch || (next == token_end && next > complete)) {
