@@ -141,15 +141,13 @@ std::vector<std::vector<Timeline>> ProfileGated(IntranodeTestGroup& group, int32
   return out;
 }
 
-// The warp roles of dispatch and combine (intranode_launch.h).
-std::vector<WarpRole> IntranodeRoles(const char* receivers) {
-  return {{"copy warps", 0, 15}, {"publisher warp", 15, 16}, {receivers, 16, 32}};
-}
+// The warp roles of dispatch (intranode_launch.h) and combine (intranode_combine.cu).
+const std::vector<WarpRole> kDispatchRoles = {{"copy warps", 0, 15}, {"publisher warp", 15, 16}, {"receiver warps", 16, 32}};
+const std::vector<WarpRole> kCombineRoles = {{"sender warp", 0, 1}, {"publisher warp", 1, 2}, {"reducer warps", 2, 32}};
 
-void PrintProfile(const std::string& title, const std::vector<std::vector<Timeline>>& per_rank, const char* receivers) {
-  for (size_t r = 0; r < per_rank.size(); ++r) {
-    PrintTimelines(absl::StrCat(title, ", rank ", r), per_rank[r], IntranodeRoles(receivers));
-  }
+void PrintProfile(const std::string& title, const std::vector<std::vector<Timeline>>& per_rank,
+                  const std::vector<WarpRole>& roles) {
+  for (size_t r = 0; r < per_rank.size(); ++r) PrintTimelines(absl::StrCat(title, ", rank ", r), per_rank[r], roles);
 }
 
 CaseConfig BenchCase(bool fp8, int num_sms) {
@@ -244,7 +242,7 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
   if (o.profile && num_sms == o.num_sms) {
     PrintProfile(absl::StrCat("dispatch ", dtype, " sms ", num_sms),
                  ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchDispatch(r); }),
-                 "receiver warps");
+                 kDispatchRoles);
   }
   Record(report, absl::StrCat("dispatch_", dtype) + suffix, dispatch, bytes.recv, bytes.remote);
   if (full) {
@@ -277,7 +275,7 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
     if (o.profile && num_sms == o.num_sms) {
       PrintProfile(absl::StrCat("combine bf16 sms ", num_sms),
                    ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchCombine(r); }),
-                   "reducer warps");
+                   kCombineRoles);
     }
   }
 }

@@ -1,9 +1,9 @@
 // Combine: block c is channel c, the same token split as the dispatch that filled the handle.
-//  - Copy warps return expert outputs: the rows this rank received from source s in s's channel c are contiguous
-//    in x (received order), and they go to the same slots in s's staging pool for this rank; a warp copies one row
-//    at a time.
-//  - The publisher warp turns finished chunks into release stores of s's tail for (this rank, c). It is a warp of
-//    its own so that the copy warps never stall on the system-scope fence a release store implies.
+//  - The sender warp returns expert outputs: the rows this rank received from source s in s's channel c are
+//    contiguous in x (received order), and they go to the same slots in s's staging pool for this rank; one lane
+//    streams them with bulk copies (TMA) through shared memory, so the SM's load/store units stay with the reducers.
+//  - The publisher warp turns completed chunks into release stores of s's tail for (this rank, c). It is a warp of
+//    its own so that the sender never stalls on the system-scope fence a release store implies.
 //  - Reducer warps build this rank's own tokens of channel c: per token, one warp waits until every peer's tail
 //    covers the token's slot, loads the rows to sum (own rank's from x, peers' from the own staging pool), sums
 //    them in rank order in float, adds the biases and writes BF16.
@@ -17,8 +17,16 @@
 namespace epfabric::kernels::intranode {
 namespace {
 
-constexpr int kReducerThreads = kReceiverWarps * 32;
+// Warp roles of the combine block (32 warps): 0 sends (bulk copies), 1 publishes tails, the rest reduce.
+constexpr int kSenderWarp = 0;
+constexpr int kPublisherWarp = 1;
+constexpr int kFirstReducerWarp = 2;
+constexpr int kReducerWarps = kThreadsPerBlock / 32 - kFirstReducerWarp;
+constexpr int kReducerThreads = kReducerWarps * 32;
 constexpr int kReducerBarrier = 2;
+// The sender's chunks: stages of shared memory (dynamic), two loads ahead and two stores in flight.
+constexpr int kSendChunkBytes = 16384;
+constexpr int kSendStages = 4;
 
 struct SourceRange {
   int begin, end;  // slots of channel c in (dst -> this rank) order
@@ -37,68 +45,118 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
   return r;
 }
 
-// Copy warp w returns rows begin + w, begin + w + kCopyWarps, ... of every peer in turn (a row per warp: no
-// block-level barrier, so loads stay in flight) and counts, per peer, the rows it has finished.
-__device__ void copy_rows(const CombineKernelParams& p, int (*s_rows_done)[kMaxNvlPeers]) {
+// Lane 0 of the sender: copies the rows of `range` to `dst`'s staging pool in chunks, two loads ahead and at most two
+// stores in flight, and reports the chunks whose stores completed. Returns false after recording a timeout.
+__device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& range, int dst, char* s_stages,
+                            uint64_t* s_bars, int* s_chunks_done, uint32_t& loads) {
+  const GroupView& g = p.group;
+  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
+  const char* src = p.x + (range.x_row0 + range.begin) * row_bytes;
+  char* dst_bytes = section<char>(g, dst, g.staging_x) + g.rank * g.staging_x_pool_bytes + range.begin * row_bytes;
+  const int64_t total = (range.end - range.begin) * row_bytes;
+  const int num_chunks = static_cast<int>((total + kSendChunkBytes - 1) / kSendChunkBytes);
+  auto chunk_bytes = [&](int i) {
+    return static_cast<uint32_t>(
+        min(static_cast<int64_t>(kSendChunkBytes), total - static_cast<int64_t>(i) * kSendChunkBytes));
+  };
+  auto issue_load = [&](int i) {
+    const int stage = static_cast<int>(loads % kSendStages);
+    ++loads;
+    ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(i));
+    ptx::bulk_copy_global_to_shared(s_stages + stage * kSendChunkBytes,
+                                    src + static_cast<int64_t>(i) * kSendChunkBytes, chunk_bytes(i), s_bars + stage);
+  };
+  // Every stage is free here: the previous peer's stores all completed.
+  const uint32_t first = loads;
+  for (int i = 0; i < min(2, num_chunks); ++i) issue_load(i);
+  for (int i = 0; i < num_chunks; ++i) {
+    const uint32_t n = first + static_cast<uint32_t>(i);
+    const int stage = static_cast<int>(n % kSendStages);
+    const uint64_t start = ptx::global_timer_ns();
+    for (uint32_t iter = 0; !ptx::mbarrier_try_wait_parity(s_bars + stage, (n / kSendStages) & 1u); ++iter) {
+      if ((iter & 63u) == 63u && ptx::global_timer_ns() - start > g.timeout_ns) {
+        // A local bulk load that never landed: nothing a peer did; report it and stop sending.
+        record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, g.rank, static_cast<int>(blockIdx.x));
+        ptx::wait_bulk_group<0>();
+        return false;
+      }
+    }
+    ptx::bulk_copy_shared_to_global(dst_bytes + static_cast<int64_t>(i) * kSendChunkBytes,
+                                    s_stages + stage * kSendChunkBytes, chunk_bytes(i));
+    ptx::commit_bulk_group();
+    // The stores of chunks < i have completed (writes performed): their stages can be reloaded and their rows
+    // reported. The proxy fence orders the bulk copies' writes before the report (a generic-proxy write).
+    ptx::wait_bulk_group<1>();
+    if (i >= 1) {
+      ptx::fence_proxy_async_global();
+      publish_progress(&s_chunks_done[dst], i);
+    }
+    if (i + 2 < num_chunks) issue_load(i + 2);
+  }
+  ptx::wait_bulk_group<0>();
+  ptx::fence_proxy_async_global();
+  publish_progress(&s_chunks_done[dst], num_chunks);
+  return true;
+}
+
+// The sender: lane 0 of warp 0 streams the rows for each peer with bulk copies (TMA), which carry the link rate from
+// one warp (docs/intranode-kernels.md, probes) and leave the SM's load/store units to the reducers. For peer dst
+// the rows this rank received from dst in dst's channel c are contiguous in x (received order) and go to the same,
+// contiguous slots of dst's staging pool for this rank: the range is copied in chunks of kSendChunkBytes through
+// kSendStages shared-memory stages, two loads ahead and at most two stores in flight. After each chunk the sender
+// waits for the store two chunks back to complete (its writes performed) and reports the chunks completed for dst.
+// The top-k weights of the range go first, as plain stores by the whole warp, so that any tail covers them.
+__device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
-  const int num_row_int4 = p.hidden / 8;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    for (int s = 0; s < kSendStages; ++s) ptx::mbarrier_init(s_bars + s, 1);
+    ptx::fence_mbarrier_init();
+  }
+  __syncwarp();
+  uint32_t loads = 0;  // loads issued so far (all peers): the kernel's n-th chunk uses stage n % kSendStages
   for (int k = 1; k < num_ranks; ++k) {
     const int dst = (me + k) % num_ranks;
     const SourceRange range = source_range(p, dst);
-    char* staging_x = section<char>(g, dst, g.staging_x) + me * g.staging_x_pool_bytes;
-    float* staging_w = reinterpret_cast<float*>(section<char>(g, dst, g.staging_topk_weights) +
-                                                me * g.staging_topk_weights_pool_bytes);
-    int done = 0;
-    for (int row = range.begin + warp; row < range.end; row += kCopyWarps) {
-      const int4* src = reinterpret_cast<const int4*>(p.x + (range.x_row0 + row) * row_bytes);
-      int4* dst_row = reinterpret_cast<int4*>(staging_x + row * row_bytes);
-      constexpr int kUnroll = 4;
-      for (int base = lane; base < num_row_int4; base += 32 * kUnroll) {
-        int4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (base + u * 32 < num_row_int4) v[u] = ptx::ld_nc_global(src + base + u * 32);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (base + u * 32 < num_row_int4) ptx::st_na_global(dst_row + base + u * 32, v[u]);
-        }
-      }
-      if (p.num_topk > 0 && lane < p.num_topk) {
-        staging_w[static_cast<int64_t>(row) * p.num_topk + lane] =
-            __ldg(p.topk_weights + (range.x_row0 + row) * p.num_topk + lane);
-      }
-      __syncwarp();
-      if (lane == 0) publish_progress(&s_rows_done[warp][dst], ++done);
+    if (range.end <= range.begin) continue;
+    if (p.num_topk > 0) {
+      float* staging_w = reinterpret_cast<float*>(section<char>(g, dst, g.staging_topk_weights) +
+                                                  me * g.staging_topk_weights_pool_bytes);
+      const int64_t first = static_cast<int64_t>(range.begin) * p.num_topk;
+      const int64_t count = static_cast<int64_t>(range.end - range.begin) * p.num_topk;
+      const float* src_w = p.topk_weights + range.x_row0 * p.num_topk + first;
+      for (int64_t i = lane; i < count; i += 32) staging_w[first + i] = __ldg(src_w + i);
     }
+    __syncwarp();  // the weights are stored before lane 0 reports any row
+    if (lane == 0 && !stream_rows(p, range, dst, s_stages, s_bars, s_chunks_done, loads)) return;
+    __syncwarp();
   }
 }
 
 constexpr int kPublishBatch = 8;
 
-// Lane d of the publisher warp forwards the copy warps' progress towards rank d as release stores of d's tail
-// (absolute slot end), in batches of kPublishBatch rows: every release store costs a system-scope fence.
-__device__ void publish_rows(const CombineKernelParams& p, int (*s_rows_done)[kMaxNvlPeers]) {
+// Lane d of the publisher warp turns the sender's progress towards rank d (chunks completed) into whole rows and
+// publishes them as release stores of d's tail (absolute slot end), in batches of kPublishBatch rows: every release
+// store costs a system-scope fence, which the sender thus never waits for.
+__device__ void publish_rows(const CombineKernelParams& p, int* s_chunks_done) {
   const GroupView& g = p.group;
   const int lane = threadIdx.x % 32;
   const int channel = blockIdx.x;
   if (lane >= g.num_ranks || lane == g.rank) return;
   const SourceRange range = source_range(p, lane);
+  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
   int32_t* tail = section<int32_t>(g, lane, g.channel_tail) + g.rank * g.max_channels + channel;
   int published = range.begin;
   const uint64_t start = ptx::global_timer_ns();
   for (uint32_t iter = 0; published < range.end; ++iter) {
-    // Rows before the first one some copy warp has not finished are complete.
-    int complete = range.end;
-    for (int w = 0; w < kCopyWarps; ++w) complete = min(complete, range.begin + w + read_progress(&s_rows_done[w][lane]) * kCopyWarps);
+    const int64_t bytes = static_cast<int64_t>(read_progress(&s_chunks_done[lane])) * kSendChunkBytes;
+    const int complete = min(range.end, range.begin + static_cast<int>(bytes / row_bytes));
     if (complete >= published + kPublishBatch || (complete == range.end && complete > published)) {
       ptx::st_release_sys_global(tail, complete);
       published = complete;
     } else if ((iter & 255u) == 255u && ptx::global_timer_ns() - start > g.timeout_ns) {
-      // Unreachable unless a copy warp died: they never wait on anything.
+      // Reached only if the sender stopped (a local bulk copy that never landed, reported by the sender).
       record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, lane, channel);
       return;
     }
@@ -125,7 +183,7 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int channel = blockIdx.x;
-  const int rtid = threadIdx.x - kSenderWarps * 32;
+  const int rtid = threadIdx.x - kFirstReducerWarp * 32;
   const int warp = rtid / 32, lane = rtid % 32;
   const int row_bytes = p.hidden * 2;
   const int row_int4 = p.hidden / 8;
@@ -133,14 +191,14 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
   const int32_t* tails = section<int32_t>(g, me, g.channel_tail);
   const char* staging_x = section<char>(g, me, g.staging_x);
   const char* staging_w = section<char>(g, me, g.staging_topk_weights);
-  __shared__ const int4* s_row[kReceiverWarps][kMaxNvlPeers];
-  __shared__ const float* s_w[kReceiverWarps][kMaxNvlPeers];
-  __shared__ bool s_peer[kReceiverWarps][kMaxNvlPeers];
+  __shared__ const int4* s_row[kReducerWarps][kMaxNvlPeers];
+  __shared__ const float* s_w[kReducerWarps][kMaxNvlPeers];
+  __shared__ bool s_peer[kReducerWarps][kMaxNvlPeers];
   __shared__ int s_failed;
   if (rtid == 0) s_failed = 0;
   named_barrier(kReducerBarrier, kReducerThreads);
   int cached_tail = 0;
-  for (int t = token_begin + warp; t < token_end; t += kReceiverWarps) {
+  for (int t = token_begin + warp; t < token_end; t += kReducerWarps) {
     const int slot = lane < num_ranks ? p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] : -1;
     bool failed = false;
     if (slot >= 0 && lane != me && cached_tail <= slot) {
@@ -240,17 +298,19 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineKernelParams p) {
-  __shared__ int s_rows_done[kCopyWarps][kMaxNvlPeers];  // rows finished per copy warp and destination
+  extern __shared__ __align__(128) char s_stages[];  // [kSendStages][kSendChunkBytes], the sender's
+  __shared__ __align__(8) uint64_t s_bars[kSendStages];
+  __shared__ int s_chunks_done[kMaxNvlPeers];  // per destination: the sender's chunks whose stores completed
   const int channel = blockIdx.x;
-  if (threadIdx.x < kCopyWarps * kMaxNvlPeers) s_rows_done[threadIdx.x / kMaxNvlPeers][threadIdx.x % kMaxNvlPeers] = 0;
+  if (threadIdx.x < kMaxNvlPeers) s_chunks_done[threadIdx.x] = 0;
   if (threadIdx.x == 0) profile_mark(p.group.profile, 0);
   if (!block_barrier(p.group, channel)) return;
   if (threadIdx.x == 0) profile_mark(p.group.profile, 1);
   const int warp = threadIdx.x / 32;
-  if (warp < kCopyWarps) {
-    copy_rows(p, s_rows_done);
-  } else if (warp == kCopyWarps) {
-    publish_rows(p, s_rows_done);
+  if (warp == kSenderWarp) {
+    send_rows(p, s_stages, s_bars, s_chunks_done);
+  } else if (warp == kPublisherWarp) {
+    publish_rows(p, s_chunks_done);
   } else {
     reduce_tokens(p, channel_token_begin(p.num_tokens, p.num_channels, channel),
                   channel_token_begin(p.num_tokens, p.num_channels, channel + 1));
@@ -261,7 +321,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
 }  // namespace
 
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream) {
-  combine_kernel<<<params.num_channels, kThreadsPerBlock, 0, stream>>>(params);
+  constexpr int kDynamicSmem = kSendStages * kSendChunkBytes;
+  cudaError_t err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicSmem);
+  if (err != cudaSuccess) return err;
+  combine_kernel<<<params.num_channels, kThreadsPerBlock, kDynamicSmem, stream>>>(params);
   return cudaGetLastError();
 }
 
