@@ -142,7 +142,8 @@ std::vector<std::vector<Timeline>> ProfileGated(IntranodeTestGroup& group, int32
 }
 
 // The warp roles of dispatch (intranode_launch.h) and combine (intranode_combine.cu).
-const std::vector<WarpRole> kDispatchRoles = {{"copy warps", 0, 15}, {"publisher warp", 15, 16}, {"receiver warps", 16, 32}};
+const std::vector<WarpRole> kDispatchRoles = {
+    {"copy warps", 0, 15}, {"publisher warp", 15, 16}, {"receiver warps", 16, 32}};
 const std::vector<WarpRole> kCombineRoles = {{"sender warp", 0, 1}, {"publisher warp", 1, 2}, {"reducer warps", 2, 32}};
 
 void PrintProfile(const std::string& title, const std::vector<std::vector<Timeline>>& per_rank,

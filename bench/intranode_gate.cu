@@ -80,12 +80,12 @@ cudaError_t LaunchCopyProbe(const void* src, void* dst, size_t bytes, int blocks
 }
 
 cudaError_t LaunchBulkCopyProbe(const void* src, void* dst, size_t bytes, int blocks, int pipelines, int stages,
-                               int chunk, cudaStream_t stream) {
+                                int chunk, cudaStream_t stream) {
   const int smem = pipelines * stages * chunk;
   cudaError_t err = cudaFuncSetAttribute(bulk_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   bulk_probe_kernel<<<blocks, pipelines * 32, smem, stream>>>(static_cast<const char*>(src), static_cast<char*>(dst),
-                                                             static_cast<int64_t>(bytes), chunk, stages);
+                                                              static_cast<int64_t>(bytes), chunk, stages);
   return cudaGetLastError();
 }
 

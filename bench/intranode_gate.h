@@ -19,6 +19,6 @@ cudaError_t LaunchCopyProbe(const void* src, void* dst, size_t bytes, int blocks
 // buffers of `chunk` bytes (a multiple of 16; pipelines * stages * chunk bytes of shared memory per block, at most 8
 // stages).
 cudaError_t LaunchBulkCopyProbe(const void* src, void* dst, size_t bytes, int blocks, int pipelines, int stages,
-                               int chunk, cudaStream_t stream);
+                                int chunk, cudaStream_t stream);
 
 }  // namespace epfabric::bench

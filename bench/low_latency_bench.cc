@@ -239,8 +239,8 @@ std::pair<double, double> ProfileOrdinary(LowLatencyGroup& g, int runs, bench::R
     CHECK_CUDA(cudaFree(buffers[r]));
   }
   const double d = bench::Summarize(dispatch_us).median, c = bench::Summarize(combine_us).median;
-  std::printf("kernel time (in-kernel, slower rank, median)%s: dispatch %.2f us, combine %.2f us\n",
-              key_suffix.c_str(), d, c);
+  std::printf("kernel time (in-kernel, slower rank, median)%s: dispatch %.2f us, combine %.2f us\n", key_suffix.c_str(),
+              d, c);
   report.SetResult("dispatch_kernel_us" + key_suffix, d);
   report.SetResult("combine_kernel_us" + key_suffix, c);
   return {d, c};
@@ -449,8 +449,8 @@ int Main(int argc, char** argv) {
   for (int phase = 0; phase < 4; ++phase) {
     std::vector<double> slowest;  // per run, the slower rank's kernel duration
     for (int r = 0; r < c.num_ranks; ++r) {
-      bench::PrintTimelines(std::string(phase_names[phase]) + " rank " + std::to_string(r),
-                            hooks.timelines[phase][r], roles);
+      bench::PrintTimelines(std::string(phase_names[phase]) + " rank " + std::to_string(r), hooks.timelines[phase][r],
+                            roles);
       for (size_t i = 0; i < hooks.timelines[phase][r].size(); ++i) {
         if (slowest.size() <= i) slowest.push_back(0);
         slowest[i] = std::max(slowest[i], hooks.timelines[phase][r][i].DurationUs());

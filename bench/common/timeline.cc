@@ -34,7 +34,8 @@ uint64_t Timeline::End() const {
 double Timeline::WarpsEndUs(int first, int last) const {
   uint64_t end = 0;
   for (int b = 0; b < num_blocks; ++b) {
-    for (int w = first; w < last && 2 + w < kSlots; ++w) end = std::max(end, slots[static_cast<size_t>(b) * kSlots + 2 + w]);
+    for (int w = first; w < last && 2 + w < kSlots; ++w)
+      end = std::max(end, slots[static_cast<size_t>(b) * kSlots + 2 + w]);
   }
   return end == 0 ? 0 : (end - Start()) / 1e3;
 }
@@ -65,7 +66,8 @@ void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs,
   line("kernel (first entry to last warp end)", v);
   if (previous != nullptr && previous->size() == runs.size()) {
     v.clear();
-    for (size_t i = 0; i < runs.size(); ++i) v.push_back((static_cast<double>(runs[i].Start()) - (*previous)[i].End()) / 1e3);
+    for (size_t i = 0; i < runs.size(); ++i)
+      v.push_back((static_cast<double>(runs[i].Start()) - (*previous)[i].End()) / 1e3);
     line("gap after the previous kernel", v);
   }
 }

@@ -63,8 +63,8 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
     const int stage = static_cast<int>(loads % kSendStages);
     ++loads;
     ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(i));
-    ptx::bulk_copy_global_to_shared(s_stages + stage * kSendChunkBytes,
-                                    src + static_cast<int64_t>(i) * kSendChunkBytes, chunk_bytes(i), s_bars + stage);
+    ptx::bulk_copy_global_to_shared(s_stages + stage * kSendChunkBytes, src + static_cast<int64_t>(i) * kSendChunkBytes,
+                                    chunk_bytes(i), s_bars + stage);
   };
   // Every stage is free here: the previous peer's stores all completed.
   const uint32_t first = loads;

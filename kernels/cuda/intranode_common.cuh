@@ -5,8 +5,8 @@
 #include <cstdint>
 
 #include "bounded_wait.cuh"
-#include "profile.cuh"
 #include "intranode_launch.h"
+#include "profile.cuh"
 #include "ptx.cuh"
 
 namespace epfabric::kernels::intranode {

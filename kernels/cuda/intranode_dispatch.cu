@@ -182,8 +182,7 @@ constexpr int kPublishBatch = 8;
 // Step 3b, the publisher warp: all tokens before the first one some copy warp has not finished are complete; lane d
 // counts those that went to peer d and publishes the count with a release store of d's tail. The copy warps never
 // wait for this (the release store's system-scope fence is the slow part).
-__device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, int token_end,
-                               int* s_warp_done) {
+__device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, int token_end, int* s_warp_done) {
   const GroupView& g = p.group;
   const int lane = threadIdx.x % 32;
   const int channel = blockIdx.x;
@@ -196,7 +195,8 @@ __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, i
   for (uint32_t iter = 0; complete < token_end; ++iter) {
     // Lane w: the first token of copy warp w that is not complete.
     int pending = token_end;
-    if (lane < kCopyWarps) pending = min(token_end, token_begin + lane + read_progress(&s_warp_done[lane]) * kCopyWarps);
+    if (lane < kCopyWarps)
+      pending = min(token_end, token_begin + lane + read_progress(&s_warp_done[lane]) * kCopyWarps);
     const int next = __reduce_min_sync(0xffffffffu, pending);
     // Batches of kPublishBatch tokens: every release store costs a system-scope fence on this SM.
     if (next >= complete + kPublishBatch || (next == token_end && next > complete)) {

@@ -117,24 +117,24 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       }
       w = slot >= 0 ? sum : 0.0f;
     } else {
-    if (((have_weights >> s) & 1u) == 0) {
-      bool ok = true;
-      if (lane == 0) {
-        ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag + s) != 0; }, g.timeout_ns, g.status,
-                          WaitSite::kLowLatencyCombineFlag, g.rank, s, t);
-        if (!ok) mask_rank(g, s);
+      if (((have_weights >> s) & 1u) == 0) {
+        bool ok = true;
+        if (lane == 0) {
+          ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag + s) != 0; }, g.timeout_ns, g.status,
+                            WaitSite::kLowLatencyCombineFlag, g.rank, s, t);
+          if (!ok) mask_rank(g, s);
+        }
+        ok = __shfl_sync(0xffffffffu, ok, 0);
+        if (!ok) {
+          masked |= 1u << s;
+          continue;
+        }
+        have_weights |= 1u << s;
       }
-      ok = __shfl_sync(0xffffffffu, ok, 0);
-      if (!ok) {
-        masked |= 1u << s;
-        continue;
-      }
-      have_weights |= 1u << s;
-    }
-    __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
-    w = slot >= 0 ? __int_as_float(ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(weights_in) +
-                                                           static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
-                  : 0.0f;
+      __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
+      w = slot >= 0 ? __int_as_float(ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(weights_in) +
+                                                             static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
+                    : 0.0f;
     }
     // The expert rows of this token in top-k order, gathered into registers of every lane.
     int32_t rows[kLowLatencyMaxTopk];

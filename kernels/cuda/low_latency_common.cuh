@@ -7,9 +7,9 @@
 #include <cuda_runtime.h>
 
 #include "bounded_wait.cuh"
-#include "profile.cuh"
 #include "epfabric/kernels/common.h"
 #include "epfabric/kernels/low_latency.h"
+#include "profile.cuh"
 #include "ptx.cuh"
 
 namespace epfabric::kernels::low_latency {

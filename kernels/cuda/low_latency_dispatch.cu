@@ -25,7 +25,8 @@ constexpr float kFp8Max = 448.0f;
 constexpr float kFp8MaxInv = 1.0f / 448.0f;  // the same float as host::kFp8E4M3MaxInv
 constexpr float kMinAmax = 1e-4f;
 constexpr int kChannelsPerChunk = 512;  // one warp item: 32 lanes x 16 channels
-// Top-k entries a routing block keeps in shared memory (int32, -1 for entries outside [0, E)); larger calls scan global memory.
+// Top-k entries a routing block keeps in shared memory (int32, -1 for entries outside [0, E)); larger calls scan global
+// memory.
 constexpr int kRoutingSmemEntries = 8192;
 
 struct DispatchParams {
