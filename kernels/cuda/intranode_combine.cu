@@ -103,8 +103,8 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
 // one warp (docs/intranode-kernels.md, probes) and leave the SM's load/store units to the reducers. For peer dst
 // the rows this rank received from dst in dst's channel c are contiguous in x (received order) and go to the same,
 // contiguous slots of dst's staging pool for this rank: the range is copied in chunks of kSendChunkBytes through
-// kSendStages shared-memory stages, two loads ahead and at most two stores in flight. After each chunk the sender
-// waits for the store two chunks back to complete (its writes performed) and reports the chunks completed for dst.
+// kSendStages shared-memory stages, two loads ahead and at most two stores in flight. After issuing each chunk the
+// sender waits for the previous chunk's store to complete (its writes performed) and reports the chunks completed.
 // The top-k weights of the range go first, as plain stores by the whole warp, so that any tail covers them.
 __device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
   const GroupView& g = p.group;
