@@ -59,7 +59,14 @@ __global__ void bulk_probe_kernel(const char* __restrict__ src, char* __restrict
   for (int64_t i = 0; i < mine && i < stages; ++i) load(i);
   for (int64_t i = 0; i < mine; ++i) {
     const int s = static_cast<int>(i % stages);
+    // Bounded like every wait in this project: a load that has not landed in 2 s ends the probe (its time then
+    // shows it).
+    const uint64_t start = ptx::global_timer_ns();
     while (!ptx::mbarrier_try_wait_parity(bar + s, static_cast<uint32_t>((i / stages) & 1))) {
+      if (ptx::global_timer_ns() - start > 2'000'000'000ull) {
+        ptx::wait_bulk_group<0>();
+        return;
+      }
     }
     ptx::bulk_copy_shared_to_global(dst + offset(i), buf + static_cast<int64_t>(s) * chunk, size(i));
     ptx::commit_bulk_group();

@@ -1,11 +1,12 @@
 // Dispatch (normal and cached): block c is channel c. It owns the contiguous token range c of this rank (as a
 // sender) and the channel-c traffic of every peer (as a receiver).
-//  1. barrier (block-level, see block_barrier) so that no peer still reads what we are about to overwrite;
+//  1. arrive at the barrier (block-level, see block_barrier_arrive/wait), so that no peer still reads what we are
+//     about to overwrite; while the peers arrive,
 //  2. every thread helps compute, for the channel's tokens, their slot among the tokens this rank sends to each
-//     destination (a block scan of is_token_in_rank), written to the handle as send_slot;
-//  3. sender warps copy each token once from x (one load, up to num_ranks stores): into the peer's staging pool at
-//     the token's slot, or straight into recv_x for this rank's own share; after every round of tokens a
-//     release store of the running count into the peer's tail tells the receiver how far it may read;
+//     destination (a block scan of is_token_in_rank), written to the handle as send_slot; then wait at the barrier;
+//  3. copy warps copy each token once from x (one load, up to num_ranks stores): into the peer's staging pool at
+//     the token's slot, or straight into recv_x for this rank's own share; the publisher warp turns their progress
+//     into release stores of the running count into the peer's tail, which tell the receiver how far it may read;
 //  4. receiver warps poll the tails of the peers and copy each newly visible run of rows (contiguous, since the
 //     slots of one channel are consecutive) from the own staging pool into recv_x, then zero the signals they
 //     consumed so that the region is clean for the next call.
