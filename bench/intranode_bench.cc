@@ -31,9 +31,9 @@
 #include "common/report.h"
 #include "common/timeline.h"
 #include "epfabric/kernels/intranode.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 #include "intranode_gate.h"
 #include "intranode_harness.h"
-#include "intranode_reference.h"
 
 namespace epfabric::bench {
 namespace {

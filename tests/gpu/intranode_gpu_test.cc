@@ -20,9 +20,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "epfabric/kernels/intranode.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 #include "gpu_env.h"
 #include "intranode_harness.h"
-#include "intranode_reference.h"
 
 namespace epfabric::testing {
 namespace {

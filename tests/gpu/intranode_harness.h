@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "epfabric/kernels/intranode.h"
-#include "intranode_reference.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 
 namespace epfabric::testing {
 

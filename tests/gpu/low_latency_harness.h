@@ -14,8 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "epfabric/kernels/low_latency.h"
-#include "fp8.h"
-#include "low_latency_reference.h"
+#include "epfabric/kernels/reference/fp8.h"
+#include "epfabric/kernels/reference/low_latency_reference.h"
 
 namespace epfabric::testing {
 

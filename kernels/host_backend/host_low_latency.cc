@@ -16,10 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/host_backend.h"
-#include "fp8.h"
-#include "host_numeric.h"
-#include "host_sync.h"
+#include "epfabric/kernels/host_backend_numeric.h"
+#include "epfabric/kernels/reference/fp8.h"
+#include "host_backend/host_sync.h"
 
 namespace epfabric::kernels::host_backend {
 namespace {
@@ -313,8 +314,8 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, TimeoutRecord* timeout
 absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args) {
   KernelStatus dummy{};
   LowLatencyContext checked;
-  if (absl::Status s = ValidateContext(ctx, &dummy, &checked); !s.ok()) return s;
-  if (absl::Status s = ValidateLowLatencyDispatch(checked, args); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
+  EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(checked, args));
   View v = MakeView(ctx, args.buffer_half);
   TimeoutRecord timeout;
   if (Sends(args.phases)) DispatchSend(v, args);
@@ -325,8 +326,8 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
 absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args) {
   KernelStatus dummy{};
   LowLatencyContext checked;
-  if (absl::Status s = ValidateContext(ctx, &dummy, &checked); !s.ok()) return s;
-  if (absl::Status s = ValidateLowLatencyCombine(checked, args); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
+  EPF_RETURN_IF_ERROR(ValidateLowLatencyCombine(checked, args));
   View v = MakeView(ctx, args.buffer_half);
   TimeoutRecord timeout;
   const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
