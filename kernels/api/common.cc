@@ -10,7 +10,6 @@ constexpr int64_t kFp8ScaleBlockSize = 128;  // channels per FP8 scale
 
 }  // namespace
 
-
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kBF16:
@@ -89,21 +88,22 @@ absl::Status MissingPointer(std::string_view field, std::string_view when) {
 
 absl::Status CheckNumTokens(std::string_view field, int64_t num_tokens, int64_t max_tokens_per_rank) {
   if (num_tokens < 0 || num_tokens > max_tokens_per_rank) {
-    return InvalidValue(field, num_tokens, absl::StrCat("must be in [0, max_tokens_per_rank = ", max_tokens_per_rank, "]"));
+    return InvalidValue(field, num_tokens, "must be in [0, max_tokens_per_rank]");
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckNumTopk(std::string_view field, int64_t num_topk, int64_t max_topk) {
   if (num_topk < 1 || num_topk > max_topk) {
-    return InvalidValue(field, num_topk, absl::StrCat("must be in [1, max_topk = ", max_topk, "]"));
+    return InvalidValue(field, num_topk, absl::StrCat("must be in [1, ", max_topk, "]"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckDispatchDType(std::string_view field, DType dtype) {
   if (dtype != DType::kBF16 && dtype != DType::kFP8E4M3) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s = %s: dispatch takes bf16 or fp8_e4m3", field, DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s = %s: dispatch takes bf16 or fp8_e4m3", field, DTypeName(dtype)));
   }
   return absl::OkStatus();
 }

@@ -76,7 +76,7 @@ absl::Status ValidateContext(const LowLatencyContext& ctx, KernelStatus* dummy, 
   *checked = ctx;
   // The host reports timeouts through the return value; a status word is optional here.
   if (checked->status == nullptr) checked->status = dummy;
-  if (ctx.timeout_ns == 0) return absl::InvalidArgumentError("ctx.timeout_ns = 0: must be positive");
+  if (ctx.timeout_ns == 0) return InvalidValue("ctx.timeout_ns", 0, "must be positive");
   return absl::OkStatus();
 }
 
@@ -338,7 +338,7 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
 
 absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {
   if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks || ctx.num_ranks > kMaxNvlPeers) {
-    return absl::InvalidArgumentError(absl::StrFormat("ctx.rank = %d: must be in [0, num_ranks)", ctx.rank));
+    return InvalidValue("ctx.rank", ctx.rank, "must be in [0, num_ranks)");
   }
   if (ctx.peer_regions[ctx.rank] == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("ctx.peer_regions[%d] is null", ctx.rank));
