@@ -413,5 +413,31 @@ TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
   EXPECT_TRUE(m.empty()) << m.ToString();
 }
 
+// The placement itself (no GPU needed): rank r on GPU r mod n, n = min(visible, ranks).
+TEST(GpuPlacementTest, RanksShareGpusRoundRobin) {
+  auto one = PlaceRanks(4, /*visible=*/1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->num_gpus, 1);
+  EXPECT_TRUE(one->shared());
+  EXPECT_EQ(one->ranks_per_gpu(), 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(one->device(r), 0);
+  auto two = PlaceRanks(4, 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->ranks_per_gpu(), 2);
+  EXPECT_EQ(two->device(1), 1);
+  EXPECT_EQ(two->device(2), 0);
+  auto three = PlaceRanks(4, 3);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->ranks_per_gpu(), 2);  // GPU 0 holds ranks 0 and 3
+  EXPECT_EQ(three->device(3), 0);
+  auto own = PlaceRanks(2, 8);
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(own->num_gpus, 2);
+  EXPECT_FALSE(own->shared());
+  EXPECT_EQ(own->ranks_per_gpu(), 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(PlaceRanks(2, 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(PlaceRanks(0, 1).status()));
+}
+
 }  // namespace
 }  // namespace epfabric::testing

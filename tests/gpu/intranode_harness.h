@@ -72,8 +72,6 @@ class IntranodeTestGroup {
   RankContext& rank(int r) { return *ranks_[r]; }
   const kernels::IntranodeRegionConfig& config() const { return config_; }
   const GpuPlacement& placement() const { return placement_; }
-  // Channels (blocks) per rank that can run: every rank's dispatch/combine blocks resident together.
-  int max_channels_per_rank() const { return MaxBlocksPerRank(placement_); }
 
   // Synchronises every rank's stream and returns the first non-OK kernel status (then clears all of them).
   absl::Status SyncAndCheck();
