@@ -134,10 +134,9 @@ void RunMode(bool low_latency) {
   auto placement = PlaceRanks(2);
   ASSERT_TRUE(placement.ok()) << placement.status();
   std::cout << "buffer_cuda_test: " << placement->ToString() << "\n";
-  auto fabric = FabricUnderTest::Start(
-      2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
-      {{0, {"--backend=cuda", absl::StrCat("--device=", placement->device(0))}},
-       {1, {"--backend=cuda", absl::StrCat("--device=", placement->device(1))}}});
+  auto fabric = FabricUnderTest::Start(2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
+                                       {{0, {"--backend=cuda", absl::StrCat("--device=", placement->device(0))}},
+                                        {1, {"--backend=cuda", absl::StrCat("--device=", placement->device(1))}}});
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
   auto bytes = client::RequiredRegionBytes(ConfigFor(low_latency), 2);
@@ -158,10 +157,9 @@ void RunMode(bool low_latency) {
   std::cout << "buffer_cuda_test seed " << seed << "\n";
   auto parent = ChildChannel::Listen();
   ASSERT_TRUE(parent.ok()) << parent.status();
-  std::vector<Helper> helpers =
-      StartHelpers(*parent, **fabric, "--epf_buffer_cuda_helper", low_latency ? "low_latency" : "normal", name,
-                   group.token(), {0, 1}, 0,
-                   {absl::StrCat("--gpus=", placement->num_gpus), absl::StrCat("--seed=", seed)});
+  std::vector<Helper> helpers = StartHelpers(
+      *parent, **fabric, "--epf_buffer_cuda_helper", low_latency ? "low_latency" : "normal", name, group.token(),
+      {0, 1}, 0, {absl::StrCat("--gpus=", placement->num_gpus), absl::StrCat("--seed=", seed)});
   ASSERT_EQ(helpers.size(), 2u);
   for (Helper& helper : helpers) ASSERT_TRUE(Say(helper.channel.get(), "run").ok());
   for (Helper& helper : helpers) {

@@ -38,10 +38,9 @@ void RunGroup(v1::MemorySharing sharing) {
   ASSERT_TRUE(placement.ok()) << placement.status();
   std::cout << "client_cuda_test: " << placement->ToString() << "\n";
   const std::string gpus_flag = absl::StrCat("--gpus=", placement->num_gpus);
-  auto fabric = FabricUnderTest::Start(
-      2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
-      {{0, {"--backend=cuda", absl::StrCat("--device=", placement->device(0))}},
-       {1, {"--backend=cuda", absl::StrCat("--device=", placement->device(1))}}});
+  auto fabric = FabricUnderTest::Start(2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
+                                       {{0, {"--backend=cuda", absl::StrCat("--device=", placement->device(0))}},
+                                        {1, {"--backend=cuda", absl::StrCat("--device=", placement->device(1))}}});
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
   const std::string name = sharing == v1::MEMORY_SHARING_POSIX_FD ? "gpu-fd" : "gpu-ipc";
@@ -76,13 +75,13 @@ void RunGroup(v1::MemorySharing sharing) {
     EXPECT_TRUE(exit_code.ok() && *exit_code == 0) << "helper rank " << helper.rank;
   }
   // A client process killed with SIGKILL gives its rank back at once (default TTL 10 s; the side channel closed).
-  std::vector<Helper> doomed = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
-                                            group.token(), {0}, 0, {gpus_flag});
+  std::vector<Helper> doomed =
+      StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name, group.token(), {0}, 0, {gpus_flag});
   ASSERT_EQ(doomed.size(), 1u);
   kill(doomed[0].pid, SIGKILL);
   ASSERT_TRUE(WaitChild(doomed[0].pid, absl::Seconds(10)).ok());
-  std::vector<Helper> successor = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
-                                               group.token(), {0}, 0, {gpus_flag});
+  std::vector<Helper> successor =
+      StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name, group.token(), {0}, 0, {gpus_flag});
   ASSERT_EQ(successor.size(), 1u) << "rank 0 attachable again after its client was killed";
   ASSERT_TRUE(Say(successor[0].channel.get(), "detach").ok());
   auto successor_exit = WaitChild(successor[0].pid, absl::Seconds(60));

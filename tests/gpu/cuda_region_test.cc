@@ -262,11 +262,10 @@ TEST(CudaRegionLifetimeTest, PosixFdClientMappingOutlivesTheRegion) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   absl::StatusOr<testing::ChildChannel> channel = testing::ChildChannel::Listen();
   ASSERT_TRUE(channel.ok()) << channel.status();
-  absl::StatusOr<pid_t> child =
-      testing::SpawnSelf({"--epf_cuda_import_helper", "--socket=" + channel->path(),
-                          absl::StrCat("--device=", client_device), "--hold=1",
-                          absl::StrCat("--seed_read=", kOwnerSeed), absl::StrCat("--seed_write=", kClientSeed),
-                          absl::StrCat("--elements=", kRegionBytes / 4)});
+  absl::StatusOr<pid_t> child = testing::SpawnSelf(
+      {"--epf_cuda_import_helper", "--socket=" + channel->path(), absl::StrCat("--device=", client_device), "--hold=1",
+       absl::StrCat("--seed_read=", kOwnerSeed), absl::StrCat("--seed_write=", kClientSeed),
+       absl::StrCat("--elements=", kRegionBytes / 4)});
   ASSERT_TRUE(child.ok()) << child.status();
   absl::StatusOr<common::UniqueFd> connection = channel->Accept(absl::Seconds(30));
   ASSERT_TRUE(connection.ok()) << connection.status();

@@ -16,9 +16,9 @@
   } while (0)
 
 // Skips the current test unless at least `n` CUDA devices are visible, naming why ranks sharing a GPU cannot do.
-#define EPF_REQUIRE_DISTINCT_GPUS(n, why)                                                              \
-  do {                                                                                                 \
-    const int epf_have_ = ::epfabric::testing::CudaDeviceCount();                                      \
-    if (epf_have_ < (n))                                                                               \
+#define EPF_REQUIRE_DISTINCT_GPUS(n, why)                                                                 \
+  do {                                                                                                    \
+    const int epf_have_ = ::epfabric::testing::CudaDeviceCount();                                         \
+    if (epf_have_ < (n))                                                                                  \
       GTEST_SKIP() << "needs " << (n) << " physical CUDA devices (" << (why) << "), found " << epf_have_; \
   } while (0)

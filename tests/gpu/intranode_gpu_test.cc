@@ -323,8 +323,8 @@ void RunRepeatedCalls(int num_ranks, int iterations) {
   for (int it = 0; it < iterations; ++it) {
     std::vector<int> tokens(num_ranks);
     for (int& t : tokens) t = static_cast<int>(rng() % 300);
-    CaseConfig c = Make(256, tokens, 1 + rng() % 8, (it % 2) == 1, true, true, (it % 3) == 0,
-                        1 + static_cast<int>(rng() % 24));
+    CaseConfig c =
+        Make(256, tokens, 1 + rng() % 8, (it % 2) == 1, true, true, (it % 3) == 0, 1 + static_cast<int>(rng() % 24));
     Mismatches m;
     RunCase(**group, c, rng(), m, nullptr);
     if (!m.empty()) {
