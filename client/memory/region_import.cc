@@ -112,10 +112,11 @@ absl::StatusOr<MappedRegion> ImportHost(
                                                    " is larger than the region's file (", info.st_size, " bytes)"));
   }
   const int seals = fcntl(fd, F_GET_SEALS);
+  const int seals_error = errno;
   if (seals < 0 || (seals & kRequiredHostSeals) != kRequiredHostSeals) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("POSIX_SHM region: fd ", fd, " is not sealed against shrinking (F_GET_SEALS: ",
-                     seals < 0 ? ErrnoText(errno) : absl::StrCat("0x", absl::Hex(seals)), "); refusing to map it"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "POSIX_SHM region: fd ", fd, " is not sealed against shrinking (F_GET_SEALS: ",
+        seals < 0 ? ErrnoText(seals_error) : absl::StrCat("0x", absl::Hex(seals)), "); refusing to map it"));
   }
   void* data = mmap(nullptr, descriptor.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
