@@ -413,10 +413,11 @@ TEST(FdChannel, WrongTokenIsPermissionDeniedAndNothingLeaks) {
   ASSERT_TRUE(answer.ok());
   EXPECT_EQ(answer->response.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
   connection->reset();
-  // gRPC opens and closes descriptors of its own in this process now and then: wait for it to settle.
+  // gRPC opens and closes descriptors of its own in both processes now and then (the baseline may include the
+  // CreateGroup connection, still closing): wait for them to settle, and count only growth as a leak.
   EXPECT_TRUE(Eventually([&] { return OpenFdCount(getpid()) <= own_fds; }, absl::Seconds(3)))
       << "test process fds " << OpenFdCount(getpid()) << " vs " << own_fds << " before";
-  EXPECT_TRUE(Eventually([&] { return OpenFdCount(daemon) == daemon_fds; }, absl::Seconds(3)))
+  EXPECT_TRUE(Eventually([&] { return OpenFdCount(daemon) <= daemon_fds; }, absl::Seconds(3)))
       << "daemon fds " << OpenFdCount(daemon) << " vs " << daemon_fds << " before";
   // The right token gets the region (host backend: the descriptor and the region's memfd, sealed).
   request.set_token(group->token());
