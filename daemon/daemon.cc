@@ -214,8 +214,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         options.memory_sharing == "cuda_ipc" ? v1::MEMORY_SHARING_CUDA_IPC : v1::MEMORY_SHARING_POSIX_FD,
         options.max_region_bytes);
   } else {
-    s->allocator = memory::MakeHostAllocator(absl::StrCat("epf.", options.fabric_id, ".d", options.rank),
-                                             options.max_region_bytes);
+    s->allocator =
+        memory::MakeHostAllocator(absl::StrCat(options.fabric_id, ".d", options.rank), options.max_region_bytes);
   }
 
   fabric::FabricConfig fabric_config;
