@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/fd_passing.h"
+#include "epfabric/common/status_macros.h"
 #include "logging.h"
 #include "memory/region.h"
 #include "memory/region_common.h"
@@ -72,7 +73,7 @@ class HostRegion final : public Region {
   void* base() const override { return base_; }
 
   absl::Status Zero(uint64_t offset, uint64_t bytes) override {
-    if (absl::Status range = CheckZeroRange(offset, bytes, descriptor_.size_bytes()); !range.ok()) return range;
+    EPF_RETURN_IF_ERROR(CheckZeroRange(offset, bytes, descriptor_.size_bytes()));
     std::memset(static_cast<char*>(base_) + offset, 0, bytes);
     return absl::OkStatus();
   }
@@ -91,13 +92,13 @@ class HostAllocator final : public RegionAllocator {
   v1::Backend backend() const override { return v1::BACKEND_HOST; }
 
   absl::StatusOr<std::unique_ptr<Region>> Allocate(const RegionSpec& spec) override {
-    if (absl::Status valid = ValidateRegionSpec(spec); !valid.ok()) return valid;
+    EPF_RETURN_IF_ERROR(ValidateRegionSpec(spec));
     if (spec.sharing != v1::MEMORY_SHARING_UNSPECIFIED && spec.sharing != v1::MEMORY_SHARING_POSIX_SHM) {
       return absl::InvalidArgumentError(absl::StrCat("RegionSpec.sharing ", v1::MemorySharing_Name(spec.sharing),
                                                      " is not supported by the host backend (POSIX_SHM only)"));
     }
-    if (absl::Status prefix = ValidatePrefix(); !prefix.ok()) return prefix;
-    if (absl::Status limit = CheckRegionLimit(spec, max_region_bytes_, "host"); !limit.ok()) return limit;
+    EPF_RETURN_IF_ERROR(ValidatePrefix());
+    EPF_RETURN_IF_ERROR(CheckRegionLimit(spec, max_region_bytes_, "host"));
     if (spec.bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
       return absl::ResourceExhaustedError(
           absl::StrCat(DescribeRegion(spec), ": ", spec.bytes, " bytes do not fit a shared-memory object"));
