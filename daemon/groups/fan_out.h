@@ -44,6 +44,7 @@ std::vector<MemberReply<Response>> CallMembers(fabric::PeerLinks& links, const s
                                                const Request& request, StartPeerCall<Request, Response> start) {
   const size_t count = addresses.size();
   std::vector<MemberReply<Response>> replies(count);
+  if (count == 0) return replies;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(count);
   std::vector<std::shared_ptr<v1::Peer::Stub>> stubs(count);
   absl::BlockingCounter pending(static_cast<int>(count));
