@@ -1,5 +1,6 @@
 #include "services/peer_service.h"
 
+#include "epfabric/common/status_macros.h"
 #include "epfabric/proto/grpc_status.h"
 
 namespace epfabric::daemon {
@@ -10,6 +11,13 @@ grpc::Status Answer(absl::StatusOr<Response> result, Response* response) {
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = std::move(*result);
   return grpc::Status::OK;
+}
+
+// `call()` (an absl::Status or StatusOr) when `fabric_id` is this daemon's fabric, else the mismatch.
+template <typename Call>
+auto IfSameFabric(const fabric::Membership& membership, const std::string& fabric_id, Call call) -> decltype(call()) {
+  EPF_RETURN_IF_ERROR(membership.CheckFabricId(fabric_id));
+  return call();
 }
 
 }  // namespace
@@ -31,33 +39,29 @@ grpc::Status PeerService::PublishMembership(grpc::ServerContext*, const v1::Publ
 grpc::Status PeerService::ProposeGroup(grpc::ServerContext* context, const v1::ProposeGroupRequest* request,
                                        v1::CreateGroupResponse* response) {
   context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return Answer(groups_->Propose(request->request()), response);
+  return Answer(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Propose(request->request()); }),
+                response);
 }
 
 grpc::Status PeerService::RetireGroup(grpc::ServerContext* context, const v1::RetireGroupRequest* request,
                                       v1::RetireGroupResponse*) {
   context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(groups_->Retire(*request));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Retire(*request); }));
 }
 
 grpc::Status PeerService::PrepareGroup(grpc::ServerContext*, const v1::PrepareGroupRequest* request,
                                        v1::PrepareGroupResponse* response) {
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return Answer(groups_->Prepare(*request), response);
+  return Answer(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Prepare(*request); }), response);
 }
 
 grpc::Status PeerService::CommitGroup(grpc::ServerContext*, const v1::CommitGroupRequest* request,
                                       v1::CommitGroupResponse*) {
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(groups_->Commit(*request));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Commit(*request); }));
 }
 
 grpc::Status PeerService::ReleaseGroup(grpc::ServerContext*, const v1::ReleaseGroupRequest* request,
                                        v1::ReleaseGroupResponse*) {
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(groups_->Release(*request));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Release(*request); }));
 }
 
 }  // namespace epfabric::daemon
