@@ -42,7 +42,7 @@ struct LocalGroup {
 // A region handed to the fd side channel.
 struct SharedRegion {
   v1::RegionDescriptor descriptor;  // fd_socket filled
-  common::UniqueFd fd;              // -1 unless POSIX_FD
+  common::UniqueFd fd;              // -1 unless the region is shared as an fd (POSIX_FD, host memfds)
 };
 
 class LocalGroups {
