@@ -343,8 +343,9 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
 
   // Receive every peer's channels: wait for the range, then for the tail, copy, and zero both. Ranges and tails are
   // peer data: a channel's range must start where the previous one ended and end within the rows the prefix matrix
-  // gives this source (so the copies stay inside the staging pool and the outputs), and its tail must equal the
-  // range's count (the sender writes it once, after the rows). Anything else is reported, never used.
+  // gives this source (so the copies stay inside the staging pool and the outputs; the last channel ends exactly
+  // there, so every row is written), and its tail must equal the range's count (the sender writes it once, after the
+  // rows). Anything else is reported, never used.
   const int epr_bound = v.experts_per_rank - 1;
   for (int k = 1; k < R; ++k) {
     const int src = (me + k) % R;
@@ -362,7 +363,8 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
       const int64_t end = (range >> 32) - 1;
       if (!failure.CheckPeerValue(PeerDataField::kDispatchRangeBegin, me, src, ch, begin, expected_begin,
                                   expected_begin) ||
-          !failure.CheckPeerValue(PeerDataField::kDispatchRangeEnd, me, src, ch, end, begin, from_src)) {
+          !failure.CheckPeerValue(PeerDataField::kDispatchRangeEnd, me, src, ch, end, ch + 1 < C ? begin : from_src,
+                                  from_src)) {
         return failure.Finish(group.status);
       }
       const int count = static_cast<int>(end - begin);

@@ -275,6 +275,12 @@ TEST(UntrustedIntranode, DispatchRejectsRangesPastThePeersRows) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("dispatch slot range begin = 4 from rank 1 (channel 1; valid [3, 3])"));
 
+  DispatchFixture short_last;
+  *short_last.Range(1) = DispatchFixture::PackRange(3, kRows - 1);  // fewer rows than the prefix matrix promised
+  s = short_last.Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("dispatch slot range end = 4 from rank 1 (channel 1; valid [5, 5])"));
+
   DispatchFixture inverted;
   *inverted.Range(0) = DispatchFixture::PackRange(0, -5);
   s = inverted.Run();
