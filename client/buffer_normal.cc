@@ -1,9 +1,12 @@
 // Normal mode of the Buffer: layout, dispatch (also cached) and combine. Each call checks its tensors (dtype, shape,
 // and the kernels' rules on sizes, named after the tensors) before anything runs, allocates the outputs and hands
 // params structs to the data path.
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "buffer_internal.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/common/status_macros.h"
@@ -24,6 +27,30 @@ absl::Status CheckLayout(const DispatchLayout& l, int64_t num_tokens, int num_ra
                                    {num_experts}, "[num_experts]"));
   return ExpectTensor(l.is_token_in_rank.view, "layout.is_token_in_rank", DType::kBool, {num_tokens, num_ranks},
                       "[num_tokens, num_ranks]");
+}
+
+// The counts notify derived from the peers' counts size the outputs: the kernels check every peer's count, and the
+// results are checked once more here before anything is allocated (a value outside these bounds cannot come from a
+// correct group).
+absl::Status CheckRecvCounts(int64_t num_recv, const std::vector<int32_t>& per_expert, int num_ranks,
+                             const BufferConfig& c, int expert_alignment) {
+  const int64_t max_recv = static_cast<int64_t>(num_ranks) * c.max_tokens_per_rank;
+  if (num_recv < 0 || num_recv > max_recv) {
+    return absl::DataLossError(absl::StrFormat(
+        "notify returned num_recv_tokens = %d: outside [0, %d] (num_ranks * max_tokens_per_rank): stale or corrupt "
+        "peer data",
+        num_recv, max_recv));
+  }
+  const int64_t max_entries = max_recv * std::max(c.max_topk, 1);
+  const int64_t max_per_expert = (max_entries + expert_alignment - 1) / expert_alignment * expert_alignment;
+  for (size_t e = 0; e < per_expert.size(); ++e) {
+    if (per_expert[e] < 0 || per_expert[e] > max_per_expert) {
+      return absl::DataLossError(absl::StrFormat(
+          "notify returned num_recv_tokens_per_expert[%d] = %d: outside [0, %d]: stale or corrupt peer data", e,
+          per_expert[e], max_per_expert));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -124,6 +151,8 @@ absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaSt
     np.expert_alignment = args.expert_alignment;
     np.rank_prefix_matrix = static_cast<int32_t*>(handle->rank_prefix_matrix.view.data);
     EPF_ASSIGN_OR_RETURN(handle->num_recv_tokens, s.path->Notify(np, &result.num_recv_tokens_per_expert, stream));
+    EPF_RETURN_IF_ERROR(CheckRecvCounts(handle->num_recv_tokens, result.num_recv_tokens_per_expert, s.num_ranks, c,
+                                        args.expert_alignment));
   }
   const int64_t num_recv = handle->num_recv_tokens;
 

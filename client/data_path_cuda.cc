@@ -199,7 +199,7 @@ class CudaDataPath final : public DataPath {
 
   absl::Status Check(cudaStream_t stream) override {
     absl::Status kernel = kernels::ReadKernelStatus(status_, stream);
-    if (!kernel.ok() && absl::IsDeadlineExceeded(kernel)) {
+    if (!kernel.ok() && (absl::IsDeadlineExceeded(kernel) || absl::IsDataLoss(kernel))) {
       EPF_RETURN_IF_ERROR(kernels::ClearKernelStatus(status_, stream));
       EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     }

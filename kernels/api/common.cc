@@ -1,5 +1,8 @@
 #include "epfabric/kernels/common.h"
 
+#include <algorithm>
+#include <climits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -7,6 +10,27 @@ namespace epfabric::kernels {
 namespace {
 
 constexpr int64_t kFp8ScaleBlockSize = 128;  // channels per FP8 scale
+
+int32_t SaturateInt32(int64_t v) { return static_cast<int32_t>(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX)); }
+
+// What the `channel` field of a bad-peer-data record indexes.
+const char* PeerDataIndexName(PeerDataField field) {
+  switch (field) {
+    case PeerDataField::kNotifyRankCount:
+      return "destination rank";
+    case PeerDataField::kNotifyExpertCount:
+    case PeerDataField::kLowLatencyRecvCount:
+    case PeerDataField::kLowLatencyRoutingToken:
+    case PeerDataField::kLowLatencyRoutingTopk:
+      return "local expert";
+    case PeerDataField::kBarrierArrivals:
+      return "barrier lane";
+    case PeerDataField::kLowLatencyDoneCounter:
+      return "index";
+    default:
+      return "channel";
+  }
+}
 
 }  // namespace
 
@@ -68,12 +92,69 @@ const char* WaitSiteName(WaitSite site) {
   return "unknown";
 }
 
+const char* PeerDataFieldName(PeerDataField field) {
+  switch (field) {
+    case PeerDataField::kNone:
+      return "none";
+    case PeerDataField::kNotifyRankCount:
+      return "notify token count";
+    case PeerDataField::kNotifyExpertCount:
+      return "notify expert token count";
+    case PeerDataField::kDispatchRangeBegin:
+      return "dispatch slot range begin";
+    case PeerDataField::kDispatchRangeEnd:
+      return "dispatch slot range end";
+    case PeerDataField::kDispatchTail:
+      return "dispatch tail";
+    case PeerDataField::kDispatchSrcIdx:
+      return "dispatch source token index";
+    case PeerDataField::kDispatchTopkIdx:
+      return "dispatch local expert id";
+    case PeerDataField::kCombineTail:
+      return "combine tail";
+    case PeerDataField::kCombineRange:
+      return "combine slot range";
+    case PeerDataField::kLowLatencyRecvCount:
+      return "low-latency token count";
+    case PeerDataField::kLowLatencyRoutingToken:
+      return "low-latency routing token";
+    case PeerDataField::kLowLatencyRoutingTopk:
+      return "low-latency routing top-k position";
+    case PeerDataField::kBarrierArrivals:
+      return "barrier arrivals ahead of this rank";
+    case PeerDataField::kLowLatencyDoneCounter:
+      return "low-latency work counter";
+  }
+  return "unknown field";
+}
+
+KernelStatus BadPeerDataRecord(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value,
+                               int64_t min_value, int64_t max_value) {
+  KernelStatus record{};
+  record.code = kKernelStatusBadPeerData;
+  record.site = static_cast<int32_t>(field);
+  record.waiting_rank = reading_rank;
+  record.peer_rank = peer_rank;
+  record.channel = index;
+  record.value = SaturateInt32(value);
+  record.min_value = SaturateInt32(min_value);
+  record.max_value = SaturateInt32(max_value);
+  return record;
+}
+
 absl::Status KernelStatusToStatus(const KernelStatus& status) {
   if (status.code == kKernelStatusOk) return absl::OkStatus();
   if (status.code == kKernelStatusTimeout) {
     return absl::DeadlineExceededError(
         absl::StrFormat("rank %d timed out waiting for %s from rank %d (channel %d)", status.waiting_rank,
                         WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel));
+  }
+  if (status.code == kKernelStatusBadPeerData) {
+    const PeerDataField field = static_cast<PeerDataField>(status.site);
+    return absl::DataLossError(
+        absl::StrFormat("rank %d read %s = %d from rank %d (%s %d; valid [%d, %d]): stale or corrupt peer data",
+                        status.waiting_rank, PeerDataFieldName(field), status.value, status.peer_rank,
+                        PeerDataIndexName(field), status.channel, status.min_value, status.max_value));
   }
   return absl::InternalError(absl::StrFormat("kernel status word holds unknown code %d", status.code));
 }

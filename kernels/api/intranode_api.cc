@@ -27,6 +27,8 @@ intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeR
   v.num_ranks = group.config.num_ranks;
   v.max_channels = group.config.max_channels;
   v.experts_per_rank = group.config.num_experts / group.config.num_ranks;
+  v.max_tokens_per_rank = group.config.max_tokens_per_rank;
+  v.max_topk = group.config.max_topk;
   v.status = group.status;
   v.timeout_ns = group.timeout_ns;
   v.profile = group.profile_ns;
@@ -162,6 +164,9 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
   while (true) {
     const int32_t value = *host_num_recv_tokens;
     if (value >= 0) return value;
+    if (value == kRecvCountBadPeerData) {
+      return absl::DataLossError("notify read a bad count from a peer (stale or corrupt peer data)");
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       return absl::DeadlineExceededError("notify did not publish the received token count in time");
     }

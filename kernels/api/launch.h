@@ -31,6 +31,8 @@ struct GroupView {
   int num_ranks;
   int max_channels;
   int experts_per_rank;
+  int max_tokens_per_rank;  // bounds for the values read from peers (see docs/data-layout.md, "Untrusted values")
+  int max_topk;
   KernelStatus* status;
   uint64_t timeout_ns;
   uint64_t* profile;  // null unless a benchmark asks for a timeline

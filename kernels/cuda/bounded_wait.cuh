@@ -3,6 +3,7 @@
 // host reports an error. Never `trap`: that would destroy the CUDA context of a client that did nothing wrong.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "epfabric/kernels/device/ptx.cuh"
@@ -21,6 +22,37 @@ __device__ __forceinline__ void record_timeout(KernelStatus* status, WaitSite si
     status->channel = channel;
     __threadfence_system();
   }
+}
+
+// Records a value read from peer-writable memory that lies outside [min_value, max_value] (kKernelStatusBadPeerData)
+// unless an earlier failure was recorded. The caller then treats the item as empty: a bad value is never used as a
+// size, index or offset, and the kernel never traps.
+__device__ __forceinline__ void record_bad_peer_data(KernelStatus* status, PeerDataField field, int reading_rank,
+                                                     int peer_rank, int index, int64_t value, int64_t min_value,
+                                                     int64_t max_value) {
+  if (status == nullptr) return;
+  if (atomicCAS(&status->code, kKernelStatusOk, kKernelStatusBadPeerData) == kKernelStatusOk) {
+    auto saturate = [](int64_t v) {
+      return static_cast<int32_t>(v < INT32_MIN ? INT32_MIN : (v > INT32_MAX ? INT32_MAX : v));
+    };
+    status->site = static_cast<int32_t>(field);
+    status->waiting_rank = reading_rank;
+    status->peer_rank = peer_rank;
+    status->channel = index;
+    status->value = saturate(value);
+    status->min_value = saturate(min_value);
+    status->max_value = saturate(max_value);
+    __threadfence_system();
+  }
+}
+
+// True when `min_value <= value <= max_value`; otherwise records the value (record_bad_peer_data) and returns false.
+__device__ __forceinline__ bool check_peer_value(KernelStatus* status, PeerDataField field, int reading_rank,
+                                                 int peer_rank, int index, int64_t value, int64_t min_value,
+                                                 int64_t max_value) {
+  if (value >= min_value && value <= max_value) return true;
+  record_bad_peer_data(status, field, reading_rank, peer_rank, index, value, min_value, max_value);
+  return false;
 }
 
 // True when some thread (of any block of this launch, or of an earlier launch that was not cleared) already

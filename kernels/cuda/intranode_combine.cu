@@ -42,6 +42,12 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
   r.begin = p.recv_channel_prefix[dst * p.num_channels + channel];
   r.end = channel + 1 < p.num_channels ? p.recv_channel_prefix[dst * p.num_channels + channel + 1] : count;
   r.x_row0 = base;
+  // The channel ranges came from dst's dispatch ranges (checked there; stale if that dispatch failed half way): a
+  // range outside [0, count] is recorded and sent as empty, so the copies stay inside x and dst's pool.
+  if (!check_peer_value(g.status, PeerDataField::kCombineRange, g.rank, dst, channel, r.begin, 0, max(count, 0)) ||
+      !check_peer_value(g.status, PeerDataField::kCombineRange, g.rank, dst, channel, r.end, r.begin, count)) {
+    r.begin = r.end = 0;
+  }
   return r;
 }
 
@@ -209,6 +215,10 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
             return cached_tail > slot;
           },
           g.timeout_ns, g.status, WaitSite::kCombineFifoData, me, lane, channel);
+      // Peer data, used only as "ready": a slot end past the pool is recorded (the rows are read at this rank's own
+      // slots, which are always inside the pool).
+      failed = failed || !check_peer_value(g.status, PeerDataField::kCombineTail, me, lane, channel, cached_tail, 0,
+                                           g.max_tokens_per_rank);
     }
     if (__any_sync(0xffffffffu, failed)) {
       if (lane == 0) s_failed = 1;

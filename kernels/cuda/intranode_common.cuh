@@ -28,11 +28,6 @@ __device__ __forceinline__ int recv_base(const int32_t* rank_prefix_matrix, int 
   return src == 0 ? 0 : rank_prefix_matrix[(src - 1) * num_ranks + dst];
 }
 
-// True when a monotonic int32 counter has reached `target` (wrap-around safe).
-__device__ __forceinline__ bool counter_reached(int32_t value, int32_t target) {
-  return static_cast<int32_t>(static_cast<uint32_t>(value) - static_cast<uint32_t>(target)) >= 0;
-}
-
 // Barrier among the warps of one role group (ids 1.. are free; 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int num_threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
@@ -75,8 +70,18 @@ __device__ __forceinline__ bool block_barrier_wait(const GroupView& g, int lane)
     const int32_t* epoch = section<int32_t>(g, g.rank, g.barrier_epoch) + lane;
     const int32_t target = static_cast<int32_t>(static_cast<uint32_t>(*epoch) + 1u);
     const int32_t* arrived = section<int32_t>(g, g.rank, g.barrier_arrive) + lane * g.num_ranks + peer;
-    failed = !bounded_wait([&] { return counter_reached(ptx::ld_acquire_sys_global(arrived), target); }, g.timeout_ns,
-                           g.status, WaitSite::kBarrier, g.rank, peer, lane);
+    // Peer data: a peer is at most two arrivals ahead of this rank's completed barriers (its next arrival needs
+    // this rank's current one); a counter further ahead (or behind) is stale or corrupt and would let the block
+    // through without the peer: recorded, never trusted.
+    int32_t ahead = 0;
+    failed = !bounded_wait(
+        [&] {
+          ahead = static_cast<int32_t>(static_cast<uint32_t>(ptx::ld_acquire_sys_global(arrived)) -
+                                       static_cast<uint32_t>(target - 1));
+          return ahead != 0;
+        },
+        g.timeout_ns, g.status, WaitSite::kBarrier, g.rank, peer, lane);
+    failed = failed || !check_peer_value(g.status, PeerDataField::kBarrierArrivals, g.rank, peer, lane, ahead, 1, 2);
   }
   failed = __syncthreads_or(failed);
   if (!failed && threadIdx.x == 0) {

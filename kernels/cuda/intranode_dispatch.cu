@@ -235,7 +235,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
   while (true) {
     if (rtid == 0) {
       int found = -1, from = 0, to = 0;
-      bool all_done = false;
+      bool all_done = false, bad = false;
       const uint64_t start = ptx::global_timer_ns();
       for (uint32_t iter = 0;; ++iter) {
         all_done = true;
@@ -246,11 +246,23 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
           if (s_range_count[src] < 0) {
             const int64_t range = ptx::ld_acquire_sys_global(ranges + src * g.max_channels + channel);
             if (range != 0) {
-              const int begin = static_cast<int>(static_cast<uint32_t>(range & 0xffffffff));
-              const int end = static_cast<int>(range >> 32) - 1;
-              s_range_begin[src] = begin;
-              s_range_count[src] = end - begin;
-              p.recv_channel_prefix[src * p.num_channels + channel] = begin;
+              // Peer data: the range must lie within the rows the prefix matrix gives this source, so that the
+              // copies stay inside the staging pool and recv_x. A bad range stops the receivers (as a timeout does).
+              const int64_t begin = static_cast<int64_t>(static_cast<uint32_t>(range & 0xffffffff));
+              const int64_t end = (range >> 32) - 1;
+              const int from_src =
+                  p.rank_prefix_matrix[src * num_ranks + me] - recv_base(p.rank_prefix_matrix, num_ranks, src, me);
+              if (!check_peer_value(g.status, PeerDataField::kDispatchRangeBegin, me, src, channel, begin, 0,
+                                    from_src) ||
+                  !check_peer_value(g.status, PeerDataField::kDispatchRangeEnd, me, src, channel, end, begin,
+                                    from_src)) {
+                p.recv_channel_prefix[src * p.num_channels + channel] = 0;
+                bad = true;
+                break;
+              }
+              s_range_begin[src] = static_cast<int>(begin);
+              s_range_count[src] = static_cast<int>(end - begin);
+              p.recv_channel_prefix[src * p.num_channels + channel] = static_cast<int>(begin);
             }
           }
           if (s_range_count[src] < 0 || s_consumed[src] < s_range_count[src]) {
@@ -259,6 +271,12 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
           }
           if (s_range_count[src] > s_consumed[src]) {
             const int tail = ptx::ld_acquire_sys_global(tails + src * g.max_channels + channel);
+            if (tail > s_range_count[src]) {  // peer data: never past the range it published
+              record_bad_peer_data(g.status, PeerDataField::kDispatchTail, me, src, channel, tail, 0,
+                                   s_range_count[src]);
+              bad = true;
+              break;
+            }
             if (tail > s_consumed[src]) {
               found = src;
               from = s_consumed[src];
@@ -266,6 +284,10 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
               rotation = (offset + 1) % (num_ranks - 1);
             }
           }
+        }
+        if (bad) {
+          found = -2;
+          break;
         }
         if (found >= 0 || all_done) break;
         if ((iter & 63u) == 63u) {
@@ -312,11 +334,19 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
           static_cast<int64_t>(num_rows) * p.num_scales, rtid, kReceiverThreads);
     }
     if (p.num_topk > 0) {
-      group_copy_words<true>(reinterpret_cast<int32_t*>(p.recv_topk_idx + recv_row * p.num_topk),
-                             reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_topk_idx) +
-                                                              src * g.staging_topk_idx_pool_bytes) +
-                                 static_cast<int64_t>(first_slot) * p.num_topk * 2,
-                             static_cast<int64_t>(num_rows) * p.num_topk * 2, rtid, kReceiverThreads);
+      // Peer data that callers index with: local expert ids in [-1, experts_per_rank); a bad one is recorded and
+      // stored as -1.
+      const int64_t* staged_idx = reinterpret_cast<const int64_t*>(section<char>(g, me, g.staging_topk_idx) +
+                                                                   src * g.staging_topk_idx_pool_bytes) +
+                                  static_cast<int64_t>(first_slot) * p.num_topk;
+      int64_t* out_idx = p.recv_topk_idx + recv_row * p.num_topk;
+      for (int64_t i = rtid; i < static_cast<int64_t>(num_rows) * p.num_topk; i += kReceiverThreads) {
+        const int64_t e = ptx::ld_cg_global(staged_idx + i);
+        out_idx[i] =
+            check_peer_value(g.status, PeerDataField::kDispatchTopkIdx, me, src, channel, e, -1, g.experts_per_rank - 1)
+                ? e
+                : -1;
+      }
       if (p.has_weights) {
         group_copy_words<true>(reinterpret_cast<int32_t*>(p.recv_topk_weights + recv_row * p.num_topk),
                                reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_topk_weights) +
@@ -325,11 +355,20 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
                                static_cast<int64_t>(num_rows) * p.num_topk, rtid, kReceiverThreads);
       }
     }
-    group_copy_words<true>(
-        p.recv_src_idx + recv_row,
-        reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_src_idx) + src * g.staging_src_idx_pool_bytes) +
-            first_slot,
-        num_rows, rtid, kReceiverThreads);
+    {
+      // Peer data that callers index with: token indices on the source, in [0, max_tokens_per_rank); a bad one is
+      // recorded and stored as -1.
+      const int32_t* staged_src = reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_src_idx) +
+                                                                   src * g.staging_src_idx_pool_bytes) +
+                                  first_slot;
+      for (int i = rtid; i < num_rows; i += kReceiverThreads) {
+        const int32_t t = ptx::ld_cg_global(staged_src + i);
+        p.recv_src_idx[recv_row + i] = check_peer_value(g.status, PeerDataField::kDispatchSrcIdx, me, src, channel, t,
+                                                        0, g.max_tokens_per_rank - 1)
+                                           ? t
+                                           : -1;
+      }
+    }
     named_barrier(kReceiverBarrier, kReceiverThreads);
   }
 }

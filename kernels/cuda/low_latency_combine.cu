@@ -173,11 +173,11 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
   // Every item was counted once; +1 for the cleaning.
   if (blockIdx.x == 0 && threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
     const int target = num_items + 1;
-    bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
-                 WaitSite::kLowLatencyCombineFlag, g.rank, g.rank, -1);
-    ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(half_base(g, threadIdx.x) + l.combine_flag_offset) + g.rank,
-                               1);
+    if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
+      ptx::fence_acq_rel_sys();
+      ptx::st_release_sys_global(reinterpret_cast<int32_t*>(half_base(g, threadIdx.x) + l.combine_flag_offset) + g.rank,
+                                 1);
+    }
   }
 }
 

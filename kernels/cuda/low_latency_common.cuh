@@ -63,6 +63,25 @@ __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int
   if (threadIdx.x == 0) ptx::red_add_release_sys_global(done_counter, 1);
 }
 
+// Waits (bounded) until the call's local work counter `done` reaches `target`. The counter lives in this rank's region,
+// which peers can write: a value past `target` (the call's exact total) or negative is stale or corrupt and would
+// release the wait early, so it is recorded. Returns 1 when reached, 0 on timeout (recorded), -1 for a bad counter:
+// the caller then sends no signal (a peer waiting for it times out instead of reading data that may be incomplete).
+__device__ __forceinline__ int wait_local_done(const GroupView& g, const int32_t* done, int target, WaitSite site,
+                                               int channel) {
+  int32_t value = 0;
+  const bool reached = bounded_wait(
+      [&] {
+        value = ptx::ld_acquire_gpu_global(done);
+        return value >= target || value < 0;
+      },
+      g.timeout_ns, g.status, site, g.rank, g.rank, channel);
+  if (!reached) return 0;
+  return check_peer_value(g.status, PeerDataField::kLowLatencyDoneCounter, g.rank, g.rank, -1, value, target, target)
+             ? 1
+             : -1;
+}
+
 // Copies `num_int4` 16-byte words from local memory that peers wrote (volatile: never a stale L1 line), with
 // kBatch loads in flight per lane.
 template <int kBatch = 16>

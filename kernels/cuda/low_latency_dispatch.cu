@@ -198,11 +198,11 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
     if (lane == 0) {
       // The count may only travel once every message it covers has been stored (and the cleaning is visible).
       const int target = num_items + 1;
-      bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
-                   WaitSite::kLowLatencyRecvCount, g.rank, g.rank, e);
-      ptx::fence_acq_rel_sys();
-      ptx::st_release_sys_global(
-          reinterpret_cast<int32_t*>(half_base(g, r) + l.dispatch_count_offset) + local * R + g.rank, -count - 1);
+      if (wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, e) >= 0) {
+        ptx::fence_acq_rel_sys();
+        ptx::st_release_sys_global(
+            reinterpret_cast<int32_t*>(half_base(g, r) + l.dispatch_count_offset) + local * R + g.rank, -count - 1);
+      }
     }
   }
 }
@@ -226,10 +226,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
   {
     const int32_t* done = reinterpret_cast<const int32_t*>(my_half + l.dispatch_done_offset);
     const int target = p.num_tokens * ((H + kChannelsPerChunk - 1) / kChannelsPerChunk) + 1;
-    if (lane == 0) {
-      bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
-                   WaitSite::kLowLatencyRecvCount, g.rank, g.rank, -1);
-    }
+    if (lane == 0) wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, -1);
     __syncwarp();
   }
 
@@ -246,7 +243,12 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
           },
           g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local);
       if (ok) {
-        my_count = -value - 1;
+        // Peer data: at most M tokens per (expert, source), so the compact rows of all sources fit R * M slots. A
+        // bad count is recorded and counts as 0.
+        const int32_t count = -1 - value;  // no overflow for any int32
+        if (check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, lane, local, count, 0, M)) {
+          my_count = count;
+        }
       } else {
         mask_rank(g, lane);
       }
@@ -266,6 +268,19 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
     for (int j = sub; j < count; j += warps_per_item) {
       const int32_t entry = ptx::ld_volatile_global(table + j);
       const int t = entry & 0xFFFF, k0 = entry >> 16;
+      // Peer data: the token needs a message slot (t < M) and k0 a top-k position; a bad entry is recorded and its
+      // row skipped (the whole warp sees the same entry).
+      if (t >= M || k0 < 0 || k0 >= kLowLatencyMaxTopk) {
+        if (lane == 0) {
+          if (t >= M) {
+            record_bad_peer_data(g.status, PeerDataField::kLowLatencyRoutingToken, g.rank, s, local, t, 0, M - 1);
+          } else {
+            record_bad_peer_data(g.status, PeerDataField::kLowLatencyRoutingTopk, g.rank, s, local, k0, 0,
+                                 kLowLatencyMaxTopk - 1);
+          }
+        }
+        continue;
+      }
       const size_t slot = static_cast<size_t>(local) * slots + begin + j;
       const uint8_t* payload = msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes + kLowLatencyMessageHeaderBytes;
       // Scales first, so that their loads overlap the payload's.

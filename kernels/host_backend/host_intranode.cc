@@ -7,6 +7,8 @@
 //  - combine: per (expert rank, channel) a tail holding the absolute slot end, zeroed by the reducing rank.
 // The staging pools hold every row a peer can send, so a sender never waits: a rank sends everything, then
 // receives; the only waits are the barrier and the tails, each bounded by group.timeout_ns.
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -22,11 +24,10 @@ namespace epfabric::kernels::host_backend {
 namespace {
 
 using internal::BoundedWait;
-using internal::CounterReached;
+using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelaxed;
 using internal::StoreRelease;
-using internal::TimeoutRecord;
 
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;
@@ -68,7 +69,7 @@ absl::StatusOr<View> MakeView(const IntranodeGroup& group) {
 // (release: this rank's earlier writes into peers' regions become visible to them), then wait until every rank has
 // arrived here as often as this rank completed barriers + 1. A rank arrives only after its previous call returned,
 // so after the barrier nothing a peer reads from an earlier call is still being read.
-bool Barrier(const View& v, TimeoutRecord* timeout) {
+bool Barrier(const View& v, FailureRecord* failure) {
   int32_t* epoch = v.Section<int32_t>(v.rank, v.layout.barrier_epoch) + kBarrierLane;
   const int32_t target = static_cast<int32_t>(static_cast<uint32_t>(*epoch) + 1u);
   for (int peer = 0; peer < v.num_ranks; ++peer) {
@@ -77,8 +78,20 @@ bool Barrier(const View& v, TimeoutRecord* timeout) {
   }
   for (int peer = 0; peer < v.num_ranks; ++peer) {
     const int32_t* arrived = v.Section<int32_t>(v.rank, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + peer;
-    if (!BoundedWait([&] { return CounterReached(LoadAcquire(arrived), target); }, v.group.timeout_ns)) {
-      timeout->Record(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
+    // Peer data: a peer has arrived at least as often as this rank completed barriers (each needed its arrival) and
+    // at most twice more (its next arrival needs this rank's current one). Anything else is a stale or corrupt
+    // counter, which would let this rank through without the peer: reported, never waited on.
+    int32_t ahead = 0;
+    if (!BoundedWait(
+            [&] {
+              ahead = static_cast<int32_t>(static_cast<uint32_t>(LoadAcquire(arrived)) - static_cast<uint32_t>(*epoch));
+              return ahead != 0;
+            },
+            v.group.timeout_ns)) {
+      failure->Record(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
+      return false;
+    }
+    if (!failure->CheckPeerValue(PeerDataField::kBarrierArrivals, v.rank, peer, kBarrierLane, ahead, 1, 2)) {
       return false;
     }
   }
@@ -88,6 +101,25 @@ bool Barrier(const View& v, TimeoutRecord* timeout) {
 
 int RecvBase(const int32_t* rank_prefix_matrix, int num_ranks, int src, int dst) {
   return src == 0 ? 0 : rank_prefix_matrix[(src - 1) * num_ranks + dst];
+}
+
+// Received rows' metadata, as copied into the outputs: source token indices in [0, max_src_idx], local expert ids in
+// [-1, max_local_expert]. Returns the DataLoss status naming `src` for the first value outside.
+absl::Status CheckReceivedRows(const int32_t* src_idx, const int64_t* topk_idx, int count, int K, int max_src_idx,
+                               int max_local_expert, int me, int src, int channel, FailureRecord* failure,
+                               KernelStatus* status) {
+  for (int i = 0; i < count; ++i) {
+    if (!failure->CheckPeerValue(PeerDataField::kDispatchSrcIdx, me, src, channel, src_idx[i], 0, max_src_idx)) {
+      return failure->Finish(status);
+    }
+  }
+  for (int64_t i = 0; topk_idx != nullptr && i < static_cast<int64_t>(count) * K; ++i) {
+    if (!failure->CheckPeerValue(PeerDataField::kDispatchTopkIdx, me, src, channel, topk_idx[i], -1,
+                                 max_local_expert)) {
+      return failure->Finish(status);
+    }
+  }
+  return absl::OkStatus();
 }
 
 int64_t PackRange(int begin, int end) { return (static_cast<int64_t>(end + 1) << 32) | static_cast<uint32_t>(begin); }
@@ -142,8 +174,8 @@ absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyP
   EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
   EPF_RETURN_IF_ERROR(intranode_checks::CheckNotify(group, p));
   const int R = v.num_ranks, epr = v.experts_per_rank;
-  TimeoutRecord timeout;
-  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+  FailureRecord failure;
+  if (!Barrier(v, &failure)) return failure.Finish(group.status);
   // Every region gets this rank's row of counts; published by the second barrier's release.
   for (int dst = 0; dst < R; ++dst) {
     std::memcpy(v.Section<int32_t>(dst, v.layout.notify_rank_counts) + v.rank * R, p.num_tokens_per_rank,
@@ -151,22 +183,51 @@ absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyP
     std::memcpy(v.Section<int32_t>(dst, v.layout.notify_expert_counts) + v.rank * epr,
                 p.num_tokens_per_expert + dst * epr, epr * sizeof(int32_t));
   }
-  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+  if (!Barrier(v, &failure)) return failure.Finish(group.status);
+  // The counts are peer data: every one is checked before it is summed (a source sends at most
+  // max_tokens_per_rank tokens to a rank, and has at most max_tokens_per_rank * max_topk top-k entries for one
+  // expert), so the sums below fit int32 and num_recv never exceeds IntranodeWorstCaseRecvTokens.
   const int32_t* rank_counts = v.Section<int32_t>(v.rank, v.layout.notify_rank_counts);
   const int32_t* expert_counts = v.Section<int32_t>(v.rank, v.layout.notify_expert_counts);
+  const int64_t max_rank_count = group.config.max_tokens_per_rank;
+  const int64_t max_expert_count = max_rank_count * std::max(group.config.max_topk, 1);
+  // Each count is read once into a local copy: a peer that keeps writing cannot change a value after its check.
+  std::vector<int32_t> counts(static_cast<size_t>(R) * R);
+  for (int src = 0; src < R; ++src) {
+    for (int dst = 0; dst < R; ++dst) {
+      const int32_t n = internal::LoadRelaxed(rank_counts + src * R + dst);
+      if (!failure.CheckPeerValue(PeerDataField::kNotifyRankCount, v.rank, src, dst, n, 0, max_rank_count)) {
+        return failure.Finish(group.status);
+      }
+      counts[src * R + dst] = n;
+    }
+  }
+  std::vector<int64_t> expert_sums(epr, 0);
+  for (int src = 0; src < R; ++src) {
+    for (int e = 0; e < epr; ++e) {
+      const int32_t n = internal::LoadRelaxed(expert_counts + src * epr + e);
+      if (!failure.CheckPeerValue(PeerDataField::kNotifyExpertCount, v.rank, src, e, n, 0, max_expert_count)) {
+        return failure.Finish(group.status);
+      }
+      expert_sums[e] += n;
+    }
+  }
   for (int dst = 0; dst < R; ++dst) {
     int32_t sum = 0;
     for (int src = 0; src < R; ++src) {
-      sum += rank_counts[src * R + dst];
+      sum += counts[src * R + dst];
       p.rank_prefix_matrix[src * R + dst] = sum;
     }
   }
   for (int e = 0; e < epr; ++e) {
-    int32_t sum = 0;
-    for (int s = 0; s < R; ++s) sum += expert_counts[s * epr + e];
-    const int32_t aligned = (sum + p.expert_alignment - 1) / p.expert_alignment * p.expert_alignment;
-    if (p.recv_counts != nullptr) p.recv_counts[1 + e] = aligned;
-    if (p.host_num_recv_tokens_per_expert != nullptr) p.host_num_recv_tokens_per_expert[e] = aligned;
+    const int64_t aligned = (expert_sums[e] + p.expert_alignment - 1) / p.expert_alignment * p.expert_alignment;
+    if (aligned > INT32_MAX) {
+      return InvalidValue("expert_alignment", p.expert_alignment, "rounds a per-expert count past INT32_MAX");
+    }
+    if (p.recv_counts != nullptr) p.recv_counts[1 + e] = static_cast<int32_t>(aligned);
+    if (p.host_num_recv_tokens_per_expert != nullptr) {
+      p.host_num_recv_tokens_per_expert[e] = static_cast<int32_t>(aligned);
+    }
   }
   const int32_t num_recv = p.rank_prefix_matrix[(R - 1) * R + v.rank];
   if (p.recv_counts != nullptr) p.recv_counts[0] = num_recv;
@@ -180,11 +241,17 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   EPF_RETURN_IF_ERROR(intranode_checks::CheckDispatch(group, p, handle, kHost));
   const IntranodeHandle& h = *handle;
   const bool fp8 = p.x_dtype == DType::kFP8E4M3;
-  // The receive side is checked against the prefix matrix (the GPU trusts it; the host can afford the check).
+  // The receive side is checked against the prefix matrix (the GPU trusts it; the host can afford the check): this
+  // rank's column must rise from 0 to at most recv_capacity, so that every source's rows lie inside the outputs.
   const int R = v.num_ranks, me = v.rank, C = p.num_sms;
-  if (h.rank_prefix_matrix[(R - 1) * R + me] > p.recv_capacity) {
-    return InvalidValue("handle.rank_prefix_matrix total for this rank", h.rank_prefix_matrix[(R - 1) * R + me],
-                        "exceeds recv_capacity");
+  for (int s = 0; s < R; ++s) {
+    const int32_t at = h.rank_prefix_matrix[s * R + me];
+    if (at < RecvBase(h.rank_prefix_matrix, R, s, me) || at > p.recv_capacity) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "handle.rank_prefix_matrix[%d][%d] = %d: this rank's column must not decrease and must stay within "
+          "recv_capacity = %d",
+          s, me, at, p.recv_capacity));
+    }
   }
 
   const int T = h.num_tokens;
@@ -198,8 +265,8 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   char* recv_x = static_cast<char*>(p.recv_x);
   handle->num_channels = C;
 
-  TimeoutRecord timeout;
-  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+  FailureRecord failure;
+  if (!Barrier(v, &failure)) return failure.Finish(group.status);
 
   // Slots: send_slot[t][d] = index of token t among this rank's tokens sent to d (cached mode recomputes them from
   // is_token_in_rank, as the kernel does).
@@ -211,8 +278,17 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
     }
   }
 
-  // Send, channel by channel: range first, then the rows, then the tail (release: the rows before it).
+  // This rank's own share goes straight into the outputs: it must fit the rows the prefix matrix gives it (a layout
+  // whose counts disagree with is_token_in_rank would otherwise overrun recv_x).
   const int my_recv_base = RecvBase(h.rank_prefix_matrix, R, me, me);
+  if (next_slot[me] != h.rank_prefix_matrix[me * R + me] - my_recv_base) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "handle.is_token_in_rank sends %d tokens to this rank (%d) but handle.rank_prefix_matrix says %d: the layout "
+        "counts and is_token_in_rank disagree",
+        next_slot[me], me, h.rank_prefix_matrix[me * R + me] - my_recv_base));
+  }
+
+  // Send, channel by channel: range first, then the rows, then the tail (release: the rows before it).
   std::vector<int> channel_begin(R, 0), channel_count(R, 0);
   for (int ch = 0; ch < C; ++ch) {
     const int token_begin = reference::ChannelTokenBegin(T, C, ch);
@@ -265,24 +341,43 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
     }
   }
 
-  // Receive every peer's channels: wait for the range, then for the tail, copy, and zero both.
+  // Receive every peer's channels: wait for the range, then for the tail, copy, and zero both. Ranges and tails are
+  // peer data: a channel's range must start where the previous one ended and end within the rows the prefix matrix
+  // gives this source (so the copies stay inside the staging pool and the outputs; the last channel ends exactly
+  // there, so every row is written), and its tail must equal the range's count (the sender writes it once, after the
+  // rows). Anything else is reported, never used.
+  const int epr_bound = v.experts_per_rank - 1;
   for (int k = 1; k < R; ++k) {
     const int src = (me + k) % R;
     const int src_base = RecvBase(h.rank_prefix_matrix, R, src, me);
+    const int from_src = h.rank_prefix_matrix[src * R + me] - src_base;
+    int expected_begin = 0;
     for (int ch = 0; ch < C; ++ch) {
       int64_t* range_word = v.DispatchRange(me, src, ch);
       int64_t range = 0;
       if (!BoundedWait([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns)) {
-        timeout.Record(WaitSite::kDispatchFifoData, me, src, ch);
-        return timeout.Finish(group.status);
+        failure.Record(WaitSite::kDispatchFifoData, me, src, ch);
+        return failure.Finish(group.status);
       }
-      const int begin = static_cast<int>(static_cast<uint32_t>(range & 0xffffffff));
-      const int count = static_cast<int>(range >> 32) - 1 - begin;
-      h.recv_channel_prefix[src * C + ch] = begin;
+      const int64_t begin = static_cast<int64_t>(static_cast<uint32_t>(range & 0xffffffff));
+      const int64_t end = (range >> 32) - 1;
+      if (!failure.CheckPeerValue(PeerDataField::kDispatchRangeBegin, me, src, ch, begin, expected_begin,
+                                  expected_begin) ||
+          !failure.CheckPeerValue(PeerDataField::kDispatchRangeEnd, me, src, ch, end, ch + 1 < C ? begin : from_src,
+                                  from_src)) {
+        return failure.Finish(group.status);
+      }
+      const int count = static_cast<int>(end - begin);
+      expected_begin = static_cast<int>(end);
+      h.recv_channel_prefix[src * C + ch] = static_cast<int>(begin);
       int32_t* tail_word = v.ChannelTail(me, src, ch);
-      if (count > 0 && !BoundedWait([&] { return LoadAcquire(tail_word) >= count; }, group.timeout_ns)) {
-        timeout.Record(WaitSite::kDispatchFifoData, me, src, ch);
-        return timeout.Finish(group.status);
+      int32_t tail = 0;
+      if (count > 0 && !BoundedWait([&] { return (tail = LoadAcquire(tail_word)) != 0; }, group.timeout_ns)) {
+        failure.Record(WaitSite::kDispatchFifoData, me, src, ch);
+        return failure.Finish(group.status);
+      }
+      if (count > 0 && !failure.CheckPeerValue(PeerDataField::kDispatchTail, me, src, ch, tail, count, count)) {
+        return failure.Finish(group.status);
       }
       if (count > 0) {
         const size_t recv_row = static_cast<size_t>(src_base) + begin;
@@ -309,6 +404,10 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
         std::memcpy(h.recv_src_idx + recv_row,
                     v.Pool<int32_t>(me, l.staging_src_idx, l.staging_src_idx_pool_bytes, src) + begin,
                     static_cast<size_t>(count) * sizeof(int32_t));
+        // The copies (not the staging pool, which the peer may still write) are checked: callers index with them.
+        EPF_RETURN_IF_ERROR(
+            CheckReceivedRows(h.recv_src_idx + recv_row, K > 0 ? p.recv_topk_idx + recv_row * K : nullptr, count, K,
+                              v.group.config.max_tokens_per_rank - 1, epr_bound, me, src, ch, &failure, group.status));
       }
       // Consumed: the sender wrote its final values before the tail we saw and writes them again only after the
       // next call's barrier, which needs this rank's arrival.
@@ -329,8 +428,20 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   const IntranodeRegionLayout& l = v.layout;
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
 
-  TimeoutRecord timeout;
-  if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
+  // The prefix matrix's column for this rank decides which rows of x go back to whom: it must rise from 0 and stay
+  // within handle.num_recv_tokens (the rows of x).
+  for (int s = 0; s < R; ++s) {
+    const int32_t at = h.rank_prefix_matrix[s * R + me];
+    if (at < RecvBase(h.rank_prefix_matrix, R, s, me) || at > h.num_recv_tokens) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "handle.rank_prefix_matrix[%d][%d] = %d: this rank's column must not decrease and must stay within "
+          "handle.num_recv_tokens = %d",
+          s, me, at, h.num_recv_tokens));
+    }
+  }
+
+  FailureRecord failure;
+  if (!Barrier(v, &failure)) return failure.Finish(group.status);
 
   // Send back: the rows received from `dst` in its channel ch are contiguous in x and go to the same slots of dst's
   // staging pool for this rank; the tail (absolute slot end, release) follows the rows.
@@ -341,8 +452,14 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
     char* staging_x = v.Pool<char>(dst, l.staging_x, l.staging_x_pool_bytes, me);
     float* staging_w = v.Pool<float>(dst, l.staging_topk_weights, l.staging_topk_weights_pool_bytes, me);
     for (int ch = 0; ch < C; ++ch) {
+      // The handle's channel ranges came from dst's dispatch ranges: checked there, checked again here (a handle of
+      // a dispatch that failed half way holds stale values), so that the copies stay inside x and the pool.
       const int begin = h.recv_channel_prefix[dst * C + ch];
       const int end = ch + 1 < C ? h.recv_channel_prefix[dst * C + ch + 1] : count;
+      if (!failure.CheckPeerValue(PeerDataField::kCombineRange, me, dst, ch, begin, 0, std::max(count, 0)) ||
+          !failure.CheckPeerValue(PeerDataField::kCombineRange, me, dst, ch, end, begin, count)) {
+        return failure.Finish(group.status);
+      }
       if (end <= begin) continue;
       std::memcpy(staging_x + begin * row_bytes, x + (static_cast<size_t>(base) + begin) * H,
                   (end - begin) * row_bytes);
@@ -363,10 +480,16 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   uint16_t* combined_x = static_cast<uint16_t*>(p.combined_x);
   std::vector<float> acc(H);
   std::vector<int32_t> seen_tail(R);
+  // Per peer: the slot end of this rank's tokens up to the current channel, which is the only nonzero value the
+  // peer's tail for the channel can hold (it is written once, after the rows).
+  std::vector<int32_t> channel_end(R, 0);
   for (int ch = 0; ch < C; ++ch) {
     const int token_begin = reference::ChannelTokenBegin(T, C, ch);
     const int token_end = reference::ChannelTokenBegin(T, C, ch + 1);
     std::fill(seen_tail.begin(), seen_tail.end(), 0);
+    for (int t = token_begin; t < token_end; ++t) {
+      for (int d = 0; d < R; ++d) channel_end[d] += h.send_slot[static_cast<size_t>(t) * R + d] >= 0;
+    }
     for (int t = token_begin; t < token_end; ++t) {
       const int32_t* slots = h.send_slot + static_cast<size_t>(t) * R;
       std::fill(acc.begin(), acc.end(), 0.0f);
@@ -379,9 +502,13 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
         } else {
           if (seen_tail[d] <= slot) {
             const int32_t* tail_word = v.ChannelTail(me, d, ch);
-            if (!BoundedWait([&] { return (seen_tail[d] = LoadAcquire(tail_word)) > slot; }, group.timeout_ns)) {
-              timeout.Record(WaitSite::kCombineFifoData, me, d, ch);
-              return timeout.Finish(group.status);
+            if (!BoundedWait([&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, group.timeout_ns)) {
+              failure.Record(WaitSite::kCombineFifoData, me, d, ch);
+              return failure.Finish(group.status);
+            }
+            if (!failure.CheckPeerValue(PeerDataField::kCombineTail, me, d, ch, seen_tail[d], channel_end[d],
+                                        channel_end[d])) {
+              return failure.Finish(group.status);
             }
           }
           row = reinterpret_cast<const uint16_t*>(v.Pool<char>(me, l.staging_x, l.staging_x_pool_bytes, d) +

@@ -26,9 +26,9 @@ namespace epfabric::kernels::host_backend {
 namespace {
 
 using internal::BoundedWait;
+using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelease;
-using internal::TimeoutRecord;
 
 // The regions of the group for one call: this rank, its half, the masked ranks.
 struct View {
@@ -136,7 +136,7 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
   }
 }
 
-void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, TimeoutRecord* timeout) {
+void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failure) {
   const LowLatencyLayout& l = v.l;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts;
   const int G = H / kFp8GroupSize;
@@ -155,9 +155,14 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, TimeoutRecord* timeo
       const int32_t* signal = reinterpret_cast<const int32_t*>(my_half + l.dispatch_count_offset) + local * R + s;
       int32_t value = 0;
       if (BoundedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns)) {
-        counts[s] = -value - 1;
+        // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
+        // sources fit the R * M slots). A bad count is reported and counts as 0.
+        const int32_t count = -1 - value;  // no overflow for any int32
+        if (failure->CheckPeerValue(PeerDataField::kLowLatencyRecvCount, v.rank, s, local, count, 0, M)) {
+          counts[s] = count;
+        }
       } else {
-        timeout->Record(WaitSite::kLowLatencyRecvCount, v.rank, s, local);
+        failure->Record(WaitSite::kLowLatencyRecvCount, v.rank, s, local);
         v.MaskAfterTimeout(s);
       }
     }
@@ -169,8 +174,15 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, TimeoutRecord* timeo
                              (static_cast<size_t>(local) * R + s) * M;
       const uint8_t* msgs = my_half + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
       for (int j = 0; j < count; ++j) {
-        const int32_t entry = table[j];
+        // Peer data: the token must have a message slot (t < M) and k0 a top-k position; a bad entry is reported
+        // and its row left unwritten.
+        const int32_t entry = internal::LoadRelaxed(table + j);
         const int t = entry & 0xFFFF, k0 = entry >> 16;
+        if (!failure->CheckPeerValue(PeerDataField::kLowLatencyRoutingToken, v.rank, s, local, t, 0, M - 1) ||
+            !failure->CheckPeerValue(PeerDataField::kLowLatencyRoutingTopk, v.rank, s, local, k0, 0,
+                                     kLowLatencyMaxTopk - 1)) {
+          continue;
+        }
         const size_t pos = begin + j;
         const size_t slot = static_cast<size_t>(local) * slots + pos;
         const uint8_t* payload = msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes + kLowLatencyMessageHeaderBytes;
@@ -204,7 +216,7 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, TimeoutRecord* timeo
   }
 }
 
-void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, TimeoutRecord* timeout) {
+void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, FailureRecord* failure) {
   const LowLatencyLayout& l = v.l;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
   const int K = a.num_topk;
@@ -253,7 +265,7 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Tim
       if (num_present == 0) continue;
       if (((have_weights >> s) & 1u) == 0) {
         if (!BoundedWait([&] { return LoadAcquire(weights_flag + s) != 0; }, v.ctx.timeout_ns)) {
-          timeout->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
+          failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
           v.MaskAfterTimeout(s);
           break;
         }
@@ -278,7 +290,7 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Tim
   }
 }
 
-void CombineRecv(View& v, const LowLatencyCombineArgs& a, TimeoutRecord* timeout) {
+void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure) {
   const LowLatencyLayout& l = v.l;
   const int H = l.hidden, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts, K = a.num_topk;
   const uint8_t* my_half = v.HalfBase(v.rank);
@@ -286,7 +298,7 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, TimeoutRecord* timeout
     if (v.Masked(r)) continue;
     const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + r;
     if (!BoundedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns)) {
-      timeout->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
+      failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }
   }
@@ -317,10 +329,10 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
   EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(checked, args));
   View v = MakeView(ctx, args.buffer_half);
-  TimeoutRecord timeout;
+  FailureRecord failure;
   if (Sends(args.phases)) DispatchSend(v, args);
-  if (Receives(args.phases)) DispatchRecv(v, args, &timeout);
-  return timeout.Finish(ctx.status);
+  if (Receives(args.phases)) DispatchRecv(v, args, &failure);
+  return failure.Finish(ctx.status);
 }
 
 absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args) {
@@ -329,11 +341,11 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
   EPF_RETURN_IF_ERROR(ValidateLowLatencyCombine(checked, args));
   View v = MakeView(ctx, args.buffer_half);
-  TimeoutRecord timeout;
+  FailureRecord failure;
   const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
-  if (Sends(args.phases)) CombineSend(v, args, x, &timeout);
-  if (Receives(args.phases)) CombineRecv(v, args, &timeout);
-  return timeout.Finish(ctx.status);
+  if (Sends(args.phases)) CombineSend(v, args, x, &failure);
+  if (Receives(args.phases)) CombineRecv(v, args, &failure);
+  return failure.Finish(ctx.status);
 }
 
 absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {

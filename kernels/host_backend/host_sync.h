@@ -31,6 +31,12 @@ template <typename T>
 inline T LoadAcquire(const T* word) {
   return std::atomic_ref<T>(*const_cast<T*>(word)).load(std::memory_order_acquire);
 }
+// Peer data that is published by an earlier acquire (a barrier) but may still be written by a misbehaving peer: read
+// once, atomically, into a local copy that is then checked and used.
+template <typename T>
+inline T LoadRelaxed(const T* word) {
+  return std::atomic_ref<T>(*const_cast<T*>(word)).load(std::memory_order_relaxed);
+}
 template <typename T>
 inline void StoreRelease(T* word, T value) {
   std::atomic_ref<T>(*word).store(value, std::memory_order_release);
@@ -52,9 +58,10 @@ inline void CpuRelax() {
 #endif
 }
 
-// The first timeout of a call: where it happened and who was waited for. Turned into the same absl::Status as the
-// GPU's status word, and copied into the caller's status word (if any) when that word is still clear.
-class TimeoutRecord {
+// The first failure of a call — a wait that timed out (who was waited for) or a bad value read from peer-writable
+// memory (who wrote it, which field, the value and its valid range). Turned into the same absl::Status as the GPU's
+// status word (KernelStatusToStatus), and copied into the caller's status word (if any) when that word is still clear.
+class FailureRecord {
  public:
   bool failed() const { return record_.code != kKernelStatusOk; }
   void Record(WaitSite site, int waiting_rank, int peer_rank, int channel) {
@@ -65,6 +72,18 @@ class TimeoutRecord {
     record_.peer_rank = peer_rank;
     record_.channel = channel;
   }
+  void RecordBadPeerData(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value,
+                         int64_t min_value, int64_t max_value) {
+    if (failed()) return;
+    record_ = BadPeerDataRecord(field, reading_rank, peer_rank, index, value, min_value, max_value);
+  }
+  // Checks `min_value <= value <= max_value` for a value read from `peer_rank`'s writes; records it when outside.
+  bool CheckPeerValue(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value, int64_t min_value,
+                      int64_t max_value) {
+    if (value >= min_value && value <= max_value) return true;
+    RecordBadPeerData(field, reading_rank, peer_rank, index, value, min_value, max_value);
+    return false;
+  }
   // Copies the record into `status_word` if it holds no earlier failure, and returns the status of this call.
   absl::Status Finish(KernelStatus* status_word) const {
     if (!failed()) return absl::OkStatus();
@@ -72,11 +91,14 @@ class TimeoutRecord {
       int32_t expected = kKernelStatusOk;
       // Claim the word as the GPU kernels do (compare-and-swap on code), then fill in the fields.
       if (std::atomic_ref<int32_t>(status_word->code)
-              .compare_exchange_strong(expected, kKernelStatusTimeout, std::memory_order_acq_rel)) {
+              .compare_exchange_strong(expected, record_.code, std::memory_order_acq_rel)) {
         status_word->site = record_.site;
         status_word->waiting_rank = record_.waiting_rank;
         status_word->peer_rank = record_.peer_rank;
         status_word->channel = record_.channel;
+        status_word->value = record_.value;
+        status_word->min_value = record_.min_value;
+        status_word->max_value = record_.max_value;
       }
     }
     return KernelStatusToStatus(record_);
@@ -107,11 +129,6 @@ bool BoundedWait(Ready&& ready, uint64_t timeout_ns) {
       std::this_thread::sleep_for(std::chrono::microseconds(std::min(1 << shift, 50)));
     }
   }
-}
-
-// True when a monotonic int32 counter has reached `target` (wrap-around safe), as the GPU barrier compares.
-inline bool CounterReached(int32_t value, int32_t target) {
-  return static_cast<int32_t>(static_cast<uint32_t>(value) - static_cast<uint32_t>(target)) >= 0;
 }
 
 }  // namespace epfabric::kernels::host_backend::internal

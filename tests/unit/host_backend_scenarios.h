@@ -231,8 +231,23 @@ inline IntranodeRegionConfig IntranodeConfigFor(const std::vector<IntranodeCase>
   return config;
 }
 
+// A call's status: recorded as a mismatch, or, with `first_error` given, stored there (the first one) and the
+// sequence stops (returns true) — for tests where an error is an allowed outcome and later calls would only report
+// its consequences.
+inline bool StopAt(const char* what, int rank, const absl::Status& status, Mismatches* m, absl::Status* first_error) {
+  if (status.ok()) return false;
+  if (first_error == nullptr) {
+    m->Status(what, rank, status);
+    return false;
+  }
+  if (first_error->ok()) *first_error = status;
+  return true;
+}
+
 // One rank's whole pipeline for one case: layout, notify, dispatch, cached dispatch into re-poisoned outputs, combine.
-inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpected& x, Mismatches* m) {
+// With `first_error`, the first failing call ends the sequence (see StopAt).
+inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpected& x, Mismatches* m,
+                             absl::Status* first_error = nullptr) {
   const IntranodeCase& c = x.c;
   const int rank = group.rank, R = c.num_ranks(), epr = c.num_experts / R;
   const ref::RankInput& in = x.inputs[rank];
@@ -254,7 +269,7 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   lp.num_tokens_per_expert = per_expert.data();
   lp.is_token_in_rank = is_token_in_rank;
   lp.num_invalid_topk = invalid.data();
-  m->Status("GetDispatchLayout", rank, host_backend::GetDispatchLayout(lp));
+  if (StopAt("GetDispatchLayout", rank, host_backend::GetDispatchLayout(lp), m, first_error)) return;
   m->CompareArrays("num_tokens_per_rank", rank, per_rank.data(), want.layout.num_tokens_per_rank.data(), R);
   m->CompareArrays("num_tokens_per_rdma_rank", rank, per_rdma.data(), want.layout.num_tokens_per_rdma_rank.data(),
                    per_rdma.size());
@@ -277,7 +292,7 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   np.recv_counts = recv_counts.data();
   np.host_num_recv_tokens = &host_num_recv;
   np.host_num_recv_tokens_per_expert = host_per_expert.data();
-  m->Status("IntranodeNotify", rank, host_backend::IntranodeNotify(group, np));
+  if (StopAt("IntranodeNotify", rank, host_backend::IntranodeNotify(group, np), m, first_error)) return;
   absl::StatusOr<int32_t> waited = IntranodeWaitRecvCounts(&host_num_recv, 1000000);
   if (!waited.ok() || *waited != want.num_recv_tokens) m->Add(absl::StrFormat("rank %d: host_num_recv_tokens", rank));
   m->CompareArrays("rank_prefix_matrix", rank, prefix.data(), want.rank_prefix_matrix.data(), R * R);
@@ -327,7 +342,7 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
     std::fill(channel_prefix.begin(), channel_prefix.end(), -7);
     std::fill(send_slot.begin(), send_slot.end(), -7);
     const char* what = pass == 0 ? "IntranodeDispatch" : "cached IntranodeDispatch";
-    m->Status(what, rank, host_backend::IntranodeDispatch(group, dp, &handle));
+    if (StopAt(what, rank, host_backend::IntranodeDispatch(group, dp, &handle), m, first_error)) return;
     m->CompareArrays("recv_x", rank, recv_x.data, want.recv_x.data(), want.recv_x.size());
     for (size_t i = want.recv_x.size(); i < static_cast<size_t>(capacity) * x.config.row_bytes; ++i) {
       if (recv_x.data[i] != 0xFF) {
@@ -355,9 +370,10 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   std::vector<float> combined_w(static_cast<size_t>(T) * combine_topk + 1, -7.0f);
   AlignedBuffer combine_x(cin.x.size() * 2 + 16), bias_0(cin.bias_0.size() * 2 + 16),
       bias_1(cin.bias_1.size() * 2 + 16);
-  std::memcpy(combine_x.data, cin.x.data(), cin.x.size() * 2);
-  std::memcpy(bias_0.data, cin.bias_0.data(), cin.bias_0.size() * 2);
-  std::memcpy(bias_1.data, cin.bias_1.data(), cin.bias_1.size() * 2);
+  // DataOrDummy: memcpy from an empty vector's null data() is undefined even for 0 bytes (UBSan says so).
+  std::memcpy(combine_x.data, DataOrDummy(cin.x), cin.x.size() * 2);
+  std::memcpy(bias_0.data, DataOrDummy(cin.bias_0), cin.bias_0.size() * 2);
+  std::memcpy(bias_1.data, DataOrDummy(cin.bias_1), cin.bias_1.size() * 2);
   IntranodeCombineParams cp;
   cp.x = combine_x.data;
   cp.hidden = c.hidden;
@@ -367,7 +383,7 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   cp.bias_1 = c.bias ? bias_1.data : nullptr;
   cp.combined_x = combined.data;
   cp.combined_topk_weights = combine_topk > 0 ? combined_w.data() : nullptr;
-  m->Status("IntranodeCombine", rank, host_backend::IntranodeCombine(group, cp, handle));
+  if (StopAt("IntranodeCombine", rank, host_backend::IntranodeCombine(group, cp, handle), m, first_error)) return;
   m->CompareArrays("combined_x", rank, reinterpret_cast<const uint16_t*>(combined.data), cwant.combined_x.data(),
                    cwant.combined_x.size());
   m->CompareArrays("combined_topk_weights", rank, combined_w.data(), cwant.combined_topk_weights.data(),
@@ -458,10 +474,11 @@ inline double MillisecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
 
-// One rank's sequence of low-latency dispatch + combine pairs, each checked against the reference.
+// One rank's sequence of low-latency dispatch + combine pairs, each checked against the reference. With
+// `first_error`, the first failing call ends the sequence (see StopAt).
 inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase& c,
                               const std::vector<LowLatencyIteration>& its, Mismatches* m,
-                              LowLatencyTimes* times = nullptr) {
+                              LowLatencyTimes* times = nullptr, absl::Status* first_error = nullptr) {
   const int rank = ctx.rank, R = c.num_ranks, M = c.max_tokens, H = c.hidden, L = c.num_experts / R;
   const size_t slots = static_cast<size_t>(R) * M;
   const int G = H / 128;
@@ -509,11 +526,11 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     double cpu_start = ThreadCpuMs();
     if (c.hook) {
       d.phases = LowLatencyPhases::kSend;
-      m->Status("LowLatencyDispatch send", rank, host_backend::LowLatencyDispatch(ctx, d));
+      if (StopAt("LowLatencyDispatch send", rank, host_backend::LowLatencyDispatch(ctx, d), m, first_error)) return;
       d.phases = LowLatencyPhases::kRecv;
-      m->Status("LowLatencyDispatch recv", rank, host_backend::LowLatencyDispatch(ctx, d));
+      if (StopAt("LowLatencyDispatch recv", rank, host_backend::LowLatencyDispatch(ctx, d), m, first_error)) return;
     } else {
-      m->Status("LowLatencyDispatch", rank, host_backend::LowLatencyDispatch(ctx, d));
+      if (StopAt("LowLatencyDispatch", rank, host_backend::LowLatencyDispatch(ctx, d), m, first_error)) return;
     }
     if (times != nullptr) {
       times->dispatch_ms.push_back(MillisecondsSince(start));
@@ -574,11 +591,11 @@ inline void RunLowLatencyCase(const LowLatencyContext& ctx, const LowLatencyCase
     cpu_start = ThreadCpuMs();
     if (c.hook) {
       cb.phases = LowLatencyPhases::kSend;
-      m->Status("LowLatencyCombine send", rank, host_backend::LowLatencyCombine(ctx, cb));
+      if (StopAt("LowLatencyCombine send", rank, host_backend::LowLatencyCombine(ctx, cb), m, first_error)) return;
       cb.phases = LowLatencyPhases::kRecv;
-      m->Status("LowLatencyCombine recv", rank, host_backend::LowLatencyCombine(ctx, cb));
+      if (StopAt("LowLatencyCombine recv", rank, host_backend::LowLatencyCombine(ctx, cb), m, first_error)) return;
     } else {
-      m->Status("LowLatencyCombine", rank, host_backend::LowLatencyCombine(ctx, cb));
+      if (StopAt("LowLatencyCombine", rank, host_backend::LowLatencyCombine(ctx, cb), m, first_error)) return;
     }
     if (times != nullptr) {
       times->combine_ms.push_back(MillisecondsSince(start));

@@ -10,48 +10,12 @@
 #include <gtest/gtest.h>
 
 #include "epfabric/kernels/host_backend_numeric.h"
-#include "host_backend_scenarios.h"
+#include "host_backend_threads.h"
 
 namespace epfabric::kernels::host_backend_test {
 namespace {
 
-constexpr uint64_t kTestTimeoutNs = 20ull * 1000 * 1000 * 1000;  // a hang fails the test instead of blocking CI
 constexpr uint64_t kShortTimeoutNs = 100ull * 1000 * 1000;
-
-// Runs `body(rank)` on one thread per rank and returns the mismatches of all ranks.
-std::string RunRanks(int num_ranks, const std::function<void(int, Mismatches*)>& body) {
-  std::vector<Mismatches> results(num_ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < num_ranks; ++r) threads.emplace_back([&, r] { body(r, &results[r]); });
-  for (std::thread& t : threads) t.join();
-  std::string all;
-  for (const Mismatches& m : results) all += m.str();
-  return all;
-}
-
-// A group's regions in malloc'ed memory (zeroed), and each rank's view of them.
-class IntranodeRegions {
- public:
-  explicit IntranodeRegions(const IntranodeRegionConfig& config) : config_(config) {
-    const absl::StatusOr<size_t> bytes = IntranodeRegionBytes(config);
-    EXPECT_TRUE(bytes.ok()) << bytes.status();
-    regions_.resize(config.num_ranks);
-    for (AlignedBuffer& b : regions_) b.Resize(bytes.value_or(0));
-  }
-  IntranodeGroup Group(int rank, uint64_t timeout_ns = kTestTimeoutNs, KernelStatus* status = nullptr) const {
-    IntranodeGroup g;
-    g.config = config_;
-    g.rank = rank;
-    for (int r = 0; r < config_.num_ranks; ++r) g.peer_regions[r] = regions_[r].data;
-    g.status = status;
-    g.timeout_ns = timeout_ns;
-    return g;
-  }
-
- private:
-  IntranodeRegionConfig config_;
-  std::vector<AlignedBuffer> regions_;
-};
 
 // Runs the cases one after the other on one group (back-to-back calls on the same regions).
 std::string RunIntranodeSequence(const std::vector<IntranodeCase>& cases) {
@@ -182,33 +146,6 @@ TEST(HostIntranode, MissingPeerTimesOutNamingItThenResetAndCleanCallWork) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-
-class LowLatencyRegions {
- public:
-  explicit LowLatencyRegions(const LowLatencyCase& c) {
-    absl::StatusOr<LowLatencyLayout> layout = MakeLowLatencyLayout(c.max_tokens, c.hidden, c.num_ranks, c.num_experts);
-    EXPECT_TRUE(layout.ok()) << layout.status();
-    layout_ = layout.value_or(LowLatencyLayout{});
-    regions_.resize(c.num_ranks);
-    for (AlignedBuffer& b : regions_) b.Resize(layout_.total_bytes);
-  }
-  LowLatencyContext Context(int rank, uint64_t timeout_ns = kTestTimeoutNs, KernelStatus* status = nullptr,
-                            int32_t* rank_mask = nullptr) const {
-    LowLatencyContext ctx;
-    ctx.rank = rank;
-    ctx.num_ranks = layout_.num_ranks;
-    for (int r = 0; r < layout_.num_ranks; ++r) ctx.peer_regions[r] = regions_[r].data;
-    ctx.layout = layout_;
-    ctx.status = status;
-    ctx.rank_mask = rank_mask;
-    ctx.timeout_ns = timeout_ns;
-    return ctx;
-  }
-
- private:
-  LowLatencyLayout layout_;
-  std::vector<AlignedBuffer> regions_;
-};
 
 std::string RunLowLatency(const LowLatencyCase& c) {
   const std::vector<LowLatencyIteration> its = MakeLowLatencyExpected(c);

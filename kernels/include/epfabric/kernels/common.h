@@ -21,9 +21,18 @@ size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 
 const char* WaitSiteName(WaitSite site);
+const char* PeerDataFieldName(PeerDataField field);
 
-// Turns a status word read back from the device into an absl::Status naming the rank that was waited for.
+// Turns a status word read back from the device into an absl::Status naming the peer: DeadlineExceededError for a
+// timeout ("rank 0 timed out waiting for barrier from rank 1 (channel 0)"), DataLossError for bad peer data
+// ("rank 0 read notify token count = 2147483000 from rank 1 (destination rank 0; valid [0, 4096]): stale or corrupt
+// peer data").
 absl::Status KernelStatusToStatus(const KernelStatus& status);
+
+// The record a kernel writes for a bad value read from peer-writable memory (values saturated to int32); the host
+// backend reports through it too, so that both backends word the error the same way.
+KernelStatus BadPeerDataRecord(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value,
+                               int64_t min_value, int64_t max_value);
 
 // InvalidArgumentError "<field> = <value>: <requirement>": the one form of the data path's out-of-range input errors
 // (kernels and client alike), so that every message names the field and its value.

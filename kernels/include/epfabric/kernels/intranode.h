@@ -133,6 +133,7 @@ struct IntranodeNotifyParams {
 absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& params, cudaStream_t stream);
 
 // Polls a mapped host counter until the kernel wrote it (value >= 0), up to `timeout_ns`. Host pointer form.
+// Returns DataLossError when notify wrote kRecvCountBadPeerData (status_word.h; the status word names the peer).
 absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num_recv_tokens, uint64_t timeout_ns);
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -33,21 +33,50 @@ enum class WaitSite : int32_t {
   kLowLatencyCombineFlag = 8,
 };
 
-// Written by a kernel when a bounded wait expires. It lives in memory the host can read after the stream is
-// synchronised (device memory copied back, or mapped pinned host memory). All fields are written by the first
-// thread that times out (it claims `code` with an atomic compare-and-swap); later timeouts leave the record alone
-// so that the root cause is reported, not its consequences.
+// A value read from peer-writable memory (a region any rank of the group can write) that lies outside its valid
+// range: a stale peer (leftovers of an earlier run), a buggy or a malicious one. The reader never uses such a value
+// as a size, index or offset: it records it (code kKernelStatusBadPeerData) and treats the item as empty. Values are
+// stable: they appear in logs and error messages. docs/data-layout.md ("Untrusted values") lists every check.
+enum class PeerDataField : int32_t {
+  kNone = 0,
+  kNotifyRankCount = 1,     // notify: tokens a source sends to a rank; index = destination rank
+  kNotifyExpertCount = 2,   // notify: top-k entries of a source for a local expert; index = local expert
+  kDispatchRangeBegin = 3,  // dispatch: first slot of a channel's range; index = channel
+  kDispatchRangeEnd = 4,    // dispatch: end of a channel's range; index = channel
+  kDispatchTail = 5,        // dispatch: rows a sender says it made visible; index = channel
+  kDispatchSrcIdx = 6,      // dispatch: a received row's token index on its source; index = channel
+  kDispatchTopkIdx = 7,     // dispatch: a received row's local expert id; index = channel
+  kCombineTail = 8,         // combine: slot end a peer says it made visible; index = channel
+  kCombineRange = 9,        // combine: a channel's slot range from the dispatch that filled the handle; index = channel
+  kLowLatencyRecvCount = 10,     // low-latency dispatch: tokens of a source for a local expert; index = local expert
+  kLowLatencyRoutingToken = 11,  // low-latency dispatch: token of a routing entry; index = local expert
+  kLowLatencyRoutingTopk = 12,   // low-latency dispatch: top-k position of a routing entry; index = local expert
+  kBarrierArrivals = 13,         // barrier: a peer's arrivals minus this rank's completed barriers; index = lane
+  kLowLatencyDoneCounter = 14,   // low latency: the call's local work counter (in the own region); index = -1
+};
+
+// Written by a kernel when a bounded wait expires or when it reads a bad value from peer-writable memory. It lives
+// in memory the host can read after the stream is synchronised (device memory copied back, or mapped pinned host
+// memory). All fields are written by the first thread that fails (it claims `code` with an atomic
+// compare-and-swap); later failures leave the record alone so that the root cause is reported, not its consequences.
 struct KernelStatus {
-  int32_t code;          // kKernelStatusOk or kKernelStatusTimeout
-  int32_t site;          // WaitSite
-  int32_t waiting_rank;  // the rank whose kernel timed out
-  int32_t peer_rank;     // the rank it waited for (-1 when not one rank)
-  int32_t channel;       // channel / expert / block index, -1 when not meaningful
-  int32_t reserved[3];
+  int32_t code;          // kKernelStatusOk, kKernelStatusTimeout or kKernelStatusBadPeerData
+  int32_t site;          // WaitSite (timeout) or PeerDataField (bad peer data)
+  int32_t waiting_rank;  // the rank whose kernel timed out / read the bad value
+  int32_t peer_rank;     // the rank it waited for / that wrote the value (-1 when not one rank)
+  int32_t channel;       // channel / expert / block index, -1 when not meaningful (see PeerDataField)
+  int32_t value;         // bad peer data: the value read (saturated to int32)
+  int32_t min_value;     // bad peer data: the valid range, inclusive
+  int32_t max_value;
 };
 static_assert(sizeof(KernelStatus) == 32);
 
 inline constexpr int32_t kKernelStatusOk = 0;
 inline constexpr int32_t kKernelStatusTimeout = 1;
+inline constexpr int32_t kKernelStatusBadPeerData = 2;
+
+// What notify writes into its mapped host counter (host_num_recv_tokens) instead of a count when it read a bad count
+// from a peer: the host's wait (IntranodeWaitRecvCounts) ends at once, and the status word names the peer.
+inline constexpr int32_t kRecvCountBadPeerData = -2;
 
 }  // namespace epfabric::kernels

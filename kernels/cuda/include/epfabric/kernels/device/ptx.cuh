@@ -89,6 +89,12 @@ __device__ __forceinline__ int32_t ld_cg_global(const int32_t* ptr) {
   return v;
 }
 
+__device__ __forceinline__ int64_t ld_cg_global(const int64_t* ptr) {
+  int64_t v;
+  asm volatile("ld.global.cg.s64 %0, [%1];" : "=l"(v) : "l"(ptr));
+  return v;
+}
+
 // --- mbarrier and 1-D bulk copies (TMA) --------------------------------------------------------------------------
 // A bulk copy moves a contiguous, 16-byte aligned run of global memory into shared memory without registers; its
 // completion is counted on an mbarrier in transaction bytes.
