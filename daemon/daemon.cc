@@ -19,6 +19,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/peer_auth.h"
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_manager.h"
@@ -28,6 +29,7 @@
 #include "services/control_service.h"
 #include "services/fd_channel.h"
 #include "services/ops_service.h"
+#include "security/peer_authenticator.h"
 #include "services/peer_service.h"
 #include "topology/system_files.h"
 #include "topology/topology.h"
@@ -128,7 +130,9 @@ struct Daemon::State {
   ClientListener listener;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<PeerService> peer;
-  std::unique_ptr<OpsService> ops;
+  std::unique_ptr<OpsService> ops;       // client socket
+  std::unique_ptr<OpsService> peer_ops;  // peer port: needs a member's or an ops credential
+  std::unique_ptr<security::PeerAuthenticator> peer_auth;
   std::unique_ptr<grpc::Server> client_server;
   std::unique_ptr<grpc::Server> peer_server;
 
@@ -203,10 +207,26 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
+  std::string secret;
+  if (!options.fabric_secret_file.empty()) {
+    auto read = common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file");
+    if (!read.ok()) return read.status();
+    secret = std::move(*read);
+  }
   fabric::TlsFiles tls{options.tls_cert, options.tls_key, options.tls_ca, options.tls_target_name};
-  auto links = fabric::PeerLinks::Create(tls);
+  auto links = fabric::PeerLinks::Create(tls, secret, options.fabric_id,
+                                         common::PeerProofClaim{common::PeerRole::kMember, options.rank});
   if (!links.ok()) return links.status();
   s->links = std::move(*links);
+  security::PeerAuthConfig auth_config;
+  auth_config.fabric_id = options.fabric_id;
+  auth_config.secret = secret;
+  auth_config.mutual_tls = s->links->tls();
+  auth_config.insecure = options.insecure_peer_port;
+  s->peer_auth = std::make_unique<security::PeerAuthenticator>(std::move(auth_config));
+  if (!s->links->tls() && secret.empty()) {
+    Logger("daemon")->warn("the peer port {} accepts every caller (--insecure_peer_port): tests only", options.peer_listen);
+  }
 
   if (s->backend.backend == v1::BACKEND_CUDA) {
     s->allocator = memory::MakeCudaAllocator(
@@ -249,12 +269,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   s->fd_channel = std::make_unique<FdChannel>(s->groups.get());
   s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener);
-  s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get());
+  s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get(), s->peer_auth.get());
   OpsProviders providers;
   providers.topology = [s] { return s->Topology(); };
   providers.fabric = [s] { return s->Fabric(); };
   providers.health = [s] { return BuildHealthReport(s->Fabric(), s->membership->CoordinatorReachable()); };
   providers.clients = [s] { return s->groups->Clients(); };
+  s->peer_ops = std::make_unique<OpsService>(providers, s->peer_auth.get());
   s->ops = std::make_unique<OpsService>(std::move(providers));
 
   if (absl::Status claimed = ClaimSocketPath(s->socket_path); !claimed.ok()) return claimed;
@@ -270,7 +291,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     int selected_port = 0;
     builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
     builder.RegisterService(s->peer.get());
-    builder.RegisterService(s->ops.get());
+    builder.RegisterService(s->peer_ops.get());
     {
       absl::MutexLock lock(&s->servers_mutex);
       s->peer_server = builder.BuildAndStart();

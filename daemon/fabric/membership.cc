@@ -270,12 +270,22 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
   }
   if (member.peer_address().empty()) return absl::InvalidArgumentError("member.peer_address: empty");
   if (member.incarnation() == 0) return absl::InvalidArgumentError("member.incarnation: 0 is not an incarnation");
+  if (request.known_epoch() > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("known_epoch: ", request.known_epoch(), " is above ", kMaxEpoch));
+  }
 
   std::string holder_address;
   uint64_t holder_incarnation = 0;
   {
     absl::MutexLock lock(&mutex_);
     const v1::MemberInfo& current = view_.members(rank);
+    // An incarnation is one daemon process: the same incarnation from another address is not that daemon.
+    if (current.state() == v1::MEMBER_STATE_UP && current.incarnation() == member.incarnation() &&
+        current.peer_address() != member.peer_address()) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " incarnation ", member.incarnation(),
+                                                   " is already joined from ", current.peer_address(),
+                                                   "; a join from ", member.peer_address(), " is refused"));
+    }
     if (current.state() == v1::MEMBER_STATE_UP && current.incarnation() != member.incarnation()) {
       holder_address = current.peer_address();
       holder_incarnation = current.incarnation();
@@ -345,6 +355,10 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::HandleHeartbeat(const v1::Hear
 bool Membership::ApplyLocked(const v1::Membership& membership) {
   if (membership.epoch() <= view_.epoch() && coordinator_reachable_) return false;
   if (membership.world_size() != config_.world_size || membership.members_size() != config_.world_size) return false;
+  if (membership.epoch() > kMaxEpoch) return false;
+  for (int r = 0; r < membership.members_size(); ++r) {
+    if (membership.members(r).rank() != r) return false;
+  }
   view_ = membership;
   const v1::MemberInfo& me = view_.members(config_.rank);
   if (me.state() != v1::MEMBER_STATE_UP || me.incarnation() != incarnation_) {
@@ -361,6 +375,10 @@ absl::Status Membership::HandlePublish(const v1::PublishMembershipRequest& reque
   }
   {
     absl::MutexLock lock(&mutex_);
+    if (request.membership().epoch() > kMaxEpoch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("membership.epoch: ", request.membership().epoch(), " is above ", kMaxEpoch));
+    }
     if (request.membership().epoch() > view_.epoch()) {
       coordinator_reachable_ = true;
       last_contact_ = absl::Now();

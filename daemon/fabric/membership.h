@@ -25,6 +25,10 @@
 
 namespace epfabric::daemon::fabric {
 
+// Epochs count membership changes; one far above any real count (a forged 2^64-1 would pin a fabric for good) is
+// refused in joins and publishes.
+inline constexpr uint64_t kMaxEpoch = 1ull << 48;
+
 struct FabricConfig {
   std::string fabric_id = "epfabric";
   int rank = 0;

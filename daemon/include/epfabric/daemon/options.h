@@ -20,8 +20,10 @@ struct DaemonOptions {
   std::string coordinator;
   // host:port for this daemon's peer server; port 0 picks a free port.
   std::string peer_listen = "127.0.0.1:0";
-  // Allow a non-loopback peer_listen without mutual TLS.
+  // Serve the peer port without any credential (tests only): no TLS, no fabric secret.
   bool insecure_peer_port = false;
+  // File (mode 0600, owned by this user) holding the fabric secret that authenticates peer calls on loopback.
+  std::string fabric_secret_file;
   // Unix socket for clients and local ops tooling.
   std::string client_socket;
   // Permission bits of the client socket file.
