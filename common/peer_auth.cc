@@ -145,7 +145,8 @@ absl::StatusOr<PeerProofClaim> VerifyPeerProof(absl::string_view secret, absl::s
   const std::string expected = Mac(secret, SignedText(fabric_id, method, parts[1], claim.rank, unix_ms, parts[4]));
   if (CRYPTO_memcmp(expected.data(), parts[5].data(), expected.size()) != 0) {
     return absl::UnauthenticatedError(
-        absl::StrCat(method, ": the fabric credential does not verify (another fabric's secret, or a forgery)"));
+        absl::StrCat(method, ": the fabric credential does not verify for fabric '", fabric_id,
+                     "' (another fabric id or secret, or a forgery)"));
   }
   const absl::Duration skew = absl::AbsDuration(now - absl::FromUnixMillis(unix_ms));
   if (skew > kPeerAuthMaxSkew) {

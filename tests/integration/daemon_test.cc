@@ -134,7 +134,8 @@ TEST(Daemon, TopologyOverSocketAndPeerPort) {
   // The same through the peer port, as remote tooling would ask.
   auto peer_address = (*daemon)->PeerAddress();
   ASSERT_TRUE(peer_address.ok());
-  result = RunBinary({EpctlBinary(), "--address=" + *peer_address, "topology"});
+  result = RunBinary(
+      {EpctlBinary(), "--address=" + *peer_address, "--fabric_secret_file=" + TestFabricSecretFile(), "topology"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, HasSubstr("host      node-a"));
   EXPECT_THAT(result.out, HasSubstr(absl::StrCat("GPUs (", gpus, ")")));

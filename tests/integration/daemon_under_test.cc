@@ -35,7 +35,8 @@ std::vector<std::string> WithPeerCredential(std::vector<std::string> flags) {
       return flags;
     }
   }
-  flags.push_back("--fabric_secret_file=" + TestFabricSecretFile());
+  // Right after the binary: a trailing flag that expects a value must not swallow it.
+  flags.insert(flags.empty() ? flags.end() : flags.begin() + 1, "--fabric_secret_file=" + TestFabricSecretFile());
   return flags;
 }
 
