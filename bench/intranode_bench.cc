@@ -1,5 +1,8 @@
-// Intranode normal-mode benchmark: 2 ranks (GPUs 0 and 1 of one process), 4096 tokens per rank, hidden 7168,
-// top-8 of 256 experts (distinct experts per token), 24 SMs unless --num_sms says otherwise.
+// Intranode normal-mode benchmark: 2 ranks (--num_ranks) in one process, 4096 tokens per rank, hidden 7168, top-8 of
+// 256 experts (distinct experts per token), 24 SMs unless --num_sms says otherwise. Rank r runs on GPU r mod (visible
+// GPUs): on a one-GPU machine the ranks share GPU 0, the JSON says "shared_gpu": true and the output says that the
+// figures are not comparable with NVLink figures; a channel count whose blocks cannot all be resident with the other
+// ranks' is skipped (with a line saying so), and the link probes (NVLink between two GPUs) are skipped.
 //
 // Every timed iteration queues a start gate (intranode_gate.cu) on both GPUs, then [start event, kernel(s), end
 // event] on each, then opens the gate, so host launch skew does not count; the iteration's time is the slower
@@ -10,8 +13,8 @@
 // After the timed runs of each kernel, 20 more runs record its timeline (kernels' profile marks, %globaltimer): when
 // each warp role finished, relative to the first block's start (--no_profile skips them).
 //
-// Usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] [--no_probes]
-//                        [--no_profile] [--extra_results FILE]
+// Usage: intranode_bench [--out DIR] [--num_ranks N] [--num_sms N] [--iters N] [--warmup N] [--probes_only]
+//                        [--no_probes] [--no_profile] [--extra_results FILE]
 //
 // --extra_results FILE: key=value lines (numbers) measured elsewhere, added to the JSON `results` map as they are
 // (ReadResultsFile in common/report.h; a key this benchmark writes itself keeps the benchmark's value). device-checks
@@ -31,9 +34,9 @@
 #include "common/report.h"
 #include "common/timeline.h"
 #include "epfabric/kernels/intranode.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 #include "intranode_gate.h"
 #include "intranode_harness.h"
-#include "intranode_reference.h"
 
 namespace epfabric::bench {
 namespace {
@@ -45,6 +48,7 @@ namespace ref = kernels::reference;
 
 struct Options {
   std::string out = "bench/results";
+  int num_ranks = 2;
   int num_sms = 24;
   int iters = 100;
   int warmup = 10;
@@ -151,10 +155,10 @@ void PrintProfile(const std::string& title, const std::vector<std::vector<Timeli
   for (size_t r = 0; r < per_rank.size(); ++r) PrintTimelines(absl::StrCat(title, ", rank ", r), per_rank[r], roles);
 }
 
-CaseConfig BenchCase(bool fp8, int num_sms) {
+CaseConfig BenchCase(bool fp8, int num_sms, int num_ranks) {
   CaseConfig c;
   c.hidden = 7168;
-  c.num_tokens = {4096, 4096};
+  c.num_tokens.assign(num_ranks, 4096);
   c.num_topk = 8;
   c.num_experts = 256;
   c.fp8 = fp8;
@@ -205,7 +209,11 @@ void Record(Report& report, const std::string& key, const Summary& s, double byt
 // dispatch, and (BF16) combine.
 void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool fp8, int num_sms, bool full,
                 Report& report) {
-  const CaseConfig c = BenchCase(fp8, num_sms);
+  if (absl::Status fits = testing::CheckBlocksFit(group.placement(), num_sms); !fits.ok()) {
+    std::printf("%s sms %d: skipped: %s\n", fp8 ? "fp8" : "bf16", num_sms, std::string(fits.message()).c_str());
+    return;
+  }
+  const CaseConfig c = BenchCase(fp8, num_sms, group.num_ranks());
   std::mt19937_64 rng(12345 + num_sms + (fp8 ? 1 : 0));
   const std::vector<ref::RankInput> inputs = testing::MakeInputs(c, rng);
   const std::vector<ref::RankOutput> want = ref::Dispatch(inputs, testing::MakeReferenceConfig(c));
@@ -313,6 +321,12 @@ void ProbeLink(IntranodeTestGroup& group, int32_t* gate, const Options& o, const
 }
 
 void ProbeLinks(IntranodeTestGroup& group, int32_t* gate, const Options& o, Report& report) {
+  // What the probes measure is the link between two GPUs, both ways: 2 ranks on 2 distinct GPUs.
+  if (group.num_ranks() != 2 || group.placement().shared()) {
+    std::printf("link probes: skipped (%s): they measure the NVLink between 2 ranks on 2 distinct GPUs\n",
+                group.placement().ToString().c_str());
+    return;
+  }
   for (int blocks : {24, 132}) {
     ProbeLink(group, gate, o, absl::StrCat("sm_copy_sms", blocks), report,
               [&](const void* src, void* dst, size_t bytes, cudaStream_t stream) {
@@ -345,6 +359,8 @@ int Main(int argc, char** argv) {
     };
     if (arg == "--out") {
       o.out = value();
+    } else if (arg == "--num_ranks") {
+      o.num_ranks = std::atoi(value().c_str());
     } else if (arg == "--num_sms") {
       o.num_sms = std::atoi(value().c_str());
     } else if (arg == "--iters") {
@@ -366,18 +382,23 @@ int Main(int argc, char** argv) {
       o.extra_results = *std::move(extra);
     } else {
       std::fprintf(stderr,
-                   "usage: intranode_bench [--out DIR] [--num_sms N] [--iters N] [--warmup N] [--probes_only] "
-                   "[--no_probes] [--no_profile] [--extra_results FILE]\n");
+                   "usage: intranode_bench [--out DIR] [--num_ranks N] [--num_sms N] [--iters N] [--warmup N] "
+                   "[--probes_only] [--no_probes] [--no_profile] [--extra_results FILE]\n");
       return 2;
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
-    std::printf("intranode_bench needs 2 CUDA devices, found %d: nothing to measure\n", devices);
+  const int devices = testing::CudaDeviceCount();
+  if (devices < 1) {
+    std::printf("intranode_bench needs a CUDA device, found none: nothing to measure\n");
     return 0;
   }
+  if (o.num_ranks < 1 || o.num_ranks > kernels::kMaxNvlPeers || 256 % o.num_ranks != 0) {
+    std::fprintf(stderr, "--num_ranks %d: must divide the 256 experts and be 1..%d\n", o.num_ranks,
+                 kernels::kMaxNvlPeers);
+    return 2;
+  }
   kernels::IntranodeRegionConfig config;
-  config.num_ranks = 2;
+  config.num_ranks = o.num_ranks;
   config.max_tokens_per_rank = 4096;
   config.max_hidden = 7168;
   config.max_topk = 8;
@@ -389,8 +410,11 @@ int Main(int argc, char** argv) {
   BENCH_CUDA(
       cudaHostAlloc(reinterpret_cast<void**>(&gate), sizeof(int32_t), cudaHostAllocMapped | cudaHostAllocPortable));
 
+  const testing::GpuPlacement& placement = (*group)->placement();
+  const std::string shared_note = SharedGpuNote(placement.num_ranks, placement.num_gpus);
   Report report("intranode");
-  report.SetConfig("num_ranks", 2.0);
+  report.SetPlacement(placement.num_ranks, placement.num_gpus);
+  report.SetConfig("num_ranks", static_cast<double>(o.num_ranks));
   report.SetConfig("num_tokens_per_rank", 4096.0);
   report.SetConfig("hidden", 7168.0);
   report.SetConfig("num_topk", 8.0);
@@ -402,8 +426,9 @@ int Main(int argc, char** argv) {
   // Set before this benchmark's own results, so that a key both write keeps the value measured here.
   for (const auto& [key, value] : o.extra_results) report.SetResult(key, value);
   report.SetResult("num_sms", o.num_sms);
-  std::printf("device: %s x2, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
-              o.num_sms, o.iters);
+  std::printf("device: %s, %s, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
+              placement.ToString().c_str(), o.num_sms, o.iters);
+  if (!shared_note.empty()) std::printf("%s\n", shared_note.c_str());
 
   if (!o.probes_only) {
     BenchDtype(**group, gate, o, /*fp8=*/false, o.num_sms, /*full=*/true, report);
@@ -417,6 +442,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::string> path = report.WriteTo(o.out);
   BENCH_CHECK(path.status());
   std::printf("wrote %s\n", path->c_str());
+  if (!shared_note.empty()) std::printf("%s\n", shared_note.c_str());
   return 0;
 }
 

@@ -3,7 +3,7 @@
 // skew.
 #include "intranode_gate.h"
 
-#include "ptx.cuh"
+#include "epfabric/kernels/device/ptx.cuh"
 
 namespace epfabric::bench {
 namespace {

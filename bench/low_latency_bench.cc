@@ -1,5 +1,8 @@
-// Low-latency dispatch/combine benchmark: 2 ranks (one GPU each) in one process, 128 tokens per rank, hidden 7168,
-// top-8 of 288 experts, FP8 dispatch, BF16 combine (DeepEP's decoding benchmark shape).
+// Low-latency dispatch/combine benchmark: 2 ranks (--num_ranks) in one process, 128 tokens per rank, hidden 7168,
+// top-8 of 288 experts, FP8 dispatch, BF16 combine (DeepEP's decoding benchmark shape). Rank r runs on GPU r mod
+// (visible GPUs): with one GPU per rank every launch uses all SMs; on a shared GPU (a one-GPU machine) each rank's
+// grid gets SMs / (ranks per GPU) blocks so that all ranks' cooperative grids are resident together, the JSON says
+// "shared_gpu": true and the output says that the figures are not comparable with NVLink figures.
 //
 // Ordinary calls: each rank's stream replays a CUDA graph of `iters` (dispatch, combine) pairs with an event between
 // consecutive kernels, so that the ranks run back to back in lockstep without host launch gaps; a rank's dispatch
@@ -7,7 +10,8 @@
 // Hook mode: each phase is a small graph per rank (event, kernel, event), launched on both ranks, host-synchronised
 // before the next phase; each kernel is timed alone by its events.
 //
-// Usage: low_latency_bench [--out DIR] [--iters N] [--sweep_blocks B1,B2,...]
+// Usage: low_latency_bench [--out DIR] [--iters N] [--num_ranks N] [--sweep_blocks B1,B2,...]
+// (a --sweep_blocks size whose grids cannot all be resident on a shared GPU is skipped with a line saying so)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +39,9 @@ using testing::LowLatencyGroup;
     }                                                                        \
   } while (0)
 #define CHECK_CUDA(expr) CHECK_OK(testing::Cuda((expr), #expr))
+
+// Blocks of rank r's launches: its context's num_blocks, or the GPU's SM count when 0.
+int NumBlocks(LowLatencyGroup& g, int r);
 
 struct Timings {
   std::vector<double> dispatch, combine, both;
@@ -126,22 +133,22 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   return t;
 }
 
-// The fixed cost in every figure: an empty cooperative kernel of the same shape (132 x 512 on an H200), timed like
-// the ordinary calls (one graph per rank of back-to-back kernels with events in between).
+// The fixed cost in every figure: an empty cooperative kernel of the same shape (132 x 512 on an H200; the rank's
+// share of the SMs on a shared GPU), timed like the ordinary calls (one graph per rank of back-to-back kernels with
+// events in between).
 std::vector<double> TimeEmptyKernel(LowLatencyGroup& g, int iters) {
   const int R = g.config().num_ranks;
   std::vector<double> samples;
   for (int r = 0; r < R; ++r) {
     auto& k = g.ranks()[r];
     CHECK_CUDA(cudaSetDevice(k.device));
-    int sms = 0;
-    CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, k.device));
+    const int blocks = NumBlocks(g, r);
     std::vector<cudaEvent_t> ev(iters + 1);
     for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
     CHECK_CUDA(cudaStreamBeginCapture(k.stream, cudaStreamCaptureModeThreadLocal));
     CHECK_CUDA(cudaEventRecordWithFlags(ev[0], k.stream, cudaEventRecordExternal));
     for (int i = 0; i < iters; ++i) {
-      CHECK_CUDA(bench::LaunchEmptyCooperative(sms, 512, k.stream));
+      CHECK_CUDA(bench::LaunchEmptyCooperative(blocks, 512, k.stream));
       CHECK_CUDA(cudaEventRecordWithFlags(ev[i + 1], k.stream, cudaEventRecordExternal));
     }
     cudaGraph_t graph;
@@ -332,10 +339,12 @@ void Row(bench::Report& report, const char* key, const std::vector<double>& samp
 int Main(int argc, char** argv) {
   std::string out_dir = "bench/results";
   int iters = 200;
+  int num_ranks = 2;
   std::vector<int> sweep_blocks;  // --sweep_blocks 64,96: also time ordinary calls with these grid sizes
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_dir = argv[++i];
     if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) iters = std::atoi(argv[++i]);
+    if (std::strcmp(argv[i], "--num_ranks") == 0 && i + 1 < argc) num_ranks = std::atoi(argv[++i]);
     if (std::strcmp(argv[i], "--sweep_blocks") == 0 && i + 1 < argc) {
       sweep_blocks.clear();
       for (const char* p = argv[++i]; *p != 0;) {
@@ -345,12 +354,16 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
-    std::fprintf(stderr, "needs 2 CUDA devices\n");
-    return 1;
+  if (testing::CudaDeviceCount() < 1) {
+    std::printf("low_latency_bench needs a CUDA device, found none: nothing to measure\n");
+    return 0;
   }
-  testing::LowLatencyCase c{.num_ranks = 2,
+  if (num_ranks < 1 || num_ranks > kernels::kMaxNvlPeers || 288 % num_ranks != 0) {
+    std::fprintf(stderr, "--num_ranks %d: must divide the 288 experts and be 1..%d\n", num_ranks,
+                 kernels::kMaxNvlPeers);
+    return 2;
+  }
+  testing::LowLatencyCase c{.num_ranks = num_ranks,
                             .num_experts = 288,
                             .hidden = 7168,
                             .max_tokens_per_rank = 128,
@@ -360,6 +373,10 @@ int Main(int argc, char** argv) {
                             .min_tokens = 128};
   LowLatencyGroup g;
   CHECK_OK(g.Init(c));
+  const testing::GpuPlacement& placement = g.placement();
+  const std::string shared_note = bench::SharedGpuNote(placement.num_ranks, placement.num_gpus);
+  std::printf("%s, %d blocks per launch (0 = all SMs)\n", placement.ToString().c_str(), g.default_num_blocks());
+  if (!shared_note.empty()) std::printf("%s\n", shared_note.c_str());
   CHECK_OK(g.RandomInputs(2026));
   const auto ref = kernels::host::LowLatencyDispatchReference(g.shape(), {.use_fp8 = true}, g.inputs());
   CHECK_OK(g.RandomExpertOutputs(2027, ref, false));
@@ -400,7 +417,9 @@ int Main(int argc, char** argv) {
   remote_pairs /= c.num_ranks;
 
   bench::Report report("low-latency");
+  report.SetPlacement(placement.num_ranks, placement.num_gpus);
   report.SetConfig("num_ranks", static_cast<double>(c.num_ranks));
+  report.SetConfig("num_blocks", static_cast<double>(NumBlocks(g, 0)));
   report.SetConfig("tokens_per_rank", static_cast<double>(c.max_tokens_per_rank));
   report.SetConfig("hidden", static_cast<double>(c.hidden));
   report.SetConfig("num_experts", static_cast<double>(c.num_experts));
@@ -461,6 +480,10 @@ int Main(int argc, char** argv) {
   ProfileOrdinary(g, 60, report);
   // Fewer blocks than SMs: less grid start-up and fewer warps to wait for, fewer warps per item.
   for (int blocks : sweep_blocks) {
+    if (absl::Status fits = testing::CheckBlocksFit(placement, blocks); !fits.ok()) {
+      std::printf("%d blocks: skipped: %s\n", blocks, std::string(fits.message()).c_str());
+      continue;
+    }
     for (auto& k : g.ranks()) k.ctx.num_blocks = blocks;
     const Timings t = TimeOrdinary(g, iters / 2);
     const std::string suffix = "_blocks" + std::to_string(blocks);
@@ -470,7 +493,7 @@ int Main(int argc, char** argv) {
     report.SetResult("combine" + suffix + "_us", bench::Summarize(t.combine).median);
     ProfileOrdinary(g, 40, report, suffix, /*verbose=*/false);
   }
-  for (auto& k : g.ranks()) k.ctx.num_blocks = 0;
+  for (auto& k : g.ranks()) k.ctx.num_blocks = g.default_num_blocks();
 
   const double dispatch_us = bench::Summarize(ordinary.dispatch).median;
   const double combine_us = bench::Summarize(ordinary.combine).median;
@@ -496,6 +519,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::printf("wrote %s\n", path->c_str());
+  if (!shared_note.empty()) std::printf("%s\n", shared_note.c_str());
   return 0;
 }
 

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/fd_passing.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/proto/grpc_status.h"
 #include "epfabric/v1/control.grpc.pb.h"
 #include "epfabric/v1/fdchannel.pb.h"
@@ -77,10 +78,9 @@ absl::StatusOr<FetchedRegion> FetchRegion(int connection, const v1::FdRequest& r
   if (absl::Status sent = common::SendFds(connection, {}, request.SerializeAsString(), timeout); !sent.ok()) {
     return sent;
   }
-  auto message = common::ReceiveFds(connection, timeout, /*max_fds=*/1);
-  if (!message.ok()) return message.status();
+  EPF_ASSIGN_OR_RETURN(auto message, common::ReceiveFds(connection, timeout, /*max_fds=*/1));
   v1::FdResponse response;
-  if (!response.ParseFromString(message->payload)) {
+  if (!response.ParseFromString(message.payload)) {
     return absl::InternalError("the daemon's answer is not an epfabric.v1.FdResponse");
   }
   if (response.code() != 0) {
@@ -96,11 +96,11 @@ absl::StatusOr<FetchedRegion> FetchRegion(int connection, const v1::FdRequest& r
                                             v1::RegionDescriptor::Kind_Name(fetched.descriptor.kind())));
   }
   const bool wants_fd = fetched.descriptor.sharing() == v1::MEMORY_SHARING_POSIX_FD;
-  if (wants_fd != (message->fds.size() == 1)) {
+  if (wants_fd != (message.fds.size() == 1)) {
     return absl::InternalError(absl::StrCat("a ", v1::MemorySharing_Name(fetched.descriptor.sharing()),
-                                            " region arrived with ", message->fds.size(), " file descriptors"));
+                                            " region arrived with ", message.fds.size(), " file descriptors"));
   }
-  if (wants_fd) fetched.fd = std::move(message->fds[0]);
+  if (wants_fd) fetched.fd = std::move(message.fds[0]);
   return fetched;
 }
 
@@ -217,7 +217,7 @@ absl::Status Lease::Healthy() const {
   absl::MutexLock lock(&state_->mutex);
   const State& s = *state_;
   if (s.detached) return absl::FailedPreconditionError(absl::StrCat("lease ", s.attach.lease_id(), " was detached"));
-  if (!s.ended.ok()) return s.ended;
+  EPF_RETURN_IF_ERROR(s.ended);
   if (s.group_state == v1::GROUP_STATE_DEGRADED) {
     return absl::UnavailableError(absl::StrCat("group '", s.attach.group().name(), "' is DEGRADED (epoch ", s.epoch,
                                                "): a member is down or restarted; delete and re-create the group"));
@@ -395,10 +395,9 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
     }
     return std::make_pair(std::move(*fetched), std::move(*mapped));
   };
-  auto own = map_own(v1::RegionDescriptor::KIND_NVL);
-  if (!own.ok()) return own.status();
-  s->nvl_descriptors[rank] = std::move(own->first.descriptor);
-  s->nvl[rank] = std::move(own->second);
+  EPF_ASSIGN_OR_RETURN(auto own, map_own(v1::RegionDescriptor::KIND_NVL));
+  s->nvl_descriptors[rank] = std::move(own.first.descriptor);
+  s->nvl[rank] = std::move(own.second);
 
   for (const v1::RegionDescriptor& descriptor : attach.regions()) {
     const int owner = descriptor.rank();
@@ -407,9 +406,8 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
     }
     if (owner == rank) {
       if (descriptor.kind() != v1::RegionDescriptor::KIND_RDMA) continue;  // NVL mapped above
-      auto rdma = map_own(v1::RegionDescriptor::KIND_RDMA);
-      if (!rdma.ok()) return rdma.status();
-      s->rdma = std::move(rdma->second);
+      EPF_ASSIGN_OR_RETURN(auto rdma, map_own(v1::RegionDescriptor::KIND_RDMA));
+      s->rdma = std::move(rdma.second);
       continue;
     }
     if (descriptor.kind() != v1::RegionDescriptor::KIND_NVL) continue;

@@ -70,6 +70,19 @@ void Report::SetConfig(const std::string& key, std::variant<double, std::string>
 
 void Report::SetResult(const std::string& key, double value) { results_[key] = value; }
 
+void Report::SetPlacement(int num_ranks, int num_gpus) {
+  placement_set_ = true;
+  num_ranks_ = num_ranks;
+  num_gpus_ = num_gpus;
+}
+
+std::string SharedGpuNote(int num_ranks, int num_gpus) {
+  if (num_ranks <= num_gpus) return "";
+  return absl::StrCat("shared GPU: ", num_ranks, " ranks on ", num_gpus,
+                      " GPU(s); peer traffic stays in one GPU's memory and the ranks split its SMs, so these figures "
+                      "are NOT comparable with NVLink figures (\"shared_gpu\": true in the JSON)");
+}
+
 absl::StatusOr<std::string> Report::ToJson() const {
   google::protobuf::Struct doc;
   auto& fields = *doc.mutable_fields();
@@ -78,6 +91,11 @@ absl::StatusOr<std::string> Report::ToJson() const {
   fields["date"].set_string_value(date_);
   const char* commit = std::getenv("EPF_COMMIT");
   fields["commit"].set_string_value(commit != nullptr && *commit != '\0' ? commit : "unknown");
+  if (placement_set_) {
+    fields["num_ranks"].set_number_value(num_ranks_);
+    fields["num_gpus"].set_number_value(num_gpus_);
+    fields["shared_gpu"].set_bool_value(num_ranks_ > num_gpus_);
+  }
   auto& config = *fields["config"].mutable_struct_value()->mutable_fields();
   for (const auto& [key, value] : config_) {
     if (const double* d = std::get_if<double>(&value)) {

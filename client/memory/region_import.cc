@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/cuda_driver.h"
 #include "epfabric/common/fd_passing.h"
+#include "epfabric/common/status_macros.h"
 
 namespace epfabric::client::memory {
 namespace {
@@ -58,7 +59,7 @@ absl::StatusOr<int> ResolveAccessingDevice(const ImportOptions& options) {
   }
   int device = options.accessing_device;
   if (device < 0) {
-    if (absl::Status status = CudaStatus(cudaGetDevice(&device), "cudaGetDevice"); !status.ok()) return status;
+    EPF_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
   }
   if (device >= count) {
     return absl::InvalidArgumentError(
@@ -135,12 +136,12 @@ absl::StatusOr<MappedRegion> ImportCudaIpc(
   }
   std::memcpy(&handle, descriptor.handle().data(), sizeof(handle));
   const int owner = FindOwnerDevice(descriptor);
-  if (absl::Status peer = CheckPeerAccess(accessing, owner, descriptor); !peer.ok()) return peer;
+  EPF_RETURN_IF_ERROR(CheckPeerAccess(accessing, owner, descriptor));
   // Opened in the accessing device's context, with peer access enabled lazily by the driver, rather than in the
   // owner's: a client on GPU 3 that maps the regions of 8 same-host ranks would otherwise create (and pay memory
   // for) a context on every one of those GPUs.
   ScopedDevice scoped;
-  if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+  EPF_RETURN_IF_ERROR(scoped.Use(accessing));
   void* data = nullptr;
   if (absl::Status open = CudaStatus(cudaIpcOpenMemHandle(&data, handle, cudaIpcMemLazyEnablePeerAccess),
                                      absl::StrCat("cudaIpcOpenMemHandle (owner ", descriptor.device_pci_bus_id(),
@@ -150,7 +151,7 @@ absl::StatusOr<MappedRegion> ImportCudaIpc(
   }
   return make(data, accessing, [data, accessing]() -> absl::Status {
     ScopedDevice scoped;
-    if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+    EPF_RETURN_IF_ERROR(scoped.Use(accessing));
     return CudaStatus(cudaIpcCloseMemHandle(data), "cudaIpcCloseMemHandle");
   });
 }
@@ -161,13 +162,12 @@ absl::StatusOr<MappedRegion> ImportPosixFd(
   if (fd < 0) {
     return absl::InvalidArgumentError("POSIX_FD region: no file descriptor was received with the descriptor");
   }
-  absl::StatusOr<const cuda::DriverApi*> loaded = cuda::Driver();
-  if (!loaded.ok()) return loaded.status();
-  const cuda::DriverApi& driver = **loaded;
+  EPF_ASSIGN_OR_RETURN(const cuda::DriverApi* loaded, cuda::Driver());
+  const cuda::DriverApi& driver = *loaded;
   const int owner = FindOwnerDevice(descriptor);
-  if (absl::Status peer = CheckPeerAccess(accessing, owner, descriptor); !peer.ok()) return peer;
+  EPF_RETURN_IF_ERROR(CheckPeerAccess(accessing, owner, descriptor));
   ScopedDevice scoped;
-  if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+  EPF_RETURN_IF_ERROR(scoped.Use(accessing));
 
   CUmemGenericAllocationHandle handle = 0;
   if (absl::Status status =
@@ -230,7 +230,7 @@ absl::StatusOr<MappedRegion> ImportPosixFd(
   const cuda::DriverApi* driver_ptr = &driver;
   return make(reinterpret_cast<void*>(address), accessing, [driver_ptr, address, size, accessing]() -> absl::Status {
     ScopedDevice scoped;
-    if (absl::Status use = scoped.Use(accessing); !use.ok()) return use;
+    EPF_RETURN_IF_ERROR(scoped.Use(accessing));
     absl::Status unmapped = CuStatus(*driver_ptr, driver_ptr->cuMemUnmap(address, size), "cuMemUnmap");
     absl::Status freed = CuStatus(*driver_ptr, driver_ptr->cuMemAddressFree(address, size), "cuMemAddressFree");
     return unmapped.ok() ? freed : unmapped;
@@ -291,10 +291,9 @@ absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor& descriptor
     return absl::InvalidArgumentError(
         absl::StrCat("RegionDescriptor.sharing ", v1::MemorySharing_Name(sharing), " cannot be imported"));
   }
-  absl::StatusOr<int> accessing = ResolveAccessingDevice(options);
-  if (!accessing.ok()) return accessing.status();
-  if (sharing == v1::MEMORY_SHARING_CUDA_IPC) return ImportCudaIpc(descriptor, *accessing, make);
-  return ImportPosixFd(descriptor, fd, *accessing, make);
+  EPF_ASSIGN_OR_RETURN(const int accessing, ResolveAccessingDevice(options));
+  if (sharing == v1::MEMORY_SHARING_CUDA_IPC) return ImportCudaIpc(descriptor, accessing, make);
+  return ImportPosixFd(descriptor, fd, accessing, make);
 }
 
 }  // namespace epfabric::client::memory

@@ -62,9 +62,9 @@
 #include "absl/time/time.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/client/client.h"
-#include "fp8.h"
-#include "intranode_reference.h"
-#include "low_latency_reference.h"
+#include "epfabric/kernels/reference/fp8.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
+#include "epfabric/kernels/reference/low_latency_reference.h"
 
 ABSL_FLAG(std::string, socket, "", "Unix socket of this rank's daemon (its --client_socket).");
 ABSL_FLAG(std::string, group, "", "Group name.");

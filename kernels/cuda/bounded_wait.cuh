@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
+#include "epfabric/kernels/device/ptx.cuh"
 #include "epfabric/kernels/status_word.h"
-#include "ptx.cuh"
 
 namespace epfabric::kernels {
 

@@ -321,11 +321,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
 }  // namespace
 
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream) {
-  constexpr int kDynamicSmem = kSendStages * kSendChunkBytes;
-  cudaError_t err = cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicSmem);
-  if (err != cudaSuccess) return err;
-  combine_kernel<<<params.num_channels, kThreadsPerBlock, kDynamicSmem, stream>>>(params);
-  return cudaGetLastError();
+  constexpr size_t kDynamicSmem = kSendStages * kSendChunkBytes;
+  return launch_kernel(
+      combine_kernel, params,
+      LaunchShape{.blocks = params.num_channels, .threads = kThreadsPerBlock, .dynamic_smem_bytes = kDynamicSmem},
+      stream);
 }
 
 }  // namespace epfabric::kernels::intranode

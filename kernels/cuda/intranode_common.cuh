@@ -4,10 +4,11 @@
 
 #include <cstdint>
 
+#include "api/launch.h"
 #include "bounded_wait.cuh"
-#include "intranode_launch.h"
+#include "epfabric/kernels/device/ptx.cuh"
+#include "launch.cuh"
 #include "profile.cuh"
-#include "ptx.cuh"
 
 namespace epfabric::kernels::intranode {
 

@@ -378,8 +378,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
 }  // namespace
 
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stream) {
-  dispatch_kernel<<<params.num_channels, kThreadsPerBlock, 0, stream>>>(params);
-  return cudaGetLastError();
+  return launch_kernel(dispatch_kernel, params, LaunchShape{.blocks = params.num_channels, .threads = kThreadsPerBlock},
+                       stream);
 }
 
 }  // namespace epfabric::kernels::intranode

@@ -59,8 +59,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1) notify_kernel(const __grid_
 }  // namespace
 
 cudaError_t LaunchNotify(const NotifyKernelParams& params, cudaStream_t stream) {
-  notify_kernel<<<1, kNotifyThreads, 0, stream>>>(params);
-  return cudaGetLastError();
+  return launch_kernel(notify_kernel, params, LaunchShape{.blocks = 1, .threads = kNotifyThreads}, stream);
 }
 
 }  // namespace epfabric::kernels::intranode

@@ -7,7 +7,8 @@
 
 #include <cooperative_groups.h>
 
-#include "intranode_launch.h"
+#include "api/launch.h"
+#include "launch.cuh"
 
 namespace epfabric::kernels::intranode {
 namespace {
@@ -87,8 +88,9 @@ __global__ void __cluster_dims__(kLayoutBlocks, 1, 1) __launch_bounds__(kLayoutT
 cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t stream) {
   const int num_rdma_ranks = (params.num_ranks + kMaxNvlPeers - 1) / kMaxNvlPeers;
   const size_t smem = sizeof(int32_t) * (params.num_experts + params.num_ranks + num_rdma_ranks + 1);
-  dispatch_layout_kernel<<<kLayoutBlocks, kLayoutThreads, smem, stream>>>(params);
-  return cudaGetLastError();
+  return launch_kernel(dispatch_layout_kernel, params,
+                       LaunchShape{.blocks = kLayoutBlocks, .threads = kLayoutThreads, .dynamic_smem_bytes = smem},
+                       stream);
 }
 
 }  // namespace epfabric::kernels::intranode

@@ -15,23 +15,12 @@
 // it reads the token's top-k row once, and its lanes add the partial rows of the ranks that hold the token's experts,
 // in rank order, and store bf16. Every operation
 // mirrors host::LowLatencyCombineReference, so the result is bit-exact.
-#include "absl/status/status.h"
 #include "low_latency_common.cuh"
 
-namespace epfabric::kernels {
-namespace low_latency {
+namespace epfabric::kernels::low_latency {
 namespace {
 
-struct CombineParams {
-  GroupView g;
-  const uint16_t* x;
-  const int64_t* topk_idx;
-  const float* topk_weights;
-  int num_tokens;
-  int num_topk;
-  const int32_t* token_map;
-  uint16_t* combined_x;
-};
+using CombineParams = CombineKernelParams;  // api/launch.h
 
 // Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
 __device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t masked) {
@@ -62,14 +51,14 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t
       for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
         if (kk < K && row[kk] == e) sum = sum + w[kk];
       }
-      float* weights = reinterpret_cast<float*>(g.half_base(r) + l.combine_weights_offset);
+      float* weights = reinterpret_cast<float*>(half_base(g, r) + l.combine_weights_offset);
       weights[(static_cast<size_t>(g.rank) * M + t) * kLowLatencyMaxTopk + k] = sum;
     }
   }
   __syncthreads();
   if (threadIdx.x < g.num_ranks && ((masked >> threadIdx.x) & 1u) == 0) {
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.weights_flag_offset) + g.rank,
+    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(half_base(g, threadIdx.x) + l.weights_flag_offset) + g.rank,
                                1);
   }
 }
@@ -80,7 +69,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, K = p.num_topk;
   const int row_int4 = H / 8;
-  uint8_t* my_half = g.half_base(g.rank);
+  uint8_t* my_half = half_base(g, g.rank);
   int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
   clean_other_half_signals(g, done);
   if (blockIdx.x == 0) publish_weights(p, masked);
@@ -148,8 +137,8 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       row_weights[j] = __shfl_sync(0xffffffffu, w, k);
     }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
-    int4* dst =
-        reinterpret_cast<int4*>(g.half_base(s) + l.combine_recv_offset + (static_cast<size_t>(t) * R + g.rank) * H * 2);
+    int4* dst = reinterpret_cast<int4*>(half_base(g, s) + l.combine_recv_offset +
+                                        (static_cast<size_t>(t) * R + g.rank) * H * 2);
     for (int i = lo + lane; i < hi; i += 32) {
       int4 v[kLowLatencyMaxTopk];
 #pragma unroll
@@ -187,7 +176,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
     bounded_wait([&] { return ptx::ld_acquire_gpu_global(done) >= target; }, g.timeout_ns, g.status,
                  WaitSite::kLowLatencyCombineFlag, g.rank, g.rank, -1);
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(g.half_base(threadIdx.x) + l.combine_flag_offset) + g.rank,
+    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(half_base(g, threadIdx.x) + l.combine_flag_offset) + g.rank,
                                1);
   }
 }
@@ -196,7 +185,7 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, R = g.num_ranks, L = l.num_local_experts, E = l.num_experts, K = p.num_topk;
-  const uint8_t* my_half = g.half_base(g.rank);
+  const uint8_t* my_half = half_base(g, g.rank);
   __shared__ uint32_t block_masked;
   if (threadIdx.x == 0) block_masked = masked;
   __syncthreads();
@@ -263,33 +252,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
   const uint32_t masked = read_masked_ranks(p.g);
-  if (p.g.sends()) {
+  if (sends(p.g)) {
     send_phase(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);
   }
-  if (p.g.receives()) recv_phase(p, masked);
+  if (receives(p.g)) recv_phase(p, masked);
   if (lane == 0) profile_warp_end(p.g.profile, threadIdx.x / 32);
 }
 
 }  // namespace
-}  // namespace low_latency
 
-absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args, cudaStream_t stream) {
-  if (absl::Status s = ValidateLowLatencyCombine(ctx, args); !s.ok()) return s;
-  absl::StatusOr<low_latency::GroupView> g = low_latency::make_group_view(ctx, args.buffer_half, args.phases);
-  if (!g.ok()) return g.status();
-  absl::StatusOr<int> blocks = low_latency::blocks_for(ctx);
-  if (!blocks.ok()) return blocks.status();
-  low_latency::CombineParams p = {};
-  p.g = *g;
-  p.x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
-  p.topk_idx = args.topk_idx;
-  p.topk_weights = args.topk_weights;
-  p.num_tokens = args.num_tokens;
-  p.num_topk = args.num_topk;
-  p.token_map = args.handle.packed_recv_token_map;
-  p.combined_x = static_cast<uint16_t*>(args.combined_x);
-  return low_latency::launch_cooperative(low_latency::combine_kernel, p, *blocks, stream);
+cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream) {
+  return launch_kernel(combine_kernel, params, cooperative_shape(num_blocks), stream);
 }
 
-}  // namespace epfabric::kernels
+}  // namespace epfabric::kernels::low_latency

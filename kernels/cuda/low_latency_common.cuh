@@ -1,16 +1,17 @@
 // Device-side pieces shared by the low-latency dispatch and combine kernels: region addressing, rank masks, the
-// launch (cooperative: every block must be resident because blocks wait for work done by other blocks).
+// launch shape (cooperative: every block must be resident because blocks wait for work done by other blocks).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "api/launch.h"
 #include "bounded_wait.cuh"
-#include "epfabric/kernels/common.h"
-#include "epfabric/kernels/low_latency.h"
+#include "epfabric/kernels/device/ptx.cuh"
+#include "epfabric/kernels/low_latency_layout.h"
+#include "launch.cuh"
 #include "profile.cuh"
-#include "ptx.cuh"
 
 namespace epfabric::kernels::low_latency {
 
@@ -19,26 +20,15 @@ inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 // Receive/combine-send work items are (local expert, source rank) pairs; up to this many warps share one.
 inline constexpr int kMaxWarpsPerItem = 8;
 
-// What both kernels get: where the regions are and how to fail.
-struct GroupView {
-  LowLatencyLayout layout;
-  uint8_t* regions[kMaxNvlPeers];
-  int rank;
-  int num_ranks;
-  int half;
-  int phases;
-  int32_t* rank_mask;
-  KernelStatus* status;
-  uint64_t timeout_ns;
-  uint64_t* profile;  // null unless a benchmark asks for a timeline
-
-  __device__ __forceinline__ uint8_t* half_base(int r) const { return regions[r] + layout.half_bytes * half; }
-  __device__ __forceinline__ uint8_t* other_half_base(int r) const {
-    return regions[r] + layout.half_bytes * (half ^ 1);
-  }
-  __device__ __forceinline__ bool sends() const { return (phases & 1) != 0; }
-  __device__ __forceinline__ bool receives() const { return (phases & 2) != 0; }
-};
+// Addressing the double buffer of rank r (GroupView, api/launch.h) and the phases of the call.
+__device__ __forceinline__ uint8_t* half_base(const GroupView& g, int r) {
+  return g.regions[r] + g.layout.half_bytes * g.half;
+}
+__device__ __forceinline__ uint8_t* other_half_base(const GroupView& g, int r) {
+  return g.regions[r] + g.layout.half_bytes * (g.half ^ 1);
+}
+__device__ __forceinline__ bool sends(const GroupView& g) { return (g.phases & 1) != 0; }
+__device__ __forceinline__ bool receives(const GroupView& g) { return (g.phases & 2) != 0; }
 
 // Bit r set = rank r is masked. Read once per thread at kernel start.
 __device__ __forceinline__ uint32_t read_masked_ranks(const GroupView& g) {
@@ -65,7 +55,7 @@ __device__ __forceinline__ void mask_rank(const GroupView& g, int peer) {
 __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int32_t* done_counter,
                                                          int32_t* fill = nullptr, int fill_count = 0) {
   if (blockIdx.x != 0) return;
-  int32_t* signals = reinterpret_cast<int32_t*>(g.other_half_base(g.rank));
+  int32_t* signals = reinterpret_cast<int32_t*>(other_half_base(g, g.rank));
   const int num_ints = static_cast<int>(g.layout.signal_bytes / sizeof(int32_t));
   for (int i = threadIdx.x; i < num_ints; i += blockDim.x) signals[i] = 0;
   for (int i = threadIdx.x; i < fill_count; i += blockDim.x) fill[i] = -1;
@@ -101,27 +91,9 @@ __device__ __forceinline__ uint32_t float_to_bf16_bits(float v) {
   return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
 
-// Launches `kernel` with `params` as one cooperative grid of `num_blocks` x kThreadsPerBlock.
-template <typename Kernel, typename Params>
-absl::Status launch_cooperative(Kernel kernel, const Params& params, int num_blocks, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(num_blocks);
-  config.blockDim = dim3(kThreadsPerBlock);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  EPF_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, params));
-  return absl::OkStatus();
+// One cooperative grid of `num_blocks` x kThreadsPerBlock.
+inline LaunchShape cooperative_shape(int num_blocks) {
+  return LaunchShape{.blocks = num_blocks, .threads = kThreadsPerBlock, .cooperative = true};
 }
-
-// Fills the GroupView from the host context.
-absl::StatusOr<GroupView> make_group_view(const LowLatencyContext& ctx, int half, LowLatencyPhases phases);
-
-// Blocks per launch: ctx.num_blocks or the device's SM count.
-absl::StatusOr<int> blocks_for(const LowLatencyContext& ctx);
 
 }  // namespace epfabric::kernels::low_latency

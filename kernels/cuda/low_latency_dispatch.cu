@@ -14,11 +14,9 @@
 // compact packed position begin = sum of counts of lower source ranks, copy each listed message's payload.
 #include <cuda_fp8.h>
 
-#include "absl/status/status.h"
 #include "low_latency_common.cuh"
 
-namespace epfabric::kernels {
-namespace low_latency {
+namespace epfabric::kernels::low_latency {
 namespace {
 
 constexpr float kFp8Max = 448.0f;
@@ -29,24 +27,7 @@ constexpr int kChannelsPerChunk = 512;  // one warp item: 32 lanes x 16 channels
 // memory.
 constexpr int kRoutingSmemEntries = 8192;
 
-struct DispatchParams {
-  GroupView g;
-  const uint16_t* x;
-  const int64_t* topk_idx;
-  int num_tokens;
-  int num_topk;
-  bool round_scale;
-  bool use_ue8m0;
-  bool message_per_expert;
-  int32_t* cumulative_stats;
-  uint8_t* packed_recv_x;
-  void* packed_recv_x_scales;
-  int32_t* packed_recv_count;
-  int32_t* packed_recv_src_info;
-  int64_t* packed_recv_layout_range;
-  int32_t* packed_recv_topk_slot;
-  int32_t* packed_recv_token_map;
-};
+using DispatchParams = DispatchKernelParams;  // api/launch.h
 
 // Mirrors host::ComputeFp8GroupScale operation for operation.
 __device__ __forceinline__ void fp8_group_scale(float amax, bool round_scale, float& stored, float& multiplier) {
@@ -77,7 +58,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, L = l.num_local_experts;
   const int E = l.num_experts, K = p.num_topk;
-  int32_t* done = reinterpret_cast<int32_t*>(g.half_base(g.rank) + l.dispatch_done_offset);
+  int32_t* done = reinterpret_cast<int32_t*>(half_base(g, g.rank) + l.dispatch_done_offset);
   // The token map (an output) is reset here, before this call's receive phase fills it.
   clean_other_half_signals(g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk);
 
@@ -153,7 +134,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       while (dst_ranks != 0) {
         const int r = __ffs(dst_ranks) - 1;
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = g.half_base(r) + msg_offset;
+        uint8_t* msg = half_base(g, r) + msg_offset;
         const int copies = 1 + static_cast<int>((extra_copies >> (4 * r)) & 15u);
         for (int copy = 0; copy < copies && active; ++copy) {
           ptx::st_na_global(reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + c0), q);
@@ -167,7 +148,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       while (dst_ranks != 0) {
         const int r = __ffs(dst_ranks) - 1;
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = g.half_base(r) + msg_offset;
+        uint8_t* msg = half_base(g, r) + msg_offset;
         const int copies = 1 + static_cast<int>((extra_copies >> (4 * r)) & 15u);
         for (int copy = 0; copy < copies && active; ++copy) {
           int4* dst = reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + static_cast<size_t>(c0) * 2);
@@ -190,7 +171,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
     const int r = e / L, local = e % L;
     if ((masked >> r) & 1u) continue;
-    int32_t* table = reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_table_offset) +
+    int32_t* table = reinterpret_cast<int32_t*>(half_base(g, r) + l.dispatch_table_offset) +
                      (static_cast<size_t>(local) * R + g.rank) * M;
     int count = 0;
     for (int t0 = 0; t0 < p.num_tokens; t0 += 32) {
@@ -221,7 +202,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
                    WaitSite::kLowLatencyRecvCount, g.rank, g.rank, e);
       ptx::fence_acq_rel_sys();
       ptx::st_release_sys_global(
-          reinterpret_cast<int32_t*>(g.half_base(r) + l.dispatch_count_offset) + local * R + g.rank, -count - 1);
+          reinterpret_cast<int32_t*>(half_base(g, r) + l.dispatch_count_offset) + local * R + g.rank, -count - 1);
     }
   }
 }
@@ -234,7 +215,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, L = l.num_local_experts;
   const int G = H / kFp8GroupSize;
   const size_t slots = static_cast<size_t>(R) * M;
-  const uint8_t* my_half = g.half_base(g.rank);
+  const uint8_t* my_half = half_base(g, g.rank);
   const int num_items = L * R;
   const int warps_per_item = max(1, min(kMaxWarpsPerItem, total_warps / num_items));
   const int groups = total_warps / warps_per_item;
@@ -332,66 +313,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
   const uint32_t masked = read_masked_ranks(p.g);
-  if (p.g.sends()) {
+  if (sends(p.g)) {
     send_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);
   }
-  if (p.g.receives()) recv_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
+  if (receives(p.g)) recv_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
   if (lane == 0) profile_warp_end(p.g.profile, threadIdx.x / 32);
 }
 
 }  // namespace
 
-absl::StatusOr<GroupView> make_group_view(const LowLatencyContext& ctx, int half, LowLatencyPhases phases) {
-  GroupView g = {};
-  g.layout = ctx.layout;
-  for (int r = 0; r < kMaxNvlPeers; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
-  g.rank = ctx.rank;
-  g.num_ranks = ctx.num_ranks;
-  g.half = half;
-  g.phases = static_cast<int>(phases);
-  g.rank_mask = ctx.rank_mask;
-  g.status = ctx.status;
-  g.timeout_ns = ctx.timeout_ns;
-  g.profile = ctx.profile_ns;
-  return g;
+cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream) {
+  if (params.use_fp8) return launch_kernel(dispatch_kernel<true>, params, cooperative_shape(num_blocks), stream);
+  return launch_kernel(dispatch_kernel<false>, params, cooperative_shape(num_blocks), stream);
 }
 
-absl::StatusOr<int> blocks_for(const LowLatencyContext& ctx) {
-  if (ctx.num_blocks > 0) return ctx.num_blocks;
-  int device = 0, sms = 0;
-  EPF_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  EPF_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
-}  // namespace low_latency
-
-absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args, cudaStream_t stream) {
-  if (absl::Status s = ValidateLowLatencyDispatch(ctx, args); !s.ok()) return s;
-  absl::StatusOr<low_latency::GroupView> g = low_latency::make_group_view(ctx, args.buffer_half, args.phases);
-  if (!g.ok()) return g.status();
-  absl::StatusOr<int> blocks = low_latency::blocks_for(ctx);
-  if (!blocks.ok()) return blocks.status();
-  low_latency::DispatchParams p = {};
-  p.g = *g;
-  p.x = static_cast<const uint16_t*>(args.x);
-  p.topk_idx = args.topk_idx;
-  p.num_tokens = args.num_tokens;
-  p.num_topk = args.num_topk;
-  p.round_scale = args.round_scale;
-  p.use_ue8m0 = args.use_ue8m0;
-  p.message_per_expert = args.message_per_expert;
-  p.cumulative_stats = args.cumulative_stats;
-  p.packed_recv_x = static_cast<uint8_t*>(args.packed_recv_x);
-  p.packed_recv_x_scales = args.packed_recv_x_scales;
-  p.packed_recv_count = args.packed_recv_count;
-  p.packed_recv_src_info = args.packed_recv_src_info;
-  p.packed_recv_layout_range = args.packed_recv_layout_range;
-  p.packed_recv_topk_slot = args.packed_recv_topk_slot;
-  p.packed_recv_token_map = args.packed_recv_token_map;
-  if (args.use_fp8) return low_latency::launch_cooperative(low_latency::dispatch_kernel<true>, p, *blocks, stream);
-  return low_latency::launch_cooperative(low_latency::dispatch_kernel<false>, p, *blocks, stream);
-}
-
-}  // namespace epfabric::kernels
+}  // namespace epfabric::kernels::low_latency

@@ -1,11 +1,11 @@
-// Kernel timeline marks for benchmarks (see kProfileSlotsPerBlock in epfabric/kernels/common.h). Every mark is one
+// Kernel timeline marks for benchmarks (see kProfileSlotsPerBlock in epfabric/kernels/status_word.h). Every mark is one
 // predicated store when profiling is off (profile == nullptr).
 #pragma once
 
 #include <cstdint>
 
-#include "epfabric/kernels/common.h"
-#include "ptx.cuh"
+#include "epfabric/kernels/device/ptx.cuh"
+#include "epfabric/kernels/status_word.h"
 
 namespace epfabric::kernels {
 

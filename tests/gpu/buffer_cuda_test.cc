@@ -1,8 +1,10 @@
-// The Buffer API on the cuda backend: two real daemons (--backend=cuda, GPU 0 and GPU 1), a 2-rank group per mode
-// sized with RequiredRegionBytes, and two client processes (this binary started again with
-// --epf_buffer_cuda_helper), each with a Client + Lease + Buffer on its own GPU, running normal-mode and low-latency
-// round trips on device memory; every output is copied back and compared element by element with the host
-// references (the same seeded inputs in both processes). Needs 2 GPUs; skips cleanly otherwise.
+// The Buffer API on the cuda backend: two real daemons (--backend=cuda), a 2-rank group per mode sized with
+// RequiredRegionBytes, and two client processes (this binary started again with --epf_buffer_cuda_helper), each with
+// a Client + Lease + Buffer on its rank's GPU, running normal-mode and low-latency round trips on device memory;
+// every output is copied back and compared element by element with the host references (the same seeded inputs in
+// both processes). Rank r uses GPU r mod (visible GPUs) (gpu_placement.h): with one GPU both daemons run with
+// --device=0 and both clients map each other's regions on that GPU (CUDA IPC / cuMem fds between processes of one
+// device). Needs one GPU; skips cleanly without.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -128,9 +130,13 @@ class DeviceTestMemory final : public TestMemory {
 };
 
 void RunMode(bool low_latency) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
+  auto placement = PlaceRanks(2);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  std::cout << "buffer_cuda_test: " << placement->ToString() << "\n";
   auto fabric = FabricUnderTest::Start(2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
-                                       {{0, {"--backend=cuda", "--device=0"}}, {1, {"--backend=cuda", "--device=1"}}});
+                                       {{0, {"--backend=cuda", absl::StrCat("--device=", placement->device(0))}},
+                                        {1, {"--backend=cuda", absl::StrCat("--device=", placement->device(1))}}});
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
   auto bytes = client::RequiredRegionBytes(ConfigFor(low_latency), 2);
@@ -151,9 +157,9 @@ void RunMode(bool low_latency) {
   std::cout << "buffer_cuda_test seed " << seed << "\n";
   auto parent = ChildChannel::Listen();
   ASSERT_TRUE(parent.ok()) << parent.status();
-  std::vector<Helper> helpers =
-      StartHelpers(*parent, **fabric, "--epf_buffer_cuda_helper", low_latency ? "low_latency" : "normal", name,
-                   group.token(), {0, 1}, 0, {"--device={rank}", absl::StrCat("--seed=", seed)});
+  std::vector<Helper> helpers = StartHelpers(
+      *parent, **fabric, "--epf_buffer_cuda_helper", low_latency ? "low_latency" : "normal", name, group.token(),
+      {0, 1}, 0, {absl::StrCat("--gpus=", placement->num_gpus), absl::StrCat("--seed=", seed)});
   ASSERT_EQ(helpers.size(), 2u);
   for (Helper& helper : helpers) ASSERT_TRUE(Say(helper.channel.get(), "run").ok());
   for (Helper& helper : helpers) {
@@ -171,24 +177,26 @@ void RunMode(bool low_latency) {
   }
 }
 
-TEST(BufferCuda, NormalModeRoundTripsAcrossTwoGpus) { RunMode(false); }
-TEST(BufferCuda, LowLatencyRoundTripsAcrossTwoGpus) { RunMode(true); }
+TEST(BufferCuda, NormalModeRoundTripsTwoRanks) { RunMode(false); }
+TEST(BufferCuda, LowLatencyRoundTripsTwoRanks) { RunMode(true); }
 
 }  // namespace
 
-// The client process: its GPU, attach, a Buffer; on "run" the mode's cases (every rank runs the same sequence).
+// The client process: its GPU (rank mod --gpus, as its daemon's), attach, a Buffer; on "run" the mode's cases (every
+// rank runs the same sequence).
 int RunBufferCudaHelper(int argc, char** argv) {
   auto parent = ConnectTo(FlagValue(argc, argv, "parent"));
   if (!parent.ok()) return 2;
   const int channel = parent->get();
-  int rank = -1, device = -1;
+  int rank = -1, gpus = 0;
   uint64_t seed = 0;
   if (!absl::SimpleAtoi(FlagValue(argc, argv, "rank"), &rank) ||
-      !absl::SimpleAtoi(FlagValue(argc, argv, "device"), &device) ||
+      !absl::SimpleAtoi(FlagValue(argc, argv, "gpus"), &gpus) || gpus < 1 ||
       !absl::SimpleAtoi(FlagValue(argc, argv, "seed"), &seed)) {
     (void)Say(channel, "failed bad-arguments");
     return 2;
   }
+  const int device = GpuPlacement{.num_ranks = rank + 1, .num_gpus = gpus}.device(rank);
   const bool low_latency = FlagValue(argc, argv, "mode") == "low_latency";
   if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
     (void)Say(channel, absl::StrCat("failed cuda-device-", device));

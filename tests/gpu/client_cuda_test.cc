@@ -1,9 +1,10 @@
-// libepfabric_client on the cuda backend: two real daemons (--backend=cuda, GPU 0 and GPU 1), a 2-rank group per
-// sharing mechanism (POSIX_FD: fds fetched from each owning daemon's fd side channel; CUDA_IPC: handles from
-// Attach), and two client processes (this binary started again with --epf_client_cuda_helper), each on its own
-// GPU: each writes a pattern into its own region, then reads every same-host rank's region through its own mapping
-// (cudaMemcpy from the mapped device pointer) and checks it; then a client killed with SIGKILL must give its rank
-// back at once. Needs 2 GPUs; skips cleanly otherwise.
+// libepfabric_client on the cuda backend: two real daemons (--backend=cuda), a 2-rank group per sharing mechanism
+// (POSIX_FD: fds fetched from each owning daemon's fd side channel; CUDA_IPC: handles from Attach), and two client
+// processes (this binary started again with --epf_client_cuda_helper), each on its rank's GPU: each writes a pattern
+// into its own region, then reads every same-host rank's region through its own mapping (cudaMemcpy from the mapped
+// device pointer) and checks it; then a client killed with SIGKILL must give its rank back at once. Rank r uses GPU
+// r mod (visible GPUs) (gpu_placement.h): on one GPU both daemons run with --device=0 and each client maps the
+// other daemon's region of the same GPU. Needs one GPU; skips cleanly without.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -32,9 +33,14 @@ std::vector<uint32_t> Pattern(uint64_t bytes, uint32_t seed) {
 }
 
 void RunGroup(v1::MemorySharing sharing) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
+  auto placement = PlaceRanks(2);
+  ASSERT_TRUE(placement.ok()) << placement.status();
+  std::cout << "client_cuda_test: " << placement->ToString() << "\n";
+  const std::string gpus_flag = absl::StrCat("--gpus=", placement->num_gpus);
   auto fabric = FabricUnderTest::Start(2, {"--heartbeat_ms=100", "--heartbeat_misses=5"},
-                                       {{0, {"--backend=cuda", "--device=0"}}, {1, {"--backend=cuda", "--device=1"}}});
+                                       {{0, {"--backend=cuda", absl::StrCat("--device=", placement->device(0))}},
+                                        {1, {"--backend=cuda", absl::StrCat("--device=", placement->device(1))}}});
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
   const std::string name = sharing == v1::MEMORY_SHARING_POSIX_FD ? "gpu-fd" : "gpu-ipc";
@@ -52,7 +58,7 @@ void RunGroup(v1::MemorySharing sharing) {
   auto parent = ChildChannel::Listen();
   ASSERT_TRUE(parent.ok()) << parent.status();
   std::vector<Helper> helpers = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
-                                             group.token(), {0, 1}, 0, {"--device={rank}"});
+                                             group.token(), {0, 1}, 0, {gpus_flag});
   ASSERT_EQ(helpers.size(), 2u);
   for (Helper& helper : helpers) ASSERT_TRUE(Say(helper.channel.get(), "check").ok());
   for (Helper& helper : helpers) {
@@ -69,13 +75,13 @@ void RunGroup(v1::MemorySharing sharing) {
     EXPECT_TRUE(exit_code.ok() && *exit_code == 0) << "helper rank " << helper.rank;
   }
   // A client process killed with SIGKILL gives its rank back at once (default TTL 10 s; the side channel closed).
-  std::vector<Helper> doomed = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
-                                            group.token(), {0}, 0, {"--device={rank}"});
+  std::vector<Helper> doomed =
+      StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name, group.token(), {0}, 0, {gpus_flag});
   ASSERT_EQ(doomed.size(), 1u);
   kill(doomed[0].pid, SIGKILL);
   ASSERT_TRUE(WaitChild(doomed[0].pid, absl::Seconds(10)).ok());
-  std::vector<Helper> successor = StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name,
-                                               group.token(), {0}, 0, {"--device={rank}"});
+  std::vector<Helper> successor =
+      StartHelpers(*parent, **fabric, "--epf_client_cuda_helper", "exchange", name, group.token(), {0}, 0, {gpus_flag});
   ASSERT_EQ(successor.size(), 1u) << "rank 0 attachable again after its client was killed";
   ASSERT_TRUE(Say(successor[0].channel.get(), "detach").ok());
   auto successor_exit = WaitChild(successor[0].pid, absl::Seconds(60));
@@ -87,23 +93,25 @@ void RunGroup(v1::MemorySharing sharing) {
             << " ms\n";
 }
 
-TEST(ClientCuda, PosixFdGroupAcrossTwoGpus) { RunGroup(v1::MEMORY_SHARING_POSIX_FD); }
-TEST(ClientCuda, CudaIpcGroupAcrossTwoGpus) { RunGroup(v1::MEMORY_SHARING_CUDA_IPC); }
+TEST(ClientCuda, PosixFdGroupTwoRanks) { RunGroup(v1::MEMORY_SHARING_POSIX_FD); }
+TEST(ClientCuda, CudaIpcGroupTwoRanks) { RunGroup(v1::MEMORY_SHARING_CUDA_IPC); }
 
 }  // namespace
 
-// The client process: its GPU's context first (not part of the attach time), then attach with that GPU as the
-// accessing device, write its pattern, and on "check" read back every same-host rank's region.
+// The client process: its GPU's context first (not part of the attach time; the GPU is rank mod --gpus, as its
+// daemon's), then attach with that GPU as the accessing device, write its pattern, and on "check" read back every
+// same-host rank's region.
 int RunClientCudaHelper(int argc, char** argv) {
   auto parent = ConnectTo(FlagValue(argc, argv, "parent"));
   if (!parent.ok()) return 2;
   const int channel = parent->get();
-  int rank = -1, device = -1;
+  int rank = -1, gpus = 0;
   if (!absl::SimpleAtoi(FlagValue(argc, argv, "rank"), &rank) ||
-      !absl::SimpleAtoi(FlagValue(argc, argv, "device"), &device)) {
+      !absl::SimpleAtoi(FlagValue(argc, argv, "gpus"), &gpus) || gpus < 1) {
     (void)Say(channel, "failed bad-arguments");
     return 2;
   }
+  const int device = GpuPlacement{.num_ranks = rank + 1, .num_gpus = gpus}.device(rank);
   if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {
     (void)Say(channel, absl::StrCat("failed cuda-device-", device));
     return 1;

@@ -3,6 +3,9 @@
 // receives the descriptor, and for POSIX_FD the file descriptor, over a Unix socket with SCM_RIGHTS, maps the
 // region on GPU 1 or GPU 0 through client/memory, checks the owner's pattern and writes its own from a kernel; the
 // owner then checks every element. Open/import times are printed as "[memory-timing] ..." lines.
+// On a one-GPU machine the client maps the region on GPU 0 (another process on the same device); the cases that are
+// about a second GPU (the client on GPU 1 through peer access; a client that cannot see the owner's GPU) skip there
+// and say why.
 //
 // $EPF_TEST_CHILD_WRAPPER (e.g. "unshare --pid --ipc --fork") runs the helper in other namespaces, as a client in
 // another container would be.
@@ -151,7 +154,10 @@ class CudaRegionSharingTest : public ::testing::TestWithParam<std::tuple<v1::Mem
 
 TEST_P(CudaRegionSharingTest, SeparateProcessMapsWritesAndOwnerReadsBack) {
   const auto [sharing, client_device] = GetParam();
-  EPF_REQUIRE_GPUS(client_device + 1);
+  if (client_device > 0) {
+    EPF_REQUIRE_DISTINCT_GPUS(client_device + 1, "the client maps GPU 0's region from another GPU (peer access)");
+  }
+  EPF_REQUIRE_GPUS(1);
   std::unique_ptr<RegionAllocator> allocator = MakeCudaAllocator(0, sharing, 0);
   ASSERT_EQ(allocator->backend(), v1::BACKEND_CUDA);
   const auto allocate_start = std::chrono::steady_clock::now();
@@ -214,7 +220,7 @@ INSTANTIATE_TEST_SUITE_P(KindsAndDevices, CudaRegionSharingTest,
 // (CUDA_VISIBLE_DEVICES names only GPU 1). Records whether each kind still works there; the outcome is printed
 // as a [memory-visibility] line and documented in docs/memory.md.
 TEST(CudaRegionVisibilityTest, ClientThatSeesOnlyItsOwnGpu) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_DISTINCT_GPUS(2, "the client is given only GPU 1, so that the owner's GPU 0 is not visible to it");
   const std::string client_gpu = GpuUuid(1);
   ASSERT_FALSE(client_gpu.empty());
   for (v1::MemorySharing sharing : {v1::MEMORY_SHARING_POSIX_FD, v1::MEMORY_SHARING_CUDA_IPC}) {
@@ -241,8 +247,11 @@ TEST(CudaRegionVisibilityTest, ClientThatSeesOnlyItsOwnGpu) {
 
 // POSIX_FD: the daemon frees a region (a group is deleted) while a client still maps it. The client's mapping holds
 // its own reference, so its loads and stores stay valid until it unmaps, and the memory is never reused under it.
+// The client maps on GPU 1 where there is one, else on GPU 0 (the owner's device, another process).
 TEST(CudaRegionLifetimeTest, PosixFdClientMappingOutlivesTheRegion) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
+  const int client_device = testing::CudaDeviceCount() >= 2 ? 1 : 0;
+  std::printf("[   INFO   ] owner GPU 0, client GPU %d\n", client_device);
   std::unique_ptr<RegionAllocator> allocator = MakeCudaAllocator(0, v1::MEMORY_SHARING_POSIX_FD, 0);
   absl::StatusOr<std::unique_ptr<Region>> region = allocator->Allocate(Spec(v1::MEMORY_SHARING_POSIX_FD));
   ASSERT_TRUE(region.ok()) << region.status();
@@ -253,10 +262,10 @@ TEST(CudaRegionLifetimeTest, PosixFdClientMappingOutlivesTheRegion) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   absl::StatusOr<testing::ChildChannel> channel = testing::ChildChannel::Listen();
   ASSERT_TRUE(channel.ok()) << channel.status();
-  absl::StatusOr<pid_t> child =
-      testing::SpawnSelf({"--epf_cuda_import_helper", "--socket=" + channel->path(), "--device=1", "--hold=1",
-                          absl::StrCat("--seed_read=", kOwnerSeed), absl::StrCat("--seed_write=", kClientSeed),
-                          absl::StrCat("--elements=", kRegionBytes / 4)});
+  absl::StatusOr<pid_t> child = testing::SpawnSelf(
+      {"--epf_cuda_import_helper", "--socket=" + channel->path(), absl::StrCat("--device=", client_device), "--hold=1",
+       absl::StrCat("--seed_read=", kOwnerSeed), absl::StrCat("--seed_write=", kClientSeed),
+       absl::StrCat("--elements=", kRegionBytes / 4)});
   ASSERT_TRUE(child.ok()) << child.status();
   absl::StatusOr<common::UniqueFd> connection = channel->Accept(absl::Seconds(30));
   ASSERT_TRUE(connection.ok()) << connection.status();

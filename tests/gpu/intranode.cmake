@@ -1,4 +1,5 @@
-# GPU tests of the intranode kernels against the host reference (1 and 2 GPUs in one process).
+# GPU tests of the intranode kernels against the host reference (1, 2 and 4 ranks in one process; ranks share GPUs
+# when there are fewer GPUs than ranks).
 epf_add_test(NAME intranode_gpu_test LABEL gpu SOURCES intranode_gpu_test.cc intranode_harness.cc
              LIBS epfabric_kernels)
-target_include_directories(intranode_gpu_test PRIVATE ${PROJECT_SOURCE_DIR}/kernels/host)
+target_link_libraries(intranode_gpu_test PRIVATE epfabric_kernels_reference)

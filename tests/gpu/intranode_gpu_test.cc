@@ -1,6 +1,9 @@
-// GPU tests of the intranode kernels: 1 and 2 GPUs driven from one process (a region per GPU, peer access, one
+// GPU tests of the intranode kernels: groups of 1, 2 and 4 ranks driven from one process (a region per rank, one
 // stream per rank, every rank's kernel launched before any is waited on), compared element by element with the
-// host reference (kernels/host/intranode_reference.h). Inputs are fresh random data (the seed is printed) and
+// host reference (kernels/reference/intranode_reference.h). Rank r runs on GPU r mod (visible GPUs): on a one-GPU machine
+// all ranks share GPU 0 (peers addressed by plain device pointers), with several GPUs through peer access. Every
+// case needs one GPU; the channel counts are chosen so that 4 ranks x channels fit on one H100/H200 (132 SMs; the
+// harness refuses a shape whose blocks cannot all be resident). Inputs are fresh random data (the seed is printed) and
 // every output is poisoned with 0xFF bytes before each kernel writes it.
 //
 // Tolerance for combine: the kernels accumulate in float in the same order as the reference (source ranks
@@ -20,9 +23,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "epfabric/kernels/intranode.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 #include "gpu_env.h"
 #include "intranode_harness.h"
-#include "intranode_reference.h"
 
 namespace epfabric::testing {
 namespace {
@@ -245,7 +248,7 @@ void RunCase(IntranodeTestGroup& group, const CaseConfig& c, uint64_t seed, Mism
 
 struct GpuCase {
   std::string name;
-  int num_gpus;
+  int num_ranks;
   CaseConfig config;
 };
 
@@ -267,17 +270,22 @@ CaseConfig Make(int hidden, std::vector<int> tokens, int topk, bool fp8, bool se
 
 std::vector<GpuCase> Cases() {
   std::vector<GpuCase> cases = {
-      {"TwoGpuBf16H7168T4096Top8", 2, Make(7168, {4096, 4096}, 8, false, true, true)},
-      {"TwoGpuFp8H7168T4096Top8", 2, Make(7168, {4096, 4096}, 8, true, true, true)},
-      {"TwoGpuBf16H4096UnevenTop4NoTopkBias", 2, Make(4096, {4096, 1000}, 4, false, false, false, true)},
-      {"TwoGpuFp8H4096UnevenTop1IdxOnly", 2, Make(4096, {1000, 4096}, 1, true, true, false)},
-      {"TwoGpuBf16H256OneAndZeroTokens", 2, Make(256, {1, 0}, 1, false, true, true, true)},
-      {"TwoGpuFp8H256ZeroTokens", 2, Make(256, {0, 0}, 8, true, true, true)},
-      {"TwoGpuBf16H256T4096Top8Sms7", 2, Make(256, {4096, 3000}, 8, false, true, true, false, 7)},
-      {"TwoGpuFp8H7168T1Top4", 2, Make(7168, {1, 1}, 4, true, true, true)},
-      {"OneGpuBf16H7168T4096Top8", 1, Make(7168, {4096}, 8, false, true, true, true)},
-      {"OneGpuFp8H256T1Top4", 1, Make(256, {1}, 4, true, true, true)},
-      {"OneGpuBf16H4096T0Top8", 1, Make(4096, {0}, 8, false, true, true)},
+      {"TwoRanksBf16H7168T4096Top8", 2, Make(7168, {4096, 4096}, 8, false, true, true)},
+      {"TwoRanksFp8H7168T4096Top8", 2, Make(7168, {4096, 4096}, 8, true, true, true)},
+      {"TwoRanksBf16H4096UnevenTop4NoTopkBias", 2, Make(4096, {4096, 1000}, 4, false, false, false, true)},
+      {"TwoRanksFp8H4096UnevenTop1IdxOnly", 2, Make(4096, {1000, 4096}, 1, true, true, false)},
+      {"TwoRanksBf16H256OneAndZeroTokens", 2, Make(256, {1, 0}, 1, false, true, true, true)},
+      {"TwoRanksFp8H256ZeroTokens", 2, Make(256, {0, 0}, 8, true, true, true)},
+      {"TwoRanksBf16H256T4096Top8Sms7", 2, Make(256, {4096, 3000}, 8, false, true, true, false, 7)},
+      {"TwoRanksFp8H7168T1Top4", 2, Make(7168, {1, 1}, 4, true, true, true)},
+      // 4 ranks x 24 channels = 96 blocks: resident together on one GPU of 132 (or 114) SMs.
+      {"FourRanksBf16H7168T4096Top8", 4, Make(7168, {4096, 4096, 4096, 4096}, 8, false, true, true, true)},
+      {"FourRanksFp8H4096UnevenTop4", 4, Make(4096, {3000, 0, 4096, 17}, 4, true, true, true, false, 16)},
+      {"FourRanksBf16H2048UnevenNoTopk", 4, Make(2048, {1, 2048, 100, 4096}, 8, false, false, false, true, 24)},
+      {"FourRanksBf16H256T4096Top8Sms7", 4, Make(256, {4096, 3000, 1, 2048}, 8, false, true, true, false, 7)},
+      {"OneRankBf16H7168T4096Top8", 1, Make(7168, {4096}, 8, false, true, true, true)},
+      {"OneRankFp8H256T1Top4", 1, Make(256, {1}, 4, true, true, true)},
+      {"OneRankBf16H4096T0Top8", 1, Make(4096, {0}, 8, false, true, true)},
   };
   return cases;
 }
@@ -286,9 +294,10 @@ class IntranodeDispatchCombineTest : public ::testing::TestWithParam<GpuCase> {}
 
 TEST_P(IntranodeDispatchCombineTest, MatchesHostReference) {
   const GpuCase& gc = GetParam();
-  EPF_REQUIRE_GPUS(gc.num_gpus);
-  auto group = IntranodeTestGroup::Create(RegionConfig(gc.num_gpus));
+  EPF_REQUIRE_GPUS(1);
+  auto group = IntranodeTestGroup::Create(RegionConfig(gc.num_ranks));
   ASSERT_TRUE(group.ok()) << group.status();
+  std::printf("[   INFO   ] %s\n", (*group)->placement().ToString().c_str());
   const uint64_t seed = FreshSeed();
   Mismatches m;
   CombineStats stats;
@@ -302,19 +311,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, IntranodeDispatchCombineTest, ::testing::ValuesI
                          [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
 // One region, many calls: different configurations back to back on the same group (barrier lanes, signal reset).
-TEST(IntranodeGpuTest, RepeatedCallsOnOneGroup) {
-  EPF_REQUIRE_GPUS(2);
-  auto group = IntranodeTestGroup::Create(RegionConfig(2));
+void RunRepeatedCalls(int num_ranks, int iterations) {
+  EPF_REQUIRE_GPUS(1);
+  auto group = IntranodeTestGroup::Create(RegionConfig(num_ranks));
   ASSERT_TRUE(group.ok()) << group.status();
   const uint64_t seed = FreshSeed();
   std::mt19937_64 rng(seed);
-  const int kIterations = 1000;
   int failed_iterations = 0;
   std::string first_failure;
   const auto start = std::chrono::steady_clock::now();
-  for (int it = 0; it < kIterations; ++it) {
-    CaseConfig c = Make(256, {static_cast<int>(rng() % 300), static_cast<int>(rng() % 300)}, 1 + rng() % 8,
-                        (it % 2) == 1, true, true, (it % 3) == 0, 1 + static_cast<int>(rng() % 24));
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<int> tokens(num_ranks);
+    for (int& t : tokens) t = static_cast<int>(rng() % 300);
+    CaseConfig c =
+        Make(256, tokens, 1 + rng() % 8, (it % 2) == 1, true, true, (it % 3) == 0, 1 + static_cast<int>(rng() % 24));
     Mismatches m;
     RunCase(**group, c, rng(), m, nullptr);
     if (!m.empty()) {
@@ -324,13 +334,16 @@ TEST(IntranodeGpuTest, RepeatedCallsOnOneGroup) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(failed_iterations, 0) << "seed " << seed << "\n" << first_failure;
-  std::printf("[   INFO   ] %d iterations (layout+notify+dispatch+cached+combine, checked) in %.1f s, seed %llu\n",
-              kIterations, seconds, static_cast<unsigned long long>(seed));
+  std::printf("[   INFO   ] %s: %d iterations (layout+notify+dispatch+cached+combine, checked) in %.1f s, seed %llu\n",
+              (*group)->placement().ToString().c_str(), iterations, seconds, static_cast<unsigned long long>(seed));
 }
+
+TEST(IntranodeGpuTest, RepeatedCallsOnOneGroup) { RunRepeatedCalls(2, 1000); }
+TEST(IntranodeGpuTest, RepeatedCallsOnOneGroupFourRanks) { RunRepeatedCalls(4, 250); }
 
 // Notify and dispatch back to back without the host waiting for the counts (worst-case sized outputs).
 TEST(IntranodeGpuTest, WorstCaseModeNeedsNoHostWait) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
   auto group = IntranodeTestGroup::Create(RegionConfig(2));
   ASSERT_TRUE(group.ok()) << group.status();
   const uint64_t seed = FreshSeed();
@@ -361,7 +374,7 @@ TEST(IntranodeGpuTest, WorstCaseModeNeedsNoHostWait) {
 
 // One rank launches, the other never does: the kernel must give up after the timeout and name the missing rank.
 TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
   auto group_or = IntranodeTestGroup::Create(RegionConfig(2));
   ASSERT_TRUE(group_or.ok()) << group_or.status();
   IntranodeTestGroup& group = **group_or;
@@ -398,6 +411,32 @@ TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
   Mismatches m;
   RunCase(group, c, FreshSeed(), m, nullptr);
   EXPECT_TRUE(m.empty()) << m.ToString();
+}
+
+// The placement itself (no GPU needed): rank r on GPU r mod n, n = min(visible, ranks).
+TEST(GpuPlacementTest, RanksShareGpusRoundRobin) {
+  auto one = PlaceRanks(4, /*visible=*/1);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->num_gpus, 1);
+  EXPECT_TRUE(one->shared());
+  EXPECT_EQ(one->ranks_per_gpu(), 4);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(one->device(r), 0);
+  auto two = PlaceRanks(4, 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->ranks_per_gpu(), 2);
+  EXPECT_EQ(two->device(1), 1);
+  EXPECT_EQ(two->device(2), 0);
+  auto three = PlaceRanks(4, 3);
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->ranks_per_gpu(), 2);  // GPU 0 holds ranks 0 and 3
+  EXPECT_EQ(three->device(3), 0);
+  auto own = PlaceRanks(2, 8);
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(own->num_gpus, 2);
+  EXPECT_FALSE(own->shared());
+  EXPECT_EQ(own->ranks_per_gpu(), 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(PlaceRanks(2, 0).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(PlaceRanks(0, 1).status()));
 }
 
 }  // namespace

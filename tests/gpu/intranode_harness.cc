@@ -72,26 +72,36 @@ absl::StatusOr<std::unique_ptr<IntranodeTestGroup>> IntranodeTestGroup::Create(c
   absl::StatusOr<size_t> region_bytes = kernels::IntranodeRegionBytes(config);
   if (!region_bytes.ok()) return region_bytes.status();
   const int R = config.num_ranks;
-  for (int r = 0; r < R; ++r) {
-    auto ctx = std::make_unique<RankContext>();
-    ctx->device = r;
-    EPF_CUDA_RETURN_IF_ERROR(cudaSetDevice(r));
-    for (int p = 0; p < R; ++p) {
-      if (p == r) continue;
+  absl::StatusOr<GpuPlacement> placement = PlaceRanks(R);
+  if (!placement.ok()) return placement.status();
+  group->placement_ = *placement;
+  // Peer access between the distinct GPUs in use, once per ordered pair. Ranks on the same GPU need none: a region
+  // of the same device is addressed directly (enabling peer access to the own device is an error).
+  for (int a = 0; a < placement->num_gpus; ++a) {
+    for (int b = 0; b < placement->num_gpus; ++b) {
+      if (a == b) continue;
       int can = 0;
-      EPF_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, r, p));
-      if (!can) return absl::FailedPreconditionError(absl::StrFormat("GPU %d cannot access GPU %d", r, p));
-      const cudaError_t err = cudaDeviceEnablePeerAccess(p, 0);
+      EPF_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, a, b));
+      if (!can) return absl::FailedPreconditionError(absl::StrFormat("GPU %d cannot access GPU %d", a, b));
+      EPF_CUDA_RETURN_IF_ERROR(cudaSetDevice(a));
+      const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
       if (err == cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();
       } else {
         EPF_CUDA_RETURN_IF_ERROR(err);
       }
     }
+  }
+  for (int r = 0; r < R; ++r) {
+    auto ctx = std::make_unique<RankContext>();
+    const int device = placement->device(r);
+    ctx->device = device;
+    EPF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    // Its own stream per rank (never the legacy default stream, which would serialise ranks on one GPU).
     EPF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
-    EPF_HARNESS_RETURN_IF_ERROR(ctx->region.Allocate(r, *region_bytes));
+    EPF_HARNESS_RETURN_IF_ERROR(ctx->region.Allocate(device, *region_bytes));
     EPF_CUDA_RETURN_IF_ERROR(cudaMemset(ctx->region.get(), 0, *region_bytes));
-    EPF_HARNESS_RETURN_IF_ERROR(ctx->status.Allocate(r, sizeof(kernels::KernelStatus)));
+    EPF_HARNESS_RETURN_IF_ERROR(ctx->status.Allocate(device, sizeof(kernels::KernelStatus)));
     EPF_CUDA_RETURN_IF_ERROR(cudaMemset(ctx->status.get(), 0, sizeof(kernels::KernelStatus)));
     const size_t count_bytes = sizeof(int32_t) * (1 + config.num_experts / R);
     EPF_CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&ctx->host_counts), count_bytes,
@@ -106,8 +116,8 @@ absl::StatusOr<std::unique_ptr<IntranodeTestGroup>> IntranodeTestGroup::Create(c
     g.status = group->ranks_[r]->status.as<kernels::KernelStatus>();
     g.timeout_ns = kernels::kDefaultWaitTimeoutNs;
   }
-  for (int r = 0; r < R; ++r) {
-    EPF_CUDA_RETURN_IF_ERROR(cudaSetDevice(r));
+  for (int d = 0; d < placement->num_gpus; ++d) {
+    EPF_CUDA_RETURN_IF_ERROR(cudaSetDevice(d));
     EPF_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   }
   return group;
@@ -202,6 +212,9 @@ std::vector<ref::RankInput> MakeInputs(const CaseConfig& c, std::mt19937_64& rng
 absl::Status PipelineRunner::Prepare(const std::vector<ref::RankInput>& inputs) {
   const int R = group_->num_ranks();
   const ref::DispatchConfig d = MakeReferenceConfig(config_);
+  for (int dev = 0; dev < group_->placement().num_gpus; ++dev) {
+    EPF_HARNESS_RETURN_IF_ERROR(CheckBlocksFit(group_->placement(), config_.num_sms, dev));
+  }
   buffers_.clear();
   for (int r = 0; r < R; ++r) {
     auto b = std::make_unique<RankBuffers>();

@@ -1,7 +1,10 @@
-// A single-process stand-in for a group of intranode ranks, one per GPU: each rank gets a region (cudaMalloc on
-// its device, peers mapped through peer access), a stream, a status word and mapped host counters. Shared by
-// intranode_gpu_test and intranode_bench. Also holds the per-call device buffers of one rank and the random input
-// generator, so both programs run the same pipeline.
+// A single-process stand-in for a group of intranode ranks: each rank gets a region (cudaMalloc on its device), a
+// stream, a status word and mapped host counters. Rank r runs on GPU r mod n (gpu_placement.h): with fewer GPUs
+// than ranks, ranks share a GPU and reach each other's regions by plain device pointers (same device: no peer
+// access, no IPC); ranks on different GPUs use peer access. Every rank has its own stream, so that kernels of ranks
+// on one GPU run concurrently, and PipelineRunner refuses a channel count whose blocks cannot all be resident at once
+// (num_sms x ranks per GPU > SMs). Shared by intranode_gpu_test and intranode_bench. Also holds the per-call device
+// buffers of one rank and the random input generator, so both programs run the same pipeline.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +17,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "epfabric/kernels/intranode.h"
-#include "intranode_reference.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
+#include "gpu_placement.h"
 
 namespace epfabric::testing {
 
@@ -59,13 +63,15 @@ struct RankContext {
 
 class IntranodeTestGroup {
  public:
-  // Uses devices 0..num_ranks-1, enables peer access between them, allocates and zeroes the regions.
+  // Places rank r on GPU r mod (visible GPUs), enables peer access between the distinct GPUs used, allocates and
+  // zeroes the regions. FailedPrecondition without a GPU or when two GPUs used cannot access each other.
   static absl::StatusOr<std::unique_ptr<IntranodeTestGroup>> Create(const kernels::IntranodeRegionConfig& config);
   ~IntranodeTestGroup();
 
   int num_ranks() const { return static_cast<int>(ranks_.size()); }
   RankContext& rank(int r) { return *ranks_[r]; }
   const kernels::IntranodeRegionConfig& config() const { return config_; }
+  const GpuPlacement& placement() const { return placement_; }
 
   // Synchronises every rank's stream and returns the first non-OK kernel status (then clears all of them).
   absl::Status SyncAndCheck();
@@ -74,6 +80,7 @@ class IntranodeTestGroup {
 
  private:
   kernels::IntranodeRegionConfig config_;
+  GpuPlacement placement_;
   std::vector<std::unique_ptr<RankContext>> ranks_;
 };
 
@@ -113,7 +120,8 @@ class PipelineRunner {
  public:
   PipelineRunner(IntranodeTestGroup* group, CaseConfig config) : group_(group), config_(std::move(config)) {}
 
-  // Allocates and uploads inputs; allocates layout/handle buffers (recv buffers come after notify).
+  // Allocates and uploads inputs; allocates layout/handle buffers (recv buffers come after notify). Fails when
+  // num_sms blocks per rank cannot all be resident with the other ranks on the same GPU (CheckBlocksFit).
   absl::Status Prepare(const std::vector<kernels::reference::RankInput>& inputs);
   absl::Status RunLayout();
   // Notify, then waits for the mapped counts and allocates the recv buffers (poisoned).

@@ -1,6 +1,9 @@
 // Low-latency dispatch/combine on real GPUs against the host reference: fresh random inputs, outputs poisoned
 // first, FP8 data and scales compared bit for bit, combine compared bit for bit with the reference (same
 // operations) and within |a - b| <= 1e-2 |b| + 1e-2 + 2^-8 sum|w x| of the exact double sum.
+// Groups of 1, 2 and 4 ranks in one process; rank r runs on GPU r mod (visible GPUs), so every test needs one GPU:
+// on a one-GPU machine the ranks share it, each with its own stream and SMs / (ranks per GPU) blocks per launch
+// (low_latency_harness.h).
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -201,16 +204,23 @@ std::vector<NamedCase> Cases() {
 
 class LowLatencyCases : public ::testing::TestWithParam<NamedCase> {};
 
-TEST_P(LowLatencyCases, TwoRanksMatchReference) {
-  EPF_REQUIRE_GPUS(2);
+// Four rounds (plain, hooks, zero-copy, both) of one shape with `num_ranks` ranks.
+void RunShape(LowLatencyCase c, int num_ranks) {
+  EPF_REQUIRE_GPUS(1);
+  c.num_ranks = num_ranks;
   LowLatencyGroup g;
-  ASSERT_OK(g.Init(GetParam().c));
+  ASSERT_OK(g.Init(c));
+  std::printf("[   INFO   ] %s, %d blocks per launch (0 = all SMs)\n", g.placement().ToString().c_str(),
+              g.default_num_blocks());
   LowLatencyBufferCursor cursor;
   for (int round = 0; round < 4; ++round) {
-    RunRound(g, cursor, /*hook=*/round % 2 == 1, /*zero_copy=*/round >= 2, 100 * round + GetParam().c.seed);
-    if (HasFatalFailure()) return;
+    RunRound(g, cursor, /*hook=*/round % 2 == 1, /*zero_copy=*/round >= 2, 100 * round + c.seed);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
+
+TEST_P(LowLatencyCases, TwoRanksMatchReference) { RunShape(GetParam().c, 2); }
+TEST_P(LowLatencyCases, FourRanksMatchReference) { RunShape(GetParam().c, 4); }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LowLatencyCases, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<NamedCase>& info) { return std::string(info.param.name); });
@@ -226,16 +236,16 @@ TEST(LowLatencyGpu, WorldSizeOne) {
   }
 }
 
-// 1000 calls alternating halves with no clean-up in between, then a checked round with poisoned outputs.
-TEST(LowLatencyGpu, ThousandBackToBackCalls) {
-  EPF_REQUIRE_GPUS(2);
+// 2 x `rounds` calls alternating halves with no clean-up in between, then a checked round with poisoned outputs.
+void RunBackToBackCalls(int num_ranks, int rounds) {
+  EPF_REQUIRE_GPUS(1);
   LowLatencyGroup g;
-  ASSERT_OK(g.Init({.num_experts = 288, .hidden = 7168, .num_topk = 8}));
+  ASSERT_OK(g.Init({.num_ranks = num_ranks, .num_experts = 288, .hidden = 7168, .num_topk = 8}));
   LowLatencyBufferCursor cursor;
   ASSERT_OK(g.RandomInputs(11));
   const auto ref = kernels::host::LowLatencyDispatchReference(g.shape(), {.use_fp8 = true}, g.inputs());
   ASSERT_OK(g.RandomExpertOutputs(12, ref, false));
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < rounds; ++i) {
     // Every third round uses the receive hooks.
     const int dispatch_half = cursor.Next(), combine_half = cursor.Next();
     if (i % 3 == 0) {
@@ -260,9 +270,12 @@ TEST(LowLatencyGpu, ThousandBackToBackCalls) {
   ASSERT_TRUE(CompareCombine(g, ref));
 }
 
+TEST(LowLatencyGpu, ThousandBackToBackCalls) { RunBackToBackCalls(2, 500); }
+TEST(LowLatencyGpu, FourRanksBackToBackCalls) { RunBackToBackCalls(4, 200); }
+
 // Each rank captures dispatch + combine into a CUDA graph; the graphs are replayed together many times.
 TEST(LowLatencyGpu, CudaGraphCaptureAndReplay) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
   LowLatencyGroup g;
   ASSERT_OK(g.Init({.num_experts = 288, .hidden = 7168, .num_topk = 8, .round_scale = true}));
   ASSERT_OK(g.RandomInputs(21));
@@ -301,7 +314,7 @@ TEST(LowLatencyGpu, CudaGraphCaptureAndReplay) {
 // Rank 1 never launches: rank 0 must come back within the timeout, name rank 1, mask it, and a later call with
 // the mask must complete without waiting and match the reference with rank 1 masked.
 TEST(LowLatencyGpu, PeerThatNeverLaunchesTimesOut) {
-  EPF_REQUIRE_GPUS(2);
+  EPF_REQUIRE_GPUS(1);
   LowLatencyGroup g;
   ASSERT_OK(g.Init({.num_experts = 256, .hidden = 4096, .num_topk = 8}, /*timeout_ns=*/50'000'000));
   ASSERT_OK(g.RandomInputs(31));

@@ -1,6 +1,10 @@
-// A low-latency group of N ranks inside one process, one GPU per rank (peer access enabled): regions, per-rank
-// streams, inputs and outputs, helpers to launch every rank's dispatch/combine and to read results back. Shared by
-// the GPU tests and the benchmark.
+// A low-latency group of N ranks inside one process: regions, per-rank streams, inputs and outputs, helpers to launch
+// every rank's dispatch/combine and to read results back. Shared by the GPU tests and the benchmark.
+// Rank r runs on GPU r mod (visible GPUs) (gpu_placement.h). Ranks on different GPUs reach each other through peer
+// access; ranks that share a GPU use plain device pointers (no peer access to the own device, no IPC in one process).
+// The kernels are cooperative grids whose blocks wait for peers' blocks, so ranks on one GPU must run concurrently:
+// each rank has its own non-blocking stream, and when GPUs are shared every rank's grid is capped at
+// SMs / (ranks per GPU) blocks (LowLatencyContext::num_blocks), so that all ranks' grids are resident together.
 #pragma once
 
 #include <algorithm>
@@ -14,8 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "epfabric/kernels/low_latency.h"
-#include "fp8.h"
-#include "low_latency_reference.h"
+#include "epfabric/kernels/reference/fp8.h"
+#include "epfabric/kernels/reference/low_latency_reference.h"
+#include "gpu/gpu_placement.h"
 
 namespace epfabric::testing {
 
@@ -80,15 +85,25 @@ class LowLatencyGroup {
         kernels::MakeLowLatencyLayout(c.max_tokens_per_rank, c.hidden, c.num_ranks, c.num_experts);
     if (!layout.ok()) return layout.status();
     layout_ = *layout;
+    absl::StatusOr<GpuPlacement> placement = PlaceRanks(c.num_ranks);
+    if (!placement.ok()) return placement.status();
+    placement_ = *placement;
+    // Blocks per launch: all SMs (0) when every rank has its own GPU, else the share that lets every rank's
+    // cooperative grid on the GPU be resident at once.
+    default_num_blocks_ = placement_.shared() ? MaxBlocksPerRank(placement_) : 0;
+    if (placement_.shared() && default_num_blocks_ < 1) {
+      return absl::FailedPreconditionError("cannot read the SM count of GPU 0 to share it between ranks");
+    }
     ranks_.resize(c.num_ranks);
-    // Enabled once per process and pair (a second enable is an API error that compute-sanitizer reports).
+    // Enabled once per process and pair of distinct GPUs (a second enable is an API error that compute-sanitizer
+    // reports; enabling access to the own device is an error too).
     static bool peer_enabled[kernels::kMaxNvlPeers][kernels::kMaxNvlPeers] = {};
-    for (int r = 0; r < c.num_ranks; ++r) {
-      for (int q = 0; q < c.num_ranks; ++q) {
-        if (q == r || peer_enabled[r][q]) continue;
-        peer_enabled[r][q] = true;
-        EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(r), "cudaSetDevice"));
-        const cudaError_t err = cudaDeviceEnablePeerAccess(q, 0);
+    for (int a = 0; a < placement_.num_gpus; ++a) {
+      for (int b = 0; b < placement_.num_gpus; ++b) {
+        if (a == b || peer_enabled[a][b]) continue;
+        peer_enabled[a][b] = true;
+        EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(a), "cudaSetDevice"));
+        const cudaError_t err = cudaDeviceEnablePeerAccess(b, 0);
         if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled) return Cuda(err, "enable peer access");
         (void)cudaGetLastError();
       }
@@ -97,8 +112,8 @@ class LowLatencyGroup {
     const size_t M = c.max_tokens_per_rank, H = c.hidden, K = c.num_topk, G = H / 128;
     for (int r = 0; r < c.num_ranks; ++r) {
       LowLatencyRank& k = ranks_[r];
-      k.device = r;
-      EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(r), "cudaSetDevice"));
+      k.device = placement_.device(r);
+      EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(k.device), "cudaSetDevice"));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking), "stream"));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.region, layout_.total_bytes));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.region, 0, layout_.total_bytes), "memset region"));
@@ -124,6 +139,7 @@ class LowLatencyGroup {
       k.ctx.rank_mask = k.mask;
       k.ctx.status = k.status;
       k.ctx.timeout_ns = timeout_ns;
+      k.ctx.num_blocks = default_num_blocks_;
     }
     for (int r = 0; r < c.num_ranks; ++r) {
       for (int q = 0; q < c.num_ranks; ++q) ranks_[r].ctx.peer_regions[q] = ranks_[q].region;
@@ -333,6 +349,9 @@ class LowLatencyGroup {
   }
 
   const LowLatencyCase& config() const { return c_; }
+  const GpuPlacement& placement() const { return placement_; }
+  // LowLatencyContext::num_blocks that Init gave every rank: 0 (all SMs) unless ranks share a GPU.
+  int default_num_blocks() const { return default_num_blocks_; }
   const kernels::LowLatencyLayout& layout() const { return layout_; }
   std::vector<LowLatencyRank>& ranks() { return ranks_; }
   const std::vector<kernels::host::LowLatencyRankInput>& inputs() const { return inputs_; }
@@ -374,6 +393,8 @@ class LowLatencyGroup {
   }
 
   LowLatencyCase c_;
+  GpuPlacement placement_;
+  int default_num_blocks_ = 0;
   kernels::LowLatencyLayout layout_;
   std::vector<LowLatencyRank> ranks_;
   std::vector<std::pair<int, void*>> allocations_;

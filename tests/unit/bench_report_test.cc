@@ -54,6 +54,34 @@ TEST(ReadResultsFile, RefusesALineThatIsNotKeyEqualsNumberNamingIt) {
   }
 }
 
+TEST(Report, PlacementSaysWhetherTheGpuWasShared) {
+  Report shared("test");
+  shared.SetDevice("host");
+  shared.SetPlacement(2, 1);
+  EXPECT_TRUE(shared.shared_gpu());
+  auto json = shared.ToJson();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"shared_gpu\": true"));
+  EXPECT_THAT(*json, HasSubstr("\"num_ranks\": 2"));
+  EXPECT_THAT(*json, HasSubstr("\"num_gpus\": 1"));
+  EXPECT_THAT(SharedGpuNote(2, 1), HasSubstr("NOT comparable with NVLink"));
+
+  Report own("test");
+  own.SetDevice("host");
+  own.SetPlacement(2, 2);
+  EXPECT_FALSE(own.shared_gpu());
+  json = own.ToJson();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"shared_gpu\": false"));
+  EXPECT_EQ(SharedGpuNote(2, 2), "");
+
+  Report none("test");
+  none.SetDevice("host");
+  json = none.ToJson();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, ::testing::Not(HasSubstr("shared_gpu")));
+}
+
 TEST(ReadResultsFile, AMissingFileIsNotFound) {
   EXPECT_TRUE(absl::IsNotFound(ReadResultsFile("/nonexistent/restart.txt").status()));
 }

@@ -1,5 +1,5 @@
 // FP8 e4m3 / BF16 emulation and the per-group scale computation, against values worked out by hand.
-#include "fp8.h"
+#include "epfabric/kernels/reference/fp8.h"
 
 #include <cmath>
 #include <limits>

@@ -20,9 +20,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "epfabric/kernels/host_backend.h"
-#include "fp8.h"
-#include "intranode_reference.h"
-#include "low_latency_reference.h"
+#include "epfabric/kernels/reference/fp8.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
+#include "epfabric/kernels/reference/low_latency_reference.h"
 
 namespace epfabric::kernels::host_backend_test {
 

@@ -9,8 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "epfabric/kernels/host_backend_numeric.h"
 #include "host_backend_scenarios.h"
-#include "host_numeric.h"
 
 namespace epfabric::kernels::host_backend_test {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "epfabric/kernels/intranode.h"
-#include "intranode_reference.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 
 namespace epfabric::kernels {
 namespace {

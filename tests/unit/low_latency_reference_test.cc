@@ -1,5 +1,5 @@
 // The low-latency layout, argument checks and host reference, on cases small enough to work out by hand.
-#include "low_latency_reference.h"
+#include "epfabric/kernels/reference/low_latency_reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "epfabric/kernels/low_latency.h"
-#include "fp8.h"
+#include "epfabric/kernels/reference/fp8.h"
 
 namespace epfabric::kernels::host {
 namespace {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <cuda_runtime_api.h>
 
@@ -21,15 +22,29 @@ const char* DTypeName(DType dtype);
 
 const char* WaitSiteName(WaitSite site);
 
-// Kernel timelines for benchmarks (optional `profile_ns` of IntranodeGroup and LowLatencyContext): device memory of
-// uint64 [blocks][kProfileSlotsPerBlock], %globaltimer nanoseconds. Per block: slot 0 = entry, slot 1 = end of the
-// block's start-up (intranode: after the barrier and the slot scan; low latency: end of the send phase of the
-// block's last warp, written by each warp that sends, so it is the latest), slot 2 + w = when warp w finished.
-// Production leaves it null (the kernels then skip every mark).
-inline constexpr int kProfileSlotsPerBlock = 34;
-
 // Turns a status word read back from the device into an absl::Status naming the rank that was waited for.
 absl::Status KernelStatusToStatus(const KernelStatus& status);
+
+// InvalidArgumentError "<field> = <value>: <requirement>": the one form of the data path's out-of-range input errors
+// (kernels and client alike), so that every message names the field and its value.
+absl::Status InvalidValue(std::string_view field, int64_t value, std::string_view requirement);
+// InvalidArgumentError "<field> is null: required <when>".
+absl::Status MissingPointer(std::string_view field, std::string_view when);
+
+// The data path's rules on sizes, written once: the launch functions of both backends check their params with them,
+// and callers that check their own tensors before anything is launched (the client's Buffer) use the same functions.
+// `field` names the value in the message as the caller knows it ("num_tokens", "x.shape[0] (num_tokens)").
+absl::Status CheckNumTokens(std::string_view field, int64_t num_tokens, int64_t max_tokens_per_rank);
+absl::Status CheckNumTopk(std::string_view field, int64_t num_topk, int64_t max_topk);
+// Dispatch rows: bf16 or fp8_e4m3; hidden in [1, max_hidden], a multiple of 128 (fp8) or 8 (bf16).
+absl::Status CheckDispatchDType(std::string_view field, DType dtype);
+absl::Status CheckDispatchHidden(std::string_view field, int64_t hidden, DType dtype, int64_t max_hidden);
+// Combine rows (bf16): hidden a multiple of 8 in [8, max_hidden].
+absl::Status CheckCombineHidden(std::string_view field, int64_t hidden, int64_t max_hidden);
+// Host memory only: the first top-k entry outside [-1, num_experts) of `topk_idx` [num_tokens, num_topk], as
+// InvalidArgument "<name>[t][k] = e: expert indices must be in [-1, num_experts)".
+absl::Status CheckExpertIndices(std::string_view name, const int64_t* topk_idx, int64_t num_tokens, int64_t num_topk,
+                                int num_experts);
 
 // Converts a CUDA runtime error into absl::Status with the failing expression, file and line.
 absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* file, int line);

@@ -80,7 +80,7 @@ struct IntranodeGroup {
   void* peer_regions[kMaxNvlPeers] = {};  // index = rank in the NVLink domain; [rank] is this rank's own region
   KernelStatus* status = nullptr;         // device-writable (device or mapped host memory); required
   uint64_t timeout_ns = kDefaultWaitTimeoutNs;
-  uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in common.h)
+  uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in status_word.h)
 };
 
 // Zeroes the signal sections of this rank's region (stream-ordered). Needed after a timeout (and before first use

@@ -12,68 +12,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "epfabric/kernels/common.h"
+#include "epfabric/kernels/low_latency_layout.h"
 #include "epfabric/kernels/status_word.h"
 
 namespace epfabric::kernels {
-
-// Largest top-k a token may have: the combine receive area holds one slot per (token, top-k position).
-inline constexpr int kLowLatencyMaxTopk = 16;
-// FP8 quantisation groups: one scale per 128 channels of a token.
-inline constexpr int kFp8GroupSize = 128;
-// UE8M0 scales are packed four to an int32 (DeepGEMM's format).
-inline constexpr int kUe8m0ScalesPerInt32 = 4;
-// Every dispatch message starts with a 16-byte header (the source token index), so that the payload stays aligned.
-inline constexpr size_t kLowLatencyMessageHeaderBytes = 16;
-// Largest number of tokens per rank: routing entries pack the token index into 16 bits.
-inline constexpr int kLowLatencyMaxTokensPerRank = 65535;
-
-// The one description of a rank's low-latency region. Every size the daemon must allocate and every offset the
-// kernels carve come from MakeLowLatencyLayout, so the two cannot disagree. All offsets are in bytes, 128-byte
-// aligned. The region is two halves (double buffering: consecutive calls alternate) followed by one zero-copy
-// combine input buffer:
-//
-//   half h (h = 0, 1), at h * half_bytes:
-//     signals (zeroed by the call that uses the other half, see docs):
-//       dispatch_count   int32 [num_local_experts][num_ranks]  written by source rank s: -count-1
-//       combine_flag     int32 [num_ranks]                     written by expert rank r: 1 when r's outputs landed
-//       weights_flag     int32 [num_ranks]                     written by source rank s: 1 when s's weights landed
-//       dispatch_done    int32                                 local: send work items finished (this rank only)
-//       combine_done     int32                                 local: send work items finished (this rank only)
-//     dispatch_table     int32 [num_local_experts][num_ranks][max_tokens]  per (expert, source) the source token
-//                        indices in increasing order, each `token | (first top-k position << 16)`
-//     dispatch_msgs      [num_ranks][max_tokens][dispatch_msg_bytes]  one message per (source token, this rank):
-//                        16-byte header, then FP8 data + float scales, or BF16 data
-//     combine_weights    float [num_ranks][max_tokens][kLowLatencyMaxTopk]  written by source rank s: the weight
-//                        of each top-k position of its tokens (duplicates of an expert summed into the first)
-//     combine_recv       bf16 [max_tokens][num_ranks][hidden]  per token of this rank, the partial sum that expert
-//                        rank r computed over its own experts
-//   combine_send at 2 * half_bytes: bf16 [num_local_experts][num_ranks * max_tokens][hidden] (zero-copy input)
-struct LowLatencyLayout {
-  int max_tokens_per_rank = 0;
-  int hidden = 0;
-  int num_ranks = 0;
-  int num_experts = 0;
-  int num_local_experts = 0;
-
-  size_t dispatch_msg_bytes = 0;
-
-  // Offsets inside one half.
-  size_t dispatch_count_offset = 0;
-  size_t combine_flag_offset = 0;
-  size_t weights_flag_offset = 0;
-  size_t dispatch_done_offset = 0;
-  size_t combine_done_offset = 0;
-  size_t signal_bytes = 0;  // the signals start at offset 0 of a half and span this many bytes
-  size_t dispatch_table_offset = 0;
-  size_t dispatch_msgs_offset = 0;
-  size_t combine_weights_offset = 0;
-  size_t combine_recv_offset = 0;
-  size_t half_bytes = 0;
-
-  // Offsets from the start of the region.
-  size_t combine_send_offset = 0;
-  size_t total_bytes = 0;
-};
 
 // Validates the shape and computes the layout. Errors name the offending field and value.
 absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, int hidden, int num_ranks,
@@ -98,7 +40,7 @@ struct LowLatencyContext {
   uint64_t timeout_ns = kDefaultWaitTimeoutNs;
   // Blocks per launch; 0 = the device's SM count.
   int num_blocks = 0;
-  uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in common.h)
+  uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in status_word.h)
 };
 
 // Which phases a launch runs. kSendAndRecv is the ordinary call; with a receive hook the caller launches kSend,
@@ -187,6 +129,9 @@ struct LowLatencyCombineArgs {
 // Checks everything that can be checked without reading device memory. Returns InvalidArgumentError naming the
 // field and its value. (Expert indices live on the device; out-of-range entries are treated as -1 by the kernels
 // and by the host reference.)
+// The scale options of a dispatch (also checked by callers before they launch anything): use_ue8m0 needs use_fp8 and
+// round_scale, and a hidden size that is a multiple of 512 (4 scales per int32).
+absl::Status CheckLowLatencyScaleOptions(bool use_fp8, bool round_scale, bool use_ue8m0, int hidden);
 absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args);
 absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args);
 

@@ -1,5 +1,5 @@
-// The status word that every bounded wait in a kernel reports into. Device-safe: no absl, no std library beyond
-// fixed-width integers, so that .cu files can include it.
+// The status word that every bounded wait in a kernel reports into, and the other constants host and device code
+// share. Device-safe: no absl, no std library beyond fixed-width integers, so that .cu files can include it.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,13 @@ inline constexpr uint64_t kDefaultWaitTimeoutNs = 5ull * 1000 * 1000 * 1000;
 
 // The maximum number of same-host peers a kernel addresses through NVLink (DGX/HGX boxes have 8 GPUs).
 inline constexpr int kMaxNvlPeers = 8;
+
+// Kernel timelines for benchmarks (optional `profile_ns` of IntranodeGroup and LowLatencyContext): device memory of
+// uint64 [blocks][kProfileSlotsPerBlock], %globaltimer nanoseconds. Per block: slot 0 = entry, slot 1 = end of the
+// block's start-up (intranode: after the barrier and the slot scan; low latency: end of the send phase of the
+// block's last warp, written by each warp that sends, so it is the latest), slot 2 + w = when warp w finished.
+// Production leaves it null (the kernels then skip every mark).
+inline constexpr int kProfileSlotsPerBlock = 34;
 
 // Where a bounded wait timed out. Values are stable: they appear in logs and error messages.
 enum class WaitSite : int32_t {

@@ -1,4 +1,4 @@
-#include "fp8.h"
+#include "epfabric/kernels/reference/fp8.h"
 
 #include <algorithm>
 #include <bit>

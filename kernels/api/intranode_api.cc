@@ -4,9 +4,11 @@
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "api/intranode_checks.h"
+#include "api/launch.h"
+#include "api/launch_error.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/intranode.h"
-#include "intranode_checks.h"
-#include "intranode_launch.h"
 
 namespace epfabric::kernels {
 namespace {
@@ -17,14 +19,6 @@ using intranode_checks::kMaxTopk;
 constexpr intranode_checks::Backend kCuda = intranode_checks::Backend::kCuda;
 
 size_t AlignUp(size_t bytes) { return (bytes + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment; }
-
-absl::Status Invalid(const char* field, int64_t value, const char* requirement) {
-  return absl::InvalidArgumentError(absl::StrFormat("%s = %d: %s", field, value, requirement));
-}
-
-absl::Status Missing(const char* field, const char* when) {
-  return absl::InvalidArgumentError(absl::StrFormat("%s is null: required %s", field, when));
-}
 
 intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeRegionLayout& layout) {
   intranode::GroupView v{};
@@ -55,27 +49,23 @@ intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeR
   return v;
 }
 
-absl::Status LaunchStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return CudaErrorToStatus(err, what, __FILE__, __LINE__);
-}
-
 }  // namespace
 
 absl::StatusOr<IntranodeRegionLayout> ComputeIntranodeRegionLayout(const IntranodeRegionConfig& c) {
   if (c.num_ranks < 1 || c.num_ranks > kMaxNvlPeers) {
-    return Invalid("config.num_ranks", c.num_ranks, "must be in [1, 8]");
+    return InvalidValue("config.num_ranks", c.num_ranks, "must be in [1, 8]");
   }
-  if (c.max_tokens_per_rank < 1) return Invalid("config.max_tokens_per_rank", c.max_tokens_per_rank, "must be >= 1");
+  if (c.max_tokens_per_rank < 1)
+    return InvalidValue("config.max_tokens_per_rank", c.max_tokens_per_rank, "must be >= 1");
   if (c.max_hidden < 8 || c.max_hidden % 8 != 0) {
-    return Invalid("config.max_hidden", c.max_hidden, "must be a positive multiple of 8");
+    return InvalidValue("config.max_hidden", c.max_hidden, "must be a positive multiple of 8");
   }
-  if (c.max_topk < 0 || c.max_topk > kMaxTopk) return Invalid("config.max_topk", c.max_topk, "must be in [0, 32]");
+  if (c.max_topk < 0 || c.max_topk > kMaxTopk) return InvalidValue("config.max_topk", c.max_topk, "must be in [0, 32]");
   if (c.num_experts < c.num_ranks || c.num_experts % c.num_ranks != 0) {
-    return Invalid("config.num_experts", c.num_experts, "must be a positive multiple of num_ranks");
+    return InvalidValue("config.num_experts", c.num_experts, "must be a positive multiple of num_ranks");
   }
   if (c.max_channels < 1 || c.max_channels > 1024) {
-    return Invalid("config.max_channels", c.max_channels, "must be in [1, 1024]");
+    return InvalidValue("config.max_channels", c.max_channels, "must be in [1, 1024]");
   }
   const size_t ranks = c.num_ranks, channels = c.max_channels, tokens = c.max_tokens_per_rank;
   const size_t experts_per_rank = c.num_experts / c.num_ranks;
@@ -108,9 +98,8 @@ absl::StatusOr<IntranodeRegionLayout> ComputeIntranodeRegionLayout(const Intrano
 }
 
 absl::StatusOr<size_t> IntranodeRegionBytes(const IntranodeRegionConfig& config) {
-  absl::StatusOr<IntranodeRegionLayout> layout = ComputeIntranodeRegionLayout(config);
-  if (!layout.ok()) return layout.status();
-  return layout->total_bytes;
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, ComputeIntranodeRegionLayout(config));
+  return layout.total_bytes;
 }
 
 int64_t IntranodeWorstCaseRecvTokens(const IntranodeRegionConfig& config) {
@@ -118,14 +107,13 @@ int64_t IntranodeWorstCaseRecvTokens(const IntranodeRegionConfig& config) {
 }
 
 absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
-  if (!layout.ok()) return layout.status();
-  EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(group.peer_regions[group.rank], 0, layout->signal_bytes, stream));
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
+  EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(group.peer_regions[group.rank], 0, layout.signal_bytes, stream));
   return absl::OkStatus();
 }
 
 absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream) {
-  if (status == nullptr) return Missing("status", "to read it");
+  if (status == nullptr) return MissingPointer("status", "to read it");
   EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   KernelStatus host{};
   EPF_CUDA_RETURN_IF_ERROR(cudaMemcpy(&host, status, sizeof(host), cudaMemcpyDefault));
@@ -133,13 +121,13 @@ absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream) {
 }
 
 absl::Status ClearKernelStatus(KernelStatus* status, cudaStream_t stream) {
-  if (status == nullptr) return Missing("status", "to clear it");
+  if (status == nullptr) return MissingPointer("status", "to clear it");
   EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status, 0, sizeof(KernelStatus), stream));
   return absl::OkStatus();
 }
 
 absl::Status GetDispatchLayout(const DispatchLayoutParams& p, cudaStream_t stream) {
-  if (absl::Status s = intranode_checks::CheckLayout(p); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckLayout(p));
   intranode::LayoutKernelParams k{p.topk_idx,
                                   p.num_tokens,
                                   p.num_topk,
@@ -150,15 +138,14 @@ absl::Status GetDispatchLayout(const DispatchLayoutParams& p, cudaStream_t strea
                                   p.num_tokens_per_expert,
                                   p.is_token_in_rank,
                                   p.num_invalid_topk};
-  return LaunchStatus(intranode::LaunchDispatchLayout(k, stream), "dispatch layout launch");
+  return LaunchError(intranode::LaunchDispatchLayout(k, stream), "dispatch layout launch");
 }
 
 absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& p, cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
-  if (!layout.ok()) return layout.status();
-  if (absl::Status s = intranode_checks::CheckNotify(group, p); !s.ok()) return s;
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckNotify(group, p));
   intranode::NotifyKernelParams k{};
-  k.group = MakeGroupView(group, *layout);
+  k.group = MakeGroupView(group, layout);
   k.num_tokens_per_rank = p.num_tokens_per_rank;
   k.num_tokens_per_expert = p.num_tokens_per_expert;
   k.expert_alignment = p.expert_alignment;
@@ -166,11 +153,11 @@ absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyP
   k.recv_counts = p.recv_counts;
   k.host_num_recv_tokens = p.host_num_recv_tokens;
   k.host_num_recv_tokens_per_expert = p.host_num_recv_tokens_per_expert;
-  return LaunchStatus(intranode::LaunchNotify(k, stream), "notify launch");
+  return LaunchError(intranode::LaunchNotify(k, stream), "notify launch");
 }
 
 absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num_recv_tokens, uint64_t timeout_ns) {
-  if (host_num_recv_tokens == nullptr) return Missing("host_num_recv_tokens", "to wait on it");
+  if (host_num_recv_tokens == nullptr) return MissingPointer("host_num_recv_tokens", "to wait on it");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
   while (true) {
     const int32_t value = *host_num_recv_tokens;
@@ -184,13 +171,12 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
 
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,
                                cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
-  if (!layout.ok()) return layout.status();
-  if (absl::Status s = intranode_checks::CheckDispatch(group, p, handle, kCuda); !s.ok()) return s;
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckDispatch(group, p, handle, kCuda));
   const IntranodeHandle& h = *handle;
   const bool fp8 = p.x_dtype == DType::kFP8E4M3;
   intranode::DispatchKernelParams k{};
-  k.group = MakeGroupView(group, *layout);
+  k.group = MakeGroupView(group, layout);
   k.x = static_cast<const char*>(p.x);
   k.x_scales = p.x_scales;
   k.topk_idx = p.topk_idx;
@@ -211,16 +197,15 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.recv_channel_prefix = h.recv_channel_prefix;
   k.send_slot = h.send_slot;
   handle->num_channels = p.num_sms;
-  return LaunchStatus(intranode::LaunchDispatch(k, stream), "dispatch launch");
+  return LaunchError(intranode::LaunchDispatch(k, stream), "dispatch launch");
 }
 
 absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombineParams& p, const IntranodeHandle& h,
                               cudaStream_t stream) {
-  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kCuda);
-  if (!layout.ok()) return layout.status();
-  if (absl::Status s = intranode_checks::CheckCombine(group, p, h, kCuda); !s.ok()) return s;
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckCombine(group, p, h, kCuda));
   intranode::CombineKernelParams k{};
-  k.group = MakeGroupView(group, *layout);
+  k.group = MakeGroupView(group, layout);
   k.x = static_cast<const char*>(p.x);
   k.topk_weights = p.topk_weights;
   k.bias_0 = static_cast<const char*>(p.bias_0);
@@ -234,7 +219,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.num_channels = h.num_channels;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;
-  return LaunchStatus(intranode::LaunchCombine(k, stream), "combine launch");
+  return LaunchError(intranode::LaunchCombine(k, stream), "combine launch");
 }
 
 }  // namespace epfabric::kernels

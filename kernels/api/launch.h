@@ -1,6 +1,8 @@
-// Internal: the parameter blocks that the intranode kernels receive by value (as __grid_constant__), and the launch
-// functions the host side (kernels/host/intranode_api.cc) calls after validation. Plain C++ so that both nvcc and
-// the host compiler see the same structs; no absl here.
+// Internal: the contract between the host-side API (kernels/api/*.cc) and the device code (kernels/cuda/*.cu): the
+// parameter blocks that the kernels receive by value (as __grid_constant__), and the launch functions that the .cu
+// files define and the API calls after validation. Plain C++ (no absl, no device code) so that nvcc and the host
+// compiler see the same structs. Dependencies point one way: kernels/cuda includes this header, kernels/api never
+// includes anything of kernels/cuda.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "epfabric/kernels/low_latency_layout.h"
 #include "epfabric/kernels/status_word.h"
 
 namespace epfabric::kernels::intranode {
@@ -104,3 +107,56 @@ cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stre
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream);
 
 }  // namespace epfabric::kernels::intranode
+
+namespace epfabric::kernels::low_latency {
+
+// What both low-latency kernels get: where the regions are, which half and phases the call uses, how to fail.
+struct GroupView {
+  LowLatencyLayout layout;
+  uint8_t* regions[kMaxNvlPeers];
+  int rank;
+  int num_ranks;
+  int half;
+  int phases;  // LowLatencyPhases bits: 1 = send, 2 = receive
+  int32_t* rank_mask;
+  KernelStatus* status;
+  uint64_t timeout_ns;
+  uint64_t* profile;  // null unless a benchmark asks for a timeline
+};
+
+struct DispatchKernelParams {
+  GroupView g;
+  const uint16_t* x;
+  const int64_t* topk_idx;
+  int num_tokens;
+  int num_topk;
+  bool use_fp8;  // picks the kernel instantiation
+  bool round_scale;
+  bool use_ue8m0;
+  bool message_per_expert;
+  int32_t* cumulative_stats;
+  uint8_t* packed_recv_x;
+  void* packed_recv_x_scales;
+  int32_t* packed_recv_count;
+  int32_t* packed_recv_src_info;
+  int64_t* packed_recv_layout_range;
+  int32_t* packed_recv_topk_slot;
+  int32_t* packed_recv_token_map;
+};
+
+struct CombineKernelParams {
+  GroupView g;
+  const uint16_t* x;  // the expert outputs (the zero-copy buffer when the call is zero-copy)
+  const int64_t* topk_idx;
+  const float* topk_weights;
+  int num_tokens;
+  int num_topk;
+  const int32_t* token_map;
+  uint16_t* combined_x;
+};
+
+// One cooperative grid of `num_blocks` blocks (every block must be resident: blocks wait for each other's work).
+cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream);
+cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream);
+
+}  // namespace epfabric::kernels::low_latency

@@ -16,10 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/host_backend.h"
-#include "fp8.h"
-#include "host_numeric.h"
-#include "host_sync.h"
+#include "epfabric/kernels/host_backend_numeric.h"
+#include "epfabric/kernels/reference/fp8.h"
+#include "host_backend/host_sync.h"
 
 namespace epfabric::kernels::host_backend {
 namespace {
@@ -75,7 +76,7 @@ absl::Status ValidateContext(const LowLatencyContext& ctx, KernelStatus* dummy, 
   *checked = ctx;
   // The host reports timeouts through the return value; a status word is optional here.
   if (checked->status == nullptr) checked->status = dummy;
-  if (ctx.timeout_ns == 0) return absl::InvalidArgumentError("ctx.timeout_ns = 0: must be positive");
+  if (ctx.timeout_ns == 0) return InvalidValue("ctx.timeout_ns", 0, "must be positive");
   return absl::OkStatus();
 }
 
@@ -313,8 +314,8 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, TimeoutRecord* timeout
 absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args) {
   KernelStatus dummy{};
   LowLatencyContext checked;
-  if (absl::Status s = ValidateContext(ctx, &dummy, &checked); !s.ok()) return s;
-  if (absl::Status s = ValidateLowLatencyDispatch(checked, args); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
+  EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(checked, args));
   View v = MakeView(ctx, args.buffer_half);
   TimeoutRecord timeout;
   if (Sends(args.phases)) DispatchSend(v, args);
@@ -325,8 +326,8 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
 absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args) {
   KernelStatus dummy{};
   LowLatencyContext checked;
-  if (absl::Status s = ValidateContext(ctx, &dummy, &checked); !s.ok()) return s;
-  if (absl::Status s = ValidateLowLatencyCombine(checked, args); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
+  EPF_RETURN_IF_ERROR(ValidateLowLatencyCombine(checked, args));
   View v = MakeView(ctx, args.buffer_half);
   TimeoutRecord timeout;
   const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
@@ -337,7 +338,7 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
 
 absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {
   if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks || ctx.num_ranks > kMaxNvlPeers) {
-    return absl::InvalidArgumentError(absl::StrFormat("ctx.rank = %d: must be in [0, num_ranks)", ctx.rank));
+    return InvalidValue("ctx.rank", ctx.rank, "must be in [0, num_ranks)");
   }
   if (ctx.peer_regions[ctx.rank] == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("ctx.peer_regions[%d] is null", ctx.rank));

@@ -1,8 +1,8 @@
-#include "host_numeric.h"
+#include "epfabric/kernels/host_backend_numeric.h"
 
 #include <algorithm>
 
-#include "fp8.h"
+#include "epfabric/kernels/reference/fp8.h"
 
 namespace epfabric::kernels::host_backend::internal {
 namespace {

@@ -11,11 +11,12 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "api/intranode_checks.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/host_backend.h"
-#include "host_numeric.h"
-#include "host_sync.h"
-#include "intranode_checks.h"
-#include "intranode_reference.h"
+#include "epfabric/kernels/host_backend_numeric.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
+#include "host_backend/host_sync.h"
 
 namespace epfabric::kernels::host_backend {
 namespace {
@@ -30,10 +31,6 @@ using internal::TimeoutRecord;
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;
 constexpr int kBarrierLane = 0;
-
-absl::Status Invalid(const char* field, int64_t value, const char* requirement) {
-  return absl::InvalidArgumentError(absl::StrFormat("%s = %d: %s", field, value, requirement));
-}
 
 // The group with its layout: what every step needs to address a section of any rank's region.
 struct View {
@@ -62,10 +59,9 @@ struct View {
 };
 
 absl::StatusOr<View> MakeView(const IntranodeGroup& group) {
-  absl::StatusOr<IntranodeRegionLayout> layout = intranode_checks::CheckGroup(group, kHost);
-  if (!layout.ok()) return layout.status();
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kHost));
   const int num_ranks = group.config.num_ranks;
-  return View{group, *layout, group.rank, num_ranks, group.config.num_experts / num_ranks, group.config.max_channels};
+  return View{group, layout, group.rank, num_ranks, group.config.num_experts / num_ranks, group.config.max_channels};
 }
 
 // Cross-rank barrier on lane 0 (see block_barrier in kernels/cuda/intranode_common.cuh): arrive at every rank
@@ -99,7 +95,7 @@ int64_t PackRange(int begin, int end) { return (static_cast<int64_t>(end + 1) <<
 }  // namespace
 
 absl::Status GetDispatchLayout(const DispatchLayoutParams& p) {
-  if (absl::Status s = intranode_checks::CheckLayout(p); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckLayout(p));
   const int num_rdma_ranks = (p.num_ranks + kMaxNvlPeers - 1) / kMaxNvlPeers;
   const int experts_per_rank = p.num_experts / p.num_ranks;
   std::fill(p.num_tokens_per_rank, p.num_tokens_per_rank + p.num_ranks, 0);
@@ -137,17 +133,14 @@ absl::Status GetDispatchLayout(const DispatchLayoutParams& p) {
 }
 
 absl::Status IntranodeResetRegion(const IntranodeGroup& group) {
-  absl::StatusOr<View> v = MakeView(group);
-  if (!v.ok()) return v.status();
-  std::memset(group.peer_regions[group.rank], 0, v->layout.signal_bytes);
+  EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
+  std::memset(group.peer_regions[group.rank], 0, v.layout.signal_bytes);
   return absl::OkStatus();
 }
 
 absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& p) {
-  absl::StatusOr<View> view = MakeView(group);
-  if (!view.ok()) return view.status();
-  const View& v = *view;
-  if (absl::Status s = intranode_checks::CheckNotify(group, p); !s.ok()) return s;
+  EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckNotify(group, p));
   const int R = v.num_ranks, epr = v.experts_per_rank;
   TimeoutRecord timeout;
   if (!Barrier(v, &timeout)) return timeout.Finish(group.status);
@@ -183,17 +176,15 @@ absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyP
 }
 
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle) {
-  absl::StatusOr<View> view = MakeView(group);
-  if (!view.ok()) return view.status();
-  const View& v = *view;
-  if (absl::Status s = intranode_checks::CheckDispatch(group, p, handle, kHost); !s.ok()) return s;
+  EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckDispatch(group, p, handle, kHost));
   const IntranodeHandle& h = *handle;
   const bool fp8 = p.x_dtype == DType::kFP8E4M3;
   // The receive side is checked against the prefix matrix (the GPU trusts it; the host can afford the check).
   const int R = v.num_ranks, me = v.rank, C = p.num_sms;
   if (h.rank_prefix_matrix[(R - 1) * R + me] > p.recv_capacity) {
-    return Invalid("handle.rank_prefix_matrix total for this rank", h.rank_prefix_matrix[(R - 1) * R + me],
-                   "exceeds recv_capacity");
+    return InvalidValue("handle.rank_prefix_matrix total for this rank", h.rank_prefix_matrix[(R - 1) * R + me],
+                        "exceeds recv_capacity");
   }
 
   const int T = h.num_tokens;
@@ -329,10 +320,8 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
 }
 
 absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombineParams& p, const IntranodeHandle& h) {
-  absl::StatusOr<View> view = MakeView(group);
-  if (!view.ok()) return view.status();
-  const View& v = *view;
-  if (absl::Status s = intranode_checks::CheckCombine(group, p, h, kHost); !s.ok()) return s;
+  EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
+  EPF_RETURN_IF_ERROR(intranode_checks::CheckCombine(group, p, h, kHost));
 
   const int R = v.num_ranks, me = v.rank, C = h.num_channels, H = p.hidden, T = h.num_tokens;
   const int K = p.topk_weights != nullptr ? p.num_topk : 0;

@@ -1,10 +1,10 @@
-#include "low_latency_reference.h"
+#include "epfabric/kernels/reference/low_latency_reference.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "fp8.h"
+#include "epfabric/kernels/reference/fp8.h"
 
 namespace epfabric::kernels::host {
 namespace {

@@ -1,8 +1,8 @@
-// Private numeric helpers of the host backend: inline BF16 conversions (bit-identical to reference::FloatToBf16 /
-// host::FloatToBf16 and the kernels' __float2bfloat16_rn) and the row loops of the reductions, written so that the
-// compiler vectorises them without changing a single rounding: every element is computed by the same float
-// operations, in the same order, as in the references (no reassociation, no contraction of a*b+c except where the
-// reference itself uses fmaf).
+// Numeric helpers of the host backend (internal: public only so that host_backend_test can check them bit for bit):
+// inline BF16 conversions (bit-identical to reference::FloatToBf16 / host::FloatToBf16 and the kernels'
+// __float2bfloat16_rn) and the row loops of the reductions, written so that the compiler vectorises them without
+// changing a single rounding: every element is computed by the same float operations, in the same order, as in the
+// references (no reassociation, no contraction of a*b+c except where the reference itself uses fmaf).
 #pragma once
 
 #include <cmath>

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/low_latency.h"
 
 namespace epfabric::kernels {
@@ -11,52 +12,58 @@ constexpr size_t kAlign = 128;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-absl::Status Invalid(const char* field, int64_t value, const char* why) {
-  return absl::InvalidArgumentError(absl::StrFormat("%s = %d: %s", field, value, why));
-}
-
 absl::Status CheckShape(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts) {
   if (max_tokens_per_rank <= 0 || max_tokens_per_rank > kLowLatencyMaxTokensPerRank)
-    return Invalid("max_tokens_per_rank", max_tokens_per_rank, "must be in [1, 65535]");
+    return InvalidValue("max_tokens_per_rank", max_tokens_per_rank, "must be in [1, 65535]");
   if (hidden <= 0 || hidden % kFp8GroupSize != 0)
-    return Invalid("hidden", hidden, "must be a positive multiple of 128");
-  if (num_ranks <= 0 || num_ranks > kMaxNvlPeers) return Invalid("num_ranks", num_ranks, "must be in [1, 8]");
+    return InvalidValue("hidden", hidden, "must be a positive multiple of 128");
+  if (num_ranks <= 0 || num_ranks > kMaxNvlPeers) return InvalidValue("num_ranks", num_ranks, "must be in [1, 8]");
   if (num_experts <= 0 || num_experts % num_ranks != 0)
-    return Invalid("num_experts", num_experts, "must be a positive multiple of num_ranks");
+    return InvalidValue("num_experts", num_experts, "must be a positive multiple of num_ranks");
   return absl::OkStatus();
 }
 
 absl::Status CheckContext(const LowLatencyContext& ctx, int max_tokens_per_rank, int hidden, int num_experts) {
   const LowLatencyLayout& l = ctx.layout;
   if (ctx.num_ranks <= 0 || ctx.num_ranks > kMaxNvlPeers)
-    return Invalid("ctx.num_ranks", ctx.num_ranks, "not in [1, 8]");
-  if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks) return Invalid("ctx.rank", ctx.rank, "not in [0, num_ranks)");
-  if (l.num_ranks != ctx.num_ranks) return Invalid("layout.num_ranks", l.num_ranks, "differs from ctx.num_ranks");
+    return InvalidValue("ctx.num_ranks", ctx.num_ranks, "not in [1, 8]");
+  if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks) return InvalidValue("ctx.rank", ctx.rank, "not in [0, num_ranks)");
+  if (l.num_ranks != ctx.num_ranks) return InvalidValue("layout.num_ranks", l.num_ranks, "differs from ctx.num_ranks");
   for (int r = 0; r < ctx.num_ranks; ++r) {
     if (ctx.peer_regions[r] == nullptr)
-      return Invalid("ctx.peer_regions[r] is null for r", r, "every rank needs a region");
+      return InvalidValue("ctx.peer_regions[r] is null for r", r, "every rank needs a region");
   }
   if (ctx.status == nullptr) return absl::InvalidArgumentError("ctx.status is null: a status word is required");
   if (max_tokens_per_rank != l.max_tokens_per_rank)
-    return Invalid("max_tokens_per_rank", max_tokens_per_rank, "differs from the layout's");
-  if (hidden != l.hidden) return Invalid("hidden", hidden, "differs from the layout's");
-  if (num_experts != l.num_experts) return Invalid("num_experts", num_experts, "differs from the layout's");
+    return InvalidValue("max_tokens_per_rank", max_tokens_per_rank, "differs from the layout's");
+  if (hidden != l.hidden) return InvalidValue("hidden", hidden, "differs from the layout's");
+  if (num_experts != l.num_experts) return InvalidValue("num_experts", num_experts, "differs from the layout's");
   return absl::OkStatus();
 }
 
 absl::Status CheckTokens(int num_tokens, int num_topk, int max_tokens_per_rank, const void* topk_idx) {
-  if (num_tokens < 0 || num_tokens > max_tokens_per_rank)
-    return Invalid("num_tokens", num_tokens, "must be in [0, max_tokens_per_rank]");
-  if (num_topk <= 0 || num_topk > kLowLatencyMaxTopk) return Invalid("num_topk", num_topk, "must be in [1, 16]");
+  EPF_RETURN_IF_ERROR(CheckNumTokens("num_tokens", num_tokens, max_tokens_per_rank));
+  EPF_RETURN_IF_ERROR(CheckNumTopk("num_topk", num_topk, kLowLatencyMaxTopk));
   if (num_tokens > 0 && topk_idx == nullptr) return absl::InvalidArgumentError("topk_idx is null");
   return absl::OkStatus();
 }
 
 }  // namespace
 
+absl::Status CheckLowLatencyScaleOptions(bool use_fp8, bool round_scale, bool use_ue8m0, int hidden) {
+  if (use_ue8m0 && !(use_fp8 && round_scale)) {
+    return absl::InvalidArgumentError(
+        "use_ue8m0 = true needs use_fp8 = true and round_scale = true (scales must be powers of two)");
+  }
+  if (use_ue8m0 && hidden % (kFp8GroupSize * kUe8m0ScalesPerInt32) != 0) {
+    return InvalidValue("hidden", hidden, "must be a multiple of 512 with use_ue8m0 (4 scales per int32)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, int hidden, int num_ranks,
                                                       int num_experts) {
-  if (absl::Status s = CheckShape(max_tokens_per_rank, hidden, num_ranks, num_experts); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(CheckShape(max_tokens_per_rank, hidden, num_ranks, num_experts));
   LowLatencyLayout l;
   l.max_tokens_per_rank = max_tokens_per_rank;
   l.hidden = hidden;
@@ -98,24 +105,20 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
 }
 
 absl::StatusOr<size_t> LowLatencyRegionBytes(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts) {
-  absl::StatusOr<LowLatencyLayout> layout = MakeLowLatencyLayout(max_tokens_per_rank, hidden, num_ranks, num_experts);
-  if (!layout.ok()) return layout.status();
-  return layout->total_bytes;
+  EPF_ASSIGN_OR_RETURN(const LowLatencyLayout layout,
+                       MakeLowLatencyLayout(max_tokens_per_rank, hidden, num_ranks, num_experts));
+  return layout.total_bytes;
 }
 
 absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& a) {
-  if (absl::Status s = CheckShape(a.max_tokens_per_rank, a.hidden, ctx.num_ranks, a.num_experts); !s.ok()) return s;
-  if (absl::Status s = CheckContext(ctx, a.max_tokens_per_rank, a.hidden, a.num_experts); !s.ok()) return s;
-  if (absl::Status s = CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx); !s.ok()) return s;
-  if (a.buffer_half != 0 && a.buffer_half != 1) return Invalid("buffer_half", a.buffer_half, "must be 0 or 1");
-  if (a.use_ue8m0 && !a.use_fp8) return absl::InvalidArgumentError("use_ue8m0 = true needs use_fp8 = true");
-  if (a.use_ue8m0 && !a.round_scale)
-    return absl::InvalidArgumentError("use_ue8m0 = true needs round_scale = true (scales must be powers of two)");
-  if (a.use_ue8m0 && a.hidden % (kFp8GroupSize * kUe8m0ScalesPerInt32) != 0)
-    return Invalid("hidden", a.hidden, "must be a multiple of 512 with use_ue8m0");
+  EPF_RETURN_IF_ERROR(CheckShape(a.max_tokens_per_rank, a.hidden, ctx.num_ranks, a.num_experts));
+  EPF_RETURN_IF_ERROR(CheckContext(ctx, a.max_tokens_per_rank, a.hidden, a.num_experts));
+  EPF_RETURN_IF_ERROR(CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx));
+  if (a.buffer_half != 0 && a.buffer_half != 1) return InvalidValue("buffer_half", a.buffer_half, "must be 0 or 1");
+  EPF_RETURN_IF_ERROR(CheckLowLatencyScaleOptions(a.use_fp8, a.round_scale, a.use_ue8m0, a.hidden));
   const bool sends = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0;
   const bool receives = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
-  if (!sends && !receives) return Invalid("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
+  if (!sends && !receives) return InvalidValue("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
   if (sends && a.num_tokens > 0 && a.x == nullptr) return absl::InvalidArgumentError("x is null");
   if (receives) {
     if (a.packed_recv_x == nullptr) return absl::InvalidArgumentError("packed_recv_x is null");
@@ -129,15 +132,15 @@ absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowL
 }
 
 absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& a) {
-  if (absl::Status s = CheckShape(a.max_tokens_per_rank, a.hidden, ctx.num_ranks, a.num_experts); !s.ok()) return s;
-  if (absl::Status s = CheckContext(ctx, a.max_tokens_per_rank, a.hidden, a.num_experts); !s.ok()) return s;
-  if (absl::Status s = CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx); !s.ok()) return s;
-  if (a.buffer_half != 0 && a.buffer_half != 1) return Invalid("buffer_half", a.buffer_half, "must be 0 or 1");
+  EPF_RETURN_IF_ERROR(CheckShape(a.max_tokens_per_rank, a.hidden, ctx.num_ranks, a.num_experts));
+  EPF_RETURN_IF_ERROR(CheckContext(ctx, a.max_tokens_per_rank, a.hidden, a.num_experts));
+  EPF_RETURN_IF_ERROR(CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx));
+  if (a.buffer_half != 0 && a.buffer_half != 1) return InvalidValue("buffer_half", a.buffer_half, "must be 0 or 1");
   if (a.handle.num_tokens != a.num_tokens)
-    return Invalid("num_tokens", a.num_tokens, "differs from the dispatch handle's num_tokens");
+    return InvalidValue("num_tokens", a.num_tokens, "differs from the dispatch handle's num_tokens");
   const bool sends = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0;
   const bool receives = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
-  if (!sends && !receives) return Invalid("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
+  if (!sends && !receives) return InvalidValue("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
   if (sends) {
     if (!a.zero_copy && a.x == nullptr) return absl::InvalidArgumentError("x is null and zero_copy = false");
     if (a.handle.packed_recv_token_map == nullptr)

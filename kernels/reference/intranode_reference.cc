@@ -1,4 +1,4 @@
-#include "intranode_reference.h"
+#include "epfabric/kernels/reference/intranode_reference.h"
 
 #include <cstring>
 

@@ -1,0 +1,65 @@
+// Internal to the Buffer's files (buffer.cc, buffer_normal.cc, buffer_low_latency.cc, data_path_*.cc): the Buffer's
+// state, output allocation, and the checks of TensorViews (dtype and shape; the rules on sizes are the kernels').
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data_path.h"
+#include "epfabric/client/buffer.h"
+
+namespace epfabric::client {
+namespace internal {
+
+// Notify's host-side wait outlasts the kernel's own timeout by this much, so that the kernel's record (naming the
+// peer), not the host wait, explains a timeout.
+inline constexpr uint64_t kNotifyGraceNs = 1000ull * 1000 * 1000;
+
+// An output tensor from `allocator` (at least 256 bytes, so that pointers are never null).
+absl::StatusOr<Tensor> NewTensor(const std::shared_ptr<Allocator>& allocator, kernels::DType dtype,
+                                 std::vector<int64_t> shape, cudaStream_t stream);
+
+// Every message names the field and its value. `want` holds the expected sizes (-1: any), `meaning` names the
+// dimensions for the message.
+absl::Status ExpectDType(const TensorView& t, const char* name, kernels::DType want);
+absl::Status ExpectShape(const TensorView& t, const char* name, const std::vector<int64_t>& want, const char* meaning);
+absl::Status ExpectTensor(const TensorView& t, const char* name, kernels::DType dtype,
+                          const std::vector<int64_t>& shape, const char* meaning);
+
+// A pointer the kernels accept for a given tensor: never null (an empty but given tensor still says "given" to the
+// peers). With no elements nothing is read or written through it, so a host address serves on cuda as well; it is
+// aligned because the kernels' argument checks want 16-byte alignment. Null for a tensor that is not given.
+const void* GivenData(const TensorView& t);
+template <typename T>
+const T* GivenPointer(const TensorView& t) {
+  return static_cast<const T*>(GivenData(t));
+}
+
+}  // namespace internal
+
+struct Buffer::State {
+  Lease* lease = nullptr;
+  BufferConfig config;
+  std::shared_ptr<Allocator> allocator;
+  int rank = 0;
+  int num_ranks = 0;
+  int experts_per_rank = 0;
+  std::unique_ptr<internal::DataPath> path;
+
+  kernels::LowLatencyBufferCursor cursor;
+  bool recv_hook_pending = false;  // a low-latency send phase whose receive hook has not run yet
+
+  // Unavailable when the lease's group is degraded.
+  absl::Status Usable() const;
+  // FailedPrecondition when the Buffer is in the other mode, or (low latency) a receive hook is pending.
+  absl::Status RequireMode(bool low_latency, const char* call) const;
+  absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {
+    return internal::NewTensor(allocator, dtype, std::move(shape), stream);
+  }
+};
+
+}  // namespace epfabric::client

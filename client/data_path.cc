@@ -1,0 +1,50 @@
+// DataPath selection and the pieces both implementations share.
+#include "data_path.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "epfabric/common/status_macros.h"
+
+namespace epfabric::client::internal {
+
+absl::StatusOr<std::unique_ptr<DataPath>> DataPath::Create(v1::Backend backend, const DataPathConfig& config) {
+  switch (backend) {
+    case v1::BACKEND_CUDA:
+      return NewCudaDataPath(config);
+    case v1::BACKEND_HOST:
+      return NewHostDataPath(config);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("lease backend = ", v1::Backend_Name(backend), ": not supported"));
+  }
+}
+
+kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& c, kernels::KernelStatus* status) {
+  kernels::IntranodeGroup group;
+  group.config = {.num_ranks = c.num_ranks,
+                  .max_tokens_per_rank = c.config.max_tokens_per_rank,
+                  .max_hidden = c.config.hidden,
+                  .max_topk = c.config.max_topk,
+                  .num_experts = c.config.num_experts,
+                  .max_channels = c.config.num_sms};
+  group.rank = c.rank;
+  for (int r = 0; r < c.num_ranks; ++r) group.peer_regions[r] = c.peer_regions[r];
+  group.status = status;
+  group.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
+  return group;
+}
+
+absl::StatusOr<kernels::LowLatencyContext> MakeLowLatencyContext(const DataPathConfig& c, kernels::KernelStatus* status,
+                                                                 int32_t* rank_mask) {
+  kernels::LowLatencyContext ll;
+  EPF_ASSIGN_OR_RETURN(ll.layout, kernels::MakeLowLatencyLayout(c.config.max_tokens_per_rank, c.config.hidden,
+                                                                c.num_ranks, c.config.num_experts));
+  ll.rank = c.rank;
+  ll.num_ranks = c.num_ranks;
+  for (int r = 0; r < c.num_ranks; ++r) ll.peer_regions[r] = c.peer_regions[r];
+  ll.rank_mask = rank_mask;
+  ll.status = status;
+  ll.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
+  return ll;
+}
+
+}  // namespace epfabric::client::internal

@@ -1,0 +1,85 @@
+// Internal: the data path under a Buffer, one interface per backend (NCCL's transport table, as a class): the cuda
+// path launches the kernels on the caller's stream, the host path runs the host backend on the calling thread; an
+// internode path will be a third implementation. The Buffer picks one at Create and never asks for the backend again.
+// A DataPath gets kernels params structs whose inputs the Buffer has checked against its tensors; the kernels'
+// validation functions check them again (one set of rules, kernels/api) before anything runs.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "epfabric/client/buffer.h"
+#include "epfabric/kernels/intranode.h"
+#include "epfabric/kernels/low_latency.h"
+
+namespace epfabric::client::internal {
+
+// What a data path is set up for; fixed for the Buffer's life.
+struct DataPathConfig {
+  BufferConfig config;
+  int rank = 0;
+  int num_ranks = 0;
+  int experts_per_rank = 0;
+  void* peer_regions[kernels::kMaxNvlPeers] = {};  // every rank's region as mapped in this process
+  std::shared_ptr<Allocator> allocator;            // outputs (e.g. the host path's invalid top-k count)
+};
+
+class DataPath {
+ public:
+  // The cuda or host implementation for `backend` (BACKEND_CUDA or BACKEND_HOST), with its status word, counters and
+  // rank mask allocated and the group (normal mode) or low-latency context set up.
+  static absl::StatusOr<std::unique_ptr<DataPath>> Create(v1::Backend backend, const DataPathConfig& config);
+
+  virtual ~DataPath() = default;
+  virtual v1::Backend backend() const = 0;
+
+  // ---- input checks that depend on where the memory lives ----
+  // Top-k expert indices outside [-1, num_experts): host memory is scanned now; device memory is checked by the
+  // layout kernel instead (see CheckDispatchExpertIndices), so the cuda path returns OK.
+  virtual absl::Status CheckExpertIndices(const TensorView& topk_idx) = 0;
+  // Normal dispatch (not cached), after every other check passed: refuses the call when its layout counted invalid
+  // top-k entries (cuda: waits, bounded, for the layout kernel's count, or scans a host copy of topk_idx when the
+  // caller built the layout itself).
+  virtual absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) = 0;
+
+  // ---- normal mode ----
+  // Computes the layout into `layout`'s tensors (given in `params`); sets layout->num_invalid_topk.
+  virtual absl::Status Layout(kernels::DispatchLayoutParams params, DispatchLayout* layout, cudaStream_t stream) = 0;
+  // Exchanges the counts (params' host counters are the path's own) and waits for what this rank receives: returns
+  // the number of received tokens and sets the per-local-expert counts.
+  virtual absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams params, std::vector<int32_t>* per_expert,
+                                     cudaStream_t stream) = 0;
+  virtual absl::Status Dispatch(const kernels::IntranodeDispatchParams& params, kernels::IntranodeHandle* handle,
+                                cudaStream_t stream) = 0;
+  virtual absl::Status Combine(const kernels::IntranodeCombineParams& params, const kernels::IntranodeHandle& handle,
+                               cudaStream_t stream) = 0;
+
+  // ---- low-latency mode ----
+  virtual absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) = 0;
+  virtual absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) = 0;
+  // The validation of the kernels, for args built before anything runs.
+  virtual absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const = 0;
+  virtual absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const = 0;
+  virtual void* LowLatencyCombineInputBuffer() const = 0;
+
+  // ---- failures ----
+  // Buffer::Check and Buffer::Reset (the region's signals, the status word, the rank mask).
+  virtual absl::Status Check(cudaStream_t stream) = 0;
+  virtual absl::Status Reset(cudaStream_t stream) = 0;
+};
+
+// The implementations (data_path_cuda.cc, data_path_host.cc).
+absl::StatusOr<std::unique_ptr<DataPath>> NewCudaDataPath(const DataPathConfig& config);
+absl::StatusOr<std::unique_ptr<DataPath>> NewHostDataPath(const DataPathConfig& config);
+
+// Shared by the implementations: the kernels' view of the group, for a status word and rank mask of the path's own.
+kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& config, kernels::KernelStatus* status);
+absl::StatusOr<kernels::LowLatencyContext> MakeLowLatencyContext(const DataPathConfig& config,
+                                                                 kernels::KernelStatus* status, int32_t* rank_mask);
+
+}  // namespace epfabric::client::internal

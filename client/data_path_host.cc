@@ -1,0 +1,119 @@
+// The host data path: the host backend of the kernels library run on the calling thread over the group's shared
+// memory; streams are ignored and every pointer is host memory.
+#include <algorithm>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "buffer_internal.h"
+#include "data_path.h"
+#include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/host_backend.h"
+
+namespace epfabric::client::internal {
+namespace {
+
+namespace hb = kernels::host_backend;
+
+class HostDataPath final : public DataPath {
+ public:
+  explicit HostDataPath(const DataPathConfig& config) : config_(config) {}
+
+  absl::Status Init() {
+    counters_.assign(1 + config_.experts_per_rank, -1);
+    rank_mask_.assign(config_.num_ranks, 0);
+    if (config_.config.low_latency) {
+      EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, &status_, rank_mask_.data()));
+    } else {
+      group_ = MakeIntranodeGroup(config_, &status_);
+    }
+    return absl::OkStatus();
+  }
+
+  v1::Backend backend() const override { return v1::BACKEND_HOST; }
+
+  absl::Status CheckExpertIndices(const TensorView& topk_idx) override {
+    if (topk_idx.empty()) return absl::OkStatus();
+    return kernels::CheckExpertIndices("topk_idx", static_cast<const int64_t*>(topk_idx.data), topk_idx.shape[0],
+                                       topk_idx.shape[1], config_.config.num_experts);
+  }
+
+  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t /*stream*/) override {
+    EPF_RETURN_IF_ERROR(CheckExpertIndices(args.topk_idx));
+    if (args.cached != nullptr || args.layout == nullptr) return absl::OkStatus();
+    const TensorView& invalid = args.layout->num_invalid_topk.view;
+    if (!invalid.empty() && invalid.data != nullptr && *static_cast<const int32_t*>(invalid.data) != 0) {
+      return kernels::InvalidValue("layout.num_invalid_topk", *static_cast<const int32_t*>(invalid.data),
+                                   "the layout was computed from top-k entries outside [-1, num_experts)");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Layout(kernels::DispatchLayoutParams p, DispatchLayout* layout, cudaStream_t stream) override {
+    EPF_ASSIGN_OR_RETURN(layout->num_invalid_topk, NewTensor(config_.allocator, kernels::DType::kInt32, {1}, stream));
+    p.num_invalid_topk = static_cast<int32_t*>(layout->num_invalid_topk.view.data);
+    return hb::GetDispatchLayout(p);
+  }
+
+  absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams p, std::vector<int32_t>* per_expert,
+                             cudaStream_t /*stream*/) override {
+    std::fill(counters_.begin(), counters_.end(), -1);
+    p.host_num_recv_tokens = counters_.data();
+    p.host_num_recv_tokens_per_expert = counters_.data() + 1;
+    EPF_RETURN_IF_ERROR(hb::IntranodeNotify(group_, p));
+    // The host backend has written the counts before returning; this does not wait.
+    EPF_ASSIGN_OR_RETURN(const int32_t num_recv,
+                         kernels::IntranodeWaitRecvCounts(counters_.data(), group_.timeout_ns + kNotifyGraceNs));
+    per_expert->assign(counters_.begin() + 1, counters_.end());
+    return num_recv;
+  }
+
+  absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
+                        cudaStream_t /*stream*/) override {
+    return hb::IntranodeDispatch(group_, p, handle);
+  }
+
+  absl::Status Combine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
+                       cudaStream_t /*stream*/) override {
+    return hb::IntranodeCombine(group_, p, handle);
+  }
+
+  absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t /*stream*/) override {
+    return hb::LowLatencyDispatch(ll_, args);
+  }
+  absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t /*stream*/) override {
+    return hb::LowLatencyCombine(ll_, args);
+  }
+  absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
+    return kernels::ValidateLowLatencyDispatch(ll_, args);
+  }
+  absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const override {
+    return kernels::ValidateLowLatencyCombine(ll_, args);
+  }
+  void* LowLatencyCombineInputBuffer() const override { return kernels::LowLatencyCombineInputBuffer(ll_); }
+
+  absl::Status Check(cudaStream_t /*stream*/) override { return absl::OkStatus(); }
+
+  absl::Status Reset(cudaStream_t /*stream*/) override {
+    status_ = {};
+    std::fill(rank_mask_.begin(), rank_mask_.end(), 0);
+    return config_.config.low_latency ? hb::LowLatencyResetRegion(ll_) : hb::IntranodeResetRegion(group_);
+  }
+
+ private:
+  DataPathConfig config_;
+  kernels::KernelStatus status_{};
+  std::vector<int32_t> counters_;   // notify's: [0] = received tokens, [1..] per local expert
+  std::vector<int32_t> rank_mask_;  // low latency
+  kernels::IntranodeGroup group_;   // normal mode
+  kernels::LowLatencyContext ll_;   // low-latency mode
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPath>> NewHostDataPath(const DataPathConfig& config) {
+  auto path = std::make_unique<HostDataPath>(config);
+  EPF_RETURN_IF_ERROR(path->Init());
+  return std::unique_ptr<DataPath>(std::move(path));
+}
+
+}  // namespace epfabric::client::internal

@@ -1,0 +1,146 @@
+#include "epfabric/kernels/common.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace epfabric::kernels {
+namespace {
+
+constexpr int64_t kFp8ScaleBlockSize = 128;  // channels per FP8 scale
+
+}  // namespace
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return 2;
+    case DType::kFP8E4M3:
+    case DType::kBool:
+      return 1;
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kBool:
+      return "bool";
+  }
+  return "unknown";
+}
+
+const char* WaitSiteName(WaitSite site) {
+  switch (site) {
+    case WaitSite::kNone:
+      return "none";
+    case WaitSite::kBarrier:
+      return "barrier";
+    case WaitSite::kNotifyCounts:
+      return "notify counts";
+    case WaitSite::kDispatchFifoSpace:
+      return "dispatch FIFO space";
+    case WaitSite::kDispatchFifoData:
+      return "dispatch FIFO data";
+    case WaitSite::kCombineFifoSpace:
+      return "combine FIFO space";
+    case WaitSite::kCombineFifoData:
+      return "combine FIFO data";
+    case WaitSite::kLowLatencyRecvCount:
+      return "low-latency receive count";
+    case WaitSite::kLowLatencyCombineFlag:
+      return "low-latency combine flag";
+  }
+  return "unknown";
+}
+
+absl::Status KernelStatusToStatus(const KernelStatus& status) {
+  if (status.code == kKernelStatusOk) return absl::OkStatus();
+  if (status.code == kKernelStatusTimeout) {
+    return absl::DeadlineExceededError(
+        absl::StrFormat("rank %d timed out waiting for %s from rank %d (channel %d)", status.waiting_rank,
+                        WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel));
+  }
+  return absl::InternalError(absl::StrFormat("kernel status word holds unknown code %d", status.code));
+}
+
+absl::Status InvalidValue(std::string_view field, int64_t value, std::string_view requirement) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s = %d: %s", field, value, requirement));
+}
+
+absl::Status MissingPointer(std::string_view field, std::string_view when) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s is null: required %s", field, when));
+}
+
+absl::Status CheckNumTokens(std::string_view field, int64_t num_tokens, int64_t max_tokens_per_rank) {
+  if (num_tokens < 0 || num_tokens > max_tokens_per_rank) {
+    return InvalidValue(field, num_tokens, "must be in [0, max_tokens_per_rank]");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNumTopk(std::string_view field, int64_t num_topk, int64_t max_topk) {
+  if (num_topk < 1 || num_topk > max_topk) {
+    return InvalidValue(field, num_topk, absl::StrCat("must be in [1, ", max_topk, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDispatchDType(std::string_view field, DType dtype) {
+  if (dtype != DType::kBF16 && dtype != DType::kFP8E4M3) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s = %s: dispatch takes bf16 or fp8_e4m3", field, DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDispatchHidden(std::string_view field, int64_t hidden, DType dtype, int64_t max_hidden) {
+  if (hidden < 1 || hidden > max_hidden) {
+    return InvalidValue(field, hidden, absl::StrCat("must be in [1, max_hidden = ", max_hidden, "]"));
+  }
+  if (dtype == DType::kFP8E4M3 && hidden % kFp8ScaleBlockSize != 0) {
+    return InvalidValue(field, hidden, "must be a multiple of 128 for fp8_e4m3 x");
+  }
+  if (dtype != DType::kFP8E4M3 && hidden % 8 != 0) return InvalidValue(field, hidden, "must be a multiple of 8");
+  return absl::OkStatus();
+}
+
+absl::Status CheckCombineHidden(std::string_view field, int64_t hidden, int64_t max_hidden) {
+  if (hidden < 8 || hidden > max_hidden || hidden % 8 != 0) {
+    return InvalidValue(field, hidden, absl::StrCat("must be a multiple of 8 in [8, max_hidden = ", max_hidden, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckExpertIndices(std::string_view name, const int64_t* topk_idx, int64_t num_tokens, int64_t num_topk,
+                                int num_experts) {
+  for (int64_t i = 0; i < num_tokens * num_topk; ++i) {
+    const int64_t e = topk_idx[i];
+    if (e < -1 || e >= num_experts) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s[%d][%d] = %d: expert indices must be in [-1, %d)", name,
+                                                        i / num_topk, i % num_topk, e, num_experts));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaErrorToStatus(cudaError_t err, const char* expr, const char* file, int line) {
+  return absl::InternalError(
+      absl::StrFormat("%s failed: %s (%s) at %s:%d", expr, cudaGetErrorName(err), cudaGetErrorString(err), file, line));
+}
+
+}  // namespace epfabric::kernels

@@ -1,0 +1,76 @@
+// Host side of the low-latency launches: validation (before any launch), the kernels' parameter blocks and the grid
+// size. The kernels themselves are in kernels/cuda/low_latency_{dispatch,combine}.cu.
+#include "api/launch.h"
+#include "api/launch_error.h"
+#include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/low_latency.h"
+
+namespace epfabric::kernels {
+namespace {
+
+low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, LowLatencyPhases phases) {
+  low_latency::GroupView g = {};
+  g.layout = ctx.layout;
+  for (int r = 0; r < kMaxNvlPeers; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
+  g.rank = ctx.rank;
+  g.num_ranks = ctx.num_ranks;
+  g.half = half;
+  g.phases = static_cast<int>(phases);
+  g.rank_mask = ctx.rank_mask;
+  g.status = ctx.status;
+  g.timeout_ns = ctx.timeout_ns;
+  g.profile = ctx.profile_ns;
+  return g;
+}
+
+// Blocks per launch: ctx.num_blocks or the device's SM count.
+absl::StatusOr<int> BlocksFor(const LowLatencyContext& ctx) {
+  if (ctx.num_blocks > 0) return ctx.num_blocks;
+  int device = 0, sms = 0;
+  EPF_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  EPF_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+}  // namespace
+
+absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(ctx, args));
+  EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));
+  low_latency::DispatchKernelParams p = {};
+  p.g = MakeGroupView(ctx, args.buffer_half, args.phases);
+  p.x = static_cast<const uint16_t*>(args.x);
+  p.topk_idx = args.topk_idx;
+  p.num_tokens = args.num_tokens;
+  p.num_topk = args.num_topk;
+  p.use_fp8 = args.use_fp8;
+  p.round_scale = args.round_scale;
+  p.use_ue8m0 = args.use_ue8m0;
+  p.message_per_expert = args.message_per_expert;
+  p.cumulative_stats = args.cumulative_stats;
+  p.packed_recv_x = static_cast<uint8_t*>(args.packed_recv_x);
+  p.packed_recv_x_scales = args.packed_recv_x_scales;
+  p.packed_recv_count = args.packed_recv_count;
+  p.packed_recv_src_info = args.packed_recv_src_info;
+  p.packed_recv_layout_range = args.packed_recv_layout_range;
+  p.packed_recv_topk_slot = args.packed_recv_topk_slot;
+  p.packed_recv_token_map = args.packed_recv_token_map;
+  return LaunchError(low_latency::LaunchDispatch(p, blocks, stream), "low-latency dispatch launch");
+}
+
+absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(ValidateLowLatencyCombine(ctx, args));
+  EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));
+  low_latency::CombineKernelParams p = {};
+  p.g = MakeGroupView(ctx, args.buffer_half, args.phases);
+  p.x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
+  p.topk_idx = args.topk_idx;
+  p.topk_weights = args.topk_weights;
+  p.num_tokens = args.num_tokens;
+  p.num_topk = args.num_topk;
+  p.token_map = args.handle.packed_recv_token_map;
+  p.combined_x = static_cast<uint16_t*>(args.combined_x);
+  return LaunchError(low_latency::LaunchCombine(p, blocks, stream), "low-latency combine launch");
+}
+
+}  // namespace epfabric::kernels

@@ -1,0 +1,47 @@
+// The one place where kernels are launched: grid shape, dynamic shared memory (with the opt-in attribute above the
+// default limit) and cooperative launch, for both the intranode and the low-latency kernels. Compile-time
+// attributes (__cluster_dims__, __launch_bounds__) stay on the kernels themselves.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+namespace epfabric::kernels {
+
+struct LaunchShape {
+  int blocks = 1;
+  int threads = 1;
+  size_t dynamic_smem_bytes = 0;
+  // Every block resident at once (cudaLaunchAttributeCooperative): needed when blocks wait for each other's work.
+  bool cooperative = false;
+};
+
+// Dynamic shared memory a kernel may use without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+inline constexpr size_t kDefaultMaxDynamicSmemBytes = 48 * 1024;
+
+// Launches `kernel(params)` on `stream` with `shape`. Returns the launch error (cudaSuccess when queued).
+template <typename Kernel, typename Params>
+cudaError_t launch_kernel(Kernel kernel, const Params& params, const LaunchShape& shape, cudaStream_t stream) {
+  if (shape.dynamic_smem_bytes > kDefaultMaxDynamicSmemBytes) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(shape.dynamic_smem_bytes));
+    if (err != cudaSuccess) return err;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(shape.blocks);
+  config.blockDim = dim3(shape.threads);
+  config.dynamicSmemBytes = shape.dynamic_smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  config.numAttrs = 0;
+  if (shape.cooperative) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeCooperative;
+    attrs[config.numAttrs].val.cooperative = 1;
+    ++config.numAttrs;
+  }
+  config.attrs = config.numAttrs > 0 ? attrs : nullptr;
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+}  // namespace epfabric::kernels
