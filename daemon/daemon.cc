@@ -25,11 +25,11 @@
 #include "groups/group_manager.h"
 #include "logging.h"
 #include "memory/region.h"
+#include "security/peer_authenticator.h"
 #include "services/client_listener.h"
 #include "services/control_service.h"
 #include "services/fd_channel.h"
 #include "services/ops_service.h"
-#include "security/peer_authenticator.h"
 #include "services/peer_service.h"
 #include "topology/system_files.h"
 #include "topology/topology.h"
@@ -167,6 +167,7 @@ struct Daemon::State {
     view.set_self_rank(options.rank);
     *view.mutable_membership() = membership->View();
     view.set_degraded(membership->Degraded());
+    view.set_join_refused(membership->JoinRefusal());
     // Keep the response alive for the loop: a range-for over a member of a temporary dangles (before C++23).
     v1::ListGroupsResponse listed = groups->ListGroups();
     for (v1::GroupInfo& group : *listed.mutable_groups()) *view.add_groups() = std::move(group);
@@ -225,7 +226,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auth_config.insecure = options.insecure_peer_port;
   s->peer_auth = std::make_unique<security::PeerAuthenticator>(std::move(auth_config));
   if (!s->links->tls() && secret.empty()) {
-    Logger("daemon")->warn("the peer port {} accepts every caller (--insecure_peer_port): tests only", options.peer_listen);
+    Logger("daemon")->warn("the peer port {} accepts every caller (--insecure_peer_port): tests only",
+                           options.peer_listen);
   }
 
   if (s->backend.backend == v1::BACKEND_CUDA) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "epfabric/proto/grpc_status.h"
 #include "logging.h"
 
 namespace epfabric::daemon::fabric {
@@ -109,6 +110,11 @@ bool Membership::DegradedLocked() const {
 bool Membership::Degraded() const {
   absl::MutexLock lock(&mutex_);
   return DegradedLocked();
+}
+
+std::string Membership::JoinRefusal() const {
+  absl::MutexLock lock(&mutex_);
+  return join_refusal_;
 }
 
 bool Membership::CoordinatorReachable() const {
@@ -283,8 +289,8 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
     if (current.state() == v1::MEMBER_STATE_UP && current.incarnation() == member.incarnation() &&
         current.peer_address() != member.peer_address()) {
       return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " incarnation ", member.incarnation(),
-                                                   " is already joined from ", current.peer_address(),
-                                                   "; a join from ", member.peer_address(), " is refused"));
+                                                   " is already joined from ", current.peer_address(), "; a join from ",
+                                                   member.peer_address(), " is refused"));
     }
     if (current.state() == v1::MEMBER_STATE_UP && current.incarnation() != member.incarnation()) {
       holder_address = current.peer_address();
@@ -419,6 +425,7 @@ void Membership::RunMemberStep() {
     status = stub->Join(&context, request, &response);
     absl::MutexLock lock(&mutex_);
     if (status.ok()) {
+      join_refusal_.clear();
       joined_ = true;
       coordinator_reachable_ = true;
       last_contact_ = absl::Now();
@@ -428,12 +435,16 @@ void Membership::RunMemberStep() {
       Logger("fabric")->info("joined the fabric through {}; epoch {}", config_.coordinator, view_.epoch());
       return;
     }
+    // An answer other than silence is a refusal: health reports it, and the log says it once per change.
+    const bool refused = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+    const std::string refusal = refused ? FromGrpcStatus(status).ToString() : "";
     static thread_local int failures = 0;
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || failures++ % 20 == 0) {
-      Logger("fabric")->log(
-          status.error_code() == grpc::StatusCode::UNAVAILABLE ? spdlog::level::info : spdlog::level::err,
-          "join {} failed: {}", config_.coordinator, status.error_message());
+    if ((refused && refusal != join_refusal_) || (!refused && failures++ % 20 == 0)) {
+      Logger("fabric")->log(refused ? spdlog::level::err : spdlog::level::info, "join {} failed: {}",
+                            config_.coordinator, status.error_message());
     }
+    join_refusal_ = refusal;
   } else {
     v1::HeartbeatRequest request;
     request.set_fabric_id(config_.fabric_id);

@@ -23,22 +23,24 @@ void AddIncident(v1::HealthReport& report, v1::HealthReport::Verdict severity, c
 
 }  // namespace
 
-#define EPF_OPS_AUTHORIZE(method)                                                     \
-  do {                                                                                \
-    if (auth_ != nullptr) {                                                           \
+#define EPF_OPS_AUTHORIZE(method)                                                           \
+  do {                                                                                      \
+    if (auth_ != nullptr) {                                                                 \
       if (auto who = auth_->RequireReader(*context, "/epfabric.v1.Ops/" method); !who.ok()) \
-        return ToGrpcStatus(who.status());                                            \
-    }                                                                                 \
+        return ToGrpcStatus(who.status());                                                  \
+    }                                                                                       \
   } while (false)
 
-grpc::Status OpsService::GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest*, v1::Topology* response) {
+grpc::Status OpsService::GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest*,
+                                     v1::Topology* response) {
   EPF_OPS_AUTHORIZE("GetTopology");
   if (!providers_.topology) return Unavailable("topology");
   *response = providers_.topology();
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetHealth(grpc::ServerContext* context, const v1::GetHealthRequest*, v1::HealthReport* response) {
+grpc::Status OpsService::GetHealth(grpc::ServerContext* context, const v1::GetHealthRequest*,
+                                   v1::HealthReport* response) {
   EPF_OPS_AUTHORIZE("GetHealth");
   if (!providers_.health) return Unavailable("health");
   *response = providers_.health();
@@ -64,7 +66,8 @@ grpc::Status OpsService::ListClients(grpc::ServerContext* context, const v1::Lis
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetFabric(grpc::ServerContext* context, const v1::GetFabricRequest*, v1::FabricView* response) {
+grpc::Status OpsService::GetFabric(grpc::ServerContext* context, const v1::GetFabricRequest*,
+                                   v1::FabricView* response) {
   EPF_OPS_AUTHORIZE("GetFabric");
   if (!providers_.fabric) return Unavailable("fabric");
   *response = providers_.fabric();
@@ -81,7 +84,11 @@ v1::HealthReport BuildHealthReport(const v1::FabricView& fabric, bool coordinato
                 "this daemon is not counted in the fabric (not joined yet, or its rank is held by another daemon)",
                 absl::StrCat("rank ", self));
   }
-  if (!coordinator_reachable) {
+  if (!fabric.join_refused().empty()) {
+    AddIncident(report, v1::HealthReport::FAIL, "fabric", "JOIN_REFUSED",
+                absl::StrCat("the coordinator refuses this daemon: ", fabric.join_refused()),
+                absl::StrCat("rank ", self));
+  } else if (!coordinator_reachable) {
     AddIncident(report, v1::HealthReport::WARN, "fabric", "COORDINATOR_UNREACHABLE",
                 "rank 0 does not answer; serving what exists, groups cannot be created or deleted", "rank 0");
   }

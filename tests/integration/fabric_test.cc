@@ -191,6 +191,19 @@ TEST(Fabric, SecondDaemonClaimingALiveRankIsRefused) {
   EXPECT_EQ(StateOf(*view, 2), v1::MEMBER_STATE_UP);
   EXPECT_THAT((*duplicate)->process().Stderr(), HasSubstr("is held by a live daemon"));
   EXPECT_EQ(FabricHealth(**duplicate), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  // Its health says why, as a failure (not a warning about an unreachable coordinator), and epctl exits non-zero.
+  v1::HealthReport report;
+  grpc::ClientContext context;
+  ASSERT_TRUE(v1::Ops::NewStub((*duplicate)->SocketChannel())->GetHealth(&context, v1::GetHealthRequest(), &report).ok());
+  EXPECT_EQ(report.overall(), v1::HealthReport::FAIL);
+  bool refused = false;
+  for (const auto& incident : report.incidents()) {
+    refused |= incident.code() == "JOIN_REFUSED" && absl::StrContains(incident.message(), "is held by a live daemon");
+    EXPECT_NE(incident.code(), "COORDINATOR_UNREACHABLE");
+  }
+  EXPECT_TRUE(refused) << report.DebugString();
+  RunResult health = RunBinary({EpctlBinary(), "--socket=" + (*duplicate)->socket(), "health"});
+  EXPECT_NE(health.exit_code, 0) << health.out;
 }
 
 TEST(Fabric, OtherFabricIdIsRefused) {
