@@ -67,9 +67,15 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& path) {
   return fd;
 }
 
+// Sharing kinds whose memory is a file descriptor handed out by the owning daemon's side channel (the group token
+// gates it): cuMem allocations (POSIX_FD) and host memfds (POSIX_SHM). CUDA_IPC needs only the descriptor.
+bool SharedAsFd(v1::MemorySharing sharing) {
+  return sharing == v1::MEMORY_SHARING_POSIX_FD || sharing == v1::MEMORY_SHARING_POSIX_SHM;
+}
+
 struct FetchedRegion {
   v1::RegionDescriptor descriptor;
-  UniqueFd fd;  // POSIX_FD only
+  UniqueFd fd;  // POSIX_FD and POSIX_SHM (host memfd)
   bool holds_lease = false;
 };
 
@@ -95,7 +101,7 @@ absl::StatusOr<FetchedRegion> FetchRegion(int connection, const v1::FdRequest& r
                                             ", the daemon described rank ", fetched.descriptor.rank(), " ",
                                             v1::RegionDescriptor::Kind_Name(fetched.descriptor.kind())));
   }
-  const bool wants_fd = fetched.descriptor.sharing() == v1::MEMORY_SHARING_POSIX_FD;
+  const bool wants_fd = SharedAsFd(fetched.descriptor.sharing());
   if (wants_fd != (message.fds.size() == 1)) {
     return absl::InternalError(absl::StrCat("a ", v1::MemorySharing_Name(fetched.descriptor.sharing()),
                                             " region arrived with ", message.fds.size(), " file descriptors"));
@@ -413,11 +419,12 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
     if (descriptor.kind() != v1::RegionDescriptor::KIND_NVL) continue;
     v1::RegionDescriptor peer = descriptor;
     UniqueFd peer_fd;
-    if (descriptor.sharing() == v1::MEMORY_SHARING_POSIX_FD) {
+    if (SharedAsFd(descriptor.sharing())) {
       // The fd comes from the owning daemon's side channel, on a short connection that holds no lease.
       if (descriptor.fd_socket().empty()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(what, ": rank ", owner, "'s region is POSIX_FD but its daemon announced no fd socket"));
+        return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", owner, "'s region is ",
+                                                          v1::MemorySharing_Name(descriptor.sharing()),
+                                                          " but its daemon announced no fd socket"));
       }
       const std::string path = c.PeerFdSocket(descriptor.fd_socket());
       auto connection = ConnectUnix(path);

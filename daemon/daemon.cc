@@ -11,8 +11,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <mutex>
 #include <thread>
+#include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/peer_auth.h"
+#include "epfabric/common/status_macros.h"
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_manager.h"
@@ -120,7 +121,9 @@ struct Daemon::State {
   std::string fd_socket_path;
   std::string host_id;
   int64_t start_time_unix = 0;
-  std::mutex topology_mutex;  // CUDA/NVML/verbs discovery: one at a time; ops calls are rare
+  // CUDA/NVML/verbs discovery runs one at a time (ops calls are rare): DiscoverLocked requires it. It guards no
+  // data of ours, only the libraries' global state.
+  absl::Mutex topology_mutex;
 
   std::unique_ptr<fabric::PeerLinks> links;
   std::unique_ptr<memory::RegionAllocator> allocator;
@@ -133,13 +136,17 @@ struct Daemon::State {
   std::unique_ptr<OpsService> ops;       // client socket
   std::unique_ptr<OpsService> peer_ops;  // peer port: needs a member's or an ops credential
   std::unique_ptr<security::PeerAuthenticator> peer_auth;
-  std::unique_ptr<grpc::Server> client_server;
-  std::unique_ptr<grpc::Server> peer_server;
+  std::unique_ptr<OpsService> ops;
+  // Membership changes arrive on the fabric thread (or a peer handler) while Start may still be building the
+  // servers. Once set, a server lives as long as the State, so a raw pointer read under the lock stays valid.
+  mutable absl::Mutex servers_mutex;
+  std::unique_ptr<grpc::Server> client_server ABSL_GUARDED_BY(servers_mutex);
+  std::unique_ptr<grpc::Server> peer_server ABSL_GUARDED_BY(servers_mutex);
 
   absl::Mutex housekeeping_mutex;
   bool stopping ABSL_GUARDED_BY(housekeeping_mutex) = false;
   std::thread housekeeping;
-  bool shut_down = false;
+  bool shut_down = false;  // Shutdown's own flag; Shutdown runs on one thread (main's, or the destructor's)
 
   v1::DaemonInfo Info() const {
     v1::DaemonInfo info;
@@ -157,7 +164,11 @@ struct Daemon::State {
 
   v1::Topology Topology() {
     const v1::DaemonInfo info = Info();
-    std::lock_guard<std::mutex> lock(topology_mutex);
+    absl::MutexLock lock(&topology_mutex);
+    return DiscoverLocked(info);
+  }
+
+  v1::Topology DiscoverLocked(const v1::DaemonInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(topology_mutex) {
     return topology::DiscoverTopology(options.system_root, options.host_id, info);
   }
 
@@ -174,9 +185,11 @@ struct Daemon::State {
     return view;
   }
 
-  // Membership changes arrive on the fabric thread (or a peer handler) while Start may still be building the
-  // servers: the server pointers are read and written under servers_mutex.
-  absl::Mutex servers_mutex;
+  // Both servers (either may be null).
+  std::pair<grpc::Server*, grpc::Server*> Servers() const ABSL_LOCKS_EXCLUDED(servers_mutex) {
+    absl::MutexLock lock(&servers_mutex);
+    return {client_server.get(), peer_server.get()};
+  }
 
   void OnMembership(const v1::Membership& view, bool degraded) {
     groups->OnMembership(view);
@@ -197,9 +210,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->fd_socket_path = FdSocketPath(s->socket_path);
   s->host_id = topology::ReadHostId(options.system_root, options.host_id);
 
-  auto backend = ResolveBackend(options.backend, options.device, options.rank, VisibleGpuCount());
-  if (!backend.ok()) return backend.status();
-  s->backend = *backend;
+  EPF_ASSIGN_OR_RETURN(s->backend, ResolveBackend(options.backend, options.device, options.rank, VisibleGpuCount()));
   if (s->backend.backend == v1::BACKEND_CUDA) {
     const cudaError_t err = cudaSetDevice(s->backend.device);
     if (err != cudaSuccess) {
@@ -236,8 +247,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         options.memory_sharing == "cuda_ipc" ? v1::MEMORY_SHARING_CUDA_IPC : v1::MEMORY_SHARING_POSIX_FD,
         options.max_region_bytes);
   } else {
-    s->allocator = memory::MakeHostAllocator(absl::StrCat("epf.", options.fabric_id, ".d", options.rank),
-                                             options.max_region_bytes);
+    s->allocator =
+        memory::MakeHostAllocator(absl::StrCat(options.fabric_id, ".d", options.rank), options.max_region_bytes);
   }
 
   fabric::FabricConfig fabric_config;
@@ -280,32 +291,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->peer_ops = std::make_unique<OpsService>(providers, s->peer_auth.get());
   s->ops = std::make_unique<OpsService>(std::move(providers));
 
-  if (absl::Status claimed = ClaimSocketPath(s->socket_path); !claimed.ok()) return claimed;
-  if (absl::Status claimed = ClaimSocketPath(s->fd_socket_path); !claimed.ok()) return claimed;
+  EPF_RETURN_IF_ERROR(ClaimSocketPath(s->socket_path));
+  EPF_RETURN_IF_ERROR(ClaimSocketPath(s->fd_socket_path));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   // Peer server first: its port becomes part of this daemon's identity in the fabric.
-  auto listen = ParseHostPort(options.peer_listen);
-  if (!listen.ok()) return listen.status();
+  EPF_ASSIGN_OR_RETURN(const HostPort listen, ParseHostPort(options.peer_listen));
   {
     grpc::ServerBuilder builder;
     int selected_port = 0;
     builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
     builder.RegisterService(s->peer.get());
     builder.RegisterService(s->peer_ops.get());
+    grpc::Server* peer_server = nullptr;
     {
       absl::MutexLock lock(&s->servers_mutex);
       s->peer_server = builder.BuildAndStart();
+      peer_server = s->peer_server.get();
     }
-    if (s->peer_server == nullptr || selected_port == 0) {
+    if (peer_server == nullptr || selected_port == 0) {
       return absl::UnavailableError(absl::StrCat("--peer_listen: cannot listen on ", options.peer_listen));
     }
-    const bool ipv6 = listen->host.find(':') != std::string::npos;
-    s->membership->SetPeerAddress(ipv6 ? absl::StrCat("[", listen->host, "]:", selected_port)
-                                       : absl::StrCat(listen->host, ":", selected_port));
-    SetServing(s->peer_server.get(), {"", kPeerService, kOpsService}, true);
-    SetServing(s->peer_server.get(), {kFabricHealth}, false);
+    const bool ipv6 = listen.host.find(':') != std::string::npos;
+    s->membership->SetPeerAddress(ipv6 ? absl::StrCat("[", listen.host, "]:", selected_port)
+                                       : absl::StrCat(listen.host, ":", selected_port));
+    SetServing(peer_server, {"", kPeerService, kOpsService}, true);
+    SetServing(peer_server, {kFabricHealth}, false);
   }
 
   // Client server: no listening port of gRPC's own; ClientListener accepts and hands connections over.
@@ -313,34 +325,35 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     grpc::ServerBuilder builder;
     builder.RegisterService(s->control.get());
     builder.RegisterService(s->ops.get());
+    grpc::Server* client_server = nullptr;
+    grpc::Server* peer_server = nullptr;
     {
       absl::MutexLock lock(&s->servers_mutex);
       s->client_server = builder.BuildAndStart();
+      client_server = s->client_server.get();
+      peer_server = s->peer_server.get();
     }
-    if (s->client_server == nullptr) return absl::InternalError("cannot start the client gRPC server");
+    if (client_server == nullptr) return absl::InternalError("cannot start the client gRPC server");
     // The fd side channel first: a client that finds the gRPC socket finds its neighbour too.
-    if (absl::Status started = s->fd_channel->Start(s->fd_socket_path, options.client_socket_mode); !started.ok()) {
-      s->peer_server->Shutdown();
-      s->client_server->Shutdown();
+    absl::Status started = s->fd_channel->Start(s->fd_socket_path, options.client_socket_mode);
+    if (started.ok()) started = s->listener.Start(s->socket_path, options.client_socket_mode, client_server);
+    if (!started.ok()) {
+      peer_server->Shutdown();
+      client_server->Shutdown();
       return started;
     }
-    if (absl::Status started = s->listener.Start(s->socket_path, options.client_socket_mode, s->client_server.get());
-        !started.ok()) {
-      s->peer_server->Shutdown();
-      s->client_server->Shutdown();
-      return started;
-    }
-    SetServing(s->client_server.get(), {"", kControlService, kOpsService}, true);
-    SetServing(s->client_server.get(), {kFabricHealth}, false);
+    SetServing(client_server, {"", kControlService, kOpsService}, true);
+    SetServing(client_server, {kFabricHealth}, false);
   }
 
   s->membership->Start();
   s->housekeeping = std::thread([s] {
-    absl::MutexLock lock(&s->housekeeping_mutex);
-    while (!s->housekeeping_mutex.AwaitWithTimeout(absl::Condition(&s->stopping), absl::Milliseconds(200))) {
-      s->housekeeping_mutex.Unlock();
-      s->groups->ExpireLeases(absl::Now());
-      s->housekeeping_mutex.Lock();
+    while (true) {
+      {
+        absl::MutexLock lock(&s->housekeeping_mutex);
+        if (s->housekeeping_mutex.AwaitWithTimeout(absl::Condition(&s->stopping), absl::Milliseconds(200))) return;
+      }
+      s->groups->ExpireLeases(absl::Now());  // zeroes regions: no lock of ours is held
     }
   });
 
@@ -366,7 +379,8 @@ void Daemon::Shutdown(absl::Duration grace) {
   const auto deadline = absl::ToChronoTime(absl::Now() + grace);
   // Probes see NOT_SERVING first; no new clients; then the fabric loop stops and the servers drain against one
   // common deadline. Memory is freed last, when nothing can use it any more.
-  for (grpc::Server* server : {s->client_server.get(), s->peer_server.get()}) {
+  const auto [client_server, peer_server] = s->Servers();
+  for (grpc::Server* server : {client_server, peer_server}) {
     if (server != nullptr && server->GetHealthCheckService() != nullptr) server->GetHealthCheckService()->Shutdown();
   }
   s->listener.Stop();
@@ -377,10 +391,10 @@ void Daemon::Shutdown(absl::Duration grace) {
     s->stopping = true;
   }
   if (s->housekeeping.joinable()) s->housekeeping.join();
-  for (grpc::Server* server : {s->client_server.get(), s->peer_server.get()}) {
+  for (grpc::Server* server : {client_server, peer_server}) {
     if (server != nullptr) server->Shutdown(deadline);
   }
-  for (grpc::Server* server : {s->client_server.get(), s->peer_server.get()}) {
+  for (grpc::Server* server : {client_server, peer_server}) {
     if (server != nullptr) server->Wait();
   }
   s->groups.reset();

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/cli.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/daemon/daemon.h"
 #include "logging.h"
 
@@ -64,9 +65,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--client_socket_mode: '", mode, "' is not an octal mode"));
   }
   o.client_socket_mode = static_cast<uint32_t>(std::stoul(mode.substr(0, 6), nullptr, 8));
-  auto backend = epfabric::daemon::ParseBackendChoice(absl::GetFlag(FLAGS_backend));
-  if (!backend.ok()) return backend.status();
-  o.backend = *backend;
+  EPF_ASSIGN_OR_RETURN(o.backend, epfabric::daemon::ParseBackendChoice(absl::GetFlag(FLAGS_backend)));
   o.device = absl::GetFlag(FLAGS_device);
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.host_id = absl::GetFlag(FLAGS_host_id);
@@ -81,7 +80,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   o.tls_target_name = absl::GetFlag(FLAGS_tls_target_name);
-  if (absl::Status valid = epfabric::daemon::ValidateOptions(o); !valid.ok()) return valid;
+  EPF_RETURN_IF_ERROR(epfabric::daemon::ValidateOptions(o));
   return o;
 }
 

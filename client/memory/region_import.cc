@@ -1,7 +1,6 @@
 #include "memory/region_import.h"
 
 #include <fcntl.h>
-#include <limits.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -92,36 +91,45 @@ absl::Status CheckPeerAccess(int accessing, int owner, const v1::RegionDescripto
   return absl::OkStatus();
 }
 
+// The seals a host region must carry before it is mapped: without F_SEAL_SHRINK anyone else holding the fd could
+// truncate it and this process would SIGBUS on the lost pages; without F_SEAL_SEAL someone could still add seals.
+constexpr int kRequiredHostSeals = F_SEAL_SHRINK | F_SEAL_SEAL;
+
 absl::StatusOr<MappedRegion> ImportHost(
-    const v1::RegionDescriptor& descriptor,
+    const v1::RegionDescriptor& descriptor, int fd,
     const std::function<MappedRegion(void*, int, std::function<absl::Status()>)>& make) {
-  const std::string& name = descriptor.shm_name();
-  if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos || name.size() > NAME_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RegionDescriptor.shm_name '", name, "' is not a POSIX shared-memory name (/name)"));
-  }
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
-    const int error = errno;
-    return absl::Status(error == ENOENT   ? absl::StatusCode::kNotFound
-                        : error == EACCES ? absl::StatusCode::kPermissionDenied
-                                          : absl::StatusCode::kInternal,
-                        absl::StrCat("shm_open(", name, "): ", ErrnoText(error)));
+    return absl::InvalidArgumentError(
+        "POSIX_SHM region: no file descriptor was received with the descriptor (host regions are only handed out "
+        "as file descriptors over the daemon's fd side channel)");
   }
-  common::UniqueFd owned(fd);  // the mapping keeps the object; the descriptor is closed on return
   struct stat info {};
-  if (fstat(fd, &info) != 0) return absl::InternalError(absl::StrCat("fstat(", name, "): ", ErrnoText(errno)));
+  if (fstat(fd, &info) != 0) return absl::InternalError(absl::StrCat("fstat(fd ", fd, "): ", ErrnoText(errno)));
+  if (!S_ISREG(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("POSIX_SHM region: fd ", fd, " is not a memory file"));
+  }
   if (static_cast<uint64_t>(info.st_size) < descriptor.size_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("RegionDescriptor.size_bytes ", descriptor.size_bytes(),
-                                                   " is larger than ", name, " (", info.st_size, " bytes)"));
+                                                   " is larger than the region's file (", info.st_size, " bytes)"));
+  }
+  const int seals = fcntl(fd, F_GET_SEALS);
+  const int seals_error = errno;
+  if (seals < 0 || (seals & kRequiredHostSeals) != kRequiredHostSeals) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "POSIX_SHM region: fd ", fd, " is not sealed against shrinking (F_GET_SEALS: ",
+        seals < 0 ? ErrnoText(seals_error) : absl::StrCat("0x", absl::Hex(seals)), "); refusing to map it"));
   }
   void* data = mmap(nullptr, descriptor.size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("mmap(", name, ", ", descriptor.size_bytes(), "): ", ErrnoText(errno)));
+    return absl::InternalError(
+        absl::StrCat("mmap(fd ", fd, ", ", descriptor.size_bytes(), " bytes): ", ErrnoText(errno)));
   }
+  // The mapping keeps the memory alive; the caller may close `fd` now.
   const uint64_t size = descriptor.size_bytes();
-  return make(data, -1, [data, size, name]() -> absl::Status {
-    if (munmap(data, size) != 0) return absl::InternalError(absl::StrCat("munmap(", name, "): ", ErrnoText(errno)));
+  return make(data, -1, [data, size]() -> absl::Status {
+    if (munmap(data, size) != 0) {
+      return absl::InternalError(absl::StrCat("munmap of a host region (", size, " bytes): ", ErrnoText(errno)));
+    }
     return absl::OkStatus();
   });
 }
@@ -286,7 +294,7 @@ absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor& descriptor
   auto make = [&descriptor, sharing](void* data, int device, std::function<absl::Status()> unmap) {
     return MappedRegion(data, descriptor.size_bytes(), sharing, device, std::move(unmap));
   };
-  if (sharing == v1::MEMORY_SHARING_POSIX_SHM) return ImportHost(descriptor, make);
+  if (sharing == v1::MEMORY_SHARING_POSIX_SHM) return ImportHost(descriptor, fd, make);
   if (sharing != v1::MEMORY_SHARING_CUDA_IPC && sharing != v1::MEMORY_SHARING_POSIX_FD) {
     return absl::InvalidArgumentError(
         absl::StrCat("RegionDescriptor.sharing ", v1::MemorySharing_Name(sharing), " cannot be imported"));

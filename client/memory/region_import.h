@@ -1,6 +1,6 @@
 // Client side of daemon-owned regions: maps a region that the daemon described with a v1::RegionDescriptor into this
-// process. Host regions (POSIX_SHM) are opened by name; cuda regions either through a classic CUDA IPC handle
-// (CUDA_IPC) or through a cuMem allocation's POSIX file descriptor received over the daemon's Unix socket
+// process. Host regions (POSIX_SHM) are a sealed memfd received over the daemon's Unix socket; cuda regions either
+// a classic CUDA IPC handle (CUDA_IPC) or a cuMem allocation's POSIX file descriptor received over the same socket
 // (POSIX_FD, see epfabric/common/fd_passing.h). No libcuda link: driver calls are resolved at run time.
 #pragma once
 
@@ -52,11 +52,12 @@ class MappedRegion {
   std::function<absl::Status()> unmap_;  // empty once unmapped or moved from
 };
 
-// Maps the region described by `descriptor`. `fd` is the file descriptor received with it for POSIX_FD (borrowed:
-// the caller may close it once this returns) and is ignored otherwise.
-// Errors: InvalidArgument for a descriptor that does not hold together (sizes, handle length, names) or a missing
-// fd; NotFound when the shm object or the owning device is not there; FailedPrecondition when this process has no
-// usable CUDA device or driver; other CUDA failures carry the CUDA error name.
+// Maps the region described by `descriptor`. `fd` is the file descriptor received with it for POSIX_FD and
+// POSIX_SHM (borrowed: the caller may close it once this returns) and is ignored for CUDA_IPC.
+// Errors: InvalidArgument for a descriptor that does not hold together (sizes, handle length), a missing fd, or a
+// host fd that is not a memory file sealed against shrinking (F_SEAL_SHRINK | F_SEAL_SEAL); NotFound when the
+// owning device is not there; FailedPrecondition when this process has no usable CUDA device or driver; other CUDA
+// failures carry the CUDA error name.
 absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor& descriptor, int fd = -1,
                                           const ImportOptions& options = {});
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "epfabric/common/status_macros.h"
 #include "epfabric/proto/grpc_status.h"
 #include "logging.h"
 
@@ -21,10 +22,6 @@ constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 }  // namespace
@@ -263,7 +260,7 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", config_.rank, " is not the coordinator; join rank 0 at ", config_.coordinator));
   }
-  if (absl::Status s = CheckFabricId(request.fabric_id()); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(CheckFabricId(request.fabric_id()));
   if (request.world_size() != config_.world_size) {
     return absl::FailedPreconditionError(absl::StrCat("world size mismatch: the fabric has ", config_.world_size,
                                                       " ranks, the joining daemon expects ", request.world_size()));
@@ -338,7 +335,7 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Membership::HandleHeartbeat(const v1::HeartbeatRequest& request) {
-  if (absl::Status s = CheckFabricId(request.fabric_id()); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(CheckFabricId(request.fabric_id()));
   v1::HeartbeatResponse response;
   response.set_rank(config_.rank);
   response.set_incarnation(incarnation_);
@@ -375,7 +372,7 @@ bool Membership::ApplyLocked(const v1::Membership& membership) {
 }
 
 absl::Status Membership::HandlePublish(const v1::PublishMembershipRequest& request) {
-  if (absl::Status s = CheckFabricId(request.fabric_id()); !s.ok()) return s;
+  EPF_RETURN_IF_ERROR(CheckFabricId(request.fabric_id()));
   if (is_coordinator()) {
     return absl::FailedPreconditionError("rank 0 is the coordinator; it publishes membership, it does not take it");
   }

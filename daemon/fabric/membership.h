@@ -89,7 +89,8 @@ class Membership {
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void PushMembership(const v1::Membership& view);
   void ProbeAsync(int rank, const std::string& address, uint64_t incarnation);
-  void Notify();
+  // Calls the change listener with the current view if a change is pending, outside mutex_.
+  void Notify() ABSL_LOCKS_EXCLUDED(notify_mutex_, mutex_);
   bool DegradedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   // Applies a membership received from the coordinator if it is newer. Requires mutex_.
   bool ApplyLocked(const v1::Membership& membership) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -99,7 +100,7 @@ class Membership {
   PeerLinks* const links_;
 
   // Serialises listener calls so that they see views in order; taken before mutex_, never while holding it.
-  absl::Mutex notify_mutex_;
+  absl::Mutex notify_mutex_ ABSL_ACQUIRED_BEFORE(mutex_);
   mutable absl::Mutex mutex_;
   v1::MemberInfo self_ ABSL_GUARDED_BY(mutex_);
   v1::Membership view_ ABSL_GUARDED_BY(mutex_);

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/status_macros.h"
 
 namespace epfabric::daemon::fabric {
 namespace {
@@ -32,16 +33,10 @@ absl::StatusOr<std::unique_ptr<PeerLinks>> PeerLinks::Create(const TlsFiles& fil
     return absl::InvalidArgumentError("--tls_cert, --tls_key and --tls_ca go together: give all three or none");
   }
   if (given == 0) return links;
-  auto cert = ReadPem("tls_cert", files.cert);
-  if (!cert.ok()) return cert.status();
-  auto key = ReadPem("tls_key", files.key);
-  if (!key.ok()) return key.status();
-  auto ca = ReadPem("tls_ca", files.ca);
-  if (!ca.ok()) return ca.status();
+  EPF_ASSIGN_OR_RETURN(links->cert_, ReadPem("tls_cert", files.cert));
+  EPF_ASSIGN_OR_RETURN(links->key_, ReadPem("tls_key", files.key));
+  EPF_ASSIGN_OR_RETURN(links->ca_, ReadPem("tls_ca", files.ca));
   links->tls_ = true;
-  links->cert_ = *cert;
-  links->key_ = *key;
-  links->ca_ = *ca;
   links->target_name_ = files.target_name;
   return links;
 }

@@ -10,6 +10,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/cuda_driver.h"
+#include "epfabric/common/status_macros.h"
 #include "logging.h"
 #include "memory/region.h"
 #include "memory/region_common.h"
@@ -24,14 +25,11 @@ using cuda::CuStatus;
 // Zeroes device memory and waits for it, on the calling thread's own stream so that it neither waits for nor
 // serialises with anything else running on the device.
 absl::Status ZeroDevice(int device, void* base, uint64_t size, uint64_t offset, uint64_t bytes) {
-  if (absl::Status range = CheckZeroRange(offset, bytes, size); !range.ok()) return range;
+  EPF_RETURN_IF_ERROR(CheckZeroRange(offset, bytes, size));
   if (bytes == 0) return absl::OkStatus();
-  if (absl::Status use = cuda::UseDevice(device); !use.ok()) return use;
-  if (absl::Status set = CudaStatus(cudaMemsetAsync(static_cast<char*>(base) + offset, 0, bytes, cudaStreamPerThread),
-                                    absl::StrCat("cudaMemsetAsync(", bytes, " bytes at offset ", offset, ")"));
-      !set.ok()) {
-    return set;
-  }
+  EPF_RETURN_IF_ERROR(cuda::UseDevice(device));
+  EPF_RETURN_IF_ERROR(CudaStatus(cudaMemsetAsync(static_cast<char*>(base) + offset, 0, bytes, cudaStreamPerThread),
+                                 absl::StrCat("cudaMemsetAsync(", bytes, " bytes at offset ", offset, ")")));
   return CudaStatus(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize after zeroing");
 }
 
@@ -118,12 +116,9 @@ class PosixFdRegion final : public Region {
     }
 
     size_t granularity = 0;
-    if (absl::Status status = CuStatus(
-            driver_, driver_.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
-            "cuMemGetAllocationGranularity");
-        !status.ok()) {
-      return status;
-    }
+    EPF_RETURN_IF_ERROR(CuStatus(
+        driver_, driver_.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+        "cuMemGetAllocationGranularity"));
     if (granularity == 0) granularity = 2u << 20;
     // cuMemCreate and cuMemMap need whole granules; clients map the whole allocation, so the descriptor says so.
     if (spec.bytes > UINT64_MAX - granularity) {
@@ -131,12 +126,9 @@ class PosixFdRegion final : public Region {
     }
     size_ = (spec.bytes + granularity - 1) / granularity * granularity;
 
-    if (absl::Status status = AllocationStatus(
-            CuStatus(driver_, driver_.cuMemCreate(&handle_, size_, &prop, 0), absl::StrCat("cuMemCreate(", size_, ")")),
-            spec, size_, device_);
-        !status.ok()) {
-      return status;
-    }
+    EPF_RETURN_IF_ERROR(AllocationStatus(
+        CuStatus(driver_, driver_.cuMemCreate(&handle_, size_, &prop, 0), absl::StrCat("cuMemCreate(", size_, ")")),
+        spec, size_, device_));
     has_handle_ = true;
     if (absl::Status status =
             CuStatus(driver_, driver_.cuMemAddressReserve(&address_, size_, granularity, 0, 0), "cuMemAddressReserve");
@@ -144,26 +136,17 @@ class PosixFdRegion final : public Region {
       address_ = 0;
       return status;
     }
-    if (absl::Status status = CuStatus(driver_, driver_.cuMemMap(address_, size_, 0, handle_, 0), "cuMemMap");
-        !status.ok()) {
-      return status;
-    }
+    EPF_RETURN_IF_ERROR(CuStatus(driver_, driver_.cuMemMap(address_, size_, 0, handle_, 0), "cuMemMap"));
     mapped_ = true;
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (absl::Status status = CuStatus(driver_, driver_.cuMemSetAccess(address_, size_, &access, 1), "cuMemSetAccess");
-        !status.ok()) {
-      return status;
-    }
+    EPF_RETURN_IF_ERROR(CuStatus(driver_, driver_.cuMemSetAccess(address_, size_, &access, 1), "cuMemSetAccess"));
     int fd = -1;
-    if (absl::Status status = CuStatus(
-            driver_, driver_.cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-            "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)");
-        !status.ok()) {
-      return status;
-    }
+    EPF_RETURN_IF_ERROR(CuStatus(
+        driver_, driver_.cuMemExportToShareableHandle(&fd, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+        "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)"));
     fd_ = fd;
     // Clients get their copy over the socket; a process the daemon might start must not inherit the memory.
     (void)fcntl(fd_, F_SETFD, FD_CLOEXEC);
@@ -208,14 +191,14 @@ class CudaAllocator final : public RegionAllocator {
   v1::Backend backend() const override { return v1::BACKEND_CUDA; }
 
   absl::StatusOr<std::unique_ptr<Region>> Allocate(const RegionSpec& spec) override {
-    if (absl::Status valid = ValidateRegionSpec(spec); !valid.ok()) return valid;
+    EPF_RETURN_IF_ERROR(ValidateRegionSpec(spec));
     const v1::MemorySharing sharing = spec.sharing == v1::MEMORY_SHARING_UNSPECIFIED ? default_sharing_ : spec.sharing;
     if (sharing != v1::MEMORY_SHARING_CUDA_IPC && sharing != v1::MEMORY_SHARING_POSIX_FD) {
       return absl::InvalidArgumentError(
           absl::StrCat("RegionSpec.sharing ", v1::MemorySharing_Name(sharing),
                        " is not supported by the cuda backend (MEMORY_SHARING_CUDA_IPC or MEMORY_SHARING_POSIX_FD)"));
     }
-    if (absl::Status limit = CheckRegionLimit(spec, max_region_bytes_, "cuda"); !limit.ok()) return limit;
+    EPF_RETURN_IF_ERROR(CheckRegionLimit(spec, max_region_bytes_, "cuda"));
     int device_count = 0;
     if (absl::Status count = CudaStatus(cudaGetDeviceCount(&device_count), "cudaGetDeviceCount"); !count.ok()) {
       return absl::FailedPreconditionError(absl::StrCat("cuda backend: no usable CUDA device: ", count.message()));
@@ -224,7 +207,7 @@ class CudaAllocator final : public RegionAllocator {
       return absl::FailedPreconditionError(
           absl::StrCat("cuda backend: device ", device_, " does not exist (", device_count, " visible)"));
     }
-    if (absl::Status use = cuda::UseDevice(device_); !use.ok()) return use;
+    EPF_RETURN_IF_ERROR(cuda::UseDevice(device_));
 
     v1::RegionDescriptor descriptor;
     descriptor.set_rank(spec.rank);
@@ -232,11 +215,8 @@ class CudaAllocator final : public RegionAllocator {
     descriptor.set_device(device_);
     descriptor.set_kind(spec.kind);
     char bus_id[32] = {};
-    if (absl::Status pci = CudaStatus(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_),
-                                      absl::StrCat("cudaDeviceGetPCIBusId(", device_, ")"));
-        !pci.ok()) {
-      return pci;
-    }
+    EPF_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_),
+                                   absl::StrCat("cudaDeviceGetPCIBusId(", device_, ")")));
     // The same spelling as Ops.GetTopology, so that clients and tools can match the two.
     descriptor.set_device_pci_bus_id(topology::NormalizePciBusId(bus_id));
 
@@ -247,18 +227,13 @@ class CudaAllocator final : public RegionAllocator {
  private:
   absl::StatusOr<std::unique_ptr<Region>> AllocateCudaIpc(const RegionSpec& spec, v1::RegionDescriptor descriptor) {
     void* base = nullptr;
-    if (absl::Status status =
-            AllocationStatus(CudaStatus(cudaMalloc(&base, spec.bytes), absl::StrCat("cudaMalloc(", spec.bytes, ")")),
-                             spec, spec.bytes, device_);
-        !status.ok()) {
-      return status;
-    }
+    EPF_RETURN_IF_ERROR(
+        AllocationStatus(CudaStatus(cudaMalloc(&base, spec.bytes), absl::StrCat("cudaMalloc(", spec.bytes, ")")), spec,
+                         spec.bytes, device_));
     absl::Cleanup free_on_error = [base] { (void)cudaFree(base); };
     cudaIpcMemHandle_t handle;
-    if (absl::Status status = CudaStatus(cudaIpcGetMemHandle(&handle, base), "cudaIpcGetMemHandle"); !status.ok()) {
-      return status;
-    }
-    if (absl::Status status = ZeroDevice(device_, base, spec.bytes, 0, spec.bytes); !status.ok()) return status;
+    EPF_RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, base), "cudaIpcGetMemHandle"));
+    EPF_RETURN_IF_ERROR(ZeroDevice(device_, base, spec.bytes, 0, spec.bytes));
     static_assert(sizeof(handle) == 64, "the descriptor documents a 64-byte cudaIpcMemHandle_t");
     descriptor.set_handle(std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
     descriptor.set_size_bytes(spec.bytes);
@@ -267,10 +242,9 @@ class CudaAllocator final : public RegionAllocator {
   }
 
   absl::StatusOr<std::unique_ptr<Region>> AllocatePosixFd(const RegionSpec& spec, v1::RegionDescriptor descriptor) {
-    absl::StatusOr<const cuda::DriverApi*> driver = cuda::Driver();
-    if (!driver.ok()) return driver.status();
-    auto region = std::make_unique<PosixFdRegion>(**driver, device_);
-    if (absl::Status status = region->Create(spec); !status.ok()) return status;  // ~PosixFdRegion cleans up
+    EPF_ASSIGN_OR_RETURN(const cuda::DriverApi* driver, cuda::Driver());
+    auto region = std::make_unique<PosixFdRegion>(*driver, device_);
+    EPF_RETURN_IF_ERROR(region->Create(spec));  // ~PosixFdRegion cleans up
     descriptor.set_size_bytes(region->size());
     region->set_descriptor(std::move(descriptor));
     return region;

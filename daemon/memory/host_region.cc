@@ -1,6 +1,7 @@
-// Host backend: each region is a POSIX shared-memory object that clients map by name.
+// Host backend: each region is an anonymous, sealed memfd. It has no name anywhere in the file system, so nothing
+// can collide with it or open it: a client gets it only as a file descriptor from the daemon's fd side channel,
+// which checks the group token (like a cuda POSIX_FD region).
 #include <fcntl.h>
-#include <limits.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,12 +11,10 @@
 #include <limits>
 #include <memory>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "epfabric/common/fd_passing.h"
+#include "epfabric/common/status_macros.h"
 #include "logging.h"
 #include "memory/region.h"
 #include "memory/region_common.h"
@@ -23,182 +22,130 @@
 namespace epfabric::daemon::memory {
 namespace {
 
-// Exactly these permissions, whatever the umask: the owner (daemon) and its group (clients run under the same group
-// in a pod's securityContext) read and write; nobody else may see the communication memory.
-constexpr mode_t kShmMode = 0660;
+// memfd_create refuses names longer than this (NAME_MAX minus "memfd:"); the name is only a label, so it is cut.
+constexpr size_t kMaxMemfdName = 249;
 
 std::string ErrnoText(int error) { return absl::StrCat(std::strerror(error), " (errno ", error, ")"); }
 
-// Names of the regions this allocator holds now. An existing object of a name that is not here is stale (left by a
-// crashed daemon) and may be replaced; one that is here belongs to a live region and must not be.
-class LiveNames {
- public:
-  bool Insert(const std::string& name) {
-    absl::MutexLock lock(&mutex_);
-    return names_.insert(name).second;
-  }
-  void Erase(const std::string& name) {
-    absl::MutexLock lock(&mutex_);
-    names_.erase(name);
-  }
-
- private:
-  absl::Mutex mutex_;
-  absl::flat_hash_set<std::string> names_ ABSL_GUARDED_BY(mutex_);
-};
-
 class HostRegion final : public Region {
  public:
-  HostRegion(v1::RegionDescriptor descriptor, void* base, std::shared_ptr<LiveNames> live_names)
-      : descriptor_(std::move(descriptor)), base_(base), live_names_(std::move(live_names)) {}
+  HostRegion(v1::RegionDescriptor descriptor, common::UniqueFd fd, void* base, std::string name)
+      : descriptor_(std::move(descriptor)), fd_(std::move(fd)), base_(base), name_(std::move(name)) {}
   HostRegion(const HostRegion&) = delete;
   HostRegion& operator=(const HostRegion&) = delete;
 
   ~HostRegion() override {
-    // Unlink first: a client that still has it mapped keeps its pages until it unmaps, but nobody can open the
-    // name any more, and a new region of the same name can be created right away.
-    if (shm_unlink(descriptor_.shm_name().c_str()) != 0 && errno != ENOENT) {
-      const std::string error = ErrnoText(errno);  // before the logger can touch errno
-      Logger("memory")->warn("shm_unlink({}) failed: {}", descriptor_.shm_name(), error);
-    }
+    // The memory goes once the last reference goes: this mapping, `fd_` (closed after this body), and whatever
+    // clients still map or hold. A client that outlives the region keeps its pages, which nobody else can reach.
     if (munmap(base_, descriptor_.size_bytes()) != 0) {
-      const std::string error = ErrnoText(errno);
-      Logger("memory")->warn("munmap of {} failed: {}", descriptor_.shm_name(), error);
+      const std::string error = ErrnoText(errno);  // before the logger can touch errno
+      Logger("memory")->warn("munmap of memfd {} failed: {}", name_, error);
     }
-    live_names_->Erase(descriptor_.shm_name());
   }
 
   const v1::RegionDescriptor& descriptor() const override { return descriptor_; }
   void* base() const override { return base_; }
+  int shareable_fd() const override { return fd_.get(); }
 
   absl::Status Zero(uint64_t offset, uint64_t bytes) override {
-    if (absl::Status range = CheckZeroRange(offset, bytes, descriptor_.size_bytes()); !range.ok()) return range;
+    EPF_RETURN_IF_ERROR(CheckZeroRange(offset, bytes, descriptor_.size_bytes()));
     std::memset(static_cast<char*>(base_) + offset, 0, bytes);
     return absl::OkStatus();
   }
 
  private:
   v1::RegionDescriptor descriptor_;
+  common::UniqueFd fd_;
   void* base_;
-  std::shared_ptr<LiveNames> live_names_;  // shared: a region may outlive its allocator
+  std::string name_;  // the memfd's label, for messages
 };
 
 class HostAllocator final : public RegionAllocator {
  public:
-  HostAllocator(std::string shm_prefix, uint64_t max_region_bytes)
-      : shm_prefix_(std::move(shm_prefix)), max_region_bytes_(max_region_bytes) {}
+  HostAllocator(std::string name_prefix, uint64_t max_region_bytes)
+      : name_prefix_(std::move(name_prefix)), max_region_bytes_(max_region_bytes) {}
 
   v1::Backend backend() const override { return v1::BACKEND_HOST; }
 
   absl::StatusOr<std::unique_ptr<Region>> Allocate(const RegionSpec& spec) override {
-    if (absl::Status valid = ValidateRegionSpec(spec); !valid.ok()) return valid;
+    EPF_RETURN_IF_ERROR(ValidateRegionSpec(spec));
     if (spec.sharing != v1::MEMORY_SHARING_UNSPECIFIED && spec.sharing != v1::MEMORY_SHARING_POSIX_SHM) {
       return absl::InvalidArgumentError(absl::StrCat("RegionSpec.sharing ", v1::MemorySharing_Name(spec.sharing),
                                                      " is not supported by the host backend (POSIX_SHM only)"));
     }
-    if (absl::Status prefix = ValidatePrefix(); !prefix.ok()) return prefix;
-    if (absl::Status limit = CheckRegionLimit(spec, max_region_bytes_, "host"); !limit.ok()) return limit;
+    EPF_RETURN_IF_ERROR(CheckRegionLimit(spec, max_region_bytes_, "host"));
     if (spec.bytes > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
       return absl::ResourceExhaustedError(
           absl::StrCat(DescribeRegion(spec), ": ", spec.bytes, " bytes do not fit a shared-memory object"));
     }
 
-    const std::string name = absl::StrCat("/", shm_prefix_, ".", spec.group, ".", spec.rank, ".", KindName(spec.kind));
-    if (name.size() > NAME_MAX) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shm name '", name, "' is longer than NAME_MAX=", NAME_MAX, "; shorten the prefix or group"));
+    // Only a label (seen in /proc/<pid>/fd and /proc/<pid>/maps as "/memfd:<name> (deleted)"): memfds of the same
+    // name are distinct objects.
+    std::string name = absl::StrCat("epf.", name_prefix_, ".", spec.group, ".", spec.rank, ".", KindName(spec.kind));
+    if (name.size() > kMaxMemfdName) name.resize(kMaxMemfdName);
+    for (char& c : name) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
     }
 
-    if (!live_names_->Insert(name)) {
-      return absl::AlreadyExistsError(absl::StrCat(DescribeRegion(spec), " already exists (", name, ")"));
+    const int raw_fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (raw_fd < 0) {
+      const int error = errno;
+      return absl::Status(error == ENOMEM || error == EMFILE || error == ENFILE ? absl::StatusCode::kResourceExhausted
+                                                                                : absl::StatusCode::kInternal,
+                          absl::StrCat(DescribeRegion(spec), ": memfd_create(", name, "): ", ErrnoText(error)));
     }
-    absl::StatusOr<common::UniqueFd> fd = CreateExclusive(name);
-    if (!fd.ok()) {
-      live_names_->Erase(name);
-      return fd.status();
+    common::UniqueFd fd(raw_fd);
+    const auto bytes = static_cast<off_t>(spec.bytes);
+    if (ftruncate(fd.get(), bytes) != 0) {
+      const int error = errno;
+      return absl::Status(
+          error == EFBIG || error == ENOSPC ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kInternal,
+          absl::StrCat(DescribeRegion(spec), ": ftruncate(memfd ", name, ", ", spec.bytes, "): ", ErrnoText(error)));
     }
-    // From here on, any failure must remove the object again.
-    auto fail = [this, &name](absl::Status status) {
-      shm_unlink(name.c_str());
-      live_names_->Erase(name);
-      return status;
-    };
-    // O_EXCL guarantees a new, empty object; exact permissions regardless of the umask.
-    if (fchmod(fd->get(), kShmMode) != 0) {
-      return fail(absl::InternalError(absl::StrCat("fchmod(", name, ", 0660): ", ErrnoText(errno))));
-    }
-    // posix_fallocate instead of ftruncate: it reserves the pages now, so a full /dev/shm is an error here and not
-    // a SIGBUS in a client later. New pages read as zero, so the region starts zeroed without touching it twice.
-    if (const int error = posix_fallocate(fd->get(), 0, static_cast<off_t>(spec.bytes)); error != 0) {
+    // Reserve the pages now, so that a full tmpfs or a memory limit is an error here and not a SIGBUS in a client
+    // later. New pages read as zero, so the region starts zeroed without touching it twice.
+    if (const int error = posix_fallocate(fd.get(), 0, bytes); error != 0) {
       if (error == ENOSPC || error == ENOMEM || error == EFBIG) {
-        return fail(
-            absl::ResourceExhaustedError(absl::StrCat(DescribeRegion(spec), ": no room for ", spec.bytes,
-                                                      " bytes in shared memory (", name, "): ", ErrnoText(error))));
+        return absl::ResourceExhaustedError(absl::StrCat(DescribeRegion(spec), ": no room for ", spec.bytes,
+                                                         " bytes of shared memory: ", ErrnoText(error)));
       }
-      return fail(
-          absl::InternalError(absl::StrCat("posix_fallocate(", name, ", ", spec.bytes, "): ", ErrnoText(error))));
+      return absl::InternalError(
+          absl::StrCat("posix_fallocate(memfd ", name, ", ", spec.bytes, "): ", ErrnoText(error)));
     }
-    void* base = mmap(nullptr, spec.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+    // Clients get this fd. Without the seals one of them could ftruncate it and every other mapping (the daemon's
+    // included) would SIGBUS on the lost pages; F_SEAL_SEAL stops anyone from adding seals (e.g. FUTURE_WRITE,
+    // which would make the region unmappable for writing by later clients).
+    if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      return absl::InternalError(absl::StrCat("F_ADD_SEALS on memfd ", name, ": ", ErrnoText(errno)));
+    }
+    void* base = mmap(nullptr, spec.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (base == MAP_FAILED) {
       const int error = errno;
-      absl::Status status = absl::InternalError(absl::StrCat("mmap(", name, ", ", spec.bytes, "): ", ErrnoText(error)));
       if (error == ENOMEM) {
-        status = absl::ResourceExhaustedError(
+        return absl::ResourceExhaustedError(
             absl::StrCat(DescribeRegion(spec), ": cannot map ", spec.bytes, " bytes: ", ErrnoText(error)));
       }
-      return fail(std::move(status));
+      return absl::InternalError(absl::StrCat("mmap(memfd ", name, ", ", spec.bytes, "): ", ErrnoText(error)));
     }
-    // The mapping keeps the object alive; the descriptor is not needed any more (`fd` closes it).
 
     v1::RegionDescriptor descriptor;
     descriptor.set_rank(spec.rank);
-    descriptor.set_sharing(v1::MEMORY_SHARING_POSIX_SHM);
+    descriptor.set_sharing(v1::MEMORY_SHARING_POSIX_SHM);  // host memory whose fd goes over the side channel
     descriptor.set_size_bytes(spec.bytes);
-    descriptor.set_shm_name(name);
     descriptor.set_device(-1);
     descriptor.set_kind(spec.kind);
-    return std::make_unique<HostRegion>(std::move(descriptor), base, live_names_);
+    return std::make_unique<HostRegion>(std::move(descriptor), std::move(fd), base, std::move(name));
   }
 
  private:
-  absl::Status ValidatePrefix() const {
-    if (shm_prefix_.empty()) return absl::InvalidArgumentError("host allocator: shm_prefix is empty");
-    for (char c : shm_prefix_) {
-      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
-        return absl::InvalidArgumentError(
-            absl::StrCat("host allocator: shm_prefix '", shm_prefix_, "' may only contain [A-Za-z0-9._-]"));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // Creates `name` exclusively. An object of that name left by a daemon that crashed (its destructor never ran) is
-  // removed and the creation retried once; if that fails too, somebody is racing us for the name.
-  static absl::StatusOr<common::UniqueFd> CreateExclusive(const std::string& name) {
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, kShmMode);
-      if (fd >= 0) return common::UniqueFd(fd);
-      if (errno != EEXIST || attempt == 1) {
-        return absl::Status(errno == EEXIST ? absl::StatusCode::kAlreadyExists : absl::StatusCode::kInternal,
-                            absl::StrCat("shm_open(", name, ", O_CREAT|O_EXCL): ", ErrnoText(errno)));
-      }
-      Logger("memory")->warn("removing stale shared-memory object {} (left by an earlier daemon)", name);
-      if (shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-        return absl::InternalError(absl::StrCat("shm_unlink of stale ", name, ": ", ErrnoText(errno)));
-      }
-    }
-    return absl::InternalError("unreachable");
-  }
-
-  const std::string shm_prefix_;
+  const std::string name_prefix_;
   const uint64_t max_region_bytes_;
-  const std::shared_ptr<LiveNames> live_names_ = std::make_shared<LiveNames>();
 };
 
 }  // namespace
 
-std::unique_ptr<RegionAllocator> MakeHostAllocator(std::string shm_prefix, uint64_t max_region_bytes) {
-  return std::make_unique<HostAllocator>(std::move(shm_prefix), max_region_bytes);
+std::unique_ptr<RegionAllocator> MakeHostAllocator(std::string name_prefix, uint64_t max_region_bytes) {
+  return std::make_unique<HostAllocator>(std::move(name_prefix), max_region_bytes);
 }
 
 }  // namespace epfabric::daemon::memory

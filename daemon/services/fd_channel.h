@@ -1,7 +1,7 @@
 // The fd side channel: a Unix stream socket next to the client socket ("<client_socket>.fds", same mode) where
-// clients fetch the file descriptors of POSIX_FD regions (gRPC cannot carry descriptors) and where a client's
-// connection holds its lease, so that the lease ends when the client's process exits or is killed, whatever the
-// backend. Protocol: proto/epfabric/v1/fdchannel.proto, framed by epfabric/common/fd_passing.h; docs/client.md.
+// clients fetch the file descriptors of POSIX_FD and host (POSIX_SHM) regions (gRPC cannot carry descriptors) and where
+// a client's connection holds its lease, so that the lease ends when the client's process exits or is killed, whatever
+// the backend. Protocol: proto/epfabric/v1/fdchannel.proto, framed by epfabric/common/fd_passing.h; docs/client.md.
 //
 // One thread per connection (they are few: one per attached client, plus short ones for peers' fds); every read
 // and write has a deadline, so a stalled client only ever holds up its own connection.
@@ -53,7 +53,7 @@ class FdChannel {
   // ended: the daemon is going away with its memory. Idempotent.
   void Stop();
 
-  // What one request gets: the response and, for a POSIX_FD region, the descriptor to attach to it.
+  // What one request gets: the response and, for a POSIX_FD or POSIX_SHM region, the descriptor to attach to it.
   struct Answer {
     v1::FdResponse response;
     common::UniqueFd fd;

@@ -1,5 +1,6 @@
 #include "services/peer_service.h"
 
+#include "epfabric/common/status_macros.h"
 #include "epfabric/proto/grpc_status.h"
 
 namespace epfabric::daemon {
@@ -15,14 +16,22 @@ grpc::Status Answer(absl::StatusOr<Response> result, Response* response) {
 // The coordinator's rank: the only caller of PublishMembership, PrepareGroup, CommitGroup and ReleaseGroup.
 constexpr int kCoordinatorRank = 0;
 
+// `call()` (an absl::Status or StatusOr) when `fabric_id` is this daemon's fabric, else the mismatch.
+template <typename Call>
+auto IfSameFabric(const fabric::Membership& membership, const std::string& fabric_id, Call call) -> decltype(call()) {
+  EPF_RETURN_IF_ERROR(membership.CheckFabricId(fabric_id));
+  return call();
+}
+
 }  // namespace
 
-#define EPF_PEER_AUTHORIZE(expr)                                        \
-  do {                                                                  \
+#define EPF_PEER_AUTHORIZE(expr)                                         \
+  do {                                                                   \
     if (auto who = (expr); !who.ok()) return ToGrpcStatus(who.status()); \
   } while (false)
 
-grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request, v1::JoinResponse* response) {
+grpc::Status PeerService::Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                               v1::JoinResponse* response) {
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/Join", request->member().rank()));
   return Answer(membership_->HandleJoin(*request), response);
 }
@@ -43,37 +52,33 @@ grpc::Status PeerService::ProposeGroup(grpc::ServerContext* context, const v1::P
                                        v1::CreateGroupResponse* response) {
   context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/ProposeGroup"));
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return Answer(groups_->Propose(request->request()), response);
+  return Answer(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Propose(request->request()); }),
+                response);
 }
 
 grpc::Status PeerService::RetireGroup(grpc::ServerContext* context, const v1::RetireGroupRequest* request,
                                       v1::RetireGroupResponse*) {
   context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/RetireGroup"));
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(groups_->Retire(*request));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Retire(*request); }));
 }
 
 grpc::Status PeerService::PrepareGroup(grpc::ServerContext* context, const v1::PrepareGroupRequest* request,
                                        v1::PrepareGroupResponse* response) {
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/PrepareGroup", kCoordinatorRank));
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return Answer(groups_->Prepare(*request), response);
+  return Answer(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Prepare(*request); }), response);
 }
 
 grpc::Status PeerService::CommitGroup(grpc::ServerContext* context, const v1::CommitGroupRequest* request,
                                       v1::CommitGroupResponse*) {
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/CommitGroup", kCoordinatorRank));
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(groups_->Commit(*request));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Commit(*request); }));
 }
 
 grpc::Status PeerService::ReleaseGroup(grpc::ServerContext* context, const v1::ReleaseGroupRequest* request,
                                        v1::ReleaseGroupResponse*) {
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/ReleaseGroup", kCoordinatorRank));
-  if (absl::Status s = membership_->CheckFabricId(request->fabric_id()); !s.ok()) return ToGrpcStatus(s);
-  return ToGrpcStatus(groups_->Release(*request));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Release(*request); }));
 }
 
 }  // namespace epfabric::daemon

@@ -5,14 +5,16 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "epfabric/common/fd_passing.h"
+#include "epfabric/v1/fdchannel.pb.h"
 #include "epfabric/v1/peer.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "integration/fabric_under_test.h"
+#include "memory_test_util.h"
 
 namespace epfabric::testing {
 namespace {
@@ -69,13 +71,27 @@ grpc::Status Attach(FabricUnderTest& fabric, int via, const std::string& group, 
   return fabric.Control(via)->Attach(&context, request, response);
 }
 
-int ShmObjects(const std::string& fabric_id) {
-  int count = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    if (absl::StartsWith(entry.path().filename().string(), absl::StrCat("epf.", fabric_id, "."))) ++count;
+// What a client gets from `daemon`'s fd side channel for `group`'s NVL region of `rank`: the region's memfd.
+absl::StatusOr<common::UniqueFd> FetchRegionFd(DaemonUnderTest& daemon, const std::string& group, int rank,
+                                               const std::string& token) {
+  auto connection = ConnectTo(daemon.socket() + ".fds");
+  if (!connection.ok()) return connection.status();
+  v1::FdRequest request;
+  request.set_group(group);
+  request.set_rank(rank);
+  request.set_kind(v1::RegionDescriptor::KIND_NVL);
+  request.set_token(token);
+  if (absl::Status sent = common::SendFds(connection->get(), {}, request.SerializeAsString(), absl::Seconds(5));
+      !sent.ok()) {
+    return sent;
   }
-  return count;
+  auto message = common::ReceiveFds(connection->get(), absl::Seconds(5));
+  if (!message.ok()) return message.status();
+  v1::FdResponse response;
+  if (!response.ParseFromString(message->payload)) return absl::InternalError("not an FdResponse");
+  if (response.code() != 0) return absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+  if (message->fds.size() != 1) return absl::InternalError(absl::StrCat(message->fds.size(), " fds arrived"));
+  return std::move(message->fds[0]);
 }
 
 grpc::health::v1::HealthCheckResponse::ServingStatus FabricHealth(DaemonUnderTest& daemon) {
@@ -268,7 +284,7 @@ TEST(Groups, CreateAndDeleteOnEveryMember) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(created.token().size(), 32u);  // 128 bits, hex
   EXPECT_EQ(created.group().state(), v1::GROUP_STATE_READY);
-  EXPECT_EQ(ShmObjects((*fabric)->fabric_id()), 6) << "an NVL and an RDMA region on each of 3 members";
+  EXPECT_EQ((*fabric)->MemfdRegions(), 6) << "an NVL and an RDMA region on each of 3 members";
   for (int rank : {1, 2, 3}) {
     auto view = (*fabric)->Fabric(rank);
     ASSERT_TRUE(view.ok());
@@ -292,7 +308,7 @@ TEST(Groups, CreateAndDeleteOnEveryMember) {
 
   ASSERT_TRUE(DeleteGroup(**fabric, 1, "moe-0", created.token()).ok());
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(FindGroup(*(*fabric)->Fabric(rank), "moe-0"), nullptr);
-  EXPECT_EQ(ShmObjects((*fabric)->fabric_id()), 0);
+  EXPECT_EQ((*fabric)->MemfdRegions(), 0);
 }
 
 TEST(Groups, RollbackWhenOneMemberCannotAllocate) {
@@ -305,7 +321,7 @@ TEST(Groups, RollbackWhenOneMemberCannotAllocate) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), ::testing::StartsWith("rank 3: "));
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(FindGroup(*(*fabric)->Fabric(rank), "too-big"), nullptr) << rank;
-  EXPECT_EQ(ShmObjects((*fabric)->fabric_id()), 0) << "the members that had allocated released";
+  EXPECT_EQ((*fabric)->MemfdRegions(), 0) << "the members that had allocated released";
   // The name is free again, and a size that fits everywhere works.
   EXPECT_TRUE(CreateGroup(**fabric, 1, "too-big", {0, 1, 2, 3}, 1 << 20, &response).ok());
 }
@@ -333,7 +349,12 @@ TEST(Groups, TenantsAreIsolated) {
   EXPECT_EQ(attached.world_size(), 2);
   EXPECT_THAT(attached.nvl_ranks(), ::testing::ElementsAre(0, 1));
   ASSERT_EQ(attached.regions_size(), 2);
-  for (const auto& region : attached.regions()) EXPECT_THAT(region.shm_name(), HasSubstr(".tenant-a."));
+  for (const auto& region : attached.regions()) {
+    // Host memory is described, not named: the memory itself comes only as an fd from the owner's side channel.
+    EXPECT_EQ(region.sharing(), v1::MEMORY_SHARING_POSIX_SHM);
+    EXPECT_TRUE(region.handle().empty());
+    EXPECT_EQ(region.fd_socket(), (*fabric)->daemon(region.rank()).socket() + ".fds");
+  }
   v1::AttachResponse second;
   status = Attach(**fabric, 0, "tenant-a", 0, a.token(), &second);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -359,18 +380,13 @@ TEST(Groups, LeaseEndsOnDetachAndExpiryAndCleansTheRegion) {
   v1::AttachResponse attached;
   ASSERT_TRUE(Attach(**fabric, 0, "leased", 0, group.token(), &attached).ok());
   ASSERT_EQ(attached.regions_size(), 1);
-  // Dirty the region as a client would, through its shm name.
-  const std::string path = "/dev/shm" + attached.regions(0).shm_name();
-  {
-    std::fstream shm(path, std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(shm.good()) << path;
-    shm.seekp(4096);
-    shm.write("dirty", 5);
-  }
-  auto first_byte_at_4096 = [&path] {
-    std::ifstream shm(path, std::ios::binary);
-    shm.seekg(4096);
-    return static_cast<char>(shm.get());
+  // Dirty the region as a client would, through the fd its daemon hands out.
+  auto fd = FetchRegionFd((*fabric)->daemon(0), "leased", 0, group.token());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  ASSERT_EQ(pwrite(fd->get(), "dirty", 5, 4096), 5);
+  auto first_byte_at_4096 = [&fd] {
+    char byte = 'x';
+    return pread(fd->get(), &byte, 1, 4096) == 1 ? byte : 'x';
   };
   EXPECT_EQ(first_byte_at_4096(), 'd');
   v1::DetachRequest detach;

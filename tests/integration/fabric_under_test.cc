@@ -21,10 +21,11 @@ std::string UniqueFabricId() {
 }
 
 absl::StatusOr<std::unique_ptr<FabricUnderTest>> FabricUnderTest::Start(
-    int world_size, const std::vector<std::string>& flags, const std::map<int, std::vector<std::string>>& rank_flags) {
+    int world_size, const std::vector<std::string>& flags, const std::map<int, std::vector<std::string>>& rank_flags,
+    const std::string& fabric_id) {
   auto fabric = std::unique_ptr<FabricUnderTest>(new FabricUnderTest());
   fabric->world_size_ = world_size;
-  fabric->fabric_id_ = UniqueFabricId();
+  fabric->fabric_id_ = fabric_id.empty() ? UniqueFabricId() : fabric_id;
   fabric->flags_ = flags;
   fabric->rank_flags_ = rank_flags;
   auto zero = DaemonUnderTest::Start(fabric->FlagsFor(0));
@@ -47,12 +48,21 @@ FabricUnderTest::~FabricUnderTest() {
     }
   }
   daemons_.clear();
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    if (absl::StartsWith(entry.path().filename().string(), absl::StrCat("epf.", fabric_id_, "."))) {
-      std::filesystem::remove(entry.path(), ec);
+}
+
+int FabricUnderTest::MemfdRegions() {
+  const std::string label = absl::StrCat("/memfd:epf.", fabric_id_, ".");
+  int count = 0;
+  for (const auto& [rank, daemon] : daemons_) {
+    std::error_code ec;
+    for (const auto& entry :
+         std::filesystem::directory_iterator(absl::StrCat("/proc/", daemon->process().pid(), "/fd"), ec)) {
+      std::error_code link_ec;
+      const std::string target = std::filesystem::read_symlink(entry.path(), link_ec).string();
+      if (!link_ec && absl::StartsWith(target, label)) ++count;
     }
   }
+  return count;
 }
 
 std::vector<std::string> FabricUnderTest::FlagsFor(int rank) const {

@@ -1,6 +1,6 @@
 // A fabric of real epfabricd processes on loopback: rank 0 first, then the others pointed at it. Each fabric gets
-// its own --fabric_id, and its leftovers in /dev/shm are removed at the end (a daemon killed with SIGKILL cannot
-// clean up after itself).
+// its own --fabric_id unless the test asks for one. Nothing needs cleaning up after the daemons: host regions are
+// memfds, which go with the process (even one killed with SIGKILL).
 #pragma once
 
 #include <map>
@@ -18,10 +18,11 @@ namespace epfabric::testing {
 
 class FabricUnderTest {
  public:
-  // Starts `world_size` daemons (host backend) with `flags` plus `rank_flags[rank]`.
+  // Starts `world_size` daemons (host backend) with `flags` plus `rank_flags[rank]`, as fabric `fabric_id` (empty:
+  // a UniqueFabricId()).
   static absl::StatusOr<std::unique_ptr<FabricUnderTest>> Start(
       int world_size, const std::vector<std::string>& flags = {},
-      const std::map<int, std::vector<std::string>>& rank_flags = {});
+      const std::map<int, std::vector<std::string>>& rank_flags = {}, const std::string& fabric_id = {});
   ~FabricUnderTest();
 
   // Every live daemon sees every rank UP with the same epoch.
@@ -46,6 +47,9 @@ class FabricUnderTest {
   absl::StatusOr<v1::FabricView> Fabric(int rank);
   std::unique_ptr<v1::Control::Stub> Control(int rank);
   std::unique_ptr<v1::Ops::Stub> Ops(int rank);
+
+  // Host regions the live daemons hold: their open memfds labelled "epf.<fabric_id>." (/proc/<pid>/fd).
+  int MemfdRegions();
 
  private:
   int world_size_ = 0;

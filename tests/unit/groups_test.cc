@@ -1,6 +1,12 @@
-// Pure pieces of the fabric: CreateGroup validation, token comparison, the health report.
+// Pieces of the fabric: CreateGroup validation, token comparison, the health report, and how leases end (regions
+// zeroed outside the locks, the rank kept until they are zero) on one in-process daemon with a fake allocator.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "fabric/membership.h"
 #include "groups/group_manager.h"
 #include "services/ops_service.h"
 
@@ -95,6 +101,164 @@ TEST(BuildHealthReport, FailsWhenThisDaemonIsNotCounted) {
   EXPECT_EQ(report.incidents(0).code(), "NOT_A_MEMBER");
   EXPECT_EQ(report.incidents(1).code(), "COORDINATOR_UNREACHABLE");
   EXPECT_EQ(report.incidents_size(), 2) << "rank 0 is reported once, as the coordinator";
+}
+
+// ---- leases: one daemon (rank 0 of 1, not started), a fake allocator whose Zero can be held up ----
+
+struct FakeMemory {
+  std::atomic<int> zeroed{0};
+  std::atomic<int> freed{0};
+  absl::Notification zero_started;
+  absl::Notification* hold_zero = nullptr;  // when set, Zero waits for it
+};
+
+class FakeRegion final : public memory::Region {
+ public:
+  FakeRegion(FakeMemory* memory, v1::RegionDescriptor descriptor)
+      : memory_(memory), descriptor_(std::move(descriptor)) {}
+  ~FakeRegion() override { ++memory_->freed; }
+  const v1::RegionDescriptor& descriptor() const override { return descriptor_; }
+  void* base() const override { return nullptr; }
+  absl::Status Zero(uint64_t, uint64_t) override {
+    if (!memory_->zero_started.HasBeenNotified()) memory_->zero_started.Notify();
+    if (memory_->hold_zero != nullptr) memory_->hold_zero->WaitForNotification();
+    ++memory_->zeroed;
+    return absl::OkStatus();
+  }
+
+ private:
+  FakeMemory* const memory_;
+  const v1::RegionDescriptor descriptor_;
+};
+
+class FakeAllocator final : public memory::RegionAllocator {
+ public:
+  explicit FakeAllocator(FakeMemory* memory) : memory_(memory) {}
+  absl::StatusOr<std::unique_ptr<memory::Region>> Allocate(const memory::RegionSpec& spec) override {
+    v1::RegionDescriptor descriptor;
+    descriptor.set_rank(spec.rank);
+    descriptor.set_kind(spec.kind);
+    descriptor.set_size_bytes(spec.bytes);
+    descriptor.set_sharing(v1::MEMORY_SHARING_POSIX_SHM);
+    return std::make_unique<FakeRegion>(memory_, std::move(descriptor));
+  }
+  v1::Backend backend() const override { return v1::BACKEND_HOST; }
+
+ private:
+  FakeMemory* const memory_;
+};
+
+v1::MemberInfo Self() {
+  v1::MemberInfo self;
+  self.set_rank(0);
+  self.set_incarnation(1);
+  self.set_state(v1::MEMBER_STATE_UP);
+  self.set_backend(v1::BACKEND_HOST);
+  return self;
+}
+
+class LeasesTest : public ::testing::Test {
+ protected:
+  LeasesTest()
+      : membership_(fabric::FabricConfig{.world_size = 1}, Self(), nullptr),
+        allocator_(&memory_),
+        groups_(&membership_, nullptr, &allocator_, groups::LeaseLimits{}) {}
+
+  void SetUp() override {
+    v1::PrepareGroupRequest prepare;
+    prepare.mutable_group()->set_name("g");
+    prepare.mutable_group()->add_ranks(0);
+    prepare.mutable_group()->set_num_nvl_bytes(4096);
+    prepare.set_token("secret");
+    auto prepared = groups_.Prepare(prepare);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    v1::CommitGroupRequest commit;
+    commit.set_name("g");
+    *commit.add_members() = *prepared;
+    ASSERT_TRUE(groups_.Commit(commit).ok());
+  }
+
+  absl::StatusOr<v1::AttachResponse> Attach() {
+    v1::AttachRequest request;
+    request.set_group("g");
+    request.set_rank(0);
+    request.set_token("secret");
+    return groups_.Attach(request, groups::ClientIdentity{});
+  }
+
+  FakeMemory memory_;
+  fabric::Membership membership_;
+  FakeAllocator allocator_;
+  groups::GroupManager groups_;
+};
+
+TEST_F(LeasesTest, AnAttachOfTheRankWaitsUntilTheEndedLeaseIsZeroed) {
+  auto first = Attach();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(Attach().status().code(), absl::StatusCode::kFailedPrecondition) << "one lease per rank";
+  absl::Notification zero_may_finish;
+  memory_.hold_zero = &zero_may_finish;
+  std::thread ender([&] { EXPECT_TRUE(groups_.EndLease(first->lease_id(), "test").ok()); });
+  memory_.zero_started.WaitForNotification();
+
+  // The region is being zeroed and no lock is held: lookups answer, and the ending lease is not live any more.
+  EXPECT_EQ(groups_.LeaseInfo(first->lease_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(groups_.EndLease(first->lease_id(), "again").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(groups_.Clients().empty());
+  ASSERT_EQ(groups_.ListGroups().groups_size(), 1);
+  EXPECT_TRUE(groups_.ListGroups().groups(0).attached_ranks().empty());
+
+  std::atomic<bool> attached{false};
+  std::thread attacher([&] {
+    auto second = Attach();
+    EXPECT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(memory_.zeroed.load(), 1) << "attached before the region was zero";
+    attached = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(attached.load());
+  zero_may_finish.Notify();
+  ender.join();
+  attacher.join();
+  EXPECT_TRUE(attached.load());
+  EXPECT_EQ(groups_.Clients().size(), 1u);
+}
+
+TEST_F(LeasesTest, ReleaseFreesTheRegionsAfterAnEndingLeaseIsDone) {
+  auto lease = Attach();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  absl::Notification zero_may_finish;
+  memory_.hold_zero = &zero_may_finish;
+  std::thread ender([&] { EXPECT_TRUE(groups_.EndLease(lease->lease_id(), "test").ok()); });
+  memory_.zero_started.WaitForNotification();
+
+  std::atomic<bool> released{false};
+  std::thread releaser([&] {
+    v1::ReleaseGroupRequest release;
+    release.set_name("g");
+    EXPECT_TRUE(groups_.Release(release).ok());
+    EXPECT_EQ(memory_.freed.load(), 1) << "Release answered before the memory was freed";
+    released = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(released.load());
+  EXPECT_EQ(memory_.freed.load(), 0);
+  zero_may_finish.Notify();
+  ender.join();
+  releaser.join();
+  EXPECT_TRUE(groups_.ListGroups().groups().empty());
+  EXPECT_EQ(Attach().status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LeasesTest, ExpiredLeasesAreZeroedAndEnded) {
+  auto lease = Attach();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  groups_.ExpireLeases(absl::Now());
+  EXPECT_EQ(groups_.Clients().size(), 1u) << "not expired yet";
+  groups_.ExpireLeases(absl::Now() + absl::Minutes(1));
+  EXPECT_EQ(memory_.zeroed.load(), 1);
+  EXPECT_TRUE(groups_.Clients().empty());
+  EXPECT_TRUE(Attach().ok());
 }
 
 }  // namespace

@@ -1,0 +1,82 @@
+#include "groups/group_checks.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace epfabric::daemon::groups {
+
+absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int world_size) {
+  if (!ValidGroupName(request.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: '", request.name(), "' must be 1-64 characters of [A-Za-z0-9._-]"));
+  }
+  if (request.ranks().empty()) return absl::InvalidArgumentError("ranks: a group needs at least one rank");
+  std::set<int> seen;
+  for (int rank : request.ranks()) {
+    if (rank < 0 || rank >= world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ranks: ", rank, " is outside the fabric (ranks 0..", world_size - 1, ")"));
+    }
+    if (!seen.insert(rank).second) return absl::InvalidArgumentError(absl::StrCat("ranks: ", rank, " appears twice"));
+  }
+  if (request.num_nvl_bytes() == 0) return absl::InvalidArgumentError("num_nvl_bytes: must be positive");
+  for (auto [field, bytes] :
+       {std::pair{"num_nvl_bytes", request.num_nvl_bytes()}, std::pair{"num_rdma_bytes", request.num_rdma_bytes()}}) {
+    if (bytes > kMaxRegionBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", bytes, " bytes is over the limit of one region (", kMaxRegionBytes, ")"));
+    }
+  }
+  if (!v1::MemorySharing_IsValid(request.memory_sharing())) {
+    return absl::InvalidArgumentError(absl::StrCat("memory_sharing: ", request.memory_sharing(), " is not a value"));
+  }
+  return absl::OkStatus();
+}
+
+bool ValidGroupName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+bool SharingFitsBackend(v1::MemorySharing sharing, v1::Backend backend) {
+  if (sharing == v1::MEMORY_SHARING_UNSPECIFIED) return true;
+  if (backend == v1::BACKEND_HOST) return sharing == v1::MEMORY_SHARING_POSIX_SHM;
+  return sharing == v1::MEMORY_SHARING_CUDA_IPC || sharing == v1::MEMORY_SHARING_POSIX_FD;
+}
+
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  volatile unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = static_cast<unsigned char>(diff | (a[i] ^ b[i]));
+  return diff == 0;
+}
+
+std::string RandomHex128() {
+  unsigned char bytes[16];
+  size_t filled = 0;
+  while (filled < sizeof(bytes)) {
+    const ssize_t got = getrandom(bytes + filled, sizeof(bytes) - filled, 0);
+    if (got > 0) filled += static_cast<size_t>(got);
+  }
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+bool LostAMember(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations, const v1::Membership& view) {
+  for (int i = 0; i < info.ranks_size(); ++i) {
+    const v1::MemberInfo& member = view.members(info.ranks(i));
+    if (member.state() != v1::MEMBER_STATE_UP) return true;
+    if (i < static_cast<int>(incarnations.size()) && member.incarnation() != incarnations[i]) return true;
+  }
+  return false;
+}
+
+}  // namespace epfabric::daemon::groups

@@ -1,0 +1,169 @@
+#include "groups/leases.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "epfabric/common/status_macros.h"
+#include "groups/group_checks.h"
+#include "logging.h"
+
+namespace epfabric::daemon::groups {
+namespace {
+
+absl::Status NotLive(const std::string& lease_id) {
+  return absl::NotFoundError(absl::StrCat("lease_id: '", lease_id, "' is not a live lease"));
+}
+
+}  // namespace
+
+Leases::Lease* Leases::FindLiveLocked(const std::string& lease_id) {
+  auto it = leases_.find(lease_id);
+  return it != leases_.end() && !it->second.ending ? &it->second : nullptr;
+}
+
+const Leases::Lease* Leases::FindLiveLocked(const std::string& lease_id) const {
+  auto it = leases_.find(lease_id);
+  return it != leases_.end() && !it->second.ending ? &it->second : nullptr;
+}
+
+bool Leases::EndingLocked(const std::string& group, int rank) const {
+  return std::any_of(leases_.begin(), leases_.end(), [&](const auto& entry) {
+    const Lease& lease = entry.second;
+    return lease.ending && lease.info.group() == group && (rank < 0 || lease.info.rank() == rank);
+  });
+}
+
+absl::StatusOr<v1::AttachResponse> Leases::Attach(const v1::AttachRequest& request, const ClientIdentity& client) {
+  if (request.group().empty()) return absl::InvalidArgumentError("group: empty");
+  if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
+  if (request.client_name().size() > 128) return absl::InvalidArgumentError("client_name: longer than 128 bytes");
+  absl::Duration ttl = request.lease_ttl_ms() == 0 ? limits_.default_ttl : absl::Milliseconds(request.lease_ttl_ms());
+  ttl = std::clamp(ttl, limits_.min_ttl, limits_.max_ttl);
+  const v1::Membership view = membership_->View();
+
+  absl::MutexLock lock(&mutex_);
+  // The rank's previous lease is still being cleaned: its regions are not zero yet.
+  while (EndingLocked(request.group(), request.rank())) ended_.Wait(&mutex_);
+  EPF_ASSIGN_OR_RETURN(v1::AttachResponse response, local_->DescribeForAttach(request, view));
+  for (const auto& [id, lease] : leases_) {
+    if (lease.info.group() == request.group() && lease.info.rank() == request.rank()) {
+      return absl::FailedPreconditionError(absl::StrCat("group '", request.group(), "' rank ", request.rank(),
+                                                        " is already attached (pid ", lease.info.pid(), ")"));
+    }
+  }
+  Lease lease;
+  lease.ttl = ttl;
+  lease.expires = absl::Now() + ttl;
+  lease.info.set_lease_id(RandomHex128());
+  lease.info.set_group(request.group());
+  lease.info.set_rank(request.rank());
+  lease.info.set_client_name(request.client_name());
+  lease.info.set_pid(client.pid);
+  lease.info.set_uid(client.uid);
+  lease.info.set_attached_unix(absl::ToUnixSeconds(absl::Now()));
+  lease.info.set_expires_unix_ms(absl::ToUnixMillis(lease.expires));
+  response.set_lease_id(lease.info.lease_id());
+  response.set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(ttl)));
+  Logger("groups")->info("lease {} on group '{}' rank {} for '{}' (pid {}, uid {})", lease.info.lease_id(),
+                         request.group(), request.rank(), request.client_name(), client.pid, client.uid);
+  leases_[lease.info.lease_id()] = std::move(lease);
+  return response;
+}
+
+absl::Status Leases::Detach(const v1::DetachRequest& request) { return EndLease(request.lease_id(), "detached"); }
+
+absl::Status Leases::EndLease(const std::string& lease_id, const std::string& reason) {
+  std::string group;
+  {
+    absl::MutexLock lock(&mutex_);
+    Lease* lease = FindLiveLocked(lease_id);
+    if (lease == nullptr) return NotLive(lease_id);
+    lease->ending = true;
+    group = lease->info.group();
+  }
+  FinishEnding(lease_id, group, reason);
+  return absl::OkStatus();
+}
+
+void Leases::ExpireLeases(absl::Time now) {
+  std::vector<std::pair<std::string, std::string>> expired;  // lease id, group
+  {
+    absl::MutexLock lock(&mutex_);
+    for (auto& [id, lease] : leases_) {
+      if (lease.ending || lease.expires >= now) continue;
+      lease.ending = true;
+      expired.emplace_back(id, lease.info.group());
+    }
+  }
+  for (const auto& [id, group] : expired) FinishEnding(id, group, "expired");
+}
+
+void Leases::FinishEnding(const std::string& lease_id, const std::string& group, const std::string& why) {
+  {
+    // A whole region is zeroed (cudaMemsetAsync + synchronise, or a memset of shared memory): no lock is held. The
+    // references are dropped before the lease goes, so that ReleaseGroup (which waits for it) frees the memory.
+    const std::vector<std::shared_ptr<memory::Region>> regions = local_->Regions(group);
+    for (const std::shared_ptr<memory::Region>& region : regions) {
+      if (absl::Status zeroed = region->Zero(0, region->descriptor().size_bytes()); !zeroed.ok()) {
+        Logger("groups")->error("cleaning group '{}' after lease {}: {}", group, lease_id, zeroed.ToString());
+      }
+    }
+  }
+  absl::MutexLock lock(&mutex_);
+  auto it = leases_.find(lease_id);
+  if (it != leases_.end()) {
+    Logger("groups")->info("lease {} on group '{}' rank {} ended ({})", lease_id, group, it->second.info.rank(), why);
+    leases_.erase(it);
+  }
+  ended_.SignalAll();
+}
+
+absl::StatusOr<v1::ClientInfo> Leases::LeaseInfo(const std::string& lease_id) const {
+  absl::MutexLock lock(&mutex_);
+  const Lease* lease = FindLiveLocked(lease_id);
+  if (lease == nullptr) return NotLive(lease_id);
+  return lease->info;
+}
+
+absl::StatusOr<v1::KeepAliveResponse> Leases::KeepAlive(const v1::KeepAliveRequest& request) {
+  const uint64_t epoch = membership_->View().epoch();
+  absl::MutexLock lock(&mutex_);
+  Lease* lease = FindLiveLocked(request.lease_id());
+  if (lease == nullptr) return NotLive(request.lease_id());
+  lease->expires = absl::Now() + lease->ttl;
+  lease->info.set_expires_unix_ms(absl::ToUnixMillis(lease->expires));
+  v1::KeepAliveResponse response;
+  response.set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(lease->ttl)));
+  response.set_group_state(local_->State(lease->info.group()));
+  response.set_epoch(epoch);
+  return response;
+}
+
+std::vector<v1::ClientInfo> Leases::Clients() const {
+  std::vector<v1::ClientInfo> clients;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [id, lease] : leases_) {
+    if (!lease.ending) clients.push_back(lease.info);
+  }
+  return clients;
+}
+
+std::map<std::string, std::vector<int>> Leases::AttachedRanks() const {
+  std::map<std::string, std::vector<int>> attached;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [id, lease] : leases_) {
+    if (!lease.ending) attached[lease.info.group()].push_back(lease.info.rank());
+  }
+  return attached;
+}
+
+std::optional<LocalGroup> Leases::ReleaseGroup(const std::string& name) {
+  absl::MutexLock lock(&mutex_);
+  while (EndingLocked(name, -1)) ended_.Wait(&mutex_);
+  std::erase_if(leases_, [&name](const auto& entry) { return entry.second.info.group() == name; });
+  return local_->Remove(name);
+}
+
+}  // namespace epfabric::daemon::groups

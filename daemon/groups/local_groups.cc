@@ -1,0 +1,231 @@
+#include "groups/local_groups.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "epfabric/common/status_macros.h"
+#include "groups/group_checks.h"
+#include "logging.h"
+
+namespace epfabric::daemon::groups {
+
+absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareGroupRequest& request) {
+  const v1::GroupInfo& info = request.group();
+  const int self = membership_->config().rank;
+  const auto position = std::find(info.ranks().begin(), info.ranks().end(), self);
+  if (position == info.ranks().end()) {
+    return absl::InvalidArgumentError(absl::StrCat("group.ranks: rank ", self, " is not a member"));
+  }
+  if (!ValidGroupName(info.name())) return absl::InvalidArgumentError("group.name: invalid");
+  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes || info.num_rdma_bytes() > kMaxRegionBytes) {
+    return absl::InvalidArgumentError("group: region sizes out of range");
+  }
+  if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
+  const int group_rank = static_cast<int>(position - info.ranks().begin());
+  auto exists = [&info, self] {
+    return absl::AlreadyExistsError(absl::StrCat("group '", info.name(), "' already exists on rank ", self));
+  };
+  {
+    absl::MutexLock lock(&mutex_);
+    if (groups_.count(info.name()) != 0) return exists();
+  }
+  LocalGroup group;
+  group.info = info;
+  group.token = request.token();
+  group.group_rank = group_rank;
+  memory::RegionSpec spec;
+  spec.group = info.name();
+  spec.rank = group_rank;
+  spec.sharing = info.memory_sharing();
+  spec.bytes = info.num_nvl_bytes();
+  spec.kind = v1::RegionDescriptor::KIND_NVL;
+  EPF_ASSIGN_OR_RETURN(group.nvl, allocator_->Allocate(spec));
+  if (info.num_rdma_bytes() > 0) {
+    spec.bytes = info.num_rdma_bytes();
+    spec.kind = v1::RegionDescriptor::KIND_RDMA;
+    EPF_ASSIGN_OR_RETURN(group.rdma, allocator_->Allocate(spec));
+  }
+  v1::PrepareGroupResponse response;
+  *response.add_regions() = group.nvl->descriptor();
+  if (group.rdma != nullptr) *response.add_regions() = group.rdma->descriptor();
+  {
+    absl::MutexLock lock(&mutex_);
+    if (groups_.count(info.name()) == 0) {
+      groups_[info.name()] = std::move(group);
+      return response;
+    }
+  }
+  return exists();  // a concurrent Prepare won; `group` frees its regions here, outside the lock
+}
+
+absl::Status LocalGroups::Commit(const v1::CommitGroupRequest& request) {
+  const v1::Membership view = membership_->View();
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(request.name());
+  if (it == groups_.end()) return absl::NotFoundError(absl::StrCat("group '", request.name(), "' was not prepared"));
+  LocalGroup& group = it->second;
+  if (request.members_size() != group.info.ranks_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("members: ", request.members_size(), " descriptors for ", group.info.ranks_size(), " ranks"));
+  }
+  group.members.assign(request.members().begin(), request.members().end());
+  group.incarnations.clear();
+  for (int rank : group.info.ranks()) group.incarnations.push_back(view.members(rank).incarnation());
+  group.info.set_state(v1::GROUP_STATE_READY);
+  group.info.set_created_epoch(request.epoch());
+  return absl::OkStatus();
+}
+
+std::optional<LocalGroup> LocalGroups::Remove(const std::string& name) {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  if (it == groups_.end()) return std::nullopt;
+  std::optional<LocalGroup> removed(std::move(it->second));
+  groups_.erase(it);
+  return removed;
+}
+
+std::vector<v1::GroupRecord> LocalGroups::LocalRecords() const {
+  std::vector<v1::GroupRecord> records;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [name, group] : groups_) {
+    if (group.info.state() == v1::GROUP_STATE_CREATING) continue;
+    v1::GroupRecord record;
+    *record.mutable_group() = group.info;
+    record.set_token(group.token);
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+void LocalGroups::OnMembership(const v1::Membership& view) {
+  absl::MutexLock lock(&mutex_);
+  for (auto& [name, group] : groups_) {
+    if (group.info.state() == v1::GROUP_STATE_READY && LostAMember(group.info, group.incarnations, view)) {
+      group.info.set_state(v1::GROUP_STATE_DEGRADED);
+      Logger("groups")->warn("group '{}' degraded: a member is down or restarted", name);
+    }
+  }
+}
+
+std::map<std::string, v1::GroupInfo> LocalGroups::Groups() const {
+  std::map<std::string, v1::GroupInfo> groups;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [name, group] : groups_) groups[name] = group.info;
+  return groups;
+}
+
+v1::GroupState LocalGroups::State(const std::string& name) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  return it != groups_.end() ? it->second.info.state() : v1::GROUP_STATE_UNSPECIFIED;
+}
+
+std::vector<std::shared_ptr<memory::Region>> LocalGroups::Regions(const std::string& name) const {
+  std::vector<std::shared_ptr<memory::Region>> regions;
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  if (it == groups_.end()) return regions;
+  for (const std::shared_ptr<memory::Region>& region : {it->second.nvl, it->second.rdma}) {
+    if (region != nullptr) regions.push_back(region);
+  }
+  return regions;
+}
+
+absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::AttachRequest& request,
+                                                                  const v1::Membership& view) const {
+  const int self = membership_->config().rank;
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(request.group());
+  if (it == groups_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("group '", request.group(), "' has no region on this daemon (rank ", self, ")"));
+  }
+  const LocalGroup& group = it->second;
+  if (!ConstantTimeEquals(group.token, request.token())) {
+    return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.group(), "'"));
+  }
+  if (request.rank() < 0 || request.rank() >= group.info.ranks_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", request.rank(), " is not a rank of group '",
+                                                   request.group(), "' (0..", group.info.ranks_size() - 1, ")"));
+  }
+  if (request.rank() != group.group_rank) {
+    const v1::MemberInfo& owner = view.members(group.info.ranks(request.rank()));
+    return absl::FailedPreconditionError(absl::StrCat("group rank ", request.rank(), " is served by daemon rank ",
+                                                      owner.rank(), " at ", owner.peer_address(), "; attach there"));
+  }
+  if (group.info.state() != v1::GROUP_STATE_READY) {
+    return absl::UnavailableError(
+        absl::StrCat("group '", request.group(), "' is ", v1::GroupState_Name(group.info.state())));
+  }
+  v1::AttachResponse response;
+  *response.mutable_group() = group.info;
+  response.set_rank(group.group_rank);
+  response.set_world_size(group.info.ranks_size());
+  response.set_backend(allocator_->backend());
+  response.set_epoch(view.epoch());
+  const std::string& my_host = view.members(self).host_id();
+  for (int i = 0; i < group.info.ranks_size(); ++i) {
+    if (view.members(group.info.ranks(i)).host_id() != my_host) continue;
+    response.add_nvl_ranks(i);
+    for (const v1::RegionDescriptor& region : group.members[i].regions()) {
+      if (region.kind() != v1::RegionDescriptor::KIND_NVL && i != group.group_rank) continue;
+      v1::RegionDescriptor* added = response.add_regions();
+      *added = region;
+      added->set_fd_socket(view.members(group.info.ranks(i)).fd_socket());
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<SharedRegion> LocalGroups::ShareRegion(const std::string& group_name, int group_rank,
+                                                      v1::RegionDescriptor::Kind kind, const std::string& token) const {
+  const v1::Membership view = membership_->View();
+  const int self = membership_->config().rank;
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(group_name);
+  if (it == groups_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("group: '", group_name, "' has no region on this daemon (rank ", self, ")"));
+  }
+  const LocalGroup& group = it->second;
+  if (!ConstantTimeEquals(group.token, token)) {
+    return absl::PermissionDeniedError(absl::StrCat("token: wrong token for group '", group_name, "'"));
+  }
+  if (group_rank < 0 || group_rank >= group.info.ranks_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", group_rank, " is not a rank of group '", group_name,
+                                                   "' (0..", group.info.ranks_size() - 1, ")"));
+  }
+  if (group_rank != group.group_rank) {
+    const v1::MemberInfo& owner = view.members(group.info.ranks(group_rank));
+    return absl::FailedPreconditionError(absl::StrCat("rank: group rank ", group_rank, " of '", group_name,
+                                                      "' is served by daemon rank ", owner.rank(), " (fd socket ",
+                                                      owner.fd_socket(), "); ask there"));
+  }
+  const memory::Region* region = kind == v1::RegionDescriptor::KIND_NVL    ? group.nvl.get()
+                                 : kind == v1::RegionDescriptor::KIND_RDMA ? group.rdma.get()
+                                                                           : nullptr;
+  if (region == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("kind: group '", group_name, "' has no ", v1::RegionDescriptor::Kind_Name(kind), " region"));
+  }
+  SharedRegion shared;
+  shared.descriptor = region->descriptor();
+  shared.descriptor.set_fd_socket(view.members(self).fd_socket());
+  if (region->shareable_fd() >= 0) {
+    // Duplicated under the lock: once it is released the group may be deleted and the Region's fd closed.
+    shared.fd.reset(fcntl(region->shareable_fd(), F_DUPFD_CLOEXEC, 0));
+    if (!shared.fd.valid()) {
+      return absl::InternalError(absl::StrCat("duplicating the fd of group '", group_name, "' ",
+                                              v1::RegionDescriptor::Kind_Name(kind), " region: ", strerror(errno)));
+    }
+  }
+  return shared;
+}
+
+}  // namespace epfabric::daemon::groups

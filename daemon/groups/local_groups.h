@@ -1,0 +1,97 @@
+// This daemon's side of its groups (every daemon): the regions it allocated for each (Prepare), every member's
+// descriptors (Commit), their state, and handing the regions out to the fd side channel and to Attach.
+//
+// Locking: `mutex_` guards the map of groups. It may be taken while Leases' mutex is held (Leases::mutex_ is
+// acquired before LocalGroups::mutex_), never the other way round, and nothing else is locked under it. No region
+// is allocated, zeroed or freed under it: Prepare allocates before inserting, Remove hands the group to the caller
+// to destroy, and Regions hands out shared references for zeroing outside the lock.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "epfabric/common/fd_passing.h"
+#include "epfabric/v1/control.pb.h"
+#include "epfabric/v1/peer.pb.h"
+#include "fabric/membership.h"
+#include "memory/region.h"
+
+namespace epfabric::daemon::groups {
+
+// One group as this daemon holds it.
+struct LocalGroup {
+  v1::GroupInfo info;
+  std::string token;
+  int group_rank = -1;
+  // Shared so that a lease that ends can zero them outside the lock; the group's Release waits for that to finish,
+  // so that the memory is freed when the released group is destroyed.
+  std::shared_ptr<memory::Region> nvl;
+  std::shared_ptr<memory::Region> rdma;
+  std::vector<v1::PrepareGroupResponse> members;  // by group rank, after Commit
+  std::vector<uint64_t> incarnations;             // of the members at Commit
+};
+
+// A region handed to the fd side channel.
+struct SharedRegion {
+  v1::RegionDescriptor descriptor;  // fd_socket filled
+  common::UniqueFd fd;              // -1 unless the region is shared as an fd (POSIX_FD, host memfds)
+};
+
+class LocalGroups {
+ public:
+  LocalGroups(fabric::Membership* membership, memory::RegionAllocator* allocator)
+      : membership_(membership), allocator_(allocator) {}
+
+  // Peer service, member side. Prepare allocates this daemon's regions (outside the lock) and describes them.
+  absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Every member's descriptors; the group is READY.
+  absl::Status Commit(const v1::CommitGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Takes group `name` out (nullopt when it is not held here). Destroying the result frees its regions: do that
+  // outside every lock. Release goes through Leases::ReleaseGroup, which also ends the group's leases.
+  std::optional<LocalGroup> Remove(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Groups held here, reported when joining.
+  std::vector<v1::GroupRecord> LocalRecords() const ABSL_LOCKS_EXCLUDED(mutex_);
+  // Marks READY groups with a member that is not UP, or not the incarnation that committed, DEGRADED.
+  void OnMembership(const v1::Membership& view) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Every group held here, by name.
+  std::map<std::string, v1::GroupInfo> Groups() const ABSL_LOCKS_EXCLUDED(mutex_);
+  // The state of group `name`; UNSPECIFIED when it is not held here.
+  v1::GroupState State(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // This daemon's regions of group `name` (none when it is not held here); the caller keeps them alive while it
+  // uses them.
+  std::vector<std::shared_ptr<memory::Region>> Regions(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Attach's checks of the group: held here (NotFound), token (PermissionDenied), rank in the group
+  // (InvalidArgument) and served here (FailedPrecondition), READY (Unavailable). Fills the response's group part:
+  // group, rank, world size, backend, epoch, the same-host ranks and their region descriptors; not the lease.
+  absl::StatusOr<v1::AttachResponse> DescribeForAttach(const v1::AttachRequest& request,
+                                                       const v1::Membership& view) const ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // fd side channel: this daemon's region of `kind` for (group, group_rank), after checking `token` in constant
+  // time: NotFound (unknown group, or no region of that kind), PermissionDenied (wrong token), InvalidArgument (rank
+  // outside the group), FailedPrecondition (that rank is served by another daemon). `fd` is a duplicate of a
+  // POSIX_FD region's descriptor, owned by the caller, so that it stays valid even if the group is released
+  // meanwhile.
+  absl::StatusOr<SharedRegion> ShareRegion(const std::string& group, int group_rank, v1::RegionDescriptor::Kind kind,
+                                           const std::string& token) const ABSL_LOCKS_EXCLUDED(mutex_);
+
+ private:
+  friend class Leases;  // names mutex_ in its lock order
+
+  fabric::Membership* const membership_;
+  memory::RegionAllocator* const allocator_;
+
+  mutable absl::Mutex mutex_;
+  std::map<std::string, LocalGroup> groups_ ABSL_GUARDED_BY(mutex_);
+};
+
+}  // namespace epfabric::daemon::groups
