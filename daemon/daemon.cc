@@ -136,7 +136,6 @@ struct Daemon::State {
   std::unique_ptr<OpsService> ops;       // client socket
   std::unique_ptr<OpsService> peer_ops;  // peer port: needs a member's or an ops credential
   std::unique_ptr<security::PeerAuthenticator> peer_auth;
-  std::unique_ptr<OpsService> ops;
   // Membership changes arrive on the fabric thread (or a peer handler) while Start may still be building the
   // servers. Once set, a server lives as long as the State, so a raw pointer read under the lock stays valid.
   mutable absl::Mutex servers_mutex;
@@ -274,8 +273,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->membership = std::make_unique<fabric::Membership>(fabric_config, self, s->links.get());
   groups::LeaseLimits lease_limits;
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
-  s->groups =
-      std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(), lease_limits);
+  s->groups = std::make_unique<groups::GroupManager>(
+      s->membership.get(), s->links.get(), s->allocator.get(), lease_limits,
+      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes});
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });

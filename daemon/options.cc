@@ -149,6 +149,9 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   if (o.memory_sharing != "posix_fd" && o.memory_sharing != "cuda_ipc") {
     return FlagError("memory_sharing", absl::StrCat("'", o.memory_sharing, "' is not one of posix_fd, cuda_ipc"));
   }
+  if (o.max_groups < 1 || o.max_groups > 65536) {
+    return FlagError("max_groups", absl::StrCat(o.max_groups, " is not in 1..65536"));
+  }
   if (o.lease_ttl_ms < 1000 || o.lease_ttl_ms > 300000) {
     return FlagError("lease_ttl_ms", absl::StrCat(o.lease_ttl_ms, " is not in 1000..300000"));
   }

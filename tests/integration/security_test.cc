@@ -130,8 +130,8 @@ TEST(PeerAuth, StrangersAreRefusedByEveryPeerMethodAndChangeNothing) {
     calls.emplace_back("Release",
                        WithDeadline([&](auto* c) { return stub->ReleaseGroup(c, release, &release_response); }));
     for (const auto& [what, status] : calls) {
-      EXPECT_EQ(status.error_code(), Code::UNAUTHENTICATED) << what << " on rank " << target << ": "
-                                                            << status.error_message();
+      EXPECT_EQ(status.error_code(), Code::UNAUTHENTICATED)
+          << what << " on rank " << target << ": " << status.error_message();
       EXPECT_THAT(status.error_message(), HasSubstr("no fabric credential")) << what;
     }
     // Ops on the peer port needs a credential too.
@@ -263,8 +263,8 @@ TEST(PeerAuth, OpsToolingReadsThePeerPortWithTheSecretAndSeesNoLeaseIds) {
     ASSERT_TRUE((*fabric)->Control(0)->Attach(&context, attach, &attached).ok());
   }
   ASSERT_FALSE(attached.lease_id().empty());
-  auto ops = v1::Ops::NewStub(
-      PeerChannel((*fabric)->coordinator(), (*fabric)->fabric_id(), common::PeerProofClaim{common::PeerRole::kOps, -1}));
+  auto ops = v1::Ops::NewStub(PeerChannel((*fabric)->coordinator(), (*fabric)->fabric_id(),
+                                          common::PeerProofClaim{common::PeerRole::kOps, -1}));
   v1::ListClientsResponse clients;
   grpc::Status status = WithDeadline([&](auto* c) { return ops->ListClients(c, v1::ListClientsRequest(), &clients); });
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -278,11 +278,12 @@ TEST(PeerAuth, OpsToolingReadsThePeerPortWithTheSecretAndSeesNoLeaseIds) {
   EXPECT_TRUE(local.clients(0).lease_id().empty());
 
   // epctl with the secret reads the peer port; without it, it is refused.
-  RunResult with = RunBinary({EpctlBinary(), "--address=" + (*fabric)->coordinator(),
-                              "--fabric_secret_file=" + TestFabricSecretFile(),
-                              "--fabric_id=" + (*fabric)->fabric_id(), "fabric"});
+  RunResult with =
+      RunBinary({EpctlBinary(), "--address=" + (*fabric)->coordinator(),
+                 "--fabric_secret_file=" + TestFabricSecretFile(), "--fabric_id=" + (*fabric)->fabric_id(), "fabric"});
   EXPECT_EQ(with.exit_code, 0) << with.err;
-  RunResult without = RunBinary({EpctlBinary(), "--address=" + (*fabric)->coordinator(), "--timeout_ms=1000", "fabric"});
+  RunResult without =
+      RunBinary({EpctlBinary(), "--address=" + (*fabric)->coordinator(), "--timeout_ms=1000", "fabric"});
   EXPECT_NE(without.exit_code, 0);
   EXPECT_THAT(without.err, HasSubstr("no fabric credential"));
 }
@@ -353,9 +354,8 @@ TEST(PeerAuth, MutualTlsBindsTheRankToTheCertificate) {
   (*wider)->Kill(2);
   for (const std::vector<std::string>& tls :
        {Issue(rogue, "rogue2", absl::StrCat("epfabric-member:", fabric_id, ":2")), per_rank[0]}) {
-    std::vector<std::string> intruder_flags = {absl::StrCat("--rank=2"), "--world_size=3",
-                                               "--fabric_id=" + fabric_id, "--backend=host",
-                                               "--coordinator=" + (*wider)->coordinator()};
+    std::vector<std::string> intruder_flags = {absl::StrCat("--rank=2"), "--world_size=3", "--fabric_id=" + fabric_id,
+                                               "--backend=host", "--coordinator=" + (*wider)->coordinator()};
     intruder_flags.insert(intruder_flags.end(), kFast.begin(), kFast.end());
     intruder_flags.insert(intruder_flags.end(), tls.begin(), tls.end());
     auto intruder = DaemonUnderTest::Start(intruder_flags);

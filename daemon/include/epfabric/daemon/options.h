@@ -46,6 +46,9 @@ struct DaemonOptions {
   uint64_t max_region_bytes = 0;
   // cuda backend: "posix_fd" (cuMem + file descriptor over the socket) or "cuda_ipc".
   std::string memory_sharing = "posix_fd";
+  // Quotas (RESOURCE_EXHAUSTED beyond): groups held by this daemon, and bytes of their regions (0: no limit).
+  int max_groups = 256;
+  uint64_t max_total_region_bytes = 0;
   // Default client lease TTL.
   int lease_ttl_ms = 10000;
   // Mutual TLS on the peer port: all three or none.
