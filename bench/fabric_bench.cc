@@ -72,7 +72,7 @@ absl::StatusOr<double> FormFabric(int n, const std::string& dir) {
                                      "--log_level=warn",
                                      "--peer_listen=127.0.0.1:0"};
     if (rank != 0) argv.push_back("--coordinator=" + coordinator);
-    auto process = Subprocess::Start(argv);
+    auto process = Subprocess::Start(testing::WithPeerCredential(argv));
     if (!process.ok()) return process.status();
     daemons[rank].process = std::make_unique<Subprocess>(std::move(*process));
     return absl::OkStatus();

@@ -19,12 +19,14 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_manager.h"
 #include "logging.h"
 #include "memory/region.h"
+#include "security/peer_authenticator.h"
 #include "services/client_listener.h"
 #include "services/control_service.h"
 #include "services/fd_channel.h"
@@ -131,7 +133,9 @@ struct Daemon::State {
   ClientListener listener;
   std::unique_ptr<ControlService> control;
   std::unique_ptr<PeerService> peer;
-  std::unique_ptr<OpsService> ops;
+  std::unique_ptr<OpsService> ops;       // client socket
+  std::unique_ptr<OpsService> peer_ops;  // peer port: needs a member's or an ops credential
+  std::unique_ptr<security::PeerAuthenticator> peer_auth;
   // Membership changes arrive on the fabric thread (or a peer handler) while Start may still be building the
   // servers. Once set, a server lives as long as the State, so a raw pointer read under the lock stays valid.
   mutable absl::Mutex servers_mutex;
@@ -173,6 +177,7 @@ struct Daemon::State {
     view.set_self_rank(options.rank);
     *view.mutable_membership() = membership->View();
     view.set_degraded(membership->Degraded());
+    view.set_join_refused(membership->JoinRefusal());
     // Keep the response alive for the loop: a range-for over a member of a temporary dangles (before C++23).
     v1::ListGroupsResponse listed = groups->ListGroups();
     for (v1::GroupInfo& group : *listed.mutable_groups()) *view.add_groups() = std::move(group);
@@ -213,8 +218,27 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
+  std::string secret;
+  if (!options.fabric_secret_file.empty()) {
+    auto read = common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file");
+    if (!read.ok()) return read.status();
+    secret = std::move(*read);
+  }
   fabric::TlsFiles tls{options.tls_cert, options.tls_key, options.tls_ca, options.tls_target_name};
-  EPF_ASSIGN_OR_RETURN(s->links, fabric::PeerLinks::Create(tls));
+  auto links = fabric::PeerLinks::Create(tls, secret, options.fabric_id,
+                                         common::PeerProofClaim{common::PeerRole::kMember, options.rank});
+  if (!links.ok()) return links.status();
+  s->links = std::move(*links);
+  security::PeerAuthConfig auth_config;
+  auth_config.fabric_id = options.fabric_id;
+  auth_config.secret = secret;
+  auth_config.mutual_tls = s->links->tls();
+  auth_config.insecure = options.insecure_peer_port;
+  s->peer_auth = std::make_unique<security::PeerAuthenticator>(std::move(auth_config));
+  if (!s->links->tls() && secret.empty()) {
+    Logger("daemon")->warn("the peer port {} accepts every caller (--insecure_peer_port): tests only",
+                           options.peer_listen);
+  }
 
   if (s->backend.backend == v1::BACKEND_CUDA) {
     s->allocator = memory::MakeCudaAllocator(
@@ -249,20 +273,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->membership = std::make_unique<fabric::Membership>(fabric_config, self, s->links.get());
   groups::LeaseLimits lease_limits;
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
-  s->groups =
-      std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(), lease_limits);
+  s->groups = std::make_unique<groups::GroupManager>(
+      s->membership.get(), s->links.get(), s->allocator.get(), lease_limits,
+      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes});
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });
 
   s->fd_channel = std::make_unique<FdChannel>(s->groups.get());
   s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener);
-  s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get());
+  s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get(), s->peer_auth.get());
   OpsProviders providers;
   providers.topology = [s] { return s->Topology(); };
   providers.fabric = [s] { return s->Fabric(); };
   providers.health = [s] { return BuildHealthReport(s->Fabric(), s->membership->CoordinatorReachable()); };
   providers.clients = [s] { return s->groups->Clients(); };
+  s->peer_ops = std::make_unique<OpsService>(providers, s->peer_auth.get());
   s->ops = std::make_unique<OpsService>(std::move(providers));
 
   EPF_RETURN_IF_ERROR(ClaimSocketPath(s->socket_path));
@@ -277,7 +303,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     int selected_port = 0;
     builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
     builder.RegisterService(s->peer.get());
-    builder.RegisterService(s->ops.get());
+    builder.RegisterService(s->peer_ops.get());
     grpc::Server* peer_server = nullptr;
     {
       absl::MutexLock lock(&s->servers_mutex);

@@ -18,7 +18,14 @@ ABSL_FLAG(int, world_size, 1, "Number of daemons in the fabric.");
 ABSL_FLAG(std::string, coordinator, "", "host:port of rank 0's peer server; required when --world_size > 1.");
 ABSL_FLAG(std::string, peer_listen, "127.0.0.1:0",
           "host:port for the peer server (port 0 picks a free one). Loopback only unless --insecure_peer_port.");
-ABSL_FLAG(bool, insecure_peer_port, false, "Allow a non-loopback --peer_listen without TLS.");
+ABSL_FLAG(bool, insecure_peer_port, false,
+          "Serve the peer port without credentials (no TLS, no fabric secret), on any address. Tests only.");
+ABSL_FLAG(int, max_groups, 256, "Most groups this daemon holds at once (RESOURCE_EXHAUSTED beyond).");
+ABSL_FLAG(uint64_t, max_total_region_bytes, 0,
+          "Most bytes of regions this daemon holds for all its groups together (0: no limit of ours).");
+ABSL_FLAG(std::string, fabric_secret_file, "",
+          "File (mode 0600, owned by this user, >= 16 bytes) holding the fabric secret: every peer call carries an "
+          "HMAC proof made with it. For fabrics on one host (loopback); across hosts use --tls_*.");
 ABSL_FLAG(std::string, client_socket, "", "Path of the Unix socket for clients and local tooling (required).");
 ABSL_FLAG(std::string, client_socket_mode, "0660", "Permission bits of the client socket, in octal.");
 ABSL_FLAG(std::string, backend, "auto", "auto (cuda when a GPU is visible, else host), cuda or host.");
@@ -54,6 +61,9 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.coordinator = absl::GetFlag(FLAGS_coordinator);
   o.peer_listen = absl::GetFlag(FLAGS_peer_listen);
   o.insecure_peer_port = absl::GetFlag(FLAGS_insecure_peer_port);
+  o.fabric_secret_file = absl::GetFlag(FLAGS_fabric_secret_file);
+  o.max_groups = absl::GetFlag(FLAGS_max_groups);
+  o.max_total_region_bytes = absl::GetFlag(FLAGS_max_total_region_bytes);
   o.client_socket = absl::GetFlag(FLAGS_client_socket);
   const std::string mode = absl::GetFlag(FLAGS_client_socket_mode);
   if (mode.empty() || mode.find_first_not_of("01234567") != std::string::npos) {

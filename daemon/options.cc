@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/peer_auth.h"
 #include "spdlog/common.h"
 
 namespace epfabric::daemon {
@@ -88,11 +89,29 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   }
   auto listen = ParseHostPort(o.peer_listen);
   if (!listen.ok()) return FlagError("peer_listen", std::string(listen.status().message()));
+  if (!o.insecure_peer_port && tls_files == 0 && o.fabric_secret_file.empty()) {
+    return FlagError("peer_listen",
+                     "the peer port needs a credential: --fabric_secret_file (single host, loopback) or "
+                     "--tls_cert/--tls_key/--tls_ca (mutual TLS); --insecure_peer_port serves it without one (tests)");
+  }
+  // A fabric secret never protects traffic that leaves the host: its proofs travel with the requests in plaintext.
   if (!IsLoopbackHost(listen->host) && !o.insecure_peer_port && tls_files == 0) {
     return FlagError("peer_listen",
                      absl::StrCat("'", listen->host,
                                   "' is not a loopback address; give --tls_cert/--tls_key/--tls_ca for mutual TLS, or "
                                   "--insecure_peer_port to listen without it"));
+  }
+  if (!o.fabric_secret_file.empty()) {
+    auto secret = common::ReadFabricSecretFile(o.fabric_secret_file, "fabric_secret_file");
+    if (!secret.ok()) return secret.status();
+  }
+  if (!o.coordinator.empty() && !o.insecure_peer_port && tls_files == 0) {
+    auto coordinator = ParseHostPort(o.coordinator);
+    if (coordinator.ok() && !IsLoopbackHost(coordinator->host)) {
+      return FlagError("coordinator", absl::StrCat("'", coordinator->host,
+                                                   "' is not a loopback address; calls to it need mutual TLS "
+                                                   "(--tls_cert/--tls_key/--tls_ca) or --insecure_peer_port"));
+    }
   }
   if (o.client_socket.empty()) return FlagError("client_socket", "required (path of the client Unix socket)");
   if (o.client_socket.size() >= sizeof(sockaddr_un{}.sun_path)) {
@@ -129,6 +148,9 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   }
   if (o.memory_sharing != "posix_fd" && o.memory_sharing != "cuda_ipc") {
     return FlagError("memory_sharing", absl::StrCat("'", o.memory_sharing, "' is not one of posix_fd, cuda_ipc"));
+  }
+  if (o.max_groups < 1 || o.max_groups > 65536) {
+    return FlagError("max_groups", absl::StrCat(o.max_groups, " is not in 1..65536"));
   }
   if (o.lease_ttl_ms < 1000 || o.lease_ttl_ms > 300000) {
     return FlagError("lease_ttl_ms", absl::StrCat(o.lease_ttl_ms, " is not in 1000..300000"));

@@ -79,7 +79,9 @@ int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>
     out << (options.service.empty() ? "epfabricd" : options.service) << ": " << name << "\n";
     if (have_report) out << FormatHealthReport(report);
   }
-  return response.status() == HealthCheckResponse::SERVING ? 0 : 1;
+  // The daemon as a whole: a FAIL verdict (e.g. its Join is refused) is a failure even while gRPC serves.
+  const bool failed = options.service.empty() && have_report && report.overall() == v1::HealthReport::FAIL;
+  return response.status() == HealthCheckResponse::SERVING && !failed ? 0 : 1;
 }
 
 int RunFabric(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,

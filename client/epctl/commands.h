@@ -34,6 +34,9 @@ struct GlobalOptions {
   std::string token;
   // Mutual TLS towards a peer port that requires it (--address only): all three or none.
   std::string tls_ca, tls_cert, tls_key;
+  // Fabric secret towards a peer port on loopback (--address only): epctl proves itself as ops tooling.
+  std::string fabric_secret_file;
+  std::string fabric_id = "epfabric";
 };
 
 // Channel credentials for the options: TLS when the files are given (read here), else insecure.

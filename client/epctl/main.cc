@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
+#include "epfabric/common/peer_auth.h"
 #include "epctl/commands.h"
 #include "epfabric/common/cli.h"
 
@@ -20,6 +21,9 @@ ABSL_FLAG(uint64_t, rdma_bytes, 0, "create-group: bytes of the RDMA region per m
 ABSL_FLAG(bool, low_latency, false, "create-group: lay regions out for the low-latency kernels.");
 ABSL_FLAG(std::string, sharing, "", "create-group: posix_fd, cuda_ipc or posix_shm (default: the daemon's).");
 ABSL_FLAG(std::string, token, "", "delete-group: the group's token.");
+ABSL_FLAG(std::string, fabric_secret_file, "",
+          "With --address to a peer port on loopback: the fabric secret file (mode 0600); epctl calls as ops tooling.");
+ABSL_FLAG(std::string, fabric_id, "epfabric", "With --fabric_secret_file: the daemon's --fabric_id.");
 ABSL_FLAG(std::string, tls_ca, "", "With --address to a mutual-TLS peer port: PEM CA bundle.");
 ABSL_FLAG(std::string, tls_cert, "", "With --address to a mutual-TLS peer port: PEM client certificate.");
 ABSL_FLAG(std::string, tls_key, "", "With --address to a mutual-TLS peer port: PEM client key.");
@@ -79,11 +83,21 @@ int main(int argc, char** argv) {
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.fabric_secret_file = absl::GetFlag(FLAGS_fabric_secret_file);
+  options.fabric_id = absl::GetFlag(FLAGS_fabric_id);
   if (absl::Status valid = epfabric::epctl::ValidateGlobalOptions(options); !valid.ok()) {
     return UsageError(std::string(valid.message()));
   }
   auto credentials = epfabric::epctl::CredentialsFor(options);
   if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
-  auto channel = grpc::CreateChannel(epfabric::epctl::TargetOf(options), *credentials);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.fabric_secret_file.empty()) {
+    auto secret = epfabric::common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file");
+    if (!secret.ok()) return UsageError(std::string(secret.status().message()));
+    interceptors.push_back(epfabric::common::MakePeerProofInterceptorFactory(
+        *secret, options.fabric_id, epfabric::common::PeerProofClaim{epfabric::common::PeerRole::kOps, -1}));
+  }
+  auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      epfabric::epctl::TargetOf(options), *credentials, grpc::ChannelArguments(), std::move(interceptors));
   return command->run(options, channel, std::cout, std::cerr);
 }

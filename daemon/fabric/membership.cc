@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "epfabric/common/status_macros.h"
+#include "epfabric/proto/grpc_status.h"
 #include "logging.h"
 
 namespace epfabric::daemon::fabric {
@@ -106,6 +107,11 @@ bool Membership::DegradedLocked() const {
 bool Membership::Degraded() const {
   absl::MutexLock lock(&mutex_);
   return DegradedLocked();
+}
+
+std::string Membership::JoinRefusal() const {
+  absl::MutexLock lock(&mutex_);
+  return join_refusal_;
 }
 
 bool Membership::CoordinatorReachable() const {
@@ -267,12 +273,22 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
   }
   if (member.peer_address().empty()) return absl::InvalidArgumentError("member.peer_address: empty");
   if (member.incarnation() == 0) return absl::InvalidArgumentError("member.incarnation: 0 is not an incarnation");
+  if (request.known_epoch() > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("known_epoch: ", request.known_epoch(), " is above ", kMaxEpoch));
+  }
 
   std::string holder_address;
   uint64_t holder_incarnation = 0;
   {
     absl::MutexLock lock(&mutex_);
     const v1::MemberInfo& current = view_.members(rank);
+    // An incarnation is one daemon process: the same incarnation from another address is not that daemon.
+    if (current.state() == v1::MEMBER_STATE_UP && current.incarnation() == member.incarnation() &&
+        current.peer_address() != member.peer_address()) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " incarnation ", member.incarnation(),
+                                                   " is already joined from ", current.peer_address(), "; a join from ",
+                                                   member.peer_address(), " is refused"));
+    }
     if (current.state() == v1::MEMBER_STATE_UP && current.incarnation() != member.incarnation()) {
       holder_address = current.peer_address();
       holder_incarnation = current.incarnation();
@@ -342,6 +358,10 @@ absl::StatusOr<v1::HeartbeatResponse> Membership::HandleHeartbeat(const v1::Hear
 bool Membership::ApplyLocked(const v1::Membership& membership) {
   if (membership.epoch() <= view_.epoch() && coordinator_reachable_) return false;
   if (membership.world_size() != config_.world_size || membership.members_size() != config_.world_size) return false;
+  if (membership.epoch() > kMaxEpoch) return false;
+  for (int r = 0; r < membership.members_size(); ++r) {
+    if (membership.members(r).rank() != r) return false;
+  }
   view_ = membership;
   const v1::MemberInfo& me = view_.members(config_.rank);
   if (me.state() != v1::MEMBER_STATE_UP || me.incarnation() != incarnation_) {
@@ -358,6 +378,10 @@ absl::Status Membership::HandlePublish(const v1::PublishMembershipRequest& reque
   }
   {
     absl::MutexLock lock(&mutex_);
+    if (request.membership().epoch() > kMaxEpoch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("membership.epoch: ", request.membership().epoch(), " is above ", kMaxEpoch));
+    }
     if (request.membership().epoch() > view_.epoch()) {
       coordinator_reachable_ = true;
       last_contact_ = absl::Now();
@@ -398,6 +422,7 @@ void Membership::RunMemberStep() {
     status = stub->Join(&context, request, &response);
     absl::MutexLock lock(&mutex_);
     if (status.ok()) {
+      join_refusal_.clear();
       joined_ = true;
       coordinator_reachable_ = true;
       last_contact_ = absl::Now();
@@ -407,12 +432,16 @@ void Membership::RunMemberStep() {
       Logger("fabric")->info("joined the fabric through {}; epoch {}", config_.coordinator, view_.epoch());
       return;
     }
+    // An answer other than silence is a refusal: health reports it, and the log says it once per change.
+    const bool refused = status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+                         status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+    const std::string refusal = refused ? FromGrpcStatus(status).ToString() : "";
     static thread_local int failures = 0;
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || failures++ % 20 == 0) {
-      Logger("fabric")->log(
-          status.error_code() == grpc::StatusCode::UNAVAILABLE ? spdlog::level::info : spdlog::level::err,
-          "join {} failed: {}", config_.coordinator, status.error_message());
+    if ((refused && refusal != join_refusal_) || (!refused && failures++ % 20 == 0)) {
+      Logger("fabric")->log(refused ? spdlog::level::err : spdlog::level::info, "join {} failed: {}",
+                            config_.coordinator, status.error_message());
     }
+    join_refusal_ = refusal;
   } else {
     v1::HeartbeatRequest request;
     request.set_fabric_id(config_.fabric_id);

@@ -25,6 +25,10 @@
 
 namespace epfabric::daemon::fabric {
 
+// Epochs count membership changes; one far above any real count (a forged 2^64-1 would pin a fabric for good) is
+// refused in joins and publishes.
+inline constexpr uint64_t kMaxEpoch = 1ull << 48;
+
 struct FabricConfig {
   std::string fabric_id = "epfabric";
   int rank = 0;
@@ -69,6 +73,8 @@ class Membership {
   // True when the coordinator is unreachable or some rank is not UP.
   bool Degraded() const;
   bool CoordinatorReachable() const;
+  // The coordinator's last refusal of this daemon's Join (empty after a successful join, or while it is silent).
+  std::string JoinRefusal() const;
   bool is_coordinator() const { return config_.rank == 0; }
   const FabricConfig& config() const { return config_; }
   v1::MemberInfo self() const;
@@ -104,6 +110,7 @@ class Membership {
   bool push_pending_ ABSL_GUARDED_BY(mutex_) = false;
   // Member: joined the current coordinator, and when it last answered.
   bool joined_ ABSL_GUARDED_BY(mutex_) = false;
+  std::string join_refusal_ ABSL_GUARDED_BY(mutex_);
   bool coordinator_reachable_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Time last_contact_ ABSL_GUARDED_BY(mutex_);
   bool notify_pending_ ABSL_GUARDED_BY(mutex_) = false;

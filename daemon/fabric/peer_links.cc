@@ -22,8 +22,12 @@ absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PeerLinks>> PeerLinks::Create(const TlsFiles& files) {
+absl::StatusOr<std::unique_ptr<PeerLinks>> PeerLinks::Create(const TlsFiles& files, std::string secret,
+                                                             std::string fabric_id, common::PeerProofClaim claim) {
   auto links = std::make_unique<PeerLinks>();
+  links->secret_ = std::move(secret);
+  links->fabric_id_ = std::move(fabric_id);
+  links->claim_ = claim;
   const int given = !files.cert.empty() + !files.key.empty() + !files.ca.empty();
   if (given != 0 && given != 3) {
     return absl::InvalidArgumentError("--tls_cert, --tls_key and --tls_ca go together: give all three or none");
@@ -64,7 +68,10 @@ std::shared_ptr<grpc::Channel> PeerLinks::Channel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(address, ChannelCredentials(), args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!secret_.empty()) interceptors.push_back(common::MakePeerProofInterceptorFactory(secret_, fabric_id_, claim_));
+  auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(address, ChannelCredentials(), args,
+                                                                         std::move(interceptors));
   channels_[address] = channel;
   return channel;
 }

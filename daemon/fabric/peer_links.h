@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "epfabric/common/peer_auth.h"
 #include "epfabric/v1/peer.grpc.pb.h"
 
 namespace epfabric::daemon::fabric {
@@ -26,8 +27,11 @@ struct TlsFiles {
 
 class PeerLinks {
  public:
-  // Reads the PEM files (all three or none). Errors name the flag.
-  static absl::StatusOr<std::unique_ptr<PeerLinks>> Create(const TlsFiles& files);
+  // Reads the PEM files (all three or none). Errors name the flag. With a non-empty `secret`, every call made
+  // through these links carries a fabric-secret proof for `claim` (common/peer_auth.h).
+  static absl::StatusOr<std::unique_ptr<PeerLinks>> Create(const TlsFiles& files, std::string secret = "",
+                                                           std::string fabric_id = "",
+                                                           common::PeerProofClaim claim = {});
 
   std::shared_ptr<grpc::ServerCredentials> ServerCredentials() const;
   std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() const;
@@ -41,6 +45,8 @@ class PeerLinks {
  private:
   bool tls_ = false;
   std::string cert_, key_, ca_, target_name_;
+  std::string secret_, fabric_id_;
+  common::PeerProofClaim claim_;
   absl::Mutex mutex_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mutex_);
 };

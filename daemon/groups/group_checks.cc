@@ -14,7 +14,7 @@ namespace epfabric::daemon::groups {
 absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int world_size) {
   if (!ValidGroupName(request.name())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("name: '", request.name(), "' must be 1-64 characters of [A-Za-z0-9._-]"));
+        absl::StrCat("name: '", Clip(request.name()), "' must be 1-64 characters of [A-Za-z0-9._-]"));
   }
   if (request.ranks().empty()) return absl::InvalidArgumentError("ranks: a group needs at least one rank");
   std::set<int> seen;
@@ -35,6 +35,65 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
   }
   if (!v1::MemorySharing_IsValid(request.memory_sharing())) {
     return absl::InvalidArgumentError(absl::StrCat("memory_sharing: ", request.memory_sharing(), " is not a value"));
+  }
+  return absl::OkStatus();
+}
+
+std::string Clip(const std::string& text, size_t limit) {
+  if (text.size() <= limit) return text;
+  return absl::StrCat(text.substr(0, limit), "... (", text.size(), " bytes)");
+}
+
+absl::Status ValidateGroupInfo(const v1::GroupInfo& info, int world_size) {
+  if (!ValidGroupName(info.name())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.name: '", Clip(info.name()), "' must be 1-64 characters of [A-Za-z0-9._-]"));
+  }
+  if (info.ranks().empty() || info.ranks_size() > world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.ranks: ", info.ranks_size(), " ranks (a group has 1..", world_size, ")"));
+  }
+  std::vector<bool> seen(static_cast<size_t>(world_size), false);
+  for (int rank : info.ranks()) {
+    if (rank < 0 || rank >= world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group.ranks: ", rank, " is outside the fabric (ranks 0..", world_size - 1, ")"));
+    }
+    if (seen[static_cast<size_t>(rank)]) {
+      return absl::InvalidArgumentError(absl::StrCat("group.ranks: ", rank, " appears twice"));
+    }
+    seen[static_cast<size_t>(rank)] = true;
+  }
+  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes || info.num_rdma_bytes() > kMaxRegionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("group: region sizes ", info.num_nvl_bytes(), " (NVL) and ",
+                                                   info.num_rdma_bytes(), " (RDMA) are not in 1..", kMaxRegionBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCommitMembers(const v1::GroupInfo& info,
+                                   const google::protobuf::RepeatedPtrField<v1::PrepareGroupResponse>& members) {
+  if (members.size() != info.ranks_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("members: ", members.size(), " descriptors for ", info.ranks_size(), " ranks"));
+  }
+  for (int i = 0; i < members.size(); ++i) {
+    const auto& regions = members[i].regions();
+    const int expected = info.num_rdma_bytes() > 0 ? 2 : 1;
+    if (regions.size() != expected) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("members[", i, "].regions: ", regions.size(), " regions, the group has ", expected));
+    }
+    for (const v1::RegionDescriptor& region : regions) {
+      const bool nvl = region.kind() == v1::RegionDescriptor::KIND_NVL;
+      const bool rdma = region.kind() == v1::RegionDescriptor::KIND_RDMA;
+      const uint64_t size = nvl ? info.num_nvl_bytes() : info.num_rdma_bytes();
+      if ((!nvl && !rdma) || region.rank() != i || region.size_bytes() != size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("members[", i, "]: a ", v1::RegionDescriptor::Kind_Name(region.kind()), " region of rank ",
+                         region.rank(), " and ", region.size_bytes(), " bytes does not describe group rank ", i));
+      }
+    }
   }
   return absl::OkStatus();
 }

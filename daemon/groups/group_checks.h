@@ -21,6 +21,25 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
 // 1-64 characters of [A-Za-z0-9._-] (the name is part of shared memory names).
 bool ValidGroupName(const std::string& name);
 
+// A GroupInfo that arrived from another daemon (Prepare, a Join's group records): a valid name, 1..world_size
+// distinct ranks inside the fabric, region sizes in range. Errors name the field.
+absl::Status ValidateGroupInfo(const v1::GroupInfo& info, int world_size);
+
+// The descriptors a Commit carries for `info`: one set per group rank, each with an NVL region of the group's size
+// (and an RDMA region when it has one), described for that rank.
+absl::Status ValidateCommitMembers(const v1::GroupInfo& info,
+                                   const google::protobuf::RepeatedPtrField<v1::PrepareGroupResponse>& members);
+
+// At most `limit` bytes of `text` for an error message, with its length when cut (a 10 KB name must not turn an
+// INVALID_ARGUMENT into a metadata-size error).
+std::string Clip(const std::string& text, size_t limit = 80);
+
+// What one daemon holds at most (RESOURCE_EXHAUSTED beyond): groups, and bytes of regions in all (0: no limit).
+struct GroupLimits {
+  size_t max_groups = 256;
+  uint64_t max_total_region_bytes = 0;
+};
+
 // Whether `sharing` (UNSPECIFIED: the backend's default) can be used on `backend`.
 bool SharingFitsBackend(v1::MemorySharing sharing, v1::Backend backend);
 

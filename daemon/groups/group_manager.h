@@ -43,7 +43,7 @@ inline constexpr char kAnsweredByCoordinator[] = "epf-answered-by-coordinator";
 class GroupManager {
  public:
   GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
-               LeaseLimits lease_limits);
+               LeaseLimits lease_limits, GroupLimits group_limits = {});
 
   // ---- Control service (any daemon) ----
   absl::StatusOr<v1::CreateGroupResponse> CreateGroup(const v1::CreateGroupRequest& request);
@@ -53,9 +53,12 @@ class GroupManager {
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request, const ClientIdentity& client) {
     return leases_.Attach(request, client);
   }
-  absl::Status Detach(const v1::DetachRequest& request) { return leases_.Detach(request); }
-  absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& request) {
-    return leases_.KeepAlive(request);
+  absl::Status Detach(const v1::DetachRequest& request, std::optional<ClientIdentity> caller = std::nullopt) {
+    return leases_.Detach(request, caller);
+  }
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& request,
+                                                  std::optional<ClientIdentity> caller = std::nullopt) {
+    return leases_.KeepAlive(request, caller);
   }
   std::vector<v1::ClientInfo> Clients() const { return leases_.Clients(); }
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.

@@ -72,7 +72,28 @@ absl::StatusOr<v1::AttachResponse> Leases::Attach(const v1::AttachRequest& reque
   return response;
 }
 
-absl::Status Leases::Detach(const v1::DetachRequest& request) { return EndLease(request.lease_id(), "detached"); }
+namespace {
+
+// PERMISSION_DENIED unless `caller` is the process that holds `info` (or an unchecked in-process call).
+absl::Status CheckHolder(const v1::ClientInfo& info, const std::optional<ClientIdentity>& caller, const char* what) {
+  if (!caller.has_value()) return absl::OkStatus();
+  if (caller->pid == info.pid() && caller->uid == info.uid()) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(what, ": lease ", info.lease_id(), " is held by pid ", info.pid(),
+                                                  " uid ", info.uid(), "; the caller is pid ", caller->pid, " uid ",
+                                                  caller->uid));
+}
+
+}  // namespace
+
+absl::Status Leases::Detach(const v1::DetachRequest& request, std::optional<ClientIdentity> caller) {
+  {
+    absl::MutexLock lock(&mutex_);
+    Lease* lease = FindLiveLocked(request.lease_id());
+    if (lease == nullptr) return NotLive(request.lease_id());
+    EPF_RETURN_IF_ERROR(CheckHolder(lease->info, caller, "Detach"));
+  }
+  return EndLease(request.lease_id(), "detached");
+}
 
 absl::Status Leases::EndLease(const std::string& lease_id, const std::string& reason) {
   std::string group;
@@ -127,11 +148,13 @@ absl::StatusOr<v1::ClientInfo> Leases::LeaseInfo(const std::string& lease_id) co
   return lease->info;
 }
 
-absl::StatusOr<v1::KeepAliveResponse> Leases::KeepAlive(const v1::KeepAliveRequest& request) {
+absl::StatusOr<v1::KeepAliveResponse> Leases::KeepAlive(const v1::KeepAliveRequest& request,
+                                                        std::optional<ClientIdentity> caller) {
   const uint64_t epoch = membership_->View().epoch();
   absl::MutexLock lock(&mutex_);
   Lease* lease = FindLiveLocked(request.lease_id());
   if (lease == nullptr) return NotLive(request.lease_id());
+  EPF_RETURN_IF_ERROR(CheckHolder(lease->info, caller, "KeepAlive"));
   lease->expires = absl::Now() + lease->ttl;
   lease->info.set_expires_unix_ms(absl::ToUnixMillis(lease->expires));
   v1::KeepAliveResponse response;

@@ -44,8 +44,13 @@ class Leases {
 
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request, const ClientIdentity& client)
       ABSL_LOCKS_EXCLUDED(mutex_);
-  absl::Status Detach(const v1::DetachRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
-  absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Only the holder (the pid and uid that attached, by SO_PEERCRED) may detach or keep alive its lease: a lease id
+  // is not a credential. `caller` is nullopt for in-process callers (tests), which are not checked.
+  absl::Status Detach(const v1::DetachRequest& request, std::optional<ClientIdentity> caller = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive(const v1::KeepAliveRequest& request,
+                                                  std::optional<ClientIdentity> caller = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.
   void ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mutex_);
   // Ends the lease as Detach does (regions zeroed), logging `reason`; NotFound when it is not live (any more).

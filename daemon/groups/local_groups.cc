@@ -17,15 +17,17 @@ namespace epfabric::daemon::groups {
 absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareGroupRequest& request) {
   const v1::GroupInfo& info = request.group();
   const int self = membership_->config().rank;
+  EPF_RETURN_IF_ERROR(ValidateGroupInfo(info, membership_->config().world_size));
   const auto position = std::find(info.ranks().begin(), info.ranks().end(), self);
   if (position == info.ranks().end()) {
     return absl::InvalidArgumentError(absl::StrCat("group.ranks: rank ", self, " is not a member"));
   }
-  if (!ValidGroupName(info.name())) return absl::InvalidArgumentError("group.name: invalid");
-  if (info.num_nvl_bytes() == 0 || info.num_nvl_bytes() > kMaxRegionBytes || info.num_rdma_bytes() > kMaxRegionBytes) {
-    return absl::InvalidArgumentError("group: region sizes out of range");
+  if (request.token().size() != 32) return absl::InvalidArgumentError("token: not a group token");
+  if (const uint64_t known = membership_->View().epoch(); request.epoch() != known) {
+    return absl::AbortedError(absl::StrCat("epoch: the coordinator prepares at epoch ", request.epoch(), ", rank ",
+                                           self, " knows epoch ", known, "; retry"));
   }
-  if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
+  const uint64_t bytes = info.num_nvl_bytes() + info.num_rdma_bytes();
   const int group_rank = static_cast<int>(position - info.ranks().begin());
   auto exists = [&info, self] {
     return absl::AlreadyExistsError(absl::StrCat("group '", info.name(), "' already exists on rank ", self));
@@ -33,6 +35,7 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   {
     absl::MutexLock lock(&mutex_);
     if (groups_.count(info.name()) != 0) return exists();
+    EPF_RETURN_IF_ERROR(CheckQuotaLocked(bytes));
   }
   LocalGroup group;
   group.info = info;
@@ -55,10 +58,11 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   if (group.rdma != nullptr) *response.add_regions() = group.rdma->descriptor();
   {
     absl::MutexLock lock(&mutex_);
-    if (groups_.count(info.name()) == 0) {
+    if (groups_.count(info.name()) == 0 && CheckQuotaLocked(bytes).ok()) {
       groups_[info.name()] = std::move(group);
       return response;
     }
+    if (groups_.count(info.name()) == 0) return CheckQuotaLocked(bytes);  // others took the room meanwhile
   }
   return exists();  // a concurrent Prepare won; `group` frees its regions here, outside the lock
 }
@@ -69,15 +73,31 @@ absl::Status LocalGroups::Commit(const v1::CommitGroupRequest& request) {
   auto it = groups_.find(request.name());
   if (it == groups_.end()) return absl::NotFoundError(absl::StrCat("group '", request.name(), "' was not prepared"));
   LocalGroup& group = it->second;
-  if (request.members_size() != group.info.ranks_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("members: ", request.members_size(), " descriptors for ", group.info.ranks_size(), " ranks"));
+  EPF_RETURN_IF_ERROR(ValidateCommitMembers(group.info, request.members()));
+  if (request.epoch() > fabric::kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("epoch: ", request.epoch(), " is above ", fabric::kMaxEpoch));
   }
   group.members.assign(request.members().begin(), request.members().end());
   group.incarnations.clear();
   for (int rank : group.info.ranks()) group.incarnations.push_back(view.members(rank).incarnation());
   group.info.set_state(v1::GROUP_STATE_READY);
   group.info.set_created_epoch(request.epoch());
+  return absl::OkStatus();
+}
+
+absl::Status LocalGroups::CheckQuotaLocked(uint64_t bytes) const {
+  if (groups_.size() >= limits_.max_groups) {
+    return absl::ResourceExhaustedError(absl::StrCat("rank ", membership_->config().rank, " holds ", groups_.size(),
+                                                     " groups (limit ", limits_.max_groups, ", --max_groups)"));
+  }
+  if (limits_.max_total_region_bytes == 0) return absl::OkStatus();
+  uint64_t held = 0;
+  for (const auto& [name, group] : groups_) held += group.info.num_nvl_bytes() + group.info.num_rdma_bytes();
+  if (held + bytes > limits_.max_total_region_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("rank ", membership_->config().rank, " holds ", held,
+                                                     " bytes of regions; ", bytes, " more exceed the limit of ",
+                                                     limits_.max_total_region_bytes, " (--max_total_region_bytes)"));
+  }
   return absl::OkStatus();
 }
 

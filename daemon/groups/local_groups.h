@@ -22,6 +22,7 @@
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/peer.pb.h"
 #include "fabric/membership.h"
+#include "groups/group_checks.h"
 #include "memory/region.h"
 
 namespace epfabric::daemon::groups {
@@ -47,8 +48,8 @@ struct SharedRegion {
 
 class LocalGroups {
  public:
-  LocalGroups(fabric::Membership* membership, memory::RegionAllocator* allocator)
-      : membership_(membership), allocator_(allocator) {}
+  LocalGroups(fabric::Membership* membership, memory::RegionAllocator* allocator, GroupLimits limits = {})
+      : membership_(membership), allocator_(allocator), limits_(limits) {}
 
   // Peer service, member side. Prepare allocates this daemon's regions (outside the lock) and describes them.
   absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -85,10 +86,14 @@ class LocalGroups {
                                            const std::string& token) const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  // RESOURCE_EXHAUSTED when one more group of `bytes` would pass the limits.
+  absl::Status CheckQuotaLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+
   friend class Leases;  // names mutex_ in its lock order
 
   fabric::Membership* const membership_;
   memory::RegionAllocator* const allocator_;
+  const GroupLimits limits_;
 
   mutable absl::Mutex mutex_;
   std::map<std::string, LocalGroup> groups_ ABSL_GUARDED_BY(mutex_);

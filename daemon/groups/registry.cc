@@ -1,5 +1,7 @@
 #include "groups/registry.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -182,8 +184,19 @@ void Registry::Forget(const std::string& name) {
 
 void Registry::Adopt(const v1::JoinRequest& request) {
   absl::MutexLock lock(&mutex_);
+  const int world_size = membership_->config().world_size;
   for (const v1::GroupRecord& record : request.groups()) {
     if (entries_.count(record.group().name()) != 0) continue;
+    // A member reports only groups it belongs to, with valid ranks and a token of the right shape; anything else
+    // is dropped, never indexed with.
+    const auto& ranks = record.group().ranks();
+    if (absl::Status valid = ValidateGroupInfo(record.group(), world_size);
+        !valid.ok() || std::find(ranks.begin(), ranks.end(), request.member().rank()) == ranks.end() ||
+        record.token().size() != 32) {
+      Logger("groups")->warn("rank {} reported group '{}' that does not check out; ignored", request.member().rank(),
+                             Clip(record.group().name()));
+      continue;
+    }
     Entry entry{record.group(), record.token(), {}};
     // A group adopted after a coordinator restart cannot be checked against committed incarnations.
     entry.info.set_state(v1::GROUP_STATE_DEGRADED);

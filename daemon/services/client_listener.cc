@@ -11,6 +11,7 @@
 
 #include <grpcpp/server_posix.h>
 
+#include "absl/time/clock.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -71,9 +72,15 @@ void ClientListener::AcceptLoop() {
     // gRPC drives the connection with its event engine, which needs a non-blocking socket.
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        Logger("daemon")->warn("accept on {}: {}", path_, strerror(errno));
+      const int error = errno;
+      // Out of descriptors: shed the pending connection instead of spinning on it.
+      if (error == EMFILE || error == ENFILE) reserve_.ShedOne(listen_fd_);
+      int suppressed = 0;
+      if (error != EINTR && error != EAGAIN && error != ECONNABORTED && refusal_warning_.ShouldLog(&suppressed)) {
+        Logger("daemon")->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error),
+                               suppressed);
       }
+      if (error == EMFILE || error == ENFILE) absl::SleepFor(absl::Milliseconds(10));
       continue;
     }
     PeerCredentials credentials;
@@ -83,6 +90,16 @@ void ClientListener::AcceptLoop() {
       credentials.pid = cred.pid;
       credentials.uid = cred.uid;
       credentials.gid = cred.gid;
+    }
+    std::string why;
+    if (!limits_.Admit(fd, static_cast<uid_t>(credentials.uid), &why)) {
+      int suppressed = 0;
+      if (refusal_warning_.ShouldLog(&suppressed)) {
+        Logger("daemon")->warn("{}: refusing a connection from pid {} uid {}: {} ({} similar warnings suppressed)",
+                               path_, credentials.pid, credentials.uid, why, suppressed);
+      }
+      close(fd);
+      continue;
     }
     {
       absl::MutexLock lock(&mutex_);

@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "services/connection_limits.h"
 
 namespace epfabric::daemon {
 
@@ -44,6 +45,13 @@ class ClientListener {
   int listen_fd_ = -1;
   grpc::Server* server_ = nullptr;
   std::thread thread_;
+  // gRPC owns the connections once handed over; the limits notice closed ones by their socket inode.
+  static constexpr size_t kMaxConnections = 512;
+  static constexpr size_t kMaxConnectionsPerUid = 128;
+  ConnectionLimits limits_{kMaxConnections, kMaxConnectionsPerUid};
+  DescriptorReserve reserve_;
+  RateLimitedWarning refusal_warning_;
+
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::map<int, PeerCredentials> by_fd_ ABSL_GUARDED_BY(mutex_);

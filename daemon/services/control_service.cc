@@ -51,12 +51,12 @@ grpc::Status ControlService::Attach(grpc::ServerContext* context, const v1::Atta
 
 grpc::Status ControlService::Detach(grpc::ServerContext* context, const v1::DetachRequest* request,
                                     v1::DetachResponse*) {
-  return Finish("Detach", context, groups_->Detach(*request), true);
+  return Finish("Detach", context, groups_->Detach(*request, Caller(context)), true);
 }
 
 grpc::Status ControlService::KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
                                        v1::KeepAliveResponse* response) {
-  auto result = groups_->KeepAlive(*request);
+  auto result = groups_->KeepAlive(*request, Caller(context));
   if (result.ok()) *response = std::move(*result);
   return Finish("KeepAlive", context, result.status(), false);
 }

@@ -103,7 +103,10 @@ void FdChannel::ReapFinished() {
       }
     }
   }
-  for (auto& connection : finished) connection->thread.join();  // then the fd closes with it
+  for (auto& connection : finished) {
+    connection->thread.join();
+    limits_.Release(connection->fd.get());  // then the fd closes with it
+  }
 }
 
 void FdChannel::AcceptLoop() {
@@ -113,8 +116,12 @@ void FdChannel::AcceptLoop() {
     if (poll(&entry, 1, kPollMs) <= 0) continue;
     common::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd.valid()) {
-      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        Logger("fdchannel")->warn("accept on {}: {}", path_, strerror(errno));
+      const int error = errno;
+      if (error == EMFILE || error == ENFILE) reserve_.ShedOne(listen_fd_.get());
+      int suppressed = 0;
+      if (error != EINTR && error != EAGAIN && error != ECONNABORTED && refusal_warning_.ShouldLog(&suppressed)) {
+        Logger("fdchannel")->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error),
+                                  suppressed);
       }
       continue;
     }
@@ -123,17 +130,21 @@ void FdChannel::AcceptLoop() {
       Logger("fdchannel")->warn("{}: dropping a connection: {}", path_, credentials.status().ToString());
       continue;
     }
+    std::string why;
+    if (!limits_.Admit(fd.get(), credentials->uid, &why)) {
+      int suppressed = 0;
+      if (refusal_warning_.ShouldLog(&suppressed)) {
+        Logger("fdchannel")->warn("{}: refusing a connection from {}: {} ({} similar warnings suppressed)", path_,
+                                  Describe(*credentials), why, suppressed);
+      }
+      continue;  // closes it
+    }
     auto connection = std::make_unique<Connection>();
     connection->fd = std::move(fd);
     connection->peer = *credentials;
     Connection* raw = connection.get();
     absl::MutexLock lock(&mutex_);
     if (stopping_) return;
-    if (connections_.size() >= kMaxConnections) {
-      Logger("fdchannel")
-          ->warn("{}: {} connections open; refusing one from {}", path_, connections_.size(), Describe(raw->peer));
-      continue;  // closes it
-    }
     Logger("fdchannel")->debug("connection from {}", Describe(raw->peer));
     raw->thread = std::thread([this, raw] { Serve(raw); });
     connections_.push_back(std::move(connection));
@@ -143,10 +154,17 @@ void FdChannel::AcceptLoop() {
 void FdChannel::Serve(Connection* connection) {
   const int fd = connection->fd.get();
   std::string held_lease;
+  absl::Time last_request = absl::Now();
   while (!stopping()) {
     pollfd entry{fd, POLLIN, 0};
     const int ready = poll(&entry, 1, kPollMs);
+    if (ready == 0 && held_lease.empty() && absl::Now() - last_request > kIdleTimeout) {
+      Logger("fdchannel")->info("closing an idle connection of {} (no lease, nothing sent for {})",
+                                Describe(connection->peer), absl::FormatDuration(kIdleTimeout));
+      break;
+    }
     if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    last_request = absl::Now();
     if (ready < 0 || stopping()) break;
     // Clients never send descriptors: max_fds = 0 refuses (and closes) any that arrive.
     auto message = common::ReceiveFds(fd, kMessageTimeout, /*max_fds=*/0, kMaxRequestBytes);

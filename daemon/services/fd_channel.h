@@ -23,6 +23,7 @@
 #include "epfabric/common/fd_passing.h"
 #include "epfabric/v1/fdchannel.pb.h"
 #include "groups/group_manager.h"
+#include "services/connection_limits.h"
 
 namespace epfabric::daemon {
 
@@ -33,7 +34,11 @@ class FdChannel {
  public:
   // Limits: a request is a few hundred bytes; the connection count bounds threads and descriptors.
   static constexpr size_t kMaxRequestBytes = 4096;
-  static constexpr size_t kMaxConnections = 1024;
+  static constexpr size_t kMaxConnections = 512;
+  // One uid cannot take every connection (nor every thread: one serves each connection).
+  static constexpr size_t kMaxConnectionsPerUid = 64;
+  // A connection that holds no lease and sends nothing for this long is closed.
+  static constexpr absl::Duration kIdleTimeout = absl::Seconds(60);
   // A message that started arriving must be complete within this; the connection is closed otherwise.
   static constexpr absl::Duration kMessageTimeout = absl::Seconds(5);
 
@@ -77,6 +82,10 @@ class FdChannel {
   std::string path_;
   common::UniqueFd listen_fd_;
   std::thread accept_thread_;
+
+  ConnectionLimits limits_{kMaxConnections, kMaxConnectionsPerUid};
+  DescriptorReserve reserve_;
+  RateLimitedWarning refusal_warning_;
 
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;

@@ -1,6 +1,7 @@
 #include "services/ops_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "epfabric/proto/grpc_status.h"
 
 namespace epfabric::daemon {
 namespace {
@@ -22,32 +23,52 @@ void AddIncident(v1::HealthReport& report, v1::HealthReport::Verdict severity, c
 
 }  // namespace
 
-grpc::Status OpsService::GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*, v1::Topology* response) {
+#define EPF_OPS_AUTHORIZE(method)                                                           \
+  do {                                                                                      \
+    if (auth_ != nullptr) {                                                                 \
+      if (auto who = auth_->RequireReader(*context, "/epfabric.v1.Ops/" method); !who.ok()) \
+        return ToGrpcStatus(who.status());                                                  \
+    }                                                                                       \
+  } while (false)
+
+grpc::Status OpsService::GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest*,
+                                     v1::Topology* response) {
+  EPF_OPS_AUTHORIZE("GetTopology");
   if (!providers_.topology) return Unavailable("topology");
   *response = providers_.topology();
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetHealth(grpc::ServerContext*, const v1::GetHealthRequest*, v1::HealthReport* response) {
+grpc::Status OpsService::GetHealth(grpc::ServerContext* context, const v1::GetHealthRequest*,
+                                   v1::HealthReport* response) {
+  EPF_OPS_AUTHORIZE("GetHealth");
   if (!providers_.health) return Unavailable("health");
   *response = providers_.health();
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*, v1::Stats* response) {
+grpc::Status OpsService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*, v1::Stats* response) {
+  EPF_OPS_AUTHORIZE("GetStats");
   if (!providers_.stats) return Unavailable("stats");
   *response = providers_.stats();
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::ListClients(grpc::ServerContext*, const v1::ListClientsRequest*,
+grpc::Status OpsService::ListClients(grpc::ServerContext* context, const v1::ListClientsRequest*,
                                      v1::ListClientsResponse* response) {
+  EPF_OPS_AUTHORIZE("ListClients");
   if (!providers_.clients) return Unavailable("clients");
-  for (v1::ClientInfo& client : providers_.clients()) *response->add_clients() = std::move(client);
+  // A lease id is its holder's handle on the lease: it is never listed (docs/security.md).
+  for (v1::ClientInfo& client : providers_.clients()) {
+    client.clear_lease_id();
+    *response->add_clients() = std::move(client);
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetFabric(grpc::ServerContext*, const v1::GetFabricRequest*, v1::FabricView* response) {
+grpc::Status OpsService::GetFabric(grpc::ServerContext* context, const v1::GetFabricRequest*,
+                                   v1::FabricView* response) {
+  EPF_OPS_AUTHORIZE("GetFabric");
   if (!providers_.fabric) return Unavailable("fabric");
   *response = providers_.fabric();
   return grpc::Status::OK;
@@ -63,7 +84,11 @@ v1::HealthReport BuildHealthReport(const v1::FabricView& fabric, bool coordinato
                 "this daemon is not counted in the fabric (not joined yet, or its rank is held by another daemon)",
                 absl::StrCat("rank ", self));
   }
-  if (!coordinator_reachable) {
+  if (!fabric.join_refused().empty()) {
+    AddIncident(report, v1::HealthReport::FAIL, "fabric", "JOIN_REFUSED",
+                absl::StrCat("the coordinator refuses this daemon: ", fabric.join_refused()),
+                absl::StrCat("rank ", self));
+  } else if (!coordinator_reachable) {
     AddIncident(report, v1::HealthReport::WARN, "fabric", "COORDINATOR_UNREACHABLE",
                 "rank 0 does not answer; serving what exists, groups cannot be created or deleted", "rank 0");
   }

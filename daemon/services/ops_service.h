@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "epfabric/v1/ops.grpc.pb.h"
+#include "security/peer_authenticator.h"
 
 namespace epfabric::daemon {
 
@@ -18,7 +19,10 @@ struct OpsProviders {
 
 class OpsService final : public v1::Ops::Service {
  public:
-  explicit OpsService(OpsProviders providers) : providers_(std::move(providers)) {}
+  // `authenticator` is null on the client socket (its file mode guards it) and set on the peer port, where every
+  // call needs a member's or an ops credential.
+  explicit OpsService(OpsProviders providers, const security::PeerAuthenticator* authenticator = nullptr)
+      : providers_(std::move(providers)), auth_(authenticator) {}
 
   grpc::Status GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*, v1::Topology*) override;
   grpc::Status GetHealth(grpc::ServerContext*, const v1::GetHealthRequest*, v1::HealthReport*) override;
@@ -28,6 +32,7 @@ class OpsService final : public v1::Ops::Service {
 
  private:
   OpsProviders providers_;
+  const security::PeerAuthenticator* const auth_;
 };
 
 // DCGM-style health from the fabric view: FAIL when this daemon is not part of a complete fabric (not joined,

@@ -1,17 +1,21 @@
-// Peer service (daemon <-> daemon on the peer port). Thin: checks the fabric id, then hands each call to the
-// membership or the group manager.
+// Peer service (daemon <-> daemon on the peer port). Thin: authenticates the caller (security/peer_authenticator.h)
+// and checks that its role may call the method (only the coordinator, rank 0, publishes membership and drives
+// Prepare/Commit/Release; a member joins and beats only as itself), checks the fabric id, then hands each call to
+// the membership or the group manager.
 #pragma once
 
 #include "epfabric/v1/peer.grpc.pb.h"
 #include "fabric/membership.h"
 #include "groups/group_manager.h"
+#include "security/peer_authenticator.h"
 
 namespace epfabric::daemon {
 
 class PeerService final : public v1::Peer::Service {
  public:
-  PeerService(fabric::Membership* membership, groups::GroupManager* groups)
-      : membership_(membership), groups_(groups) {}
+  PeerService(fabric::Membership* membership, groups::GroupManager* groups,
+              const security::PeerAuthenticator* authenticator)
+      : membership_(membership), groups_(groups), auth_(authenticator) {}
 
   grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*, v1::JoinResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
@@ -27,6 +31,7 @@ class PeerService final : public v1::Peer::Service {
  private:
   fabric::Membership* const membership_;
   groups::GroupManager* const groups_;
+  const security::PeerAuthenticator* const auth_;
 };
 
 }  // namespace epfabric::daemon

@@ -319,6 +319,49 @@ TEST(Client, LeaseEndsWhenTheClientProcessIsKilled) {
   EXPECT_EQ(Mismatches((*again)->region(0), kRegionBytes, 0, true), 0u) << "the dead client's pattern was cleaned";
 }
 
+// A lease id is not a credential: another process (here the test itself) that learned it cannot detach the lease or
+// keep it alive (issue #13); the holder still can.
+TEST(Client, OnlyTheHolderDetachesOrKeepsAliveItsLease) {
+  auto fabric = FabricUnderTest::Start(1, kFast);
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  auto group = CreateGroup(**fabric, "held", {0});
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto parent = ChildChannel::Listen();
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  std::vector<Helper> helpers =
+      StartHelpers(*parent, **fabric, "--epf_client_helper", "hold", "held", group->token(), {0}, 300000);
+  ASSERT_EQ(helpers.size(), 1u);
+  ASSERT_FALSE(helpers[0].lease_id.empty());
+  auto control = (*fabric)->Control(0);
+  v1::DetachRequest detach;
+  detach.set_lease_id(helpers[0].lease_id);
+  v1::DetachResponse detached;
+  grpc::ClientContext c1;
+  grpc::Status status = control->Detach(&c1, detach, &detached);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("is held by pid ", helpers[0].pid)));
+  v1::KeepAliveRequest keep;
+  keep.set_lease_id(helpers[0].lease_id);
+  v1::KeepAliveResponse kept;
+  grpc::ClientContext c2;
+  EXPECT_EQ(control->KeepAlive(&c2, keep, &kept).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // The lease is still the helper's: a second attach of the rank is refused.
+  auto refused = AttachVia((*fabric)->daemon(0).socket(), "held", 0, group->token());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  // The holder detaches: the rank is free again.
+  ASSERT_TRUE(Say(helpers[0].channel.get(), "detach").ok());
+  EXPECT_TRUE(WaitChild(helpers[0].pid, absl::Seconds(10)).ok());
+  absl::StatusOr<std::unique_ptr<Lease>> again = absl::UnknownError("not tried");
+  EXPECT_TRUE(Eventually(
+      [&] {
+        again = AttachVia((*fabric)->daemon(0).socket(), "held", 0, group->token());
+        return again.ok();
+      },
+      absl::Seconds(5)))
+      << again.status();
+}
+
 TEST(Client, DegradedGroupAndLostDaemonMakeHealthyFail) {
   auto fabric = FabricUnderTest::Start(2, kFast);
   ASSERT_TRUE(fabric.ok()) << fabric.status();

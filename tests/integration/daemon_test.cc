@@ -134,7 +134,8 @@ TEST(Daemon, TopologyOverSocketAndPeerPort) {
   // The same through the peer port, as remote tooling would ask.
   auto peer_address = (*daemon)->PeerAddress();
   ASSERT_TRUE(peer_address.ok());
-  result = RunBinary({EpctlBinary(), "--address=" + *peer_address, "topology"});
+  result = RunBinary(
+      {EpctlBinary(), "--address=" + *peer_address, "--fabric_secret_file=" + TestFabricSecretFile(), "topology"});
   ASSERT_EQ(result.exit_code, 0) << result.err;
   EXPECT_THAT(result.out, HasSubstr("host      node-a"));
   EXPECT_THAT(result.out, HasSubstr(absl::StrCat("GPUs (", gpus, ")")));
@@ -213,7 +214,7 @@ INSTANTIATE_TEST_SUITE_P(Daemon, StopSignal, ::testing::Values(SIGTERM, SIGINT))
 TEST(Daemon, RefusesASocketHeldByALiveDaemon) {
   auto first = DaemonUnderTest::Start();
   ASSERT_TRUE(first.ok()) << first.status();
-  RunResult second = RunBinary({DaemonBinary(), "--client_socket=" + (*first)->socket()});
+  RunResult second = RunBinary(WithPeerCredential({DaemonBinary(), "--client_socket=" + (*first)->socket()}));
   EXPECT_EQ(second.exit_code, 1);
   EXPECT_THAT(second.err, HasSubstr("is in use by a running daemon"));
   // The first one is unharmed.
@@ -233,7 +234,7 @@ TEST(Daemon, ReplacesAStaleSocketFile) {
   close(fd);
   ASSERT_TRUE(std::filesystem::exists(path));
 
-  auto process = Subprocess::Start({DaemonBinary(), "--client_socket=" + path});
+  auto process = Subprocess::Start(WithPeerCredential({DaemonBinary(), "--client_socket=" + path}));
   ASSERT_TRUE(process.ok());
   absl::StatusOr<HealthCheckResponse::ServingStatus> health;
   for (int i = 0; i < 500; ++i) {
@@ -251,7 +252,7 @@ TEST(Daemon, RefusesToReplaceARegularFile) {
   const std::string dir = MakeTempDir();
   const std::string path = dir + "/not-a-socket";
   std::ofstream(path) << "data";
-  RunResult result = RunBinary({DaemonBinary(), "--client_socket=" + path});
+  RunResult result = RunBinary(WithPeerCredential({DaemonBinary(), "--client_socket=" + path}));
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.err, HasSubstr("exists and is not a socket"));
   EXPECT_TRUE(std::filesystem::exists(path));
@@ -261,7 +262,7 @@ TEST(Daemon, RefusesToReplaceARegularFile) {
 TEST(Daemon, CudaBackendWithoutGpuFailsClearly) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
   const std::string dir = MakeTempDir();
-  RunResult result = RunBinary({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--backend=cuda"});
+  RunResult result = RunBinary(WithPeerCredential({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--backend=cuda"}));
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.err, HasSubstr("no CUDA device is visible"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/d.sock"));
@@ -271,6 +272,7 @@ TEST(Daemon, CudaBackendWithoutGpuFailsClearly) {
 struct BadFlags {
   std::vector<std::string> flags;
   std::string message;
+  bool with_credential = true;  // add the test fabric secret unless the case is about credentials
 };
 
 void PrintTo(const BadFlags& bad, std::ostream* os) { *os << "[" << absl::StrJoin(bad.flags, " ") << "]"; }
@@ -285,7 +287,7 @@ TEST_P(DaemonBadFlags, ExitTwoWithOneLineNamingTheFlag) {
   };
   std::vector<std::string> argv = {DaemonBinary()};
   for (const std::string& flag : GetParam().flags) argv.push_back(expand(flag));
-  RunResult result = RunBinary(argv);
+  RunResult result = RunBinary(GetParam().with_credential ? WithPeerCredential(argv) : argv);
   EXPECT_EQ(result.exit_code, 2) << result.err;
   EXPECT_EQ(result.err, "epfabricd: " + expand(GetParam().message) + "\n");
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "nothing may be created";

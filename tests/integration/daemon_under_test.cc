@@ -2,8 +2,12 @@
 
 #include <signal.h>
 
-#include <filesystem>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "epfabric/v1/ops.grpc.pb.h"
@@ -11,13 +15,38 @@
 
 namespace epfabric::testing {
 
+const std::string& TestFabricSecretFile() {
+  // One secret per test process: every daemon a test starts belongs to fabrics that trust each other.
+  static const std::string path = [] {
+    const std::string file = MakeTempDir() + "/fabric.secret";
+    std::ofstream out(file);
+    out << "epfabric-test-secret-" << ::getpid() << "-" << absl::ToUnixNanos(absl::Now()) << "\n";
+    out.close();
+    std::filesystem::permissions(file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    return file;
+  }();
+  return path;
+}
+
+std::vector<std::string> WithPeerCredential(std::vector<std::string> flags) {
+  for (const std::string& flag : flags) {
+    if (absl::StartsWith(flag, "--fabric_secret_file") || absl::StartsWith(flag, "--tls_cert") ||
+        absl::StartsWith(flag, "--insecure_peer_port") || flag == "--help" || flag == "--version") {
+      return flags;
+    }
+  }
+  // Right after the binary: a trailing flag that expects a value must not swallow it.
+  flags.insert(flags.empty() ? flags.end() : flags.begin() + 1, "--fabric_secret_file=" + TestFabricSecretFile());
+  return flags;
+}
+
 absl::StatusOr<std::unique_ptr<DaemonUnderTest>> DaemonUnderTest::Start(const std::vector<std::string>& extra_flags) {
   auto daemon = std::unique_ptr<DaemonUnderTest>(new DaemonUnderTest());
   daemon->dir_ = MakeTempDir();
   daemon->socket_ = daemon->dir_ + "/d.sock";
   std::vector<std::string> argv = {DaemonBinary(), "--client_socket=" + daemon->socket_, "--peer_listen=127.0.0.1:0"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  auto process = Subprocess::Start(argv);
+  auto process = Subprocess::Start(WithPeerCredential(argv));
   if (!process.ok()) return process.status();
   daemon->process_ = std::make_unique<Subprocess>(std::move(*process));
 

@@ -25,6 +25,12 @@ inline const char* EpctlBinary() {
   return env != nullptr && *env != '\0' ? env : EPF_EPCTL_BINARY;
 }
 
+// A fabric secret file (mode 0600) shared by every daemon this test process starts.
+const std::string& TestFabricSecretFile();
+// `flags` plus --fabric_secret_file=TestFabricSecretFile() unless they already name a peer credential (or
+// --insecure_peer_port, --help, --version).
+std::vector<std::string> WithPeerCredential(std::vector<std::string> flags);
+
 class DaemonUnderTest {
  public:
   // Starts epfabricd --client_socket=<tmp>/d.sock --peer_listen=127.0.0.1:0 plus `extra_flags`.

@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "epfabric/daemon/daemon.h"
 #include "epfabric/daemon/options.h"
@@ -8,13 +12,36 @@
 namespace epfabric::daemon {
 namespace {
 
+// A fabric secret file of this process (mode 0600): the peer port needs a credential.
+std::string SecretFile() {
+  static const std::string path = [] {
+    const std::string file = (std::filesystem::temp_directory_path() /
+                              ("epf-unit-" + std::to_string(getpid()) + ".secret")).string();
+    std::ofstream(file) << "a-unit-test-fabric-secret\n";
+    std::filesystem::permissions(file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    return file;
+  }();
+  return path;
+}
+
 DaemonOptions Valid() {
   DaemonOptions o;
   o.client_socket = (std::filesystem::temp_directory_path() / "epf-unit.sock").string();
+  o.fabric_secret_file = SecretFile();
   return o;
 }
 
 TEST(ValidateOptions, DefaultsWithASocketAreValid) { EXPECT_TRUE(ValidateOptions(Valid()).ok()); }
+
+TEST(ValidateOptions, ThePeerPortNeedsACredential) {
+  DaemonOptions o = Valid();
+  o.fabric_secret_file.clear();
+  EXPECT_EQ(ValidateOptions(o).message(),
+            "--peer_listen: the peer port needs a credential: --fabric_secret_file (single host, loopback) or "
+            "--tls_cert/--tls_key/--tls_ca (mutual TLS); --insecure_peer_port serves it without one (tests)");
+  o.insecure_peer_port = true;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+}
 
 TEST(ValidateOptions, MultiRankNeedsACoordinator) {
   DaemonOptions o = Valid();
@@ -23,8 +50,12 @@ TEST(ValidateOptions, MultiRankNeedsACoordinator) {
   EXPECT_EQ(ValidateOptions(o).message(),
             "--coordinator: required when --world_size > 1 (host:port of rank 0's peer server)");
   o.coordinator = "10.0.0.1:7000";
+  EXPECT_EQ(ValidateOptions(o).message(),
+            "--coordinator: '10.0.0.1' is not a loopback address; calls to it need mutual TLS "
+            "(--tls_cert/--tls_key/--tls_ca) or --insecure_peer_port");
+  o.coordinator = "127.0.0.1:7000";
   EXPECT_TRUE(ValidateOptions(o).ok());
-  o.coordinator = "10.0.0.1:0";
+  o.coordinator = "127.0.0.1:0";
   EXPECT_EQ(ValidateOptions(o).message(), "--coordinator: port 0 cannot be dialled");
 }
 

@@ -157,6 +157,9 @@ v1::MemberInfo Self() {
   return self;
 }
 
+// A group token has the shape of the coordinator's (128 random bits, hex): Prepare refuses others.
+constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
+
 class LeasesTest : public ::testing::Test {
  protected:
   LeasesTest()
@@ -169,7 +172,8 @@ class LeasesTest : public ::testing::Test {
     prepare.mutable_group()->set_name("g");
     prepare.mutable_group()->add_ranks(0);
     prepare.mutable_group()->set_num_nvl_bytes(4096);
-    prepare.set_token("secret");
+    prepare.set_token(kToken);
+    prepare.set_epoch(membership_.View().epoch());
     auto prepared = groups_.Prepare(prepare);
     ASSERT_TRUE(prepared.ok()) << prepared.status();
     v1::CommitGroupRequest commit;
@@ -182,7 +186,7 @@ class LeasesTest : public ::testing::Test {
     v1::AttachRequest request;
     request.set_group("g");
     request.set_rank(0);
-    request.set_token("secret");
+    request.set_token(kToken);
     return groups_.Attach(request, groups::ClientIdentity{});
   }
 

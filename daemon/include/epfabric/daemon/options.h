@@ -20,8 +20,10 @@ struct DaemonOptions {
   std::string coordinator;
   // host:port for this daemon's peer server; port 0 picks a free port.
   std::string peer_listen = "127.0.0.1:0";
-  // Allow a non-loopback peer_listen without mutual TLS.
+  // Serve the peer port without any credential (tests only): no TLS, no fabric secret.
   bool insecure_peer_port = false;
+  // File (mode 0600, owned by this user) holding the fabric secret that authenticates peer calls on loopback.
+  std::string fabric_secret_file;
   // Unix socket for clients and local ops tooling.
   std::string client_socket;
   // Permission bits of the client socket file.
@@ -44,6 +46,9 @@ struct DaemonOptions {
   uint64_t max_region_bytes = 0;
   // cuda backend: "posix_fd" (cuMem + file descriptor over the socket) or "cuda_ipc".
   std::string memory_sharing = "posix_fd";
+  // Quotas (RESOURCE_EXHAUSTED beyond): groups held by this daemon, and bytes of their regions (0: no limit).
+  int max_groups = 256;
+  uint64_t max_total_region_bytes = 0;
   // Default client lease TTL.
   int lease_ttl_ms = 10000;
   // Mutual TLS on the peer port: all three or none.

@@ -1,0 +1,113 @@
+#include "security/peer_authenticator.h"
+
+#include <optional>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace epfabric::daemon::security {
+
+std::string PeerIdentity::Describe() const {
+  if (!authenticated) return "an unauthenticated caller";
+  if (role == common::PeerRole::kOps) return "ops tooling";
+  return absl::StrCat("member rank ", rank);
+}
+
+std::string MemberCommonName(absl::string_view fabric_id, int rank) {
+  return absl::StrCat("epfabric-member:", fabric_id, ":", rank);
+}
+
+std::string OpsCommonName(absl::string_view fabric_id) { return absl::StrCat("epfabric-ops:", fabric_id); }
+
+absl::StatusOr<PeerIdentity> PeerAuthenticator::FromCommonName(absl::string_view method, absl::string_view cn) const {
+  PeerIdentity identity;
+  identity.authenticated = true;
+  if (cn == OpsCommonName(config_.fabric_id)) {
+    identity.role = common::PeerRole::kOps;
+    return identity;
+  }
+  const std::vector<absl::string_view> parts = absl::StrSplit(cn, ':');
+  if (parts.size() == 3 && parts[0] == "epfabric-member" && parts[1] == config_.fabric_id &&
+      absl::SimpleAtoi(parts[2], &identity.rank) && identity.rank >= 0) {
+    return identity;
+  }
+  return absl::UnauthenticatedError(absl::StrCat(method, ": the client certificate's CN '", cn, "' is neither '",
+                                                 MemberCommonName(config_.fabric_id, 0), "' (any rank) nor '",
+                                                 OpsCommonName(config_.fabric_id), "'"));
+}
+
+absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, const std::string* tls_common_name,
+                                                      absl::string_view proof, absl::Time now) const {
+  if (config_.insecure && !config_.mutual_tls && config_.secret.empty()) return PeerIdentity{};
+  std::optional<PeerIdentity> identity;
+  if (config_.mutual_tls) {
+    if (tls_common_name == nullptr) {
+      return absl::UnauthenticatedError(absl::StrCat(method, ": no client certificate with a common name"));
+    }
+    auto from_cert = FromCommonName(method, *tls_common_name);
+    if (!from_cert.ok()) return from_cert.status();
+    identity = *from_cert;
+  }
+  if (!config_.secret.empty()) {
+    auto claim = common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, now);
+    if (!claim.ok()) return claim.status();
+    PeerIdentity from_secret;
+    from_secret.authenticated = true;
+    from_secret.role = claim->role;
+    from_secret.rank = claim->rank;
+    if (identity.has_value() && (identity->role != from_secret.role || identity->rank != from_secret.rank)) {
+      return absl::UnauthenticatedError(absl::StrCat(method, ": the certificate names ", identity->Describe(),
+                                                     " but the fabric credential names ", from_secret.Describe()));
+    }
+    identity = from_secret;
+  }
+  if (!identity.has_value()) return absl::UnauthenticatedError(absl::StrCat(method, ": no credential configured"));
+  return *identity;
+}
+
+absl::StatusOr<PeerIdentity> PeerAuthenticator::Authenticate(const grpc::ServerContext& context,
+                                                             absl::string_view method) const {
+  std::string common_name;
+  bool have_cn = false;
+  if (config_.mutual_tls) {
+    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+    if (auth != nullptr) {
+      const std::vector<grpc::string_ref> values = auth->FindPropertyValues("x509_common_name");
+      if (values.size() == 1) {
+        common_name.assign(values[0].data(), values[0].size());
+        have_cn = true;
+      }
+    }
+  }
+  absl::string_view proof;
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find(common::kPeerAuthMetadataKey); it != metadata.end()) {
+    proof = absl::string_view(it->second.data(), it->second.size());
+  }
+  return Check(method, have_cn ? &common_name : nullptr, proof, absl::Now());
+}
+
+absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireMember(const grpc::ServerContext& context,
+                                                              absl::string_view method, int rank) const {
+  auto identity = Authenticate(context, method);
+  if (!identity.ok() || !identity->authenticated) return identity;
+  if (identity->role != common::PeerRole::kMember) {
+    return absl::PermissionDeniedError(absl::StrCat(method, ": needs a member's credential; the caller is ",
+                                                    identity->Describe()));
+  }
+  if (rank >= 0 && identity->rank != rank) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(method, ": only rank ", rank, " may call this; the caller is ", identity->Describe()));
+  }
+  return identity;
+}
+
+absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireReader(const grpc::ServerContext& context,
+                                                              absl::string_view method) const {
+  return Authenticate(context, method);
+}
+
+}  // namespace epfabric::daemon::security

@@ -1,0 +1,64 @@
+// Who is calling on the peer port, and may they call this method.
+//
+// Credentials (docs/security.md):
+//  - mutual TLS: the client certificate chains to the fabric CA (gRPC checks that) and its subject CN names the
+//    fabric and the role: "epfabric-member:<fabric_id>:<rank>" for a member daemon, "epfabric-ops:<fabric_id>" for
+//    read-only ops tooling;
+//  - a fabric secret (--fabric_secret_file): a per-call HMAC proof (common/peer_auth.h) naming the role and rank;
+//  - --insecure_peer_port: nothing is checked (tests only; the daemon logs a warning at start).
+// When both TLS and a secret are configured, a call must carry both and they must name the same rank.
+#pragma once
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "epfabric/common/peer_auth.h"
+
+namespace epfabric::daemon::security {
+
+struct PeerAuthConfig {
+  std::string fabric_id;
+  std::string secret;       // empty: no fabric secret
+  bool mutual_tls = false;  // the peer server requires and verifies client certificates
+  bool insecure = false;    // --insecure_peer_port without TLS or secret: accept every call
+};
+
+struct PeerIdentity {
+  common::PeerRole role = common::PeerRole::kMember;
+  int rank = -1;              // the member's rank; -1 for ops or when unchecked
+  bool authenticated = false;  // false only with --insecure_peer_port
+  std::string Describe() const;
+};
+
+// The common name a certificate for this role needs.
+std::string MemberCommonName(absl::string_view fabric_id, int rank);
+std::string OpsCommonName(absl::string_view fabric_id);
+
+class PeerAuthenticator {
+ public:
+  explicit PeerAuthenticator(PeerAuthConfig config) : config_(std::move(config)) {}
+
+  // The caller's identity, or UNAUTHENTICATED saying what is missing or wrong.
+  absl::StatusOr<PeerIdentity> Authenticate(const grpc::ServerContext& context, absl::string_view method) const;
+
+  // A member of this fabric; with `rank` >= 0, exactly that rank. PERMISSION_DENIED names who called.
+  absl::StatusOr<PeerIdentity> RequireMember(const grpc::ServerContext& context, absl::string_view method,
+                                             int rank = -1) const;
+  // A member or ops tooling (read-only methods).
+  absl::StatusOr<PeerIdentity> RequireReader(const grpc::ServerContext& context, absl::string_view method) const;
+
+  // The pure checks behind Authenticate, for tests: a certificate CN and a proof (either may be empty when that
+  // credential is not configured).
+  absl::StatusOr<PeerIdentity> Check(absl::string_view method, const std::string* tls_common_name,
+                                     absl::string_view proof, absl::Time now) const;
+
+ private:
+  absl::StatusOr<PeerIdentity> FromCommonName(absl::string_view method, absl::string_view cn) const;
+
+  const PeerAuthConfig config_;
+};
+
+}  // namespace epfabric::daemon::security

@@ -1,0 +1,140 @@
+// Fabric-secret proofs and the peer authenticator's decisions, without a daemon.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+#include "epfabric/common/peer_auth.h"
+#include "security/peer_authenticator.h"
+
+namespace epfabric {
+namespace {
+
+using common::PeerProofClaim;
+using common::PeerRole;
+using ::testing::HasSubstr;
+
+constexpr char kSecret[] = "0123456789abcdef-fabric-secret";
+constexpr char kJoin[] = "/epfabric.v1.Peer/Join";
+
+TEST(PeerProof, VerifiesForTheSameFabricMethodAndTime) {
+  const absl::Time now = absl::Now();
+  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, now);
+  auto claim = common::VerifyPeerProof(kSecret, "fab", kJoin, proof, now + absl::Seconds(1));
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  EXPECT_EQ(claim->role, PeerRole::kMember);
+  EXPECT_EQ(claim->rank, 3);
+  // Two proofs for the same call differ (fresh nonce).
+  EXPECT_NE(proof, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, now));
+}
+
+TEST(PeerProof, RefusesAnythingElse) {
+  const absl::Time now = absl::Now();
+  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, now);
+  auto expect_refused = [](const absl::StatusOr<PeerProofClaim>& claim, const std::string& why) {
+    ASSERT_FALSE(claim.ok());
+    EXPECT_EQ(claim.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_THAT(claim.status().message(), HasSubstr(why));
+  };
+  expect_refused(common::VerifyPeerProof("another-secret-of-16+", "fab", kJoin, proof, now), "does not verify");
+  expect_refused(common::VerifyPeerProof(kSecret, "other", kJoin, proof, now), "does not verify");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", "/epfabric.v1.Peer/CommitGroup", proof, now),
+                 "does not verify");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, proof, now + absl::Minutes(2)), "clock");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, "", now), "no fabric credential");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, "v1:member:3", now), "malformed");
+  // The rank is signed: changing it breaks the proof.
+  std::string forged = proof;
+  forged.replace(forged.find(":3:"), 3, ":0:");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, forged, now), "does not verify");
+}
+
+class SecretFile : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& content, std::filesystem::perms perms) {
+    const std::string path = dir_ + "/secret" + std::to_string(count_++);
+    std::ofstream(path) << content;
+    std::filesystem::permissions(path, perms);
+    return path;
+  }
+  void SetUp() override {
+    char tmpl[] = "/tmp/epf-secret-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+  int count_ = 0;
+};
+
+TEST_F(SecretFile, ReadsAPrivateFileAndTrimsTheNewline) {
+  using std::filesystem::perms;
+  auto secret = common::ReadFabricSecretFile(Write("abcdefghijklmnopq\n", perms::owner_read | perms::owner_write), "s");
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  EXPECT_EQ(*secret, "abcdefghijklmnopq");
+}
+
+TEST_F(SecretFile, RefusesOpenModesShortSecretsAndMissingFiles) {
+  using std::filesystem::perms;
+  auto open = common::ReadFabricSecretFile(Write("abcdefghijklmnopq", perms::owner_all | perms::group_read), "s");
+  EXPECT_THAT(open.status().message(), HasSubstr("must not be readable or writable by group or others"));
+  auto shorter = common::ReadFabricSecretFile(Write("short\n", perms::owner_read), "s");
+  EXPECT_THAT(shorter.status().message(), HasSubstr("needs at least 16"));
+  auto missing = common::ReadFabricSecretFile(dir_ + "/none", "fabric_secret_file");
+  EXPECT_THAT(missing.status().message(), HasSubstr("--fabric_secret_file: cannot open"));
+}
+
+TEST(PeerAuthenticator, SecretModeNeedsAProofAndBindsTheRank) {
+  daemon::security::PeerAuthenticator auth({"fab", kSecret, /*mutual_tls=*/false, /*insecure=*/false});
+  const absl::Time now = absl::Now();
+  auto none = auth.Check(kJoin, nullptr, "", now);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated);
+  auto member = auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, now),
+                           now);
+  ASSERT_TRUE(member.ok()) << member.status();
+  EXPECT_TRUE(member->authenticated);
+  EXPECT_EQ(member->rank, 2);
+  auto ops = auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kOps, -1}, now), now);
+  ASSERT_TRUE(ops.ok());
+  EXPECT_EQ(ops->role, PeerRole::kOps);
+}
+
+TEST(PeerAuthenticator, TlsModeReadsTheRoleFromTheCommonName) {
+  daemon::security::PeerAuthenticator auth({"fab", "", /*mutual_tls=*/true, /*insecure=*/false});
+  const absl::Time now = absl::Now();
+  const std::string member_cn = daemon::security::MemberCommonName("fab", 5);
+  auto member = auth.Check(kJoin, &member_cn, "", now);
+  ASSERT_TRUE(member.ok()) << member.status();
+  EXPECT_EQ(member->rank, 5);
+  const std::string ops_cn = daemon::security::OpsCommonName("fab");
+  EXPECT_EQ(auth.Check(kJoin, &ops_cn, "", now)->role, PeerRole::kOps);
+  for (const std::string cn : {"localhost", "epfabric-member:other:1", "epfabric-member:fab:-1", "epfabric-ops:x"}) {
+    auto refused = auth.Check(kJoin, &cn, "", now);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << cn;
+  }
+  EXPECT_EQ(auth.Check(kJoin, nullptr, "", now).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST(PeerAuthenticator, TlsAndSecretMustNameTheSameRank) {
+  daemon::security::PeerAuthenticator auth({"fab", kSecret, /*mutual_tls=*/true, /*insecure=*/false});
+  const absl::Time now = absl::Now();
+  const std::string cn = daemon::security::MemberCommonName("fab", 1);
+  EXPECT_TRUE(auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 1}, now), now)
+                  .ok());
+  auto mismatch =
+      auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 0}, now), now);
+  EXPECT_THAT(mismatch.status().message(), HasSubstr("the certificate names member rank 1"));
+}
+
+TEST(PeerAuthenticator, InsecureModeAcceptsEveryCallUnauthenticated) {
+  daemon::security::PeerAuthenticator auth({"fab", "", /*mutual_tls=*/false, /*insecure=*/true});
+  auto anyone = auth.Check(kJoin, nullptr, "", absl::Now());
+  ASSERT_TRUE(anyone.ok());
+  EXPECT_FALSE(anyone->authenticated);
+}
+
+}  // namespace
+}  // namespace epfabric
