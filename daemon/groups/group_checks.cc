@@ -88,7 +88,8 @@ absl::Status ValidateCommitMembers(const v1::GroupInfo& info,
       const bool nvl = region.kind() == v1::RegionDescriptor::KIND_NVL;
       const bool rdma = region.kind() == v1::RegionDescriptor::KIND_RDMA;
       const uint64_t size = nvl ? info.num_nvl_bytes() : info.num_rdma_bytes();
-      if ((!nvl && !rdma) || region.rank() != i || region.size_bytes() != size) {
+      // An allocator may round a region up (cuMem granularity), never down.
+      if ((!nvl && !rdma) || region.rank() != i || region.size_bytes() < size) {
         return absl::InvalidArgumentError(
             absl::StrCat("members[", i, "]: a ", v1::RegionDescriptor::Kind_Name(region.kind()), " region of rank ",
                          region.rank(), " and ", region.size_bytes(), " bytes does not describe group rank ", i));

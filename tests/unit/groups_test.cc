@@ -1,5 +1,6 @@
 // Pieces of the fabric: CreateGroup validation, token comparison, the health report, and how leases end (regions
 // zeroed outside the locks, the rank kept until they are zero) on one in-process daemon with a fake allocator.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "fabric/membership.h"
+#include "groups/group_checks.h"
 #include "groups/group_manager.h"
 #include "services/ops_service.h"
 
@@ -263,6 +265,42 @@ TEST_F(LeasesTest, ExpiredLeasesAreZeroedAndEnded) {
   EXPECT_EQ(memory_.zeroed.load(), 1);
   EXPECT_TRUE(groups_.Clients().empty());
   EXPECT_TRUE(Attach().ok());
+}
+
+}  // namespace
+}  // namespace epfabric::daemon
+
+namespace epfabric::daemon {
+namespace {
+
+// A Commit's descriptors: one set per group rank, each of that rank and at least the group's sizes (the cuda
+// allocator rounds a region up to the cuMem granularity; never down).
+TEST(GroupChecks, CommitMembersMustDescribeEachRanksRegions) {
+  v1::GroupInfo info;
+  info.set_name("g");
+  info.add_ranks(0);
+  info.add_ranks(1);
+  info.set_num_nvl_bytes(3 << 20);
+  google::protobuf::RepeatedPtrField<v1::PrepareGroupResponse> members;
+  for (int rank : {0, 1}) {
+    v1::RegionDescriptor* region = members.Add()->add_regions();
+    region->set_kind(v1::RegionDescriptor::KIND_NVL);
+    region->set_rank(rank);
+    region->set_size_bytes(4 << 20);  // rounded up
+  }
+  EXPECT_TRUE(groups::ValidateCommitMembers(info, members).ok());
+  members[1].mutable_regions(0)->set_size_bytes(1 << 20);
+  EXPECT_THAT(groups::ValidateCommitMembers(info, members).message(),
+              testing::HasSubstr("does not describe group rank 1"));
+  members[1].mutable_regions(0)->set_size_bytes(4 << 20);
+  members[1].mutable_regions(0)->set_rank(0);
+  EXPECT_FALSE(groups::ValidateCommitMembers(info, members).ok());
+  members.RemoveLast();
+  EXPECT_THAT(groups::ValidateCommitMembers(info, members).message(), testing::HasSubstr("1 descriptors for 2 ranks"));
+  info.add_ranks(1);
+  EXPECT_THAT(groups::ValidateGroupInfo(info, 4).message(), testing::HasSubstr("appears twice"));
+  info.set_ranks(2, 7);
+  EXPECT_THAT(groups::ValidateGroupInfo(info, 4).message(), testing::HasSubstr("outside the fabric"));
 }
 
 }  // namespace
