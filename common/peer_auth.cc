@@ -108,6 +108,13 @@ absl::StatusOr<std::string> ReadFabricSecretFile(const std::string& path, absl::
   return std::string(trimmed);
 }
 
+std::string Sha256Hex(absl::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
+}
+
 std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
                           const PeerProofClaim& claim, absl::Time now) {
   unsigned char nonce_bytes[12];

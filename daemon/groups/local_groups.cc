@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "groups/group_checks.h"
 #include "logging.h"
@@ -117,7 +118,7 @@ std::vector<v1::GroupRecord> LocalGroups::LocalRecords() const {
     if (group.info.state() == v1::GROUP_STATE_CREATING) continue;
     v1::GroupRecord record;
     *record.mutable_group() = group.info;
-    record.set_token(group.token);
+    record.set_token_sha256(common::Sha256Hex(group.token));
     records.push_back(std::move(record));
   }
   return records;

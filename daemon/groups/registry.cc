@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/peer_auth.h"
 #include "absl/strings/str_join.h"
 #include "epfabric/common/status_macros.h"
 #include "groups/group_checks.h"
@@ -71,7 +72,7 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
     if (entries_.count(request.name()) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("name: a group named '", request.name(), "' exists"));
     }
-    entries_[request.name()] = Entry{info, token, {}};
+    entries_[request.name()] = Entry{info, common::Sha256Hex(token), {}};
   }
   std::vector<std::string> addresses;
   for (int rank : request.ranks()) addresses.push_back(view.members(rank).peer_address());
@@ -137,7 +138,7 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
     absl::MutexLock lock(&mutex_);
     auto it = entries_.find(request.name());
     if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("no group named '", request.name(), "'"));
-    if (!ConstantTimeEquals(it->second.token, request.token())) {
+    if (!ConstantTimeEquals(it->second.token_sha256, common::Sha256Hex(request.token()))) {
       return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.name(), "'"));
     }
     if (it->second.info.state() == v1::GROUP_STATE_CREATING || it->second.info.state() == v1::GROUP_STATE_DELETING) {
@@ -192,12 +193,12 @@ void Registry::Adopt(const v1::JoinRequest& request) {
     const auto& ranks = record.group().ranks();
     if (absl::Status valid = ValidateGroupInfo(record.group(), world_size);
         !valid.ok() || std::find(ranks.begin(), ranks.end(), request.member().rank()) == ranks.end() ||
-        record.token().size() != 32) {
+        record.token_sha256().size() != 64) {
       Logger("groups")->warn("rank {} reported group '{}' that does not check out; ignored", request.member().rank(),
                              Clip(record.group().name()));
       continue;
     }
-    Entry entry{record.group(), record.token(), {}};
+    Entry entry{record.group(), record.token_sha256(), {}};
     // A group adopted after a coordinator restart cannot be checked against committed incarnations.
     entry.info.set_state(v1::GROUP_STATE_DEGRADED);
     entries_[record.group().name()] = std::move(entry);

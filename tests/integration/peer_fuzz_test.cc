@@ -207,7 +207,7 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   join.set_known_epoch(view.membership().epoch());
   v1::GroupRecord* record = join.add_groups();
   *record->mutable_group() = view.groups(0);
-  record->set_token(created.token());
+  record->set_token_sha256(common::Sha256Hex(created.token()));
   v1::HeartbeatRequest beat;
   beat.set_fabric_id(fabric_id);
   beat.set_rank(1);

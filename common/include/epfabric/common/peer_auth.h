@@ -40,6 +40,9 @@ struct PeerProofClaim {
   int rank = -1;
 };
 
+// SHA-256 of `data`, hex encoded (64 characters).
+std::string Sha256Hex(absl::string_view data);
+
 // Makes a proof for one call (`method` is the full gRPC method, "/epfabric.v1.Peer/Join").
 std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
                           const PeerProofClaim& claim, absl::Time now);
