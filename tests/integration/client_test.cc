@@ -409,10 +409,11 @@ TEST(FdChannel, WrongTokenIsPermissionDeniedAndNothingLeaks) {
   ASSERT_TRUE(answer.ok());
   EXPECT_EQ(answer->response.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
   connection->reset();
-  // gRPC opens and closes descriptors of its own in this process now and then: wait for it to settle.
+  // gRPC opens and closes descriptors of its own in both processes now and then (the daemon's peer channels too: it
+  // was seen closing one during the loop): wait for it to settle. A leak would grow the counts by up to 201.
   EXPECT_TRUE(Eventually([&] { return OpenFdCount(getpid()) <= own_fds; }, absl::Seconds(3)))
       << "test process fds " << OpenFdCount(getpid()) << " vs " << own_fds << " before";
-  EXPECT_TRUE(Eventually([&] { return OpenFdCount(daemon) == daemon_fds; }, absl::Seconds(3)))
+  EXPECT_TRUE(Eventually([&] { return OpenFdCount(daemon) <= daemon_fds; }, absl::Seconds(3)))
       << "daemon fds " << OpenFdCount(daemon) << " vs " << daemon_fds << " before";
   // The right token gets the region (host backend: a descriptor, no fd).
   request.set_token(group->token());
@@ -541,7 +542,7 @@ TEST(FdChannel, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
     EXPECT_THAT(response.message(), HasSubstr("closing the connection"));
     EXPECT_EQ(common::ReceiveFds(sender->get(), absl::Seconds(5)).status().code(), Code::kUnavailable);
     EXPECT_TRUE(
-        Eventually([&] { return OpenFdCount((*fabric)->daemon(0).process().pid()) == daemon_fds; }, absl::Seconds(3)))
+        Eventually([&] { return OpenFdCount((*fabric)->daemon(0).process().pid()) <= daemon_fds; }, absl::Seconds(3)))
         << "the descriptor the client sent was closed with the connection";
   }
   {
