@@ -355,9 +355,9 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   std::vector<float> combined_w(static_cast<size_t>(T) * combine_topk + 1, -7.0f);
   AlignedBuffer combine_x(cin.x.size() * 2 + 16), bias_0(cin.bias_0.size() * 2 + 16),
       bias_1(cin.bias_1.size() * 2 + 16);
-  std::memcpy(combine_x.data, cin.x.data(), cin.x.size() * 2);
-  std::memcpy(bias_0.data, cin.bias_0.data(), cin.bias_0.size() * 2);
-  std::memcpy(bias_1.data, cin.bias_1.data(), cin.bias_1.size() * 2);
+  std::memcpy(combine_x.data, DataOrDummy(cin.x), cin.x.size() * 2);
+  std::memcpy(bias_0.data, DataOrDummy(cin.bias_0), cin.bias_0.size() * 2);
+  std::memcpy(bias_1.data, DataOrDummy(cin.bias_1), cin.bias_1.size() * 2);
   IntranodeCombineParams cp;
   cp.x = combine_x.data;
   cp.hidden = c.hidden;
