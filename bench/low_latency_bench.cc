@@ -21,8 +21,8 @@
 
 #include "common/report.h"
 #include "common/timeline.h"
-#include "gpu/low_latency_harness.h"
 #include "launch_probe.h"
+#include "low_latency_harness.h"
 
 namespace epfabric {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gpu_placement.h"
+#include "support/gpu_placement.h"
 
 // Skips the current test unless at least `n` CUDA devices are visible.
 #define EPF_REQUIRE_GPUS(n)                                                                         \

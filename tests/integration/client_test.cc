@@ -593,7 +593,7 @@ TEST(FdChannel, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
     EXPECT_THAT(response.message(), HasSubstr("closing the connection"));
     EXPECT_EQ(common::ReceiveFds(sender->get(), absl::Seconds(5)).status().code(), Code::kUnavailable);
     EXPECT_TRUE(
-        Eventually([&] { return OpenFdCount((*fabric)->daemon(0).process().pid()) == daemon_fds; }, absl::Seconds(3)))
+        Eventually([&] { return OpenFdCount((*fabric)->daemon(0).process().pid()) <= daemon_fds; }, absl::Seconds(3)))
         << "the descriptor the client sent was closed with the connection";
   }
   {

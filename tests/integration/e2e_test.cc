@@ -1,6 +1,6 @@
 // End to end: 4 real epfabricd daemons (host backend) and real client processes (epfabric_worker, one per rank)
 // running dispatch + combine through the Buffer API. Every worker computes the single-process expected results with
-// the host references and compares its outputs element by element (see client/tools/epfabric_worker.cc); the test
+// the host references and compares its outputs element by element (see tools/epfabric_worker/); the test
 // asserts on each worker's exit code and result line.
 //
 // Failure recovery (E2eKill.*): after a peer is SIGKILLed (from outside at a random point, or by itself 100 us into

@@ -35,7 +35,7 @@ const absl::Status& ToStatus(const absl::StatusOr<T>& status_or) {
 #define EPF_ASSIGN_OR_RETURN(lhs, rexpr) \
   EPF_ASSIGN_OR_RETURN_IMPL_(EPF_STATUS_CONCAT_(epf_status_or_, __LINE__), lhs, rexpr)
 
-#define EPF_ASSIGN_OR_RETURN_IMPL_(status_or, lhs, rexpr) \
-  auto status_or = (rexpr);                               \
+#define EPF_ASSIGN_OR_RETURN_IMPL_(status_or, lhs, rexpr)    \
+  auto status_or = (rexpr);                                  \
   if (!status_or.ok()) return std::move(status_or).status(); \
   lhs = std::move(status_or).value()

@@ -20,7 +20,7 @@
 #include "epfabric/kernels/low_latency.h"
 #include "epfabric/kernels/reference/fp8.h"
 #include "epfabric/kernels/reference/low_latency_reference.h"
-#include "gpu/gpu_placement.h"
+#include "gpu_placement.h"
 
 namespace epfabric::testing {
 

@@ -1,0 +1,190 @@
+// epfabric_worker, low-latency mode: one round's inputs of every rank, the host reference (with FP8 emulation), and
+// the checked round through the Buffer API.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checks.h"
+#include "memory.h"
+#include "worker.h"
+
+namespace epfabric::worker {
+namespace {
+
+struct LowLatencyRound {
+  host::LowLatencyShape shape;
+  std::vector<host::LowLatencyRankInput> inputs;
+  std::vector<host::LowLatencyDispatchOutput> dispatched;
+  std::vector<std::vector<uint16_t>> expert_outputs;
+  std::vector<std::vector<uint16_t>> combined;
+  std::vector<double> exact, magnitude, exact_bf16;  // this rank's [T][hidden]
+};
+
+// The experts of `rank`: f_e of every valid packed row, BF16 [L][R*M][hidden]; rows past the counts are zero.
+std::vector<uint16_t> LowLatencyExpertOutputs(const host::LowLatencyShape& shape, bool fp8, int rank,
+                                              const int32_t* count, const uint8_t* packed_x, const float* scales) {
+  const int L = shape.num_local_experts(), H = shape.hidden, G = H / 128;
+  const size_t slots = shape.recv_slots();
+  std::vector<uint16_t> out(static_cast<size_t>(L) * slots * H, 0);
+  for (int e = 0; e < L; ++e) {
+    const float scale = ExpertScale(static_cast<int64_t>(rank) * L + e);
+    for (int j = 0; j < std::min<int>(count[e], static_cast<int>(slots)); ++j) {
+      const size_t row = static_cast<size_t>(e) * slots + j;
+      for (int h = 0; h < H; ++h) {
+        float v;
+        if (fp8) {
+          v = host::Fp8E4M3ToFloat(packed_x[row * H + h]) * scales[(static_cast<size_t>(e) * G + h / 128) * slots + j];
+        } else {
+          uint16_t bits;
+          std::memcpy(&bits, packed_x + (row * H + h) * 2, 2);
+          v = ref::Bf16ToFloat(bits);
+        }
+        out[row * H + h] = ref::FloatToBf16(v * scale);
+      }
+    }
+  }
+  return out;
+}
+
+LowLatencyRound MakeLowLatencyRound(const Scenario& s, int num_ranks, int rank, int round) {
+  LowLatencyRound x;
+  x.shape = {.num_ranks = num_ranks,
+             .num_experts = s.experts,
+             .hidden = s.hidden,
+             .max_tokens_per_rank = s.tokens,
+             .num_topk = s.topk};
+  std::mt19937_64 rng = RoundRng(s, round);
+  std::uniform_real_distribution<float> weight(0.0f, 1.0f);
+  x.inputs.resize(num_ranks);
+  for (int r = 0; r < num_ranks; ++r) {
+    host::LowLatencyRankInput& in = x.inputs[r];
+    in.num_tokens = TokensOf(rng, s, r);
+    in.topk_idx = RandomTopk(rng, s, r, in.num_tokens);
+    in.x.resize(static_cast<size_t>(in.num_tokens) * s.hidden);
+    // Magnitudes differ between 128-channel groups, so that the FP8 scales differ.
+    for (size_t i = 0; i < in.x.size(); ++i) in.x[i] = RandomBf16(rng, (i / 128) % 3 == 0 ? 0.01f : 8.0f);
+    in.topk_weights.resize(in.topk_idx.size());
+    for (float& w : in.topk_weights) w = weight(rng);
+  }
+  x.dispatched = host::LowLatencyDispatchReference(x.shape, {.use_fp8 = s.fp8}, x.inputs);
+  x.expert_outputs.resize(num_ranks);
+  for (int r = 0; r < num_ranks; ++r) {
+    const host::LowLatencyDispatchOutput& o = x.dispatched[r];
+    x.expert_outputs[r] =
+        LowLatencyExpertOutputs(x.shape, s.fp8, r, o.packed_recv_count.data(), o.packed_recv_x.data(), o.scales.data());
+  }
+  x.combined = host::LowLatencyCombineReference(x.shape, x.inputs, x.expert_outputs, x.dispatched);
+  const host::LowLatencyRankInput& in = x.inputs[rank];
+  const int T = in.num_tokens, H = s.hidden;
+  x.exact.assign(static_cast<size_t>(T) * H, 0.0);
+  x.magnitude.assign(x.exact.size(), 0.0);
+  x.exact_bf16.assign(x.exact.size(), 0.0);
+  std::vector<uint8_t> q(H);
+  std::vector<float> q_scales(H / 128);
+  for (int t = 0; t < T; ++t) {
+    const uint16_t* row = &in.x[static_cast<size_t>(t) * H];
+    if (s.fp8) host::QuantizeRowFp8(row, H, /*round_scale=*/false, q.data(), q_scales.data());
+    for (int h = 0; h < H; ++h) {
+      const double original = ref::Bf16ToFloat(row[h]);
+      const double sent = s.fp8 ? double{host::Fp8E4M3ToFloat(q[h]) * q_scales[h / 128]} : original;
+      for (int k = 0; k < s.topk; ++k) {
+        const int64_t e = in.topk_idx[static_cast<size_t>(t) * s.topk + k];
+        if (e < 0 || e >= s.experts) continue;
+        const double w = in.topk_weights[static_cast<size_t>(t) * s.topk + k];
+        x.exact[static_cast<size_t>(t) * H + h] += w * ExpertScale(e) * sent;
+        x.magnitude[static_cast<size_t>(t) * H + h] += std::fabs(w * ExpertScale(e) * sent);
+        x.exact_bf16[static_cast<size_t>(t) * H + h] += w * ExpertScale(e) * original;
+      }
+    }
+  }
+  return x;
+}
+
+}  // namespace
+
+absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
+                                RoundStats* stats) {
+  const int R = buffer.num_ranks(), rank = buffer.rank();
+  const LowLatencyRound x = MakeLowLatencyRound(s, R, rank, round);
+  const host::LowLatencyRankInput& in = x.inputs[rank];
+  const host::LowLatencyDispatchOutput& want = x.dispatched[rank];
+  const int T = in.num_tokens, K = s.topk, H = s.hidden, L = x.shape.num_local_experts(), G = H / 128;
+  const size_t slots = x.shape.recv_slots();
+  const size_t elem = s.fp8 ? 1 : 2;
+  mem.Clear();
+  auto x_view = mem.Upload(in.x, DType::kBF16, {T, H});
+  auto idx_view = mem.Upload(in.topk_idx, DType::kInt64, {T, K});
+  auto w_view = mem.Upload(in.topk_weights, DType::kFloat32, {T, K});
+  for (const auto* v : {&x_view, &idx_view, &w_view}) {
+    if (!v->ok()) return v->status();
+  }
+  auto start = std::chrono::steady_clock::now();
+  MaybeDieDuringThisDispatch();
+  auto recv = buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8});
+  if (!recv.ok()) return recv.status();
+  if (absl::Status done = buffer.Check(); !done.ok()) return done;
+  stats->dispatch_ms = MsSince(start);
+  NoteDispatchCompleted();
+
+  const auto count = mem.Download<int32_t>(recv->packed_recv_count.view, L);
+  checks.Exact("packed_recv_count", count, want.packed_recv_count);
+  checks.Exact("packed_recv_layout_range", mem.Download<int64_t>(recv->packed_recv_layout_range.view, L * R),
+               want.layout_range);
+  const auto packed_x = mem.Download<uint8_t>(recv->packed_recv_x.view, L * slots * H * elem);
+  const auto scales = mem.Download<float>(recv->packed_recv_x_scales.view, s.fp8 ? L * slots * G : 0);
+  const auto src_info = mem.Download<int32_t>(recv->packed_recv_src_info.view, L * slots);
+  const bool usable = count.size() == static_cast<size_t>(L) && packed_x.size() == L * slots * H * elem &&
+                      src_info.size() == L * slots && scales.size() == (s.fp8 ? L * slots * G : 0);
+  // When the outputs are too small nothing is compared; the combine still runs (the peers wait for it).
+  if (!usable) checks.Fail("low-latency dispatch outputs are smaller than [L, R*M, hidden]");
+  uint64_t received = 0;
+  for (int e = 0; usable && e < L; ++e) {
+    const size_t n = static_cast<size_t>(std::max(0, std::min(count[e], want.packed_recv_count[e])));
+    received += n;
+    const size_t base = static_cast<size_t>(e) * slots;
+    checks.Exact(absl::StrCat("packed_recv_x[expert ", e, "]"),
+                 std::vector<uint8_t>(packed_x.begin() + base * H * elem, packed_x.begin() + (base + n) * H * elem),
+                 want.packed_recv_x.data() + base * H * elem, n * H * elem);
+    checks.Exact(absl::StrCat("packed_recv_src_info[expert ", e, "]"),
+                 std::vector<int32_t>(src_info.begin() + base, src_info.begin() + base + n),
+                 want.src_info.data() + base, n);
+    for (int g = 0; s.fp8 && g < G; ++g) {
+      const size_t at = (static_cast<size_t>(e) * G + g) * slots;
+      checks.Exact(absl::StrCat("packed_recv_x_scales[expert ", e, "][group ", g, "]"),
+                   std::vector<float>(scales.begin() + at, scales.begin() + at + n), want.scales.data() + at, n);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < K; ++k) stats->bytes += in.topk_idx[static_cast<size_t>(t) * K + k] >= 0 ? H * elem : 0;
+  }
+  stats->bytes += received * H * 2;
+
+  const std::vector<uint16_t> expert_out =
+      usable ? LowLatencyExpertOutputs(x.shape, s.fp8, rank, count.data(), packed_x.data(), scales.data())
+             : std::vector<uint16_t>(static_cast<size_t>(L) * slots * H, 0);
+  auto expert_view = mem.Upload(expert_out, DType::kBF16, {L, static_cast<int64_t>(slots), H});
+  if (!expert_view.ok()) return expert_view.status();
+  start = std::chrono::steady_clock::now();
+  auto combined = buffer.LowLatencyCombine(
+      {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
+  if (!combined.ok()) return combined.status();
+  if (absl::Status done = buffer.Check(); !done.ok()) return done;
+  stats->combine_ms = MsSince(start);
+
+  auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
+  if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;
+  if (s.exact) checks.Exact("combined_x", got, x.combined[rank]);
+  checks.WeightedSum("combined_x (weighted sum)", got, x.exact, x.magnitude);
+  for (size_t i = 0; i < got.size() && i < x.exact_bf16.size(); ++i) {
+    const double err = std::fabs(ref::Bf16ToFloat(got[i]) - x.exact_bf16[i]);
+    if (x.magnitude[i] > 0) checks.max_rel_err_vs_bf16 = std::max(checks.max_rel_err_vs_bf16, err / x.magnitude[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace epfabric::worker
