@@ -220,15 +220,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   std::string secret;
   if (!options.fabric_secret_file.empty()) {
-    auto read = common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file");
-    if (!read.ok()) return read.status();
-    secret = std::move(*read);
+    EPF_ASSIGN_OR_RETURN(secret, common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file"));
   }
   fabric::TlsFiles tls{options.tls_cert, options.tls_key, options.tls_ca, options.tls_target_name};
-  auto links = fabric::PeerLinks::Create(tls, secret, options.fabric_id,
-                                         common::PeerProofClaim{common::PeerRole::kMember, options.rank});
-  if (!links.ok()) return links.status();
-  s->links = std::move(*links);
+  EPF_ASSIGN_OR_RETURN(s->links,
+                       fabric::PeerLinks::Create(tls, secret, options.fabric_id,
+                                                 common::PeerProofClaim{common::PeerRole::kMember, options.rank}));
   security::PeerAuthConfig auth_config;
   auth_config.fabric_id = options.fabric_id;
   auth_config.secret = secret;

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/peer_auth.h"
+#include "epfabric/common/status_macros.h"
 #include "spdlog/common.h"
 
 namespace epfabric::daemon {
@@ -102,8 +103,7 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
                                   "--insecure_peer_port to listen without it"));
   }
   if (!o.fabric_secret_file.empty()) {
-    auto secret = common::ReadFabricSecretFile(o.fabric_secret_file, "fabric_secret_file");
-    if (!secret.ok()) return secret.status();
+    EPF_RETURN_IF_ERROR(common::ReadFabricSecretFile(o.fabric_secret_file, "fabric_secret_file"));
   }
   if (!o.coordinator.empty() && !o.insecure_peer_port && tls_files == 0) {
     auto coordinator = ParseHostPort(o.coordinator);

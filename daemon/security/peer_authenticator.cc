@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "epfabric/common/status_macros.h"
 
 namespace epfabric::daemon::security {
 
@@ -47,17 +48,15 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, 
     if (tls_common_name == nullptr) {
       return absl::UnauthenticatedError(absl::StrCat(method, ": no client certificate with a common name"));
     }
-    auto from_cert = FromCommonName(method, *tls_common_name);
-    if (!from_cert.ok()) return from_cert.status();
-    identity = *from_cert;
+    EPF_ASSIGN_OR_RETURN(identity, FromCommonName(method, *tls_common_name));
   }
   if (!config_.secret.empty()) {
-    auto claim = common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, now);
-    if (!claim.ok()) return claim.status();
+    EPF_ASSIGN_OR_RETURN(const common::PeerProofClaim claim,
+                         common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, now));
     PeerIdentity from_secret;
     from_secret.authenticated = true;
-    from_secret.role = claim->role;
-    from_secret.rank = claim->rank;
+    from_secret.role = claim.role;
+    from_secret.rank = claim.rank;
     if (identity.has_value() && (identity->role != from_secret.role || identity->rank != from_secret.rank)) {
       return absl::UnauthenticatedError(absl::StrCat(method, ": the certificate names ", identity->Describe(),
                                                      " but the fabric credential names ", from_secret.Describe()));
@@ -95,8 +94,8 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireMember(const grpc::Server
   auto identity = Authenticate(context, method);
   if (!identity.ok() || !identity->authenticated) return identity;
   if (identity->role != common::PeerRole::kMember) {
-    return absl::PermissionDeniedError(absl::StrCat(method, ": needs a member's credential; the caller is ",
-                                                    identity->Describe()));
+    return absl::PermissionDeniedError(
+        absl::StrCat(method, ": needs a member's credential; the caller is ", identity->Describe()));
   }
   if (rank >= 0 && identity->rank != rank) {
     return absl::PermissionDeniedError(
