@@ -220,19 +220,21 @@ absl::Status Lease::Detach() {
 }
 
 absl::Status Lease::Healthy() const {
+  // Through state_-> (not a local reference) so that the thread-safety analysis sees the lock that guards the fields.
   absl::MutexLock lock(&state_->mutex);
-  const State& s = *state_;
-  if (s.detached) return absl::FailedPreconditionError(absl::StrCat("lease ", s.attach.lease_id(), " was detached"));
-  EPF_RETURN_IF_ERROR(s.ended);
-  if (s.group_state == v1::GROUP_STATE_DEGRADED) {
-    return absl::UnavailableError(absl::StrCat("group '", s.attach.group().name(), "' is DEGRADED (epoch ", s.epoch,
+  const std::string& group = state_->attach.group().name();
+  if (state_->detached) {
+    return absl::FailedPreconditionError(absl::StrCat("lease ", state_->attach.lease_id(), " was detached"));
+  }
+  EPF_RETURN_IF_ERROR(state_->ended);
+  if (state_->group_state == v1::GROUP_STATE_DEGRADED) {
+    return absl::UnavailableError(absl::StrCat("group '", group, "' is DEGRADED (epoch ", state_->epoch,
                                                "): a member is down or restarted; delete and re-create the group"));
   }
-  if (s.group_state != v1::GROUP_STATE_READY) {
-    return absl::UnavailableError(
-        absl::StrCat("group '", s.attach.group().name(), "' is ", v1::GroupState_Name(s.group_state)));
+  if (state_->group_state != v1::GROUP_STATE_READY) {
+    return absl::UnavailableError(absl::StrCat("group '", group, "' is ", v1::GroupState_Name(state_->group_state)));
   }
-  return s.unreachable;
+  return state_->unreachable;
 }
 
 const std::string& Lease::lease_id() const { return state_->attach.lease_id(); }
@@ -257,22 +259,22 @@ uint64_t Lease::epoch() const {
 
 void* Lease::region(int group_rank) const {
   absl::MutexLock lock(&state_->mutex);
-  const auto& nvl = state_->nvl;
-  if (group_rank < 0 || group_rank >= static_cast<int>(nvl.size()) || !nvl[group_rank].has_value()) return nullptr;
-  return nvl[group_rank]->data();
+  if (group_rank < 0 || group_rank >= static_cast<int>(state_->nvl.size()) || !state_->nvl[group_rank].has_value())
+    return nullptr;
+  return state_->nvl[group_rank]->data();
 }
 
 uint64_t Lease::region_bytes(int group_rank) const {
   absl::MutexLock lock(&state_->mutex);
-  const auto& nvl = state_->nvl;
-  if (group_rank < 0 || group_rank >= static_cast<int>(nvl.size()) || !nvl[group_rank].has_value()) return 0;
-  return nvl[group_rank]->size();
+  if (group_rank < 0 || group_rank >= static_cast<int>(state_->nvl.size()) || !state_->nvl[group_rank].has_value())
+    return 0;
+  return state_->nvl[group_rank]->size();
 }
 
 const v1::RegionDescriptor* Lease::region_descriptor(int group_rank) const {
   absl::MutexLock lock(&state_->mutex);
-  const auto& nvl = state_->nvl;
-  if (group_rank < 0 || group_rank >= static_cast<int>(nvl.size()) || !nvl[group_rank].has_value()) return nullptr;
+  if (group_rank < 0 || group_rank >= static_cast<int>(state_->nvl.size()) || !state_->nvl[group_rank].has_value())
+    return nullptr;
   return &state_->nvl_descriptors[group_rank];
 }
 
@@ -365,8 +367,11 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
   s->ttl = absl::Milliseconds(attach.lease_ttl_ms());
   s->nvl_ranks.assign(attach.nvl_ranks().begin(), attach.nvl_ranks().end());
   std::sort(s->nvl_ranks.begin(), s->nvl_ranks.end());
-  s->group_state = attach.group().state();
-  s->epoch = attach.epoch();
+  {
+    absl::MutexLock lock(&s->mutex);  // not shared yet, but the fields are guarded: say so
+    s->group_state = attach.group().state();
+    s->epoch = attach.epoch();
+  }
   if (attach.world_size() <= 0 || attach.rank() != rank) {
     return absl::InternalError(
         absl::StrCat(what, ": the daemon answered rank ", attach.rank(), " of world size ", attach.world_size()));

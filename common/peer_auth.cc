@@ -33,8 +33,8 @@ std::string Mac(absl::string_view secret, absl::string_view message) {
 
 std::string SignedText(absl::string_view fabric_id, absl::string_view method, absl::string_view role, int rank,
                        int64_t unix_ms, absl::string_view nonce) {
-  return absl::StrCat("epfabric-peer-", kVersion, "|", fabric_id, "|", method, "|", role, "|", rank, "|", unix_ms,
-                      "|", nonce);
+  return absl::StrCat("epfabric-peer-", kVersion, "|", fabric_id, "|", method, "|", role, "|", rank, "|", unix_ms, "|",
+                      nonce);
 }
 
 class ProofInterceptor final : public grpc::experimental::Interceptor {
@@ -151,9 +151,8 @@ absl::StatusOr<PeerProofClaim> VerifyPeerProof(absl::string_view secret, absl::s
   }
   const std::string expected = Mac(secret, SignedText(fabric_id, method, parts[1], claim.rank, unix_ms, parts[4]));
   if (CRYPTO_memcmp(expected.data(), parts[5].data(), expected.size()) != 0) {
-    return absl::UnauthenticatedError(
-        absl::StrCat(method, ": the fabric credential does not verify for fabric '", fabric_id,
-                     "' (another fabric id or secret, or a forgery)"));
+    return absl::UnauthenticatedError(absl::StrCat(method, ": the fabric credential does not verify for fabric '",
+                                                   fabric_id, "' (another fabric id or secret, or a forgery)"));
   }
   const absl::Duration skew = absl::AbsDuration(now - absl::FromUnixMillis(unix_ms));
   if (skew > kPeerAuthMaxSkew) {

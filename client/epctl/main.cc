@@ -5,9 +5,9 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "epfabric/common/peer_auth.h"
 #include "epctl/commands.h"
 #include "epfabric/common/cli.h"
+#include "epfabric/common/peer_auth.h"
 
 ABSL_FLAG(std::string, socket, "", "Unix socket of the daemon (its --client_socket).");
 ABSL_FLAG(std::string, address, "", "host:port of the daemon's peer port, instead of --socket.");

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "epfabric/common/peer_auth.h"
 #include "absl/strings/str_join.h"
+#include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "groups/group_checks.h"
 #include "logging.h"

@@ -44,7 +44,7 @@ class Registry {
  private:
   struct Entry {
     v1::GroupInfo info;
-    std::string token_sha256;  // the coordinator keeps only the token's digest
+    std::string token_sha256;            // the coordinator keeps only the token's digest
     std::vector<uint64_t> incarnations;  // of the members at Commit, by group rank
   };
 

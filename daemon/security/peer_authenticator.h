@@ -28,7 +28,7 @@ struct PeerAuthConfig {
 
 struct PeerIdentity {
   common::PeerRole role = common::PeerRole::kMember;
-  int rank = -1;              // the member's rank; -1 for ops or when unchecked
+  int rank = -1;               // the member's rank; -1 for ops or when unchecked
   bool authenticated = false;  // false only with --insecure_peer_port
   std::string Describe() const;
 };

@@ -11,10 +11,10 @@
 
 #include <grpcpp/server_posix.h>
 
-#include "absl/time/clock.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "logging.h"
 
 namespace epfabric::daemon {
@@ -77,8 +77,7 @@ void ClientListener::AcceptLoop() {
       if (error == EMFILE || error == ENFILE) reserve_.ShedOne(listen_fd_);
       int suppressed = 0;
       if (error != EINTR && error != EAGAIN && error != ECONNABORTED && refusal_warning_.ShouldLog(&suppressed)) {
-        Logger("daemon")->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error),
-                               suppressed);
+        Logger("daemon")->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error), suppressed);
       }
       if (error == EMFILE || error == ENFILE) absl::SleepFor(absl::Milliseconds(10));
       continue;

@@ -120,8 +120,8 @@ void FdChannel::AcceptLoop() {
       if (error == EMFILE || error == ENFILE) reserve_.ShedOne(listen_fd_.get());
       int suppressed = 0;
       if (error != EINTR && error != EAGAIN && error != ECONNABORTED && refusal_warning_.ShouldLog(&suppressed)) {
-        Logger("fdchannel")->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error),
-                                  suppressed);
+        Logger("fdchannel")
+            ->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error), suppressed);
       }
       continue;
     }
@@ -134,8 +134,9 @@ void FdChannel::AcceptLoop() {
     if (!limits_.Admit(fd.get(), credentials->uid, &why)) {
       int suppressed = 0;
       if (refusal_warning_.ShouldLog(&suppressed)) {
-        Logger("fdchannel")->warn("{}: refusing a connection from {}: {} ({} similar warnings suppressed)", path_,
-                                  Describe(*credentials), why, suppressed);
+        Logger("fdchannel")
+            ->warn("{}: refusing a connection from {}: {} ({} similar warnings suppressed)", path_,
+                   Describe(*credentials), why, suppressed);
       }
       continue;  // closes it
     }
@@ -159,8 +160,9 @@ void FdChannel::Serve(Connection* connection) {
     pollfd entry{fd, POLLIN, 0};
     const int ready = poll(&entry, 1, kPollMs);
     if (ready == 0 && held_lease.empty() && absl::Now() - last_request > kIdleTimeout) {
-      Logger("fdchannel")->info("closing an idle connection of {} (no lease, nothing sent for {})",
-                                Describe(connection->peer), absl::FormatDuration(kIdleTimeout));
+      Logger("fdchannel")
+          ->info("closing an idle connection of {} (no lease, nothing sent for {})", Describe(connection->peer),
+                 absl::FormatDuration(kIdleTimeout));
       break;
     }
     if (ready == 0 || (ready < 0 && errno == EINTR)) continue;

@@ -1,6 +1,6 @@
 // Input checks of the intranode entry points, one copy for both backends (kernels/api/intranode_api.cc for CUDA,
-// kernels/host_backend/host_intranode.cc for the host backend), so that both refuse exactly the same input with the same
-// message. Errors are InvalidArgument naming the field and its value.
+// kernels/host_backend/host_intranode.cc for the host backend), so that both refuse exactly the same input with the
+// same message. Errors are InvalidArgument naming the field and its value.
 #pragma once
 
 #include "absl/status/status.h"

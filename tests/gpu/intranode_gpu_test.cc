@@ -1,8 +1,8 @@
 // GPU tests of the intranode kernels: groups of 1, 2 and 4 ranks driven from one process (a region per rank, one
 // stream per rank, every rank's kernel launched before any is waited on), compared element by element with the
-// host reference (kernels/reference/intranode_reference.h). Rank r runs on GPU r mod (visible GPUs): on a one-GPU machine
-// all ranks share GPU 0 (peers addressed by plain device pointers), with several GPUs through peer access. Every
-// case needs one GPU; the channel counts are chosen so that 4 ranks x channels fit on one H100/H200 (132 SMs; the
+// host reference (kernels/reference/intranode_reference.h). Rank r runs on GPU r mod (visible GPUs): on a one-GPU
+// machine all ranks share GPU 0 (peers addressed by plain device pointers), with several GPUs through peer access.
+// Every case needs one GPU; the channel counts are chosen so that 4 ranks x channels fit on one H100/H200 (132 SMs; the
 // harness refuses a shape whose blocks cannot all be resident). Inputs are fresh random data (the seed is printed) and
 // every output is poisoned with 0xFF bytes before each kernel writes it.
 //

@@ -262,7 +262,8 @@ TEST(Daemon, RefusesToReplaceARegularFile) {
 TEST(Daemon, CudaBackendWithoutGpuFailsClearly) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
   const std::string dir = MakeTempDir();
-  RunResult result = RunBinary(WithPeerCredential({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--backend=cuda"}));
+  RunResult result =
+      RunBinary(WithPeerCredential({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--backend=cuda"}));
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_THAT(result.err, HasSubstr("no CUDA device is visible"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/d.sock"));

@@ -210,7 +210,8 @@ TEST(Fabric, SecondDaemonClaimingALiveRankIsRefused) {
   // Its health says why, as a failure (not a warning about an unreachable coordinator), and epctl exits non-zero.
   v1::HealthReport report;
   grpc::ClientContext context;
-  ASSERT_TRUE(v1::Ops::NewStub((*duplicate)->SocketChannel())->GetHealth(&context, v1::GetHealthRequest(), &report).ok());
+  ASSERT_TRUE(
+      v1::Ops::NewStub((*duplicate)->SocketChannel())->GetHealth(&context, v1::GetHealthRequest(), &report).ok());
   EXPECT_EQ(report.overall(), v1::HealthReport::FAIL);
   bool refused = false;
   for (const auto& incident : report.incidents()) {

@@ -15,8 +15,8 @@ namespace {
 // A fabric secret file of this process (mode 0600): the peer port needs a credential.
 std::string SecretFile() {
   static const std::string path = [] {
-    const std::string file = (std::filesystem::temp_directory_path() /
-                              ("epf-unit-" + std::to_string(getpid()) + ".secret")).string();
+    const std::string file =
+        (std::filesystem::temp_directory_path() / ("epf-unit-" + std::to_string(getpid()) + ".secret")).string();
     std::ofstream(file) << "a-unit-test-fabric-secret\n";
     std::filesystem::permissions(file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
     return file;

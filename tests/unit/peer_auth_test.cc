@@ -92,8 +92,8 @@ TEST(PeerAuthenticator, SecretModeNeedsAProofAndBindsTheRank) {
   const absl::Time now = absl::Now();
   auto none = auth.Check(kJoin, nullptr, "", now);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated);
-  auto member = auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, now),
-                           now);
+  auto member =
+      auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, now), now);
   ASSERT_TRUE(member.ok()) << member.status();
   EXPECT_TRUE(member->authenticated);
   EXPECT_EQ(member->rank, 2);
@@ -122,8 +122,8 @@ TEST(PeerAuthenticator, TlsAndSecretMustNameTheSameRank) {
   daemon::security::PeerAuthenticator auth({"fab", kSecret, /*mutual_tls=*/true, /*insecure=*/false});
   const absl::Time now = absl::Now();
   const std::string cn = daemon::security::MemberCommonName("fab", 1);
-  EXPECT_TRUE(auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 1}, now), now)
-                  .ok());
+  EXPECT_TRUE(
+      auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 1}, now), now).ok());
   auto mismatch =
       auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 0}, now), now);
   EXPECT_THAT(mismatch.status().message(), HasSubstr("the certificate names member rank 1"));

@@ -3,7 +3,8 @@
 // Every member holds the same secret, read from a file only its owner can read. A caller never sends the secret:
 // each call carries, in the metadata `kPeerAuthMetadataKey`, a proof
 //
-//     v1:<role>:<rank>:<unix_ms>:<nonce>:<hex HMAC-SHA256(secret, "epfabric-peer-v1|fabric|method|role|rank|unix_ms|nonce")>
+//     v1:<role>:<rank>:<unix_ms>:<nonce>:<hex HMAC-SHA256(secret,
+//     "epfabric-peer-v1|fabric|method|role|rank|unix_ms|nonce")>
 //
 // bound to the fabric, the RPC method, the claimed role and rank, and the time (accepted within
 // kPeerAuthMaxSkew). A process that cannot read the secret file cannot make a proof; a server that is not a member
