@@ -1,6 +1,7 @@
 #include "services/connection_limits.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +26,19 @@ bool ConnectionLimits::Admit(int fd, uid_t uid, std::string* why) {
   if (live_.size() >= max_total_) {
     *why = absl::StrCat(live_.size(), " connections are open (limit ", max_total_, ")");
     return false;
+  }
+  // Never let connections take the descriptors gRPC, the regions and the peer links need: each listener gets at most
+  // a third of what the process may open beyond a reserve (read at every accept: `ulimit -n` may change).
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    const size_t budget = limit.rlim_cur > kReservedDescriptors ? (limit.rlim_cur - kReservedDescriptors) / 3 : 0;
+    if (live_.size() >= budget) {
+      *why = absl::StrCat(live_.size(),
+                          " connections are open, the most this listener may hold with a descriptor "
+                          "limit of ",
+                          limit.rlim_cur);
+      return false;
+    }
   }
   size_t of_uid = 0;
   for (const auto& [other_fd, entry] : live_) of_uid += entry.uid == uid ? 1 : 0;

@@ -16,6 +16,9 @@ namespace epfabric::daemon {
 
 class ConnectionLimits {
  public:
+  // Descriptors kept out of every listener's share (gRPC's own, regions, peer channels, logs).
+  static constexpr size_t kReservedDescriptors = 64;
+
   ConnectionLimits(size_t max_total, size_t max_per_uid) : max_total_(max_total), max_per_uid_(max_per_uid) {}
 
   // Records the accepted connection `fd` of `uid`; false, with `*why` saying which cap, when a cap is reached.
