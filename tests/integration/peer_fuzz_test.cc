@@ -17,6 +17,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
 #include "integration/fabric_under_test.h"
+#include "integration/peer_channel.h"
 
 namespace epfabric::testing {
 namespace {
@@ -170,13 +171,6 @@ class Mutator {
   std::mt19937_64 rng_;
 };
 
-std::string TestSecret() {
-  std::ifstream in(TestFabricSecretFile());
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!secret.empty() && secret.back() == '\n') secret.pop_back();
-  return secret;
-}
-
 TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   const char* env = std::getenv("EPF_FUZZ_SECONDS");
   const absl::Duration budget = absl::Seconds(env != nullptr ? std::atoi(env) : 8);
@@ -197,7 +191,7 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   const v1::FabricView view = *(*fabric)->Fabric(0);
   std::vector<std::string> addresses;
   for (const auto& member : view.membership().members()) addresses.push_back(member.peer_address());
-  const std::string secret = TestSecret();
+  const std::string secret = TestFabricSecret();
 
   // Valid seeds, one per method.
   v1::JoinRequest join;

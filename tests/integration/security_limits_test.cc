@@ -18,6 +18,7 @@
 #include "epfabric/common/peer_auth.h"
 #include "epfabric/v1/peer.grpc.pb.h"
 #include "integration/fabric_under_test.h"
+#include "integration/peer_channel.h"
 
 namespace epfabric::testing {
 namespace {
@@ -27,19 +28,9 @@ using Code = grpc::StatusCode;
 
 const std::vector<std::string> kFast = {"--heartbeat_ms=100", "--heartbeat_misses=3"};
 
-std::string Secret() {
-  std::ifstream in(TestFabricSecretFile());
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!secret.empty() && secret.back() == '\n') secret.pop_back();
-  return secret;
-}
-
 std::unique_ptr<v1::Peer::Stub> PeerAs(const std::string& address, const std::string& fabric_id,
                                        common::PeerProofClaim claim) {
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(common::MakePeerProofInterceptorFactory(Secret(), fabric_id, claim));
-  return v1::Peer::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
-      address, grpc::InsecureChannelCredentials(), grpc::ChannelArguments(), std::move(interceptors)));
+  return v1::Peer::NewStub(PeerChannel(address, fabric_id, claim));
 }
 
 template <typename Call>

@@ -15,6 +15,7 @@
 #include "epfabric/v1/peer.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "integration/fabric_under_test.h"
+#include "integration/peer_channel.h"
 
 namespace epfabric::testing {
 namespace {
@@ -23,24 +24,6 @@ using ::testing::HasSubstr;
 using Code = grpc::StatusCode;
 
 const std::vector<std::string> kFast = {"--heartbeat_ms=100", "--heartbeat_misses=3"};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A channel to a peer port that proves `claim` with the test secret (`with_proof`), or carries nothing.
-std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address, const std::string& fabric_id,
-                                           std::optional<common::PeerProofClaim> claim) {
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (claim.has_value()) {
-    std::string secret = ReadFile(TestFabricSecretFile());
-    while (!secret.empty() && secret.back() == '\n') secret.pop_back();
-    interceptors.push_back(common::MakePeerProofInterceptorFactory(secret, fabric_id, *claim));
-  }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(),
-                                                                 grpc::ChannelArguments(), std::move(interceptors));
-}
 
 common::PeerProofClaim Member(int rank) { return {common::PeerRole::kMember, rank}; }
 
