@@ -320,6 +320,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Client server: no listening port of gRPC's own; ClientListener accepts and hands connections over.
   {
     grpc::ServerBuilder builder;
+    // A client connection with no call for 10 minutes is closed (a lease's keep-alives come every TTL/3, at most
+    // 100 s apart); gRPC clients reconnect on their next call.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60 * 1000);
     builder.RegisterService(s->control.get());
     builder.RegisterService(s->ops.get());
     grpc::Server* client_server = nullptr;

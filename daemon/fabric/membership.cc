@@ -271,7 +271,18 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
     return absl::InvalidArgumentError(
         absl::StrCat("member.rank: ", rank, " cannot join (ranks 1..", config_.world_size - 1, " join rank 0)"));
   }
-  if (member.peer_address().empty()) return absl::InvalidArgumentError("member.peer_address: empty");
+  if (member.peer_address().empty() || member.peer_address().size() > 256 ||
+      member.peer_address().find_first_of(" /\\") != std::string::npos) {
+    return absl::InvalidArgumentError("member.peer_address: not a host:port");
+  }
+  // Clients connect to a member's fd side channel at this path: an absolute socket path, nothing else.
+  if (!member.fd_socket().empty() && (member.fd_socket()[0] != '/' || member.fd_socket().size() > 107 ||
+                                      member.fd_socket().find("/../") != std::string::npos)) {
+    return absl::InvalidArgumentError("member.fd_socket: not an absolute Unix socket path of at most 107 bytes");
+  }
+  if (member.host_id().size() > 256 || member.gpu_uuid().size() > 128 || member.version().size() > 64) {
+    return absl::InvalidArgumentError("member: host_id, gpu_uuid or version too long");
+  }
   if (member.incarnation() == 0) return absl::InvalidArgumentError("member.incarnation: 0 is not an incarnation");
   if (request.known_epoch() > kMaxEpoch) {
     return absl::InvalidArgumentError(absl::StrCat("known_epoch: ", request.known_epoch(), " is above ", kMaxEpoch));

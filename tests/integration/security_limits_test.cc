@@ -103,6 +103,16 @@ TEST(PeerRequests, ForgedGroupRequestsAreRefusedAndCrashNothing) {
   v1::JoinResponse joined;
   status = Timed([&](auto* c) { return as_one->Join(c, join, &joined); });
   EXPECT_TRUE(status.ok()) << status.error_message();
+  // Addresses and socket paths in a Join are checked too (clients connect to the announced fd socket).
+  v1::JoinRequest bad_path = join;
+  bad_path.clear_groups();
+  bad_path.mutable_member()->set_fd_socket("relative/path.fds");
+  status = Timed([&](auto* c) { return as_one->Join(c, bad_path, &joined); });
+  EXPECT_EQ(status.error_code(), Code::INVALID_ARGUMENT) << status.error_message();
+  bad_path.mutable_member()->set_fd_socket(view.membership().members(1).fd_socket());
+  bad_path.mutable_member()->set_peer_address("127.0.0.1:1/../x");
+  status = Timed([&](auto* c) { return as_one->Join(c, bad_path, &joined); });
+  EXPECT_EQ(status.error_code(), Code::INVALID_ARGUMENT) << status.error_message();
   v1::RetireGroupRequest retire;
   retire.set_fabric_id(fabric_id);
   retire.set_name("phantom");
