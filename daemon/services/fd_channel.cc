@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -58,13 +59,28 @@ absl::Status FdChannel::Start(const std::string& path, uint32_t mode) {
     unlink(path.c_str());
     return absl::InternalError(absl::StrCat("fd side channel: ", path, ": ", strerror(err)));
   }
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) {
+    const int err = errno;
+    listen_fd_.reset();
+    unlink(path.c_str());
+    return absl::InternalError(absl::StrCat("fd side channel: eventfd: ", strerror(err)));
+  }
+  poll_thread_ = std::thread([this] { PollLoop(); });
+  for (int i = 0; i < kWorkers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
   return absl::OkStatus();
 }
+
+bool FdChannel::HasWorkOrStopping() const { return stopping_ || !ready_.empty(); }
 
 bool FdChannel::stopping() const {
   absl::MutexLock lock(&mutex_);
   return stopping_;
+}
+
+void FdChannel::Wake() {
+  const uint64_t one = 1;
+  if (wake_fd_.valid()) (void)!write(wake_fd_.get(), &one, sizeof(one));
 }
 
 void FdChannel::Stop() {
@@ -72,8 +88,13 @@ void FdChannel::Stop() {
     absl::MutexLock lock(&mutex_);
     if (stopping_) return;
     stopping_ = true;
+    // Wakes a worker stuck in a read or write of its connection; the channel leaves the leases alone when stopping.
+    for (auto& connection : connections_) shutdown(connection->fd.get(), SHUT_RDWR);
   }
-  if (accept_thread_.joinable()) accept_thread_.join();
+  Wake();
+  if (poll_thread_.joinable()) poll_thread_.join();
+  for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
   if (listen_fd_.valid()) {
     listen_fd_.reset();
     unlink(path_.c_str());
@@ -82,130 +103,156 @@ void FdChannel::Stop() {
   {
     absl::MutexLock lock(&mutex_);
     connections.swap(connections_);
-    // Wakes every connection thread out of poll/recv; they see stopping_ and leave the leases alone.
-    for (auto& connection : connections) shutdown(connection->fd.get(), SHUT_RDWR);
-  }
-  for (auto& connection : connections) {
-    if (connection->thread.joinable()) connection->thread.join();
+    ready_.clear();
   }
 }
 
-void FdChannel::ReapFinished() {
-  std::list<std::unique_ptr<Connection>> finished;
-  {
-    absl::MutexLock lock(&mutex_);
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      if ((*it)->finished.load()) {
-        finished.push_back(std::move(*it));
-        it = connections_.erase(it);
-      } else {
+void FdChannel::Accept() {
+  common::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (!fd.valid()) {
+    const int error = errno;
+    if (error == EMFILE || error == ENFILE) reserve_.ShedOne(listen_fd_.get());
+    int suppressed = 0;
+    if (error != EINTR && error != EAGAIN && error != ECONNABORTED && refusal_warning_.ShouldLog(&suppressed)) {
+      Logger("fdchannel")
+          ->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error), suppressed);
+    }
+    return;
+  }
+  auto credentials = common::GetPeerCredentials(fd.get());
+  if (!credentials.ok()) {
+    Logger("fdchannel")->warn("{}: dropping a connection: {}", path_, credentials.status().ToString());
+    return;
+  }
+  std::string why;
+  if (!limits_.Admit(fd.get(), credentials->uid, &why)) {
+    int suppressed = 0;
+    if (refusal_warning_.ShouldLog(&suppressed)) {
+      Logger("fdchannel")
+          ->warn("{}: refusing a connection from {}: {} ({} similar warnings suppressed)", path_,
+                 Describe(*credentials), why, suppressed);
+    }
+    return;  // closes it
+  }
+  auto connection = std::make_unique<Connection>();
+  connection->fd = std::move(fd);
+  connection->peer = *credentials;
+  connection->last_activity = absl::Now();
+  Logger("fdchannel")->debug("connection from {}", Describe(connection->peer));
+  absl::MutexLock lock(&mutex_);
+  connections_.push_back(std::move(connection));
+}
+
+void FdChannel::PollLoop() {
+  std::vector<pollfd> entries;
+  std::vector<Connection*> polled;
+  while (true) {
+    entries.assign({pollfd{wake_fd_.get(), POLLIN, 0}, pollfd{listen_fd_.get(), POLLIN, 0}});
+    polled.clear();
+    {
+      absl::MutexLock lock(&mutex_);
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      for (auto it = connections_.begin(); it != connections_.end();) {
+        Connection* connection = it->get();
+        if (connection->finished) {  // its worker closed it: the descriptor closes with it here
+          limits_.Release(connection->fd.get());
+          it = connections_.erase(it);
+          continue;
+        }
+        if (!connection->busy && connection->held_lease.empty() && now - connection->last_activity > kIdleTimeout) {
+          Logger("fdchannel")
+              ->info("closing an idle connection of {} (no lease, nothing sent for {})", Describe(connection->peer),
+                     absl::FormatDuration(kIdleTimeout));
+          limits_.Release(connection->fd.get());
+          it = connections_.erase(it);
+          continue;
+        }
+        if (!connection->busy) {
+          entries.push_back(pollfd{connection->fd.get(), POLLIN, 0});
+          polled.push_back(connection);
+        }
         ++it;
       }
     }
-  }
-  for (auto& connection : finished) {
-    connection->thread.join();
-    limits_.Release(connection->fd.get());  // then the fd closes with it
-  }
-}
-
-void FdChannel::AcceptLoop() {
-  while (!stopping()) {
-    ReapFinished();
-    pollfd entry{listen_fd_.get(), POLLIN, 0};
-    if (poll(&entry, 1, kPollMs) <= 0) continue;
-    common::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd.valid()) {
-      const int error = errno;
-      if (error == EMFILE || error == ENFILE) reserve_.ShedOne(listen_fd_.get());
-      int suppressed = 0;
-      if (error != EINTR && error != EAGAIN && error != ECONNABORTED && refusal_warning_.ShouldLog(&suppressed)) {
-        Logger("fdchannel")
-            ->warn("accept on {}: {} ({} similar warnings suppressed)", path_, strerror(error), suppressed);
-      }
-      continue;
+    if (poll(entries.data(), entries.size(), kPollMs) <= 0) continue;
+    if (entries[0].revents != 0) {
+      uint64_t drained = 0;
+      (void)!read(wake_fd_.get(), &drained, sizeof(drained));
     }
-    auto credentials = common::GetPeerCredentials(fd.get());
-    if (!credentials.ok()) {
-      Logger("fdchannel")->warn("{}: dropping a connection: {}", path_, credentials.status().ToString());
-      continue;
-    }
-    std::string why;
-    if (!limits_.Admit(fd.get(), credentials->uid, &why)) {
-      int suppressed = 0;
-      if (refusal_warning_.ShouldLog(&suppressed)) {
-        Logger("fdchannel")
-            ->warn("{}: refusing a connection from {}: {} ({} similar warnings suppressed)", path_,
-                   Describe(*credentials), why, suppressed);
-      }
-      continue;  // closes it
-    }
-    auto connection = std::make_unique<Connection>();
-    connection->fd = std::move(fd);
-    connection->peer = *credentials;
-    Connection* raw = connection.get();
+    if (entries[1].revents != 0) Accept();
+    // Workers wait for ready_ through the mutex's condition.
     absl::MutexLock lock(&mutex_);
-    if (stopping_) return;
-    Logger("fdchannel")->debug("connection from {}", Describe(raw->peer));
-    raw->thread = std::thread([this, raw] { Serve(raw); });
-    connections_.push_back(std::move(connection));
+    for (size_t i = 0; i < polled.size(); ++i) {
+      if (entries[i + 2].revents == 0) continue;
+      polled[i]->busy = true;
+      ready_.push_back(polled[i]);
+    }
   }
 }
 
-void FdChannel::Serve(Connection* connection) {
-  const int fd = connection->fd.get();
-  std::string held_lease;
-  absl::Time last_request = absl::Now();
-  while (!stopping()) {
-    pollfd entry{fd, POLLIN, 0};
-    const int ready = poll(&entry, 1, kPollMs);
-    if (ready == 0 && held_lease.empty() && absl::Now() - last_request > kIdleTimeout) {
-      Logger("fdchannel")
-          ->info("closing an idle connection of {} (no lease, nothing sent for {})", Describe(connection->peer),
-                 absl::FormatDuration(kIdleTimeout));
-      break;
+void FdChannel::WorkerLoop() {
+  while (true) {
+    Connection* connection = nullptr;
+    {
+      absl::MutexLock lock(&mutex_);
+      mutex_.Await(absl::Condition(this, &FdChannel::HasWorkOrStopping));
+      if (stopping_) return;
+      connection = ready_.front();
+      ready_.pop_front();
     }
-    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
-    last_request = absl::Now();
-    if (ready < 0 || stopping()) break;
-    // Clients never send descriptors: max_fds = 0 refuses (and closes) any that arrive.
-    auto message = common::ReceiveFds(fd, kMessageTimeout, /*max_fds=*/0, kMaxRequestBytes);
-    if (!message.ok()) {
-      if (message.status().code() != absl::StatusCode::kUnavailable) {
-        // The stream cannot be resynchronised after a refused or incomplete message: answer, then close.
-        Logger("fdchannel")
-            ->info("closing the connection of {}: {}", Describe(connection->peer), message.status().ToString());
-        const v1::FdResponse response = ErrorResponse(absl::Status(
-            message.status().code() == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kInvalidArgument
-                                                                            : message.status().code(),
-            absl::StrCat(message.status().message(), "; closing the connection")));
-        (void)common::SendFds(fd, {}, response.SerializeAsString(), kMessageTimeout);
-      }
-      break;
+    const bool keep = ServeOne(connection);
+    if (!keep) {
+      // The peer sees the end of the connection now; the descriptor is closed when the poller reaps it.
+      shutdown(connection->fd.get(), SHUT_RDWR);
+      if (!connection->held_lease.empty()) OnConnectionClosed(connection->held_lease, connection->peer);
     }
-    Answer answer;
-    v1::FdRequest request;
-    if (!request.ParseFromString(message->payload)) {
-      answer.response = ErrorResponse(absl::InvalidArgumentError(
-          absl::StrCat("payload: ", message->payload.size(), " bytes that are not an epfabric.v1.FdRequest")));
-    } else {
-      answer = Handle(request, connection->peer, &held_lease);
+    {
+      absl::MutexLock lock(&mutex_);
+      connection->busy = false;
+      connection->finished = !keep;
+      connection->last_activity = absl::Now();
     }
-    if (answer.response.code() != 0) {
-      Logger("fdchannel")->info("refused a request from {}: {}", Describe(connection->peer), answer.response.message());
-    }
-    std::vector<int> fds;
-    if (answer.fd.valid()) fds.push_back(answer.fd.get());
-    if (absl::Status sent = common::SendFds(fd, fds, answer.response.SerializeAsString(), kMessageTimeout);
-        !sent.ok()) {
-      Logger("fdchannel")->info("answering {}: {}", Describe(connection->peer), sent.ToString());
-      break;
-    }
+    Wake();
   }
-  // The peer sees the end of the connection now; the descriptor itself is closed when the thread is reaped.
-  shutdown(fd, SHUT_RDWR);
-  if (!held_lease.empty()) OnConnectionClosed(held_lease, connection->peer);
-  connection->finished.store(true);
+}
+
+bool FdChannel::ServeOne(Connection* connection) {
+  const int fd = connection->fd.get();
+  // Clients never send descriptors: max_fds = 0 refuses (and closes) any that arrive.
+  auto message = common::ReceiveFds(fd, kMessageTimeout, /*max_fds=*/0, kMaxRequestBytes);
+  if (!message.ok()) {
+    if (message.status().code() != absl::StatusCode::kUnavailable) {
+      // The stream cannot be resynchronised after a refused or incomplete message: answer, then close.
+      Logger("fdchannel")
+          ->info("closing the connection of {}: {}", Describe(connection->peer), message.status().ToString());
+      const v1::FdResponse response = ErrorResponse(absl::Status(
+          message.status().code() == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kInvalidArgument
+                                                                          : message.status().code(),
+          absl::StrCat(message.status().message(), "; closing the connection")));
+      (void)common::SendFds(fd, {}, response.SerializeAsString(), kMessageTimeout);
+    }
+    return false;
+  }
+  if (stopping()) return false;
+  Answer answer;
+  v1::FdRequest request;
+  if (!request.ParseFromString(message->payload)) {
+    answer.response = ErrorResponse(absl::InvalidArgumentError(
+        absl::StrCat("payload: ", message->payload.size(), " bytes that are not an epfabric.v1.FdRequest")));
+  } else {
+    answer = Handle(request, connection->peer, &connection->held_lease);
+  }
+  if (answer.response.code() != 0) {
+    Logger("fdchannel")->info("refused a request from {}: {}", Describe(connection->peer), answer.response.message());
+  }
+  std::vector<int> fds;
+  if (answer.fd.valid()) fds.push_back(answer.fd.get());
+  if (absl::Status sent = common::SendFds(fd, fds, answer.response.SerializeAsString(), kMessageTimeout); !sent.ok()) {
+    Logger("fdchannel")->info("answering {}: {}", Describe(connection->peer), sent.ToString());
+    return false;
+  }
+  return true;
 }
 
 FdChannel::Answer FdChannel::Handle(const v1::FdRequest& request, const common::PeerCredentials& peer,

@@ -3,18 +3,21 @@
 // a client's connection holds its lease, so that the lease ends when the client's process exits or is killed, whatever
 // the backend. Protocol: proto/epfabric/v1/fdchannel.proto, framed by epfabric/common/fd_passing.h; docs/client.md.
 //
-// One thread per connection (they are few: one per attached client, plus short ones for peers' fds); every read
-// and write has a deadline, so a stalled client only ever holds up its own connection.
+// Threads: one poller (accepts, watches every idle connection, closes idle ones) and a fixed pool of kWorkers that
+// serve one request each time a connection becomes readable. Connections cost no thread while they wait (an
+// attached client holds its lease on one for as long as it lives). Every read and write has a deadline
+// (kMessageTimeout), so a stalled client holds up at most one worker for that long.
 #pragma once
 
 #include <sys/types.h>
 
-#include <atomic>
+#include <deque>
 #include <list>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -39,6 +42,8 @@ class FdChannel {
   static constexpr size_t kMaxConnectionsPerUid = 64;
   // A connection that holds no lease and sends nothing for this long is closed.
   static constexpr absl::Duration kIdleTimeout = absl::Seconds(60);
+  // Workers serving requests; requests are short (a map lookup and a sendmsg).
+  static constexpr int kWorkers = 4;
   // A message that started arriving must be complete within this; the connection is closed otherwise.
   static constexpr absl::Duration kMessageTimeout = absl::Seconds(5);
 
@@ -68,20 +73,29 @@ class FdChannel {
   struct Connection {
     common::UniqueFd fd;
     common::PeerCredentials peer;
-    std::thread thread;
-    std::atomic<bool> finished{false};
+    std::string held_lease;    // touched only by the worker serving the connection (one at a time)
+    absl::Time last_activity;  // guarded by mutex_
+    bool busy = false;         // queued or being served; guarded by mutex_
+    bool finished = false;     // closed by its worker; reaped by the poller; guarded by mutex_
   };
 
-  void AcceptLoop();
-  void Serve(Connection* connection);
-  // Joins and closes connections whose thread finished.
-  void ReapFinished() ABSL_LOCKS_EXCLUDED(mutex_);
+  // The poller: accepts, hands readable connections to the workers, closes idle ones, reaps finished ones.
+  void PollLoop();
+  void Accept();
+  void WorkerLoop();
+  // Serves one request of `connection`; false when the connection is to be closed.
+  bool ServeOne(Connection* connection);
+  // Wakes the poller (a connection came back from a worker, or the channel stops).
+  void Wake();
   bool stopping() const;
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   groups::GroupManager* const groups_;
   std::string path_;
   common::UniqueFd listen_fd_;
-  std::thread accept_thread_;
+  common::UniqueFd wake_fd_;  // eventfd
+  std::thread poll_thread_;
+  std::vector<std::thread> workers_;
 
   ConnectionLimits limits_{kMaxConnections, kMaxConnectionsPerUid};
   DescriptorReserve reserve_;
@@ -90,6 +104,7 @@ class FdChannel {
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
   std::list<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mutex_);
+  std::deque<Connection*> ready_ ABSL_GUARDED_BY(mutex_);  // readable connections waiting for a worker
   // Leases held by a live connection (a lease is held by at most one).
   std::set<std::string> held_leases_ ABSL_GUARDED_BY(mutex_);
 };
