@@ -23,13 +23,7 @@ constexpr absl::string_view kVersion = "v1";
 
 absl::string_view RoleName(PeerRole role) { return role == PeerRole::kMember ? "member" : "ops"; }
 
-std::string Mac(absl::string_view secret, absl::string_view message) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), length));
-}
+std::string Mac(absl::string_view secret, absl::string_view message) { return HmacSha256Hex(secret, message); }
 
 std::string SignedText(absl::string_view fabric_id, absl::string_view method, absl::string_view role, int rank,
                        int64_t unix_ms, absl::string_view nonce) {
@@ -73,6 +67,14 @@ class ProofInterceptorFactory final : public grpc::experimental::ClientIntercept
 };
 
 }  // namespace
+
+std::string HmacSha256Hex(absl::string_view key, absl::string_view message) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
+       message.size(), mac, &length);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), length));
+}
 
 absl::StatusOr<std::string> ReadFabricSecretFile(const std::string& path, absl::string_view flag) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

@@ -24,6 +24,7 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_manager.h"
+#include "transport/transport.h"
 #include "logging.h"
 #include "memory/region.h"
 #include "security/peer_authenticator.h"
@@ -127,6 +128,7 @@ struct Daemon::State {
 
   std::unique_ptr<fabric::PeerLinks> links;
   std::unique_ptr<memory::RegionAllocator> allocator;
+  std::unique_ptr<transport::Transport> transport;  // before groups: outlives every group's transport
   std::unique_ptr<fabric::Membership> membership;
   std::unique_ptr<groups::GroupManager> groups;
   std::unique_ptr<FdChannel> fd_channel;  // declared after groups: stopped before the group manager goes
@@ -247,6 +249,23 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         memory::MakeHostAllocator(absl::StrCat(options.fabric_id, ".d", options.rank), options.max_region_bytes);
   }
 
+  EPF_ASSIGN_OR_RETURN(const HostPort peer_listen, ParseHostPort(options.peer_listen));
+  {
+    transport::TransportOptions transport_options;
+    // auto: verbs only when a device can register the regions; the socket wire otherwise (and until the verbs wire is
+    // built in, always).
+    transport_options.kind = options.transport == "verbs" ? v1::TRANSPORT_VERBS : v1::TRANSPORT_SOCKET;
+    transport_options.socket.listen =
+        !options.data_listen.empty()
+            ? options.data_listen
+            : (peer_listen.host.find(':') != std::string::npos ? absl::StrCat("[", peer_listen.host, "]:0")
+                                                                : absl::StrCat(peer_listen.host, ":0"));
+    transport_options.proxy.threads = options.proxy_threads;
+    transport_options.proxy.spin = absl::Microseconds(options.proxy_spin_us);
+    transport_options.name_prefix = absl::StrCat(options.fabric_id, ".d", options.rank);
+    EPF_ASSIGN_OR_RETURN(s->transport, transport::Transport::Start(transport_options));
+  }
+
   fabric::FabricConfig fabric_config;
   fabric_config.fabric_id = options.fabric_id;
   fabric_config.rank = options.rank;
@@ -262,6 +281,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   self.set_incarnation(RandomIncarnation());
   self.set_state(v1::MEMBER_STATE_UP);
   self.set_fd_socket(s->fd_socket_path);
+  self.set_transport(s->transport->kind());
+  self.set_data_address(s->transport->data_address());
   if (s->backend.backend == v1::BACKEND_CUDA) {
     for (const v1::Gpu& gpu : topology::DiscoverGpus(options.system_root)) {
       if (gpu.ordinal() == s->backend.device) self.set_gpu_uuid(gpu.uuid());
@@ -272,7 +293,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
   s->groups = std::make_unique<groups::GroupManager>(
       s->membership.get(), s->links.get(), s->allocator.get(), lease_limits,
-      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes});
+      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes},
+      s->transport.get());
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });
@@ -294,7 +316,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   // Peer server first: its port becomes part of this daemon's identity in the fabric.
-  EPF_ASSIGN_OR_RETURN(const HostPort listen, ParseHostPort(options.peer_listen));
+  const HostPort& listen = peer_listen;
   {
     grpc::ServerBuilder builder;
     int selected_port = 0;
@@ -359,10 +381,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   Logger("daemon")->info(
       "epfabricd {} rank {}/{} fabric '{}' backend {} device {}: clients on unix:{} and unix:{} (mode {:o}), "
-      "peers on {}{}",
+      "peers on {}{}; transport {}",
       EPF_VERSION, options.rank, options.world_size, options.fabric_id, v1::Backend_Name(s->backend.backend),
       s->backend.device, s->socket_path, s->fd_socket_path, options.client_socket_mode,
-      s->membership->self().peer_address(), s->links->tls() ? " (mutual TLS)" : "");
+      s->membership->self().peer_address(), s->links->tls() ? " (mutual TLS)" : "", s->transport->Describe());
   return std::unique_ptr<Daemon>(new Daemon(std::move(state)));
 }
 
@@ -398,6 +420,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     if (server != nullptr) server->Wait();
   }
   s->groups.reset();
+  s->transport.reset();
   log->info("stopped");
 }
 

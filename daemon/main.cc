@@ -44,6 +44,12 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate for mutual TLS on the peer
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for mutual TLS on the peer port.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to.");
 ABSL_FLAG(std::string, tls_target_name, "", "Name to check in peers' certificates instead of the dialled host.");
+ABSL_FLAG(std::string, transport, "auto",
+          "Wire between hosts: auto (verbs when an RDMA device can register the regions, else socket), socket or verbs.");
+ABSL_FLAG(std::string, data_listen, "",
+          "Socket wire: host:port of the data listener; empty = the --peer_listen host, any free port.");
+ABSL_FLAG(int, proxy_threads, 2, "Threads that drain the transport's command rings (1..64).");
+ABSL_FLAG(int, proxy_spin_us, 1000, "How long an idle proxy thread spins before it sleeps, in microseconds.");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
 
 namespace {
@@ -85,6 +91,10 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   o.tls_target_name = absl::GetFlag(FLAGS_tls_target_name);
+  o.transport = absl::GetFlag(FLAGS_transport);
+  o.data_listen = absl::GetFlag(FLAGS_data_listen);
+  o.proxy_threads = absl::GetFlag(FLAGS_proxy_threads);
+  o.proxy_spin_us = absl::GetFlag(FLAGS_proxy_spin_us);
   EPF_RETURN_IF_ERROR(epfabric::daemon::ValidateOptions(o));
   return o;
 }

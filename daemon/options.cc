@@ -105,6 +105,27 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   if (!o.fabric_secret_file.empty()) {
     EPF_RETURN_IF_ERROR(common::ReadFabricSecretFile(o.fabric_secret_file, "fabric_secret_file"));
   }
+  if (o.transport != "auto" && o.transport != "socket" && o.transport != "verbs") {
+    return FlagError("transport", absl::StrCat("'", o.transport, "' is not auto, socket or verbs"));
+  }
+  if (!o.data_listen.empty()) {
+    auto data = ParseHostPort(o.data_listen);
+    if (!data.ok()) return FlagError("data_listen", std::string(data.status().message()));
+    // The data port proves each connection's group, but its frames travel in plaintext: off the host only where the
+    // operator said the network is trusted (the same rule as the peer port's).
+    if (!IsLoopbackHost(data->host) && !o.insecure_peer_port && tls_files == 0) {
+      return FlagError("data_listen",
+                       absl::StrCat("'", data->host,
+                                    "' is not a loopback address; the socket wire carries data in plaintext: give "
+                                    "--tls_cert/--tls_key/--tls_ca (a fabric between hosts) or --insecure_peer_port"));
+    }
+  }
+  if (o.proxy_threads < 1 || o.proxy_threads > 64) {
+    return FlagError("proxy_threads", absl::StrCat(o.proxy_threads, " is not in 1..64"));
+  }
+  if (o.proxy_spin_us < 0 || o.proxy_spin_us > 1000000) {
+    return FlagError("proxy_spin_us", absl::StrCat(o.proxy_spin_us, " is not in 0..1000000"));
+  }
   if (!o.coordinator.empty() && !o.insecure_peer_port && tls_files == 0) {
     auto coordinator = ParseHostPort(o.coordinator);
     if (coordinator.ok() && !IsLoopbackHost(coordinator->host)) {

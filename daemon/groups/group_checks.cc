@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "epfabric/kernels/transport/ring.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
@@ -35,6 +36,15 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
   }
   if (!v1::MemorySharing_IsValid(request.memory_sharing())) {
     return absl::InvalidArgumentError(absl::StrCat("memory_sharing: ", request.memory_sharing(), " is not a value"));
+  }
+  if (request.transport_channels() > static_cast<uint32_t>(kernels::transport::kMaxChannels)) {
+    return absl::InvalidArgumentError(absl::StrCat("transport_channels: ", request.transport_channels(),
+                                                   " is over the limit of ", kernels::transport::kMaxChannels));
+  }
+  if (request.ring_slots() != 0 && !kernels::transport::ValidRingSlots(request.ring_slots())) {
+    return absl::InvalidArgumentError(absl::StrCat("ring_slots: ", request.ring_slots(), " is not a power of two in [",
+                                                   kernels::transport::kMinRingSlots, ", ",
+                                                   kernels::transport::kMaxRingSlots, "]"));
   }
   return absl::OkStatus();
 }
@@ -68,6 +78,13 @@ absl::Status ValidateGroupInfo(const v1::GroupInfo& info, int world_size) {
     return absl::InvalidArgumentError(absl::StrCat("group: region sizes ", info.num_nvl_bytes(), " (NVL) and ",
                                                    info.num_rdma_bytes(), " (RDMA) are not in 1..", kMaxRegionBytes));
   }
+  if (info.num_rdma_bytes() > 0 &&
+      (info.transport_channels() < 1 || info.transport_channels() > kernels::transport::kMaxChannels ||
+       !kernels::transport::ValidRingSlots(info.ring_slots()))) {
+    return absl::InvalidArgumentError(absl::StrCat("group: ", info.transport_channels(), " transport channels of ",
+                                                   info.ring_slots(), " slots (1..",
+                                                   kernels::transport::kMaxChannels, " channels, slots a power of two)"));
+  }
   return absl::OkStatus();
 }
 
@@ -94,6 +111,11 @@ absl::Status ValidateCommitMembers(const v1::GroupInfo& info,
             absl::StrCat("members[", i, "]: a ", v1::RegionDescriptor::Kind_Name(region.kind()), " region of rank ",
                          region.rank(), " and ", region.size_bytes(), " bytes does not describe group rank ", i));
       }
+    }
+    if (info.num_rdma_bytes() > 0 && members[i].transport().region_bytes() < info.num_rdma_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat("members[", i, "].transport: region of ",
+                                                     members[i].transport().region_bytes(), " bytes, the group has ",
+                                                     info.num_rdma_bytes()));
     }
   }
   return absl::OkStatus();

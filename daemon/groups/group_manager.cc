@@ -13,11 +13,11 @@
 namespace epfabric::daemon::groups {
 
 GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
-                           LeaseLimits lease_limits, GroupLimits group_limits)
+                           LeaseLimits lease_limits, GroupLimits group_limits, transport::Transport* transport)
     : membership_(membership),
       links_(links),
       registry_(membership, links),
-      local_(membership, allocator, group_limits),
+      local_(membership, allocator, group_limits, transport),
       leases_(membership, &local_, lease_limits) {}
 
 absl::Status GroupManager::ForwardedStatus(const grpc::ClientContext& context, const grpc::Status& status) const {

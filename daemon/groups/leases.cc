@@ -125,12 +125,16 @@ void Leases::FinishEnding(const std::string& lease_id, const std::string& group,
   {
     // A whole region is zeroed (cudaMemsetAsync + synchronise, or a memset of shared memory): no lock is held. The
     // references are dropped before the lease goes, so that ReleaseGroup (which waits for it) frees the memory.
+    // The command rings stop first (their issuers see the lease end; what is in flight finishes, bounded), so that
+    // nothing writes the regions while they are zeroed; then they start afresh on zeroed memory.
+    local_->StopTransport(group);
     const std::vector<std::shared_ptr<memory::Region>> regions = local_->Regions(group);
     for (const std::shared_ptr<memory::Region>& region : regions) {
       if (absl::Status zeroed = region->Zero(0, region->descriptor().size_bytes()); !zeroed.ok()) {
         Logger("groups")->error("cleaning group '{}' after lease {}: {}", group, lease_id, zeroed.ToString());
       }
     }
+    local_->ResetTransport(group);
   }
   absl::MutexLock lock(&mutex_);
   auto it = leases_.find(lease_id);

@@ -56,7 +56,26 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   }
   v1::PrepareGroupResponse response;
   *response.add_regions() = group.nvl->descriptor();
-  if (group.rdma != nullptr) *response.add_regions() = group.rdma->descriptor();
+  if (group.rdma != nullptr) {
+    *response.add_regions() = group.rdma->descriptor();
+    if (transport_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", self, " has no transport for the RDMA region"));
+    }
+    const v1::Membership view = membership_->View();
+    transport::GroupTransportSpec transport_spec;
+    transport_spec.group = info.name();
+    transport_spec.self_rank = group_rank;
+    transport_spec.world = info.ranks_size();
+    transport_spec.channels = static_cast<int>(info.transport_channels());
+    transport_spec.slots = info.ring_slots();
+    transport_spec.token = request.token();
+    transport_spec.rdma = group.rdma.get();
+    for (int rank : info.ranks()) {
+      transport_spec.same_host.push_back(rank < view.members_size() &&
+                                         view.members(rank).host_id() == view.members(self).host_id());
+    }
+    EPF_ASSIGN_OR_RETURN(group.transport, transport_->OpenGroup(transport_spec, response.mutable_transport()));
+  }
   {
     absl::MutexLock lock(&mutex_);
     if (groups_.count(info.name()) == 0 && CheckQuotaLocked(bytes).ok()) {
@@ -77,6 +96,12 @@ absl::Status LocalGroups::Commit(const v1::CommitGroupRequest& request) {
   EPF_RETURN_IF_ERROR(ValidateCommitMembers(group.info, request.members()));
   if (request.epoch() > fabric::kMaxEpoch) {
     return absl::InvalidArgumentError(absl::StrCat("epoch: ", request.epoch(), " is above ", fabric::kMaxEpoch));
+  }
+  if (group.transport != nullptr) {
+    std::vector<v1::TransportEndpoint> endpoints;
+    for (const v1::PrepareGroupResponse& member : request.members()) endpoints.push_back(member.transport());
+    // Starts connection threads and proxying; nothing here blocks on a peer.
+    EPF_RETURN_IF_ERROR(group.transport->Connect(endpoints));
   }
   group.members.assign(request.members().begin(), request.members().end());
   group.incarnations.clear();
@@ -155,7 +180,25 @@ std::vector<std::shared_ptr<memory::Region>> LocalGroups::Regions(const std::str
   for (const std::shared_ptr<memory::Region>& region : {it->second.nvl, it->second.rdma}) {
     if (region != nullptr) regions.push_back(region);
   }
+  if (it->second.transport != nullptr) regions.push_back(it->second.transport->commands());
   return regions;
+}
+
+transport::GroupTransport* LocalGroups::TransportOf(const std::string& name) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  return it == groups_.end() ? nullptr : it->second.transport.get();
+}
+
+void LocalGroups::StopTransport(const std::string& name) {
+  // Outside the lock: waiting for commands in flight may take a while (bounded).
+  if (transport::GroupTransport* transport = TransportOf(name); transport != nullptr) {
+    transport->Stop(absl::Seconds(2));
+  }
+}
+
+void LocalGroups::ResetTransport(const std::string& name) {
+  if (transport::GroupTransport* transport = TransportOf(name); transport != nullptr) transport->Reset();
 }
 
 absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::AttachRequest& request,
@@ -201,6 +244,12 @@ absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::Atta
       added->set_fd_socket(view.members(group.info.ranks(i)).fd_socket());
     }
   }
+  if (group.transport != nullptr) {
+    v1::RegionDescriptor* commands = response.add_regions();
+    *commands = group.transport->commands()->descriptor();
+    commands->set_rank(group.group_rank);
+    commands->set_fd_socket(view.members(self).fd_socket());
+  }
   return response;
 }
 
@@ -228,9 +277,12 @@ absl::StatusOr<SharedRegion> LocalGroups::ShareRegion(const std::string& group_n
                                                       "' is served by daemon rank ", owner.rank(), " (fd socket ",
                                                       owner.fd_socket(), "); ask there"));
   }
-  const memory::Region* region = kind == v1::RegionDescriptor::KIND_NVL    ? group.nvl.get()
-                                 : kind == v1::RegionDescriptor::KIND_RDMA ? group.rdma.get()
-                                                                           : nullptr;
+  const memory::Region* region = nullptr;
+  if (kind == v1::RegionDescriptor::KIND_NVL) region = group.nvl.get();
+  if (kind == v1::RegionDescriptor::KIND_RDMA) region = group.rdma.get();
+  if (kind == v1::RegionDescriptor::KIND_COMMANDS && group.transport != nullptr) {
+    region = group.transport->commands().get();
+  }
   if (region == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("kind: group '", group_name, "' has no ", v1::RegionDescriptor::Kind_Name(kind), " region"));

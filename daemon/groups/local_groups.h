@@ -24,6 +24,7 @@
 #include "fabric/membership.h"
 #include "groups/group_checks.h"
 #include "memory/region.h"
+#include "transport/transport.h"
 
 namespace epfabric::daemon::groups {
 
@@ -36,6 +37,9 @@ struct LocalGroup {
   // so that the memory is freed when the released group is destroyed.
   std::shared_ptr<memory::Region> nvl;
   std::shared_ptr<memory::Region> rdma;
+  // Groups with an RDMA region: the command rings and the link to the other members. Declared after the regions so
+  // that it goes first (its proxying and connections stop before the memory they use is freed).
+  std::unique_ptr<transport::GroupTransport> transport;
   std::vector<v1::PrepareGroupResponse> members;  // by group rank, after Commit
   std::vector<uint64_t> incarnations;             // of the members at Commit
 };
@@ -48,8 +52,10 @@ struct SharedRegion {
 
 class LocalGroups {
  public:
-  LocalGroups(fabric::Membership* membership, memory::RegionAllocator* allocator, GroupLimits limits = {})
-      : membership_(membership), allocator_(allocator), limits_(limits) {}
+  // `transport` may be null (then groups with an RDMA region are refused).
+  LocalGroups(fabric::Membership* membership, memory::RegionAllocator* allocator, GroupLimits limits = {},
+              transport::Transport* transport = nullptr)
+      : membership_(membership), allocator_(allocator), limits_(limits), transport_(transport) {}
 
   // Peer service, member side. Prepare allocates this daemon's regions (outside the lock) and describes them.
   absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -67,9 +73,16 @@ class LocalGroups {
   std::map<std::string, v1::GroupInfo> Groups() const ABSL_LOCKS_EXCLUDED(mutex_);
   // The state of group `name`; UNSPECIFIED when it is not held here.
   v1::GroupState State(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
-  // This daemon's regions of group `name` (none when it is not held here); the caller keeps them alive while it
-  // uses them.
+  // This daemon's regions of group `name` (none when it is not held here), the command region included; the caller
+  // keeps them alive while it uses them.
   std::vector<std::shared_ptr<memory::Region>> Regions(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // Lease end, around the zeroing of Regions(name): stops the group's command rings (bounded wait for what is in
+  // flight), then starts them afresh. No-ops for groups without a transport. The caller keeps the group from being
+  // released meanwhile (Leases: an ending lease blocks ReleaseGroup).
+  void StopTransport(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
+  void ResetTransport(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
+  // The transport of group `name` (null when none); valid while the group is held (see StopTransport).
+  transport::GroupTransport* TransportOf(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Attach's checks of the group: held here (NotFound), token (PermissionDenied), rank in the group
   // (InvalidArgument) and served here (FailedPrecondition), READY (Unavailable). Fills the response's group part:
@@ -94,6 +107,7 @@ class LocalGroups {
   fabric::Membership* const membership_;
   memory::RegionAllocator* const allocator_;
   const GroupLimits limits_;
+  transport::Transport* const transport_;
 
   mutable absl::Mutex mutex_;
   std::map<std::string, LocalGroup> groups_ ABSL_GUARDED_BY(mutex_);

@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "epfabric/kernels/transport/ring.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "epfabric/common/peer_auth.h"
@@ -66,6 +67,11 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   info.set_low_latency(request.low_latency());
   info.set_state(v1::GROUP_STATE_CREATING);
   info.set_memory_sharing(request.memory_sharing());
+  if (request.num_rdma_bytes() > 0) {
+    info.set_transport_channels(request.transport_channels() != 0 ? request.transport_channels()
+                                                                  : kernels::transport::kDefaultChannels);
+    info.set_ring_slots(request.ring_slots() != 0 ? request.ring_slots() : kernels::transport::kDefaultRingSlots);
+  }
   const std::string token = RandomHex128();
   {
     absl::MutexLock lock(&mutex_);

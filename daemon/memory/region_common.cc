@@ -18,9 +18,10 @@ absl::Status ValidateRegionSpec(const RegionSpec& spec) {
   }
   if (spec.rank < 0) return absl::InvalidArgumentError(absl::StrCat("RegionSpec.rank ", spec.rank, " is negative"));
   if (spec.bytes == 0) return absl::InvalidArgumentError("RegionSpec.bytes must be positive, is 0");
-  if (spec.kind != v1::RegionDescriptor::KIND_NVL && spec.kind != v1::RegionDescriptor::KIND_RDMA) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RegionSpec.kind ", static_cast<int>(spec.kind), " must be KIND_NVL or KIND_RDMA"));
+  if (spec.kind != v1::RegionDescriptor::KIND_NVL && spec.kind != v1::RegionDescriptor::KIND_RDMA &&
+      spec.kind != v1::RegionDescriptor::KIND_COMMANDS) {
+    return absl::InvalidArgumentError(absl::StrCat("RegionSpec.kind ", static_cast<int>(spec.kind),
+                                                   " must be KIND_NVL, KIND_RDMA or KIND_COMMANDS"));
   }
   return absl::OkStatus();
 }
@@ -38,6 +39,8 @@ absl::string_view KindName(v1::RegionDescriptor::Kind kind) {
       return "nvl";
     case v1::RegionDescriptor::KIND_RDMA:
       return "rdma";
+    case v1::RegionDescriptor::KIND_COMMANDS:
+      return "commands";
     default:
       return "unspecified";
   }

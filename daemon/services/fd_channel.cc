@@ -264,8 +264,10 @@ FdChannel::Answer FdChannel::Handle(const v1::FdRequest& request, const common::
   };
   if (request.group().empty()) return refuse(absl::InvalidArgumentError("group: empty"));
   if (request.token().empty()) return refuse(absl::InvalidArgumentError("token: empty"));
-  if (request.kind() != v1::RegionDescriptor::KIND_NVL && request.kind() != v1::RegionDescriptor::KIND_RDMA) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("kind: ", request.kind(), " is not KIND_NVL or KIND_RDMA")));
+  if (request.kind() != v1::RegionDescriptor::KIND_NVL && request.kind() != v1::RegionDescriptor::KIND_RDMA &&
+      request.kind() != v1::RegionDescriptor::KIND_COMMANDS) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("kind: ", request.kind(), " is not KIND_NVL, KIND_RDMA or KIND_COMMANDS")));
   }
   auto shared = groups_->ShareRegion(request.group(), request.rank(), request.kind(), request.token());
   if (!shared.ok()) return refuse(shared.status());
@@ -300,9 +302,9 @@ FdChannel::Answer FdChannel::Handle(const v1::FdRequest& request, const common::
                  request.rank(), Describe(peer));
     }
   }
-  if (request.kind() == v1::RegionDescriptor::KIND_RDMA && request.lease_id().empty()) {
+  if (request.kind() != v1::RegionDescriptor::KIND_NVL && request.lease_id().empty()) {
     return refuse(absl::PermissionDeniedError(
-        "kind: an RDMA region is only handed to the holder of its rank's lease (give lease_id)"));
+        "kind: RDMA and command regions are only handed to the holder of their rank's lease (give lease_id)"));
   }
   Answer answer;
   answer.response.set_code(0);

@@ -44,6 +44,10 @@ struct PeerProofClaim {
 // SHA-256 of `data`, hex encoded (64 characters).
 std::string Sha256Hex(absl::string_view data);
 
+// HMAC-SHA256(key, message), hex encoded (64 characters). Also keys the transport's data connections (a key derived
+// from the group token, docs/internode.md).
+std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
+
 // Makes a proof for one call (`method` is the full gRPC method, "/epfabric.v1.Peer/Join").
 std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
                           const PeerProofClaim& claim, absl::Time now);

@@ -57,6 +57,15 @@ struct DaemonOptions {
   std::string tls_ca;
   // Name checked in peers' certificates instead of the dialled host.
   std::string tls_target_name;
+
+  // Transport between hosts (docs/internode.md): "auto" (verbs when a device can register the regions, else
+  // socket), "socket" or "verbs".
+  std::string transport = "auto";
+  // Socket wire: host:port of the data listener; "" = the peer listener's host, any free port.
+  std::string data_listen;
+  // Proxy threads that drain the command rings, and how long an idle one spins before it sleeps.
+  int proxy_threads = 2;
+  int proxy_spin_us = 1000;
 };
 
 // Checks every field and their combinations. The error message starts with the offending flag ("--rank: ...").

@@ -31,6 +31,9 @@ enum class WaitSite : int32_t {
   kCombineFifoData = 6,
   kLowLatencyRecvCount = 7,  // low-latency receive: per-expert count flag from a peer
   kLowLatencyCombineFlag = 8,
+  kTransportRingSpace = 9,  // transport issuer: a free slot in the command ring (the daemon did not consume)
+  kTransportQuiet = 10,     // transport quiet: completion of the ring's commands (peer_rank: waiting_rank)
+  kTransportRingError = 11, // transport: the daemon recorded a ring failure (see the ring's RingControl)
 };
 
 // A value read from peer-writable memory (a region any rank of the group can write) that lies outside its valid

@@ -1,0 +1,132 @@
+#include "transport/socket_protocol.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "epfabric/common/peer_auth.h"
+#include "epfabric/daemon/options.h"
+
+namespace epfabric::daemon::transport::socket_wire {
+namespace {
+
+std::string Transcript(absl::string_view label, const Hello& hello, const uint8_t* server_nonce) {
+  std::string text(label);
+  text.append(reinterpret_cast<const char*>(&hello), sizeof(hello));
+  text.append(reinterpret_cast<const char*>(server_nonce), kNonceBytes);
+  return text;
+}
+
+}  // namespace
+
+std::string DataKey(const std::string& token) { return common::HmacSha256Hex(token, "epfabric data v1"); }
+
+std::string ServerProof(const std::string& key, const Hello& hello, const uint8_t* server_nonce) {
+  return common::HmacSha256Hex(key, Transcript("epfd-server|", hello, server_nonce));
+}
+
+std::string ClientProof(const std::string& key, const Hello& hello, const uint8_t* server_nonce) {
+  return common::HmacSha256Hex(key, Transcript("epfd-client|", hello, server_nonce));
+}
+
+void RandomBytes(uint8_t* bytes, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = getrandom(bytes + got, n - got, 0);
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+}
+
+absl::Status ReadFull(int fd, void* data, size_t bytes, const std::string& peer) {
+  auto* out = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t r = recv(fd, out, bytes, 0);
+    if (r > 0) {
+      out += r;
+      bytes -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return absl::UnavailableError(absl::StrCat(peer, ": connection closed"));
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::DeadlineExceededError(absl::StrCat(peer, ": timed out"));
+    return absl::UnavailableError(absl::StrCat(peer, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFull(int fd, const void* data, size_t bytes, const std::string& peer) {
+  const auto* in = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t r = send(fd, in, bytes, MSG_NOSIGNAL);
+    if (r > 0) {
+      in += r;
+      bytes -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return absl::DeadlineExceededError(absl::StrCat(peer, ": send timed out"));
+    }
+    return absl::UnavailableError(absl::StrCat(peer, ": ", r < 0 ? strerror(errno) : "connection closed"));
+  }
+  return absl::OkStatus();
+}
+
+void SetIoTimeout(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+absl::StatusOr<int> ConnectTcp(const std::string& address, absl::Duration timeout) {
+  absl::StatusOr<HostPort> parsed = ParseHostPort(address);
+  if (!parsed.ok()) return parsed.status();
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(parsed->port);
+  if (int err = getaddrinfo(parsed->host.c_str(), port.c_str(), &hints, &found); err != 0) {
+    return absl::UnavailableError(absl::StrCat("data address ", address, ": ", gai_strerror(err)));
+  }
+  std::string last_error = "no address";
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    int r = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r < 0 && errno == EINPROGRESS) {
+      pollfd p = {fd, POLLOUT, 0};
+      r = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (r == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      r = (r == 1 && err == 0) ? 0 : -1;
+      if (r < 0) last_error = err != 0 ? strerror(err) : "timed out";
+    } else if (r < 0) {
+      last_error = strerror(errno);
+    }
+    if (r < 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("connecting to ", address, ": ", last_error));
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace epfabric::daemon::transport::socket_wire

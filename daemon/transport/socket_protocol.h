@@ -1,0 +1,70 @@
+// The socket wire's protocol (docs/internode.md, "Socket wire"). One TCP connection per (group, issuer rank,
+// destination rank, channel), opened by the issuer's daemon to the destination daemon's data listener.
+//
+// Handshake (both directions proven with the group's data key, a key derived from the group token that only the
+// group's daemons hold; nonces from both sides, so nothing can be replayed):
+//   issuer → destination  Hello (100 bytes): magic, version, group, issuer rank, destination rank, channel, nonce
+//   destination → issuer  nonce (16 bytes) + hex HMAC(key, "epfd-server|" hello | nonce) (64 bytes)
+//   issuer → destination  hex HMAC(key, "epfd-client|" hello | nonce) (64 bytes)
+// A destination that does not know the group, or sees a wrong proof, closes the connection: a stranger writes
+// nothing. Then frames: issuer → destination Put (header + payload) and Signal; destination → issuer Ack (the
+// highest sequence number applied, cumulative).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace epfabric::daemon::transport::socket_wire {
+
+inline constexpr uint32_t kHelloMagic = 0x44465045;  // "EPFD"
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kNonceBytes = 16;
+inline constexpr size_t kMacHexBytes = 64;
+
+struct Hello {
+  uint32_t magic;
+  uint32_t version;
+  char group[64];  // NUL-padded
+  int32_t issuer_rank;
+  int32_t dest_rank;
+  int32_t channel;
+  uint8_t nonce[kNonceBytes];
+};
+static_assert(sizeof(Hello) == 100);
+
+enum class FrameType : uint32_t { kPut = 1, kSignal = 2, kAck = 3 };
+
+struct FrameHeader {
+  uint32_t type;  // FrameType
+  uint32_t reserved;
+  uint64_t seq;     // 1, 2, ... per connection; Ack: the highest applied
+  uint64_t offset;  // destination offset
+  uint64_t arg;     // Put: payload bytes; Signal: the value
+};
+static_assert(sizeof(FrameHeader) == 32);
+
+// The data key of a group, from its token: only the group's daemons can compute it.
+std::string DataKey(const std::string& token);
+
+// The proofs of the handshake.
+std::string ServerProof(const std::string& key, const Hello& hello, const uint8_t* server_nonce);
+std::string ClientProof(const std::string& key, const Hello& hello, const uint8_t* server_nonce);
+
+// Fills `bytes` with random bytes (the OS's generator).
+void RandomBytes(uint8_t* bytes, size_t n);
+
+// Blocking I/O on a connected socket: the whole buffer or an error (Unavailable on EOF/reset, DeadlineExceeded
+// when SO_RCVTIMEO/SO_SNDTIMEO expire). `peer` names the other side in messages.
+absl::Status ReadFull(int fd, void* data, size_t bytes, const std::string& peer);
+absl::Status WriteFull(int fd, const void* data, size_t bytes, const std::string& peer);
+// SO_RCVTIMEO and SO_SNDTIMEO (zero: none).
+void SetIoTimeout(int fd, absl::Duration timeout);
+
+// Connects to "host:port" within `timeout`; TCP_NODELAY set.
+absl::StatusOr<int> ConnectTcp(const std::string& address, absl::Duration timeout);
+
+}  // namespace epfabric::daemon::transport::socket_wire

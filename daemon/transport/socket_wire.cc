@@ -1,0 +1,331 @@
+#include "transport/socket_wire.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "epfabric/common/status_macros.h"
+#include "epfabric/daemon/options.h"
+#include "logging.h"
+#include "transport/region_io.h"
+#include "transport/socket_link.h"
+#include "transport/socket_protocol.h"
+
+namespace epfabric::daemon::transport {
+namespace {
+
+using socket_wire::FrameHeader;
+using socket_wire::FrameType;
+using socket_wire::Hello;
+
+// What the listener knows of a group this daemon is a member of.
+struct ReceiveGroup {
+  std::string name;
+  std::string key;
+  memory::Region* region = nullptr;
+  uint64_t region_bytes = 0;
+  int self_rank = -1;
+  int world = 0;
+  int channels = 0;
+  absl::Mutex mutex;
+  bool closed ABSL_GUARDED_BY(mutex) = false;
+  std::set<int> fds ABSL_GUARDED_BY(mutex);  // accepted connections, shut down when the group goes
+};
+
+class SocketWireImpl;
+
+// The group's link plus its registration with the listener: destroying it closes the group's accepted connections
+// (and waits until no receiver thread uses its region).
+class RegisteredLink final : public GroupLink {
+ public:
+  RegisteredLink(SocketWireImpl* wire, std::shared_ptr<ReceiveGroup> group, std::unique_ptr<GroupLink> link)
+      : wire_(wire), group_(std::move(group)), link_(std::move(link)) {}
+  ~RegisteredLink() override { Shutdown(); }
+  absl::Status Connect(const std::vector<v1::TransportEndpoint>& members) override { return link_->Connect(members); }
+  void Put(int channel, int dst_rank, uint64_t dst_offset, uint64_t src_offset, uint64_t bytes,
+           uint64_t cookie) override {
+    link_->Put(channel, dst_rank, dst_offset, src_offset, bytes, cookie);
+  }
+  void SignalAdd(int channel, int dst_rank, uint64_t dst_offset, int64_t value, uint64_t cookie) override {
+    link_->SignalAdd(channel, dst_rank, dst_offset, value, cookie);
+  }
+  void Shutdown() override;
+
+ private:
+  SocketWireImpl* const wire_;
+  std::shared_ptr<ReceiveGroup> group_;
+  std::unique_ptr<GroupLink> link_;
+};
+
+class SocketWireImpl final : public SocketWire {
+ public:
+  explicit SocketWireImpl(SocketWireOptions options) : options_(std::move(options)) {}
+  ~SocketWireImpl() override {
+    stop_.store(true);
+    if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+    if (acceptor_.joinable()) acceptor_.join();
+    if (listen_fd_ >= 0) close(listen_fd_);
+    absl::MutexLock lock(&mutex_);
+    for (auto& [name, group] : groups_) Close(*group);
+    mutex_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &receivers_));
+  }
+
+  absl::Status Listen() {
+    EPF_ASSIGN_OR_RETURN(const HostPort hp, ParseHostPort(options_.listen));
+    addrinfo hints = {};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    const std::string port = std::to_string(hp.port);
+    if (int err = getaddrinfo(hp.host.c_str(), port.c_str(), &hints, &found); err != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--data_listen: ", options_.listen, ": ", gai_strerror(err)));
+    }
+    std::string error = "no address";
+    for (addrinfo* a = found; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
+      int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 256) == 0) {
+        listen_fd_ = fd;
+      } else {
+        error = strerror(errno);
+        close(fd);
+      }
+    }
+    freeaddrinfo(found);
+    if (listen_fd_ < 0) {
+      return absl::UnavailableError(absl::StrCat("--data_listen: cannot listen on ", options_.listen, ": ", error));
+    }
+    sockaddr_storage bound = {};
+    socklen_t len = sizeof(bound);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+    const int bound_port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                                             : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    address_ = hp.host.find(':') != std::string::npos ? absl::StrCat("[", hp.host, "]:", bound_port)
+                                                      : absl::StrCat(hp.host, ":", bound_port);
+    acceptor_ = std::thread([this] { Accept(); });
+    return absl::OkStatus();
+  }
+
+  v1::Transport kind() const override { return v1::TRANSPORT_SOCKET; }
+  std::string Describe() const override { return absl::StrCat("socket ", address_); }
+  std::string address() const override { return address_; }
+  SocketWireCounters counters() const override {
+    absl::MutexLock lock(&mutex_);
+    return counters_;
+  }
+
+  absl::StatusOr<std::unique_ptr<GroupLink>> Open(const GroupSetup& setup, v1::TransportEndpoint* local) override {
+    if (setup.region == nullptr || setup.sink == nullptr || setup.data_key.empty()) {
+      return absl::InvalidArgumentError("socket wire: a group needs a region, a completion sink and a data key");
+    }
+    auto group = std::make_shared<ReceiveGroup>();
+    group->name = setup.group;
+    group->key = setup.data_key;
+    group->region = setup.region;
+    group->region_bytes = setup.region->descriptor().size_bytes();
+    group->self_rank = setup.self_rank;
+    group->world = setup.world;
+    group->channels = setup.channels;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (groups_.count(setup.group) != 0) {
+        return absl::AlreadyExistsError(absl::StrCat("socket wire: group '", setup.group, "' is open already"));
+      }
+      groups_[setup.group] = group;
+    }
+    local->set_transport(v1::TRANSPORT_SOCKET);
+    local->set_region_bytes(group->region_bytes);
+    local->set_data_address(address_);
+    socket_wire::LinkOptions link_options{options_.connect_timeout, options_.handshake_timeout};
+    return std::make_unique<RegisteredLink>(this, group, socket_wire::MakeSocketLink(setup, link_options));
+  }
+
+  // The group stops receiving: its connections are shut down and it leaves the registry; returns once no receiver
+  // thread writes its region any more.
+  void Unregister(const std::shared_ptr<ReceiveGroup>& group) {
+    absl::MutexLock lock(&mutex_);
+    auto it = groups_.find(group->name);
+    if (it != groups_.end() && it->second == group) groups_.erase(it);
+    Close(*group);
+    mutex_.Await(absl::Condition(
+        +[](ReceiveGroup* g) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          absl::MutexLock inner(&g->mutex);
+          return g->fds.empty();
+        },
+        group.get()));
+  }
+
+ private:
+  static void Close(ReceiveGroup& group) {
+    absl::MutexLock lock(&group.mutex);
+    group.closed = true;
+    for (int fd : group.fds) shutdown(fd, SHUT_RDWR);
+  }
+
+  void Accept() {
+    while (!stop_.load()) {
+      pollfd p = {listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 200) <= 0) continue;
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      {
+        absl::MutexLock lock(&mutex_);
+        if (receivers_ >= options_.max_connections) {
+          ++counters_.connections_refused;
+          close(fd);
+          continue;
+        }
+        ++receivers_;
+      }
+      std::thread([this, fd] { Receive(fd); }).detach();
+    }
+  }
+
+  void Count(uint64_t SocketWireCounters::*counter) {
+    absl::MutexLock lock(&mutex_);
+    ++(counters_.*counter);
+  }
+
+  // One accepted connection, from handshake to close.
+  void Receive(int fd) {
+    std::shared_ptr<ReceiveGroup> group = Handshake(fd);
+    if (group != nullptr) {
+      absl::Status ended = Serve(fd, *group);
+      if (!absl::IsUnavailable(ended)) Logger("transport")->warn("data connection of group '{}': {}", group->name,
+                                                                 ended.ToString());
+      absl::MutexLock lock(&group->mutex);
+      group->fds.erase(fd);
+    }
+    close(fd);
+    absl::MutexLock lock(&mutex_);
+    --receivers_;
+  }
+
+  // The group the connection proved it belongs to (registered in its fds), or null (counted, nothing written).
+  std::shared_ptr<ReceiveGroup> Handshake(int fd) {
+    socket_wire::SetIoTimeout(fd, options_.handshake_timeout);
+    Hello hello;
+    if (!socket_wire::ReadFull(fd, &hello, sizeof(hello), "data connection").ok()) {
+      Count(&SocketWireCounters::handshakes_refused);
+      return nullptr;
+    }
+    std::shared_ptr<ReceiveGroup> group;
+    const std::string name(hello.group, strnlen(hello.group, sizeof(hello.group)));
+    {
+      absl::MutexLock lock(&mutex_);
+      auto it = groups_.find(name);
+      if (it != groups_.end()) group = it->second;
+    }
+    const bool plausible = hello.magic == socket_wire::kHelloMagic &&
+                           hello.version == socket_wire::kProtocolVersion && group != nullptr &&
+                           hello.dest_rank == group->self_rank && hello.issuer_rank >= 0 &&
+                           hello.issuer_rank < group->world && hello.channel >= 0 && hello.channel < group->channels;
+    if (!plausible) {
+      Count(&SocketWireCounters::handshakes_refused);
+      return nullptr;
+    }
+    uint8_t nonce[socket_wire::kNonceBytes];
+    socket_wire::RandomBytes(nonce, sizeof(nonce));
+    const std::string proof = socket_wire::ServerProof(group->key, hello, nonce);
+    std::string answer(socket_wire::kMacHexBytes, '\0');
+    absl::Status io = socket_wire::WriteFull(fd, nonce, sizeof(nonce), "data connection");
+    if (io.ok()) io = socket_wire::WriteFull(fd, proof.data(), proof.size(), "data connection");
+    if (io.ok()) io = socket_wire::ReadFull(fd, answer.data(), answer.size(), "data connection");
+    const std::string expected = socket_wire::ClientProof(group->key, hello, nonce);
+    if (!io.ok() || CRYPTO_memcmp(answer.data(), expected.data(), expected.size()) != 0) {
+      Count(&SocketWireCounters::handshakes_refused);
+      return nullptr;
+    }
+    socket_wire::SetIoTimeout(fd, absl::ZeroDuration());
+    absl::MutexLock lock(&group->mutex);
+    if (group->closed) return nullptr;
+    group->fds.insert(fd);
+    return group;
+  }
+
+  // Frames until the connection ends. Every frame is checked against the region before a byte is written.
+  absl::Status Serve(int fd, ReceiveGroup& group) {
+    const std::string peer = absl::StrCat("group '", group.name, "' data connection");
+    std::unique_ptr<RegionIo> io;
+    uint64_t expected_seq = 1;
+    while (true) {
+      FrameHeader header;
+      EPF_RETURN_IF_ERROR(socket_wire::ReadFull(fd, &header, sizeof(header), peer));
+      const uint64_t size = group.region_bytes;
+      const bool put = header.type == static_cast<uint32_t>(FrameType::kPut);
+      const bool signal = header.type == static_cast<uint32_t>(FrameType::kSignal);
+      const uint64_t bytes = put ? header.arg : 8;
+      const bool valid = (put || signal) && header.seq == expected_seq && bytes > 0 && header.offset <= size &&
+                         bytes <= size - header.offset && (!signal || header.offset % 8 == 0);
+      if (!valid) {
+        Count(&SocketWireCounters::frames_refused);
+        return absl::InvalidArgumentError(absl::StrCat(peer, ": refused frame (type ", header.type, ", seq ",
+                                                       header.seq, ", offset ", header.offset, ", arg ", header.arg,
+                                                       "; region of ", size, " bytes); connection closed"));
+      }
+      if (io == nullptr) {
+        EPF_ASSIGN_OR_RETURN(io, MakeRegionIo(group.region));
+      }
+      if (put) {
+        for (uint64_t done = 0; done < bytes;) {
+          const uint64_t n = std::min(io->chunk_bytes(), bytes - done);
+          EPF_ASSIGN_OR_RETURN(void* staged, io->Stage(header.offset + done, n));
+          EPF_RETURN_IF_ERROR(socket_wire::ReadFull(fd, staged, n, peer));
+          EPF_RETURN_IF_ERROR(io->Land(header.offset + done, n));
+          done += n;
+        }
+      } else {
+        EPF_RETURN_IF_ERROR(io->SignalAdd(header.offset, static_cast<int64_t>(header.arg)));
+      }
+      Count(&SocketWireCounters::frames_applied);
+      FrameHeader ack = {static_cast<uint32_t>(FrameType::kAck), 0, header.seq, 0, 0};
+      EPF_RETURN_IF_ERROR(socket_wire::WriteFull(fd, &ack, sizeof(ack), peer));
+      ++expected_seq;
+    }
+  }
+
+  const SocketWireOptions options_;
+  int listen_fd_ = -1;
+  std::string address_;
+  std::thread acceptor_;
+  std::atomic<bool> stop_{false};
+  mutable absl::Mutex mutex_;
+  std::map<std::string, std::shared_ptr<ReceiveGroup>> groups_ ABSL_GUARDED_BY(mutex_);
+  int receivers_ ABSL_GUARDED_BY(mutex_) = 0;
+  SocketWireCounters counters_ ABSL_GUARDED_BY(mutex_);
+};
+
+void RegisteredLink::Shutdown() {
+  link_->Shutdown();
+  if (group_ != nullptr) {
+    wire_->Unregister(group_);
+    group_ = nullptr;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SocketWire>> SocketWire::Start(const SocketWireOptions& options) {
+  auto wire = std::make_unique<SocketWireImpl>(options);
+  EPF_RETURN_IF_ERROR(wire->Listen());
+  return wire;
+}
+
+}  // namespace epfabric::daemon::transport

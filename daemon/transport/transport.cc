@@ -1,0 +1,100 @@
+#include "transport/transport.h"
+
+#include "absl/strings/str_cat.h"
+#include "epfabric/common/status_macros.h"
+#include "transport/socket_protocol.h"
+
+namespace epfabric::daemon::transport {
+
+using kernels::transport::RingBytes;
+
+GroupTransport::GroupTransport(Proxy* proxy, std::shared_ptr<memory::Region> commands, int channels, uint32_t slots)
+    : proxy_(proxy), commands_(std::move(commands)) {
+  char* base = static_cast<char*>(commands_->base());
+  for (int c = 0; c < channels; ++c) {
+    rings_.push_back(std::make_unique<CommandRing>(base + c * RingBytes(slots), c, slots));
+    rings_.back()->Initialize();
+  }
+}
+
+GroupTransport::~GroupTransport() {
+  if (proxied_) {
+    for (auto& ring : rings_) proxy_->Remove(ring.get());
+  }
+  if (link_ != nullptr) link_->Shutdown();  // completes what is in flight (Cancelled) into the rings
+}
+
+absl::Status GroupTransport::Connect(const std::vector<v1::TransportEndpoint>& members) {
+  bounds_.region_bytes.clear();
+  for (const v1::TransportEndpoint& member : members) bounds_.region_bytes.push_back(member.region_bytes());
+  EPF_RETURN_IF_ERROR(link_->Connect(members));
+  for (auto& ring : rings_) proxy_->Add({ring.get(), link_.get(), &bounds_});
+  proxied_ = true;
+  return absl::OkStatus();
+}
+
+void GroupTransport::Stop(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (auto& ring : rings_) ring->Stop(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+}
+
+void GroupTransport::Reset() {
+  for (auto& ring : rings_) ring->Reset();
+}
+
+std::vector<RingCounters> GroupTransport::counters() const {
+  std::vector<RingCounters> all;
+  for (const auto& ring : rings_) all.push_back(ring->counters());
+  return all;
+}
+
+void GroupTransport::Complete(uint64_t cookie, absl::Status status) {
+  const int channel = CommandRing::CookieChannel(cookie);
+  if (channel >= 0 && channel < static_cast<int>(rings_.size())) rings_[channel]->Complete(cookie, status);
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> Transport::Start(const TransportOptions& options) {
+  auto transport = std::unique_ptr<Transport>(new Transport());
+  if (options.kind != v1::TRANSPORT_SOCKET) {
+    return absl::UnimplementedError(
+        absl::StrCat("transport ", v1::Transport_Name(options.kind), " is not built into this daemon"));
+  }
+  EPF_ASSIGN_OR_RETURN(std::unique_ptr<SocketWire> socket, SocketWire::Start(options.socket));
+  transport->socket_ = socket.get();
+  transport->wire_ = std::move(socket);
+  transport->proxy_ = std::make_unique<Proxy>(options.proxy);
+  transport->command_allocator_ = memory::MakeHostAllocator(absl::StrCat(options.name_prefix, ".cmd"), 0);
+  return transport;
+}
+
+std::string Transport::data_address() const { return socket_ != nullptr ? socket_->address() : ""; }
+
+absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const GroupTransportSpec& spec,
+                                                                     v1::TransportEndpoint* local) {
+  if (!kernels::transport::ValidRingSlots(spec.slots) || spec.channels < 1 ||
+      spec.channels > kernels::transport::kMaxChannels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport: ", spec.channels, " channels of ", spec.slots, " slots"));
+  }
+  memory::RegionSpec region;
+  region.group = spec.group;
+  region.rank = spec.self_rank;
+  region.bytes = kernels::transport::CommandRegionBytes(spec.channels, spec.slots);
+  region.kind = v1::RegionDescriptor::KIND_COMMANDS;
+  EPF_ASSIGN_OR_RETURN(std::shared_ptr<memory::Region> commands, command_allocator_->Allocate(region));
+  auto group = std::unique_ptr<GroupTransport>(
+      new GroupTransport(proxy_.get(), std::move(commands), spec.channels, spec.slots));
+  GroupSetup setup;
+  setup.group = spec.group;
+  setup.self_rank = spec.self_rank;
+  setup.world = spec.world;
+  setup.channels = spec.channels;
+  setup.data_key = socket_wire::DataKey(spec.token);
+  setup.region = spec.rdma;
+  setup.same_host = spec.same_host;
+  setup.sink = group.get();
+  EPF_ASSIGN_OR_RETURN(group->link_, wire_->Open(setup, local));
+  return group;
+}
+
+}  // namespace epfabric::daemon::transport
