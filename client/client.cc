@@ -129,6 +129,7 @@ struct Lease::State {
   std::vector<std::optional<MappedRegion>> nvl ABSL_GUARDED_BY(mutex);  // by group rank
   std::vector<v1::RegionDescriptor> nvl_descriptors ABSL_GUARDED_BY(mutex);
   std::optional<MappedRegion> rdma ABSL_GUARDED_BY(mutex);
+  std::optional<MappedRegion> commands ABSL_GUARDED_BY(mutex);  // transport rings (groups with an RDMA region)
   v1::GroupState group_state ABSL_GUARDED_BY(mutex) = v1::GROUP_STATE_UNSPECIFIED;
   uint64_t epoch ABSL_GUARDED_BY(mutex) = 0;
   absl::Status ended ABSL_GUARDED_BY(mutex);        // not OK once the lease is known to be gone
@@ -200,6 +201,8 @@ absl::Status Lease::Detach() {
     s.nvl.clear();
     if (s.rdma.has_value()) unmapping.push_back(std::move(*s.rdma));
     s.rdma.reset();
+    if (s.commands.has_value()) unmapping.push_back(std::move(*s.commands));
+    s.commands.reset();
   }
   if (s.keep_alive.joinable()) s.keep_alive.join();
   // Unmapped before the daemon zeroes the memory for the next client: nothing here can touch it afterwards.
@@ -281,6 +284,21 @@ const v1::RegionDescriptor* Lease::region_descriptor(int group_rank) const {
 void* Lease::rdma_region() const {
   absl::MutexLock lock(&state_->mutex);
   return state_->rdma.has_value() ? state_->rdma->data() : nullptr;
+}
+
+void* Lease::commands_region() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->commands.has_value() ? state_->commands->data() : nullptr;
+}
+
+void* Lease::commands_region_device() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->commands.has_value() ? state_->commands->device_data() : nullptr;
+}
+
+uint64_t Lease::commands_region_bytes() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->commands.has_value() ? state_->commands->size() : 0;
 }
 
 uint64_t Lease::rdma_region_bytes() const {
@@ -416,10 +434,26 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
       return absl::InternalError(absl::StrCat(what, ": a region of rank ", owner, " is outside the group"));
     }
     if (owner == rank) {
-      if (descriptor.kind() != v1::RegionDescriptor::KIND_RDMA) continue;  // NVL mapped above
-      EPF_ASSIGN_OR_RETURN(auto rdma, map_own(v1::RegionDescriptor::KIND_RDMA));
-      s->rdma = std::move(rdma.second);
-      continue;
+      if (descriptor.kind() == v1::RegionDescriptor::KIND_RDMA) {
+        EPF_ASSIGN_OR_RETURN(auto rdma, map_own(v1::RegionDescriptor::KIND_RDMA));
+        s->rdma = std::move(rdma.second);
+      } else if (descriptor.kind() == v1::RegionDescriptor::KIND_COMMANDS) {
+        // Host memory the daemon's proxy reads; a cuda client's kernels write it, so it is registered with CUDA.
+        memory::ImportOptions host_options = import_options;
+        host_options.register_with_cuda = attach.backend() == v1::BACKEND_CUDA;
+        v1::FdRequest fd_request;
+        fd_request.set_group(group);
+        fd_request.set_rank(rank);
+        fd_request.set_kind(v1::RegionDescriptor::KIND_COMMANDS);
+        fd_request.set_token(token);
+        fd_request.set_lease_id(attach.lease_id());
+        auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
+        if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel (command rings)"));
+        auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), host_options);
+        if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping the command rings"));
+        s->commands = std::move(*mapped);
+      }
+      continue;  // NVL mapped above
     }
     if (descriptor.kind() != v1::RegionDescriptor::KIND_NVL) continue;
     v1::RegionDescriptor peer = descriptor;

@@ -186,6 +186,8 @@ absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOption
   request.set_num_nvl_bytes(options.nvl_bytes);
   request.set_num_rdma_bytes(options.rdma_bytes);
   request.set_low_latency(options.low_latency);
+  request.set_transport_channels(options.transport_channels);
+  request.set_ring_slots(options.ring_slots);
   if (options.sharing == "posix_fd") {
     request.set_memory_sharing(v1::MEMORY_SHARING_POSIX_FD);
   } else if (options.sharing == "cuda_ipc") {
@@ -250,7 +252,8 @@ const std::vector<Command>& Commands() {
        "  ranks, region sizes, attached ranks). Tokens are never shown.\n",
        RunFabric},
       {"create-group", "Create an EP group fabric-wide and print its token",
-       "epctl create-group --group=NAME --ranks=0,1,... --nvl_bytes=N [--rdma_bytes=N] [--low_latency]\n"
+       "epctl create-group --group=NAME --ranks=0,1,... --nvl_bytes=N [--rdma_bytes=N [--transport_channels=C]\n"
+       "                   [--ring_slots=S]] [--low_latency]\n"
        "                   [--sharing=posix_fd|cuda_ipc|posix_shm] [--json]\n"
        "  Asks the daemon to create the group on every member (all or nothing) and prints the group's token, which\n"
        "  Attach and delete-group need. The token is shown only here.\n",

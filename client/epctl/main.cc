@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, group, "", "create-group/delete-group: the group's name."
 ABSL_FLAG(std::string, ranks, "", "create-group: fabric ranks of the members, comma-separated.");
 ABSL_FLAG(uint64_t, nvl_bytes, 0, "create-group: bytes of the NVLink region per member.");
 ABSL_FLAG(uint64_t, rdma_bytes, 0, "create-group: bytes of the RDMA region per member.");
+ABSL_FLAG(uint32_t, transport_channels, 0, "create-group: transport command rings per member (0: default 4).");
+ABSL_FLAG(uint32_t, ring_slots, 0, "create-group: slots per command ring, a power of two (0: default 1024).");
 ABSL_FLAG(bool, low_latency, false, "create-group: lay regions out for the low-latency kernels.");
 ABSL_FLAG(std::string, sharing, "", "create-group: posix_fd, cuda_ipc or posix_shm (default: the daemon's).");
 ABSL_FLAG(std::string, token, "", "delete-group: the group's token.");
@@ -78,6 +80,8 @@ int main(int argc, char** argv) {
   options.nvl_bytes = absl::GetFlag(FLAGS_nvl_bytes);
   options.rdma_bytes = absl::GetFlag(FLAGS_rdma_bytes);
   options.low_latency = absl::GetFlag(FLAGS_low_latency);
+  options.transport_channels = absl::GetFlag(FLAGS_transport_channels);
+  options.ring_slots = absl::GetFlag(FLAGS_ring_slots);
   options.sharing = absl::GetFlag(FLAGS_sharing);
   options.token = absl::GetFlag(FLAGS_token);
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);

@@ -249,12 +249,14 @@ absl::StatusOr<MappedRegion> ImportPosixFd(
 
 MappedRegion::MappedRegion(MappedRegion&& other) noexcept
     : data_(other.data_),
+      device_data_(other.device_data_),
       size_(other.size_),
       sharing_(other.sharing_),
       device_(other.device_),
       unmap_(std::move(other.unmap_)) {
   other.unmap_ = nullptr;
   other.data_ = nullptr;
+  other.device_data_ = nullptr;
   other.size_ = 0;
 }
 
@@ -262,6 +264,7 @@ MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
   if (this != &other) {
     (void)Unmap();
     data_ = other.data_;
+    device_data_ = other.device_data_;
     size_ = other.size_;
     sharing_ = other.sharing_;
     device_ = other.device_;
@@ -287,14 +290,44 @@ absl::Status MappedRegion::Unmap() {
   return unmap();
 }
 
+absl::StatusOr<MappedRegion> RegisterHostWithCuda(MappedRegion mapped, const ImportOptions& options) {
+  EPF_ASSIGN_OR_RETURN(const int accessing, ResolveAccessingDevice(options));
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaSetDevice(accessing);
+  cudaError_t err = cudaHostRegister(mapped.data(), mapped.size(), cudaHostRegisterMapped | cudaHostRegisterPortable);
+  void* device_pointer = nullptr;
+  if (err == cudaSuccess) err = cudaHostGetDevicePointer(&device_pointer, mapped.data(), 0);
+  if (previous >= 0) cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaHostRegister of a host region (", mapped.size(),
+                                            " bytes): ", cudaGetErrorString(err)));
+  }
+  void* host = mapped.data();
+  std::function<absl::Status()> unmap = std::move(mapped.unmap_);
+  mapped.unmap_ = [host, unmap = std::move(unmap)]() -> absl::Status {
+    cudaHostUnregister(host);
+    return unmap();
+  };
+  mapped.device_data_ = device_pointer;
+  mapped.device_ = accessing;
+  return mapped;
+}
+
 absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor& descriptor, int fd,
                                           const ImportOptions& options) {
   if (descriptor.size_bytes() == 0) return absl::InvalidArgumentError("RegionDescriptor.size_bytes is 0");
   const v1::MemorySharing sharing = descriptor.sharing();
   auto make = [&descriptor, sharing](void* data, int device, std::function<absl::Status()> unmap) {
-    return MappedRegion(data, descriptor.size_bytes(), sharing, device, std::move(unmap));
+    MappedRegion mapped(data, descriptor.size_bytes(), sharing, device, std::move(unmap));
+    if (device >= 0) mapped.device_data_ = data;
+    return mapped;
   };
-  if (sharing == v1::MEMORY_SHARING_POSIX_SHM) return ImportHost(descriptor, fd, make);
+  if (sharing == v1::MEMORY_SHARING_POSIX_SHM) {
+    EPF_ASSIGN_OR_RETURN(MappedRegion mapped, ImportHost(descriptor, fd, make));
+    if (!options.register_with_cuda) return mapped;
+    return RegisterHostWithCuda(std::move(mapped), options);
+  }
   if (sharing != v1::MEMORY_SHARING_CUDA_IPC && sharing != v1::MEMORY_SHARING_POSIX_FD) {
     return absl::InvalidArgumentError(
         absl::StrCat("RegionDescriptor.sharing ", v1::MemorySharing_Name(sharing), " cannot be imported"));

@@ -17,6 +17,10 @@ struct ImportOptions {
   // Cuda regions: the CUDA device (ordinal in this process) whose kernels will access the region; -1 = the calling
   // thread's current device. It may differ from the device that owns the memory (a peer over NVLink).
   int accessing_device = -1;
+  // Host regions (POSIX_SHM): also register the mapping with CUDA (cudaHostRegister, mapped and portable) so that
+  // kernels on `accessing_device` can write it (the transport's command rings); device_data() is then its device
+  // pointer. Unregistered before the mapping goes.
+  bool register_with_cuda = false;
 };
 
 // A region mapped into this process. Move-only; unmaps on destruction. The memory itself belongs to the daemon and
@@ -36,16 +40,21 @@ class MappedRegion {
   v1::MemorySharing sharing() const { return sharing_; }
   // The accessing device (cuda), -1 for host memory.
   int device() const { return device_; }
+  // The pointer for kernels: data() for cuda regions, the registered device pointer of a host region imported with
+  // register_with_cuda, nullptr for other host regions.
+  void* device_data() const { return device_data_; }
 
   // Unmaps now and reports the first error (the destructor can only log). Idempotent.
   absl::Status Unmap();
 
  private:
   friend absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor&, int, const ImportOptions&);
+  friend absl::StatusOr<MappedRegion> RegisterHostWithCuda(MappedRegion, const ImportOptions&);
   MappedRegion(void* data, uint64_t size, v1::MemorySharing sharing, int device, std::function<absl::Status()> unmap)
       : data_(data), size_(size), sharing_(sharing), device_(device), unmap_(std::move(unmap)) {}
 
   void* data_ = nullptr;
+  void* device_data_ = nullptr;
   uint64_t size_ = 0;
   v1::MemorySharing sharing_ = v1::MEMORY_SHARING_UNSPECIFIED;
   int device_ = -1;
@@ -60,5 +69,7 @@ class MappedRegion {
 // failures carry the CUDA error name.
 absl::StatusOr<MappedRegion> ImportRegion(const v1::RegionDescriptor& descriptor, int fd = -1,
                                           const ImportOptions& options = {});
+// Internal to ImportRegion (register_with_cuda), declared for the friendship.
+absl::StatusOr<MappedRegion> RegisterHostWithCuda(MappedRegion mapped, const ImportOptions& options);
 
 }  // namespace epfabric::client::memory

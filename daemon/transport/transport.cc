@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const Group
   setup.region = spec.rdma;
   setup.same_host = spec.same_host;
   setup.sink = group.get();
+  group->bounds_.self_rank = spec.self_rank;
   EPF_ASSIGN_OR_RETURN(group->link_, wire_->Open(setup, local));
   return group;
 }

@@ -90,6 +90,12 @@ class Lease {
   // This rank's RDMA region (nullptr / 0 when the group has none).
   void* rdma_region() const;
   uint64_t rdma_region_bytes() const;
+  // This rank's transport command rings (groups with an RDMA region; nullptr / 0 otherwise): group().
+  // transport_channels() rings of group().ring_slots() slots (epfabric/kernels/transport/ring.h). The host pointer,
+  // and on the cuda backend the device pointer that kernels use.
+  void* commands_region() const;
+  void* commands_region_device() const;
+  uint64_t commands_region_bytes() const;
   // The descriptor a region was mapped from (nullptr as for region()).
   const v1::RegionDescriptor* region_descriptor(int group_rank) const;
 

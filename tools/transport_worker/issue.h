@@ -1,0 +1,37 @@
+// Issuing a list of commands on one ring, from host code (RingIssuer) or from a CUDA kernel (LaunchIssueCommands),
+// then optionally waiting for their completion (quiet).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "epfabric/client/client.h"
+#include "epfabric/kernels/transport/issuer.h"
+
+namespace epfabric::tools {
+
+class Issuers {
+ public:
+  static absl::StatusOr<std::unique_ptr<Issuers>> Create(client::Lease& lease, bool from_device,
+                                                         absl::Duration timeout);
+  ~Issuers();
+  // Thread-safe across channels (one caller per channel at a time).
+  absl::Status Run(int channel, const std::vector<kernels::transport::Command>& commands, bool quiet);
+
+ private:
+  Issuers() = default;
+  absl::Status RunOnDevice(int channel, const std::vector<kernels::transport::Command>& commands, bool quiet);
+
+  std::vector<kernels::transport::RingIssuer> host_;
+  std::vector<void*> host_rings_;  // RingControl of each channel (host pointers)
+  bool from_device_ = false;
+  absl::Duration timeout_;
+  int self_rank_ = 0;
+  uint32_t slots_ = 0;
+  void* device_base_ = nullptr;                  // the command region's device pointer
+  unsigned long long* device_next_ = nullptr;    // per channel, device memory
+};
+
+}  // namespace epfabric::tools
