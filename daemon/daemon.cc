@@ -160,6 +160,8 @@ struct Daemon::State {
     info.set_client_socket(socket_path);
     info.set_pid(getpid());
     info.set_start_time_unix(start_time_unix);
+    info.set_transport(transport->kind());
+    info.set_data_address(transport->data_address());
     return info;
   }
 

@@ -11,6 +11,7 @@
 
 #include <google/protobuf/struct.pb.h>
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -288,21 +289,29 @@ std::string FormatHealthReport(const v1::HealthReport& report) {
   return s;
 }
 
+// "socket 127.0.0.1:4100", "verbs", or "-" (a daemon before the transport existed).
+std::string TransportText(v1::Transport transport, const std::string& data_address) {
+  if (transport == v1::TRANSPORT_UNSPECIFIED) return "-";
+  std::string name = v1::Transport_Name(transport);
+  name = absl::AsciiStrToLower(name.substr(name.rfind('_') + 1));
+  return data_address.empty() ? name : absl::StrCat(name, " ", data_address);
+}
+
 std::string FormatFabric(const v1::FabricView& f) {
   const v1::Membership& m = f.membership();
   std::string s = absl::StrCat("fabric '", f.fabric_id(), "'  epoch ", m.epoch(), "  ranks ", m.world_size(),
                                "  self rank ", f.self_rank(), "  degraded: ", f.degraded() ? "yes" : "no", "\n");
-  absl::StrAppend(&s, absl::StrFormat("  %-5s %-8s %-22s %-34s %-13s %s\n", "rank", "state", "peer", "host", "backend",
-                                      "incarnation"));
+  absl::StrAppend(&s, absl::StrFormat("  %-5s %-8s %-22s %-34s %-13s %-24s %s\n", "rank", "state", "peer", "host",
+                                      "backend", "transport", "incarnation"));
   for (const v1::MemberInfo& member : m.members()) {
     std::string state = v1::MemberState_Name(member.state());
     state = state.substr(state.rfind('_') + 1);
     absl::StrAppend(&s,
-                    absl::StrFormat("  %-5d %-8s %-22s %-34s %-13s %016x\n", member.rank(), state,
+                    absl::StrFormat("  %-5d %-8s %-22s %-34s %-13s %-24s %016x\n", member.rank(), state,
                                     member.peer_address().empty() ? "-" : member.peer_address(),
                                     member.host_id().empty() ? "-" : member.host_id(),
                                     member.backend() == v1::BACKEND_UNSPECIFIED ? "-" : BackendName(member.backend()),
-                                    member.incarnation()));
+                                    TransportText(member.transport(), member.data_address()), member.incarnation()));
   }
   absl::StrAppend(&s, "\ngroups (", f.groups_size(), ")\n");
   for (const v1::GroupInfo& g : f.groups()) {
@@ -322,6 +331,7 @@ std::string FormatTopology(const v1::Topology& t) {
   absl::StrAppend(&s, "daemon    rank ", d.rank(), "/", d.world_size(), "  backend ", BackendName(d.backend()),
                   d.device() >= 0 ? absl::StrCat("  device ", d.device()) : "", "  version ", d.version(), "\n");
   absl::StrAppend(&s, "          peer ", d.peer_address(), "  socket ", d.client_socket(), "  pid ", d.pid(), "\n");
+  absl::StrAppend(&s, "          transport ", TransportText(d.transport(), d.data_address()), "\n");
 
   absl::StrAppend(&s, "\nGPUs (", t.gpus_size(), ")\n");
   if (t.gpus_size() > 0) {

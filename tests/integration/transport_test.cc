@@ -117,6 +117,22 @@ class TransportTest : public ::testing::Test {
   std::unique_ptr<FabricUnderTest> fabric_;
 };
 
+// Every member announces its wire; epctl shows it for the fabric and for one daemon.
+TEST_F(TransportTest, EveryMemberShowsItsTransport) {
+  auto view = fabric_->Fabric(3);
+  ASSERT_TRUE(view.ok());
+  for (const v1::MemberInfo& member : view->membership().members()) {
+    EXPECT_EQ(member.transport(), v1::TRANSPORT_SOCKET) << "rank " << member.rank();
+    EXPECT_THAT(member.data_address(), HasSubstr("127.0.0.1:")) << "rank " << member.rank();
+  }
+  RunResult fabric = RunBinary({EpctlBinary(), "--socket=" + fabric_->daemon(0).socket(), "fabric"});
+  EXPECT_EQ(fabric.exit_code, 0) << fabric.err;
+  EXPECT_THAT(fabric.out, HasSubstr("socket 127.0.0.1:"));
+  RunResult topology = RunBinary({EpctlBinary(), "--socket=" + fabric_->daemon(2).socket(), "topology", "--json"});
+  EXPECT_EQ(topology.exit_code, 0) << topology.err;
+  EXPECT_THAT(topology.out, HasSubstr("\"transport\": \"TRANSPORT_SOCKET\""));
+}
+
 // 100 000 random commands (25 000 per rank over 4 channels at once), sizes 1 B .. 256 KiB at unaligned offsets, log
 // records whose signals are checked to trail their puts, every byte of every inbox compared with the model.
 TEST_F(TransportTest, RandomCommandsOnEveryChannelMatchTheModel) {
