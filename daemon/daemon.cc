@@ -24,7 +24,6 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_manager.h"
-#include "transport/transport.h"
 #include "logging.h"
 #include "memory/region.h"
 #include "security/peer_authenticator.h"
@@ -35,6 +34,7 @@
 #include "services/peer_service.h"
 #include "topology/system_files.h"
 #include "topology/topology.h"
+#include "transport/transport.h"
 
 namespace epfabric::daemon {
 namespace {
@@ -257,11 +257,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     // auto: verbs only when a device can register the regions; the socket wire otherwise (and until the verbs wire is
     // built in, always).
     transport_options.kind = options.transport == "verbs" ? v1::TRANSPORT_VERBS : v1::TRANSPORT_SOCKET;
-    transport_options.socket.listen =
-        !options.data_listen.empty()
-            ? options.data_listen
-            : (peer_listen.host.find(':') != std::string::npos ? absl::StrCat("[", peer_listen.host, "]:0")
-                                                                : absl::StrCat(peer_listen.host, ":0"));
+    transport_options.socket.listen = !options.data_listen.empty() ? options.data_listen
+                                                                   : (peer_listen.host.find(':') != std::string::npos
+                                                                          ? absl::StrCat("[", peer_listen.host, "]:0")
+                                                                          : absl::StrCat(peer_listen.host, ":0"));
     transport_options.proxy.threads = options.proxy_threads;
     transport_options.proxy.spin = absl::Microseconds(options.proxy_spin_us);
     transport_options.name_prefix = absl::StrCat(options.fabric_id, ".d", options.rank);
@@ -295,8 +294,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
   s->groups = std::make_unique<groups::GroupManager>(
       s->membership.get(), s->links.get(), s->allocator.get(), lease_limits,
-      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes},
-      s->transport.get());
+      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes}, s->transport.get());
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });

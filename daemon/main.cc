@@ -44,8 +44,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate for mutual TLS on the peer
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for mutual TLS on the peer port.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to.");
 ABSL_FLAG(std::string, tls_target_name, "", "Name to check in peers' certificates instead of the dialled host.");
-ABSL_FLAG(std::string, transport, "auto",
-          "Wire between hosts: auto (verbs when an RDMA device can register the regions, else socket), socket or verbs.");
+ABSL_FLAG(
+    std::string, transport, "auto",
+    "Wire between hosts: auto (verbs when an RDMA device can register the regions, else socket), socket or verbs.");
 ABSL_FLAG(std::string, data_listen, "",
           "Socket wire: host:port of the data listener; empty = the --peer_listen host, any free port.");
 ABSL_FLAG(int, proxy_threads, 2, "Threads that drain the transport's command rings (1..64).");

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include <google/protobuf/struct.pb.h>
-#include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"

@@ -300,8 +300,8 @@ absl::StatusOr<MappedRegion> RegisterHostWithCuda(MappedRegion mapped, const Imp
   if (err == cudaSuccess) err = cudaHostGetDevicePointer(&device_pointer, mapped.data(), 0);
   if (previous >= 0) cudaSetDevice(previous);
   if (err != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaHostRegister of a host region (", mapped.size(),
-                                            " bytes): ", cudaGetErrorString(err)));
+    return absl::InternalError(
+        absl::StrCat("cudaHostRegister of a host region (", mapped.size(), " bytes): ", cudaGetErrorString(err)));
   }
   void* host = mapped.data();
   std::function<absl::Status()> unmap = std::move(mapped.unmap_);

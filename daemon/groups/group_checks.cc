@@ -6,9 +6,9 @@
 #include <set>
 #include <utility>
 
-#include "epfabric/kernels/transport/ring.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "epfabric/kernels/transport/ring.h"
 
 namespace epfabric::daemon::groups {
 
@@ -82,8 +82,8 @@ absl::Status ValidateGroupInfo(const v1::GroupInfo& info, int world_size) {
       (info.transport_channels() < 1 || info.transport_channels() > kernels::transport::kMaxChannels ||
        !kernels::transport::ValidRingSlots(info.ring_slots()))) {
     return absl::InvalidArgumentError(absl::StrCat("group: ", info.transport_channels(), " transport channels of ",
-                                                   info.ring_slots(), " slots (1..",
-                                                   kernels::transport::kMaxChannels, " channels, slots a power of two)"));
+                                                   info.ring_slots(), " slots (1..", kernels::transport::kMaxChannels,
+                                                   " channels, slots a power of two)"));
   }
   return absl::OkStatus();
 }

@@ -43,8 +43,7 @@ inline constexpr char kAnsweredByCoordinator[] = "epf-answered-by-coordinator";
 class GroupManager {
  public:
   GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
-               LeaseLimits lease_limits, GroupLimits group_limits = {},
-               transport::Transport* transport = nullptr);
+               LeaseLimits lease_limits, GroupLimits group_limits = {}, transport::Transport* transport = nullptr);
 
   // ---- Control service (any daemon) ----
   absl::StatusOr<v1::CreateGroupResponse> CreateGroup(const v1::CreateGroupRequest& request);

@@ -4,11 +4,11 @@
 
 #include <utility>
 
-#include "epfabric/kernels/transport/ring.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/transport/ring.h"
 #include "groups/group_checks.h"
 #include "logging.h"
 

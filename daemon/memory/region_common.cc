@@ -20,8 +20,8 @@ absl::Status ValidateRegionSpec(const RegionSpec& spec) {
   if (spec.bytes == 0) return absl::InvalidArgumentError("RegionSpec.bytes must be positive, is 0");
   if (spec.kind != v1::RegionDescriptor::KIND_NVL && spec.kind != v1::RegionDescriptor::KIND_RDMA &&
       spec.kind != v1::RegionDescriptor::KIND_COMMANDS) {
-    return absl::InvalidArgumentError(absl::StrCat("RegionSpec.kind ", static_cast<int>(spec.kind),
-                                                   " must be KIND_NVL, KIND_RDMA or KIND_COMMANDS"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegionSpec.kind ", static_cast<int>(spec.kind), " must be KIND_NVL, KIND_RDMA or KIND_COMMANDS"));
   }
   return absl::OkStatus();
 }

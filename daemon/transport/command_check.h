@@ -22,8 +22,8 @@ struct CommandBounds {
 
 struct CommandFault {
   RingErrorCode code = RingErrorCode::kOk;
-  int rank = -1;        // the destination concerned (-1 when the rank itself is bad)
-  uint64_t value = 0;   // the offending value (opcode, rank, range end, offset)
+  int rank = -1;       // the destination concerned (-1 when the rank itself is bad)
+  uint64_t value = 0;  // the offending value (opcode, rank, range end, offset)
 };
 
 // nullopt when `command` may be executed: a known opcode; a destination that is a rank of the group; kPut:

@@ -74,7 +74,7 @@ class CommandRing {
   uint32_t generation_ ABSL_GUARDED_BY(mutex_) = 0;
   bool failed_ ABSL_GUARDED_BY(mutex_) = false;
   bool stopped_ ABSL_GUARDED_BY(mutex_) = false;
-  std::vector<uint8_t> done_ ABSL_GUARDED_BY(mutex_);     // by index % slots, for [completed_, taken_)
+  std::vector<uint8_t> done_ ABSL_GUARDED_BY(mutex_);      // by index % slots, for [completed_, taken_)
   std::vector<int32_t> dst_rank_ ABSL_GUARDED_BY(mutex_);  // destination of each command in flight
   RingCounters counters_ ABSL_GUARDED_BY(mutex_);
 };

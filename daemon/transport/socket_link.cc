@@ -12,8 +12,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "logging.h"
 #include "epfabric/common/status_macros.h"
+#include "logging.h"
 #include "transport/region_io.h"
 #include "transport/socket_protocol.h"
 
@@ -34,7 +34,11 @@ struct Item {
 class Connection {
  public:
   Connection(const GroupSetup& setup, int dest_rank, int channel, std::string address, LinkOptions options)
-      : setup_(setup), dest_rank_(dest_rank), channel_(channel), address_(std::move(address)), options_(options),
+      : setup_(setup),
+        dest_rank_(dest_rank),
+        channel_(channel),
+        address_(std::move(address)),
+        options_(options),
         peer_(absl::StrCat("group '", setup.group, "' rank ", dest_rank, " (channel ", channel, ", ", address_, ")")) {
     sender_ = std::thread([this] { Send(); });
   }

@@ -208,8 +208,8 @@ class SocketWireImpl final : public SocketWire {
     std::shared_ptr<ReceiveGroup> group = Handshake(fd);
     if (group != nullptr) {
       absl::Status ended = Serve(fd, *group);
-      if (!absl::IsUnavailable(ended)) Logger("transport")->warn("data connection of group '{}': {}", group->name,
-                                                                 ended.ToString());
+      if (!absl::IsUnavailable(ended))
+        Logger("transport")->warn("data connection of group '{}': {}", group->name, ended.ToString());
       absl::MutexLock lock(&group->mutex);
       group->fds.erase(fd);
     }
@@ -233,9 +233,8 @@ class SocketWireImpl final : public SocketWire {
       auto it = groups_.find(name);
       if (it != groups_.end()) group = it->second;
     }
-    const bool plausible = hello.magic == socket_wire::kHelloMagic &&
-                           hello.version == socket_wire::kProtocolVersion && group != nullptr &&
-                           hello.dest_rank == group->self_rank && hello.issuer_rank >= 0 &&
+    const bool plausible = hello.magic == socket_wire::kHelloMagic && hello.version == socket_wire::kProtocolVersion &&
+                           group != nullptr && hello.dest_rank == group->self_rank && hello.issuer_rank >= 0 &&
                            hello.issuer_rank < group->world && hello.channel >= 0 && hello.channel < group->channels;
     if (!plausible) {
       Count(&SocketWireCounters::handshakes_refused);

@@ -82,8 +82,8 @@ absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const Group
   region.bytes = kernels::transport::CommandRegionBytes(spec.channels, spec.slots);
   region.kind = v1::RegionDescriptor::KIND_COMMANDS;
   EPF_ASSIGN_OR_RETURN(std::shared_ptr<memory::Region> commands, command_allocator_->Allocate(region));
-  auto group = std::unique_ptr<GroupTransport>(
-      new GroupTransport(proxy_.get(), std::move(commands), spec.channels, spec.slots));
+  auto group =
+      std::unique_ptr<GroupTransport>(new GroupTransport(proxy_.get(), std::move(commands), spec.channels, spec.slots));
   GroupSetup setup;
   setup.group = spec.group;
   setup.self_rank = spec.self_rank;

@@ -88,6 +88,10 @@ const char* WaitSiteName(WaitSite site) {
       return "low-latency receive count";
     case WaitSite::kLowLatencyCombineFlag:
       return "low-latency combine flag";
+    case WaitSite::kTransportRingSpace:
+      return "transport ring space";
+    case WaitSite::kTransportQuiet:
+      return "transport quiet";
   }
   return "unknown";
 }

@@ -61,9 +61,8 @@ __device__ __forceinline__ bool issue(const Ring& ring, Opcode opcode, int dst_r
 __device__ __forceinline__ bool quiet(const Ring& ring, uint64_t timeout_ns, KernelStatus* status, int self_rank) {
   const uint64_t target = *reinterpret_cast<volatile unsigned long long*>(ring.next);
   const bool done = bounded_wait(
-      [&] { return ld_acquire_sys_u64(&ring.control->completed) >= target || ring_failed(ring); }, timeout_ns,
-      status, WaitSite::kTransportQuiet, self_rank, ptx::ld_acquire_sys_global(&ring.control->waiting_rank),
-      ring.channel);
+      [&] { return ld_acquire_sys_u64(&ring.control->completed) >= target || ring_failed(ring); }, timeout_ns, status,
+      WaitSite::kTransportQuiet, self_rank, ptx::ld_acquire_sys_global(&ring.control->waiting_rank), ring.channel);
   return done && !ring_failed(ring);
 }
 

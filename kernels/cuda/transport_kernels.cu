@@ -43,8 +43,8 @@ __global__ void signal_add(unsigned long long* word, long long value) {
 }  // namespace
 
 absl::Status LaunchIssueCommands(const std::vector<DeviceRing>& rings, const Command* commands, const int* offsets,
-                                 bool quiet, int self_rank, uint64_t timeout_ns, KernelStatus* status,
-                                 int* ring_failed, cudaStream_t stream) {
+                                 bool quiet, int self_rank, uint64_t timeout_ns, KernelStatus* status, int* ring_failed,
+                                 cudaStream_t stream) {
   if (rings.empty() || rings.size() > static_cast<size_t>(kMaxLaunchRings)) {
     return absl::InvalidArgumentError("transport: 1 to 32 rings per launch");
   }

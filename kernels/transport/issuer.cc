@@ -127,10 +127,10 @@ absl::Status RingIssuer::Issue(Opcode opcode, int dst_rank, uint64_t dst_offset,
   while (index - LoadAcquire(control_->consumed) >= slot_count_) {
     if (absl::Status error = RingErrorStatus(channel_, *control_); !error.ok()) return error;
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "transport ring ", channel_, ": no free slot for command ", index, " after ", absl::FormatDuration(timeout),
-          " (the daemon consumed ", LoadAcquire(control_->consumed), "; waiting on rank ",
-          LoadAcquire(control_->waiting_rank), ")"));
+      return absl::DeadlineExceededError(absl::StrCat("transport ring ", channel_, ": no free slot for command ", index,
+                                                      " after ", absl::FormatDuration(timeout),
+                                                      " (the daemon consumed ", LoadAcquire(control_->consumed),
+                                                      "; waiting on rank ", LoadAcquire(control_->waiting_rank), ")"));
     }
     backoff.Pause();
   }
@@ -162,10 +162,9 @@ absl::Status RingIssuer::Quiet(absl::Duration timeout) {
     if (absl::Status error = RingErrorStatus(channel_, *control_); !error.ok()) return error;
     if (absl::Now() > deadline) {
       const uint64_t completed = LoadAcquire(control_->completed);
-      return absl::DeadlineExceededError(absl::StrCat("transport ring ", channel_, ": quiet: ", target - completed,
-                                                      " of ", target, " commands not complete after ",
-                                                      absl::FormatDuration(timeout), "; waiting on rank ",
-                                                      LoadAcquire(control_->waiting_rank)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "transport ring ", channel_, ": quiet: ", target - completed, " of ", target, " commands not complete after ",
+          absl::FormatDuration(timeout), "; waiting on rank ", LoadAcquire(control_->waiting_rank)));
     }
     backoff.Pause();
   }

@@ -64,8 +64,8 @@ absl::StatusOr<uint64_t> RegionBytes(const std::vector<std::string>& args) {
 class TransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto fabric = FabricUnderTest::Start(kRanks, {"--heartbeat_ms=100", "--heartbeat_misses=10", TransportFlag()},
-                                         TwoHosts());
+    auto fabric =
+        FabricUnderTest::Start(kRanks, {"--heartbeat_ms=100", "--heartbeat_misses=10", TransportFlag()}, TwoHosts());
     ASSERT_TRUE(fabric.ok()) << fabric.status();
     fabric_ = std::move(*fabric);
     ASSERT_TRUE(fabric_->WaitComplete().ok());
@@ -90,8 +90,8 @@ class TransportTest : public ::testing::Test {
 
   absl::StatusOr<Subprocess> StartWorker(int daemon, const std::string& group, int rank, const std::string& token,
                                          const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(daemon).socket(),
-                                     "--group=" + group, absl::StrCat("--rank=", rank), "--token=" + token};
+    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(daemon).socket(), "--group=" + group,
+                                     absl::StrCat("--rank=", rank), "--token=" + token};
     argv.insert(argv.end(), args.begin(), args.end());
     return Subprocess::Start(argv);
   }
@@ -199,7 +199,8 @@ TEST_F(TransportTest, KilledDestinationDaemonEndsTheIssuersWaitNamingIt) {
   auto worker = StartWorker(0, "killed", 0, token, {"--scenario=stream", "--target=2", "--duration_ms=30000"});
   ASSERT_TRUE(worker.ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!absl::StrContains(worker->Stdout(), "EPF_STREAMING") && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  while (!absl::StrContains(worker->Stdout(), "EPF_STREAMING") && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
   ASSERT_THAT(worker->Stdout(), HasSubstr("EPF_STREAMING"));
   const int64_t killed_ms = absl::ToUnixMillis(absl::Now());
   fabric_->Kill(2);
@@ -228,7 +229,8 @@ TEST_F(TransportTest, StoppedDestinationGivesABoundedWaitNamingIt) {
                             {"--scenario=stream", "--target=3", "--duration_ms=30000", "--timeout_ms=1500"});
   ASSERT_TRUE(worker.ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (!absl::StrContains(worker->Stdout(), "EPF_STREAMING") && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  while (!absl::StrContains(worker->Stdout(), "EPF_STREAMING") && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
   ASSERT_THAT(worker->Stdout(), HasSubstr("EPF_STREAMING"));
   fabric_->daemon(3).process().Signal(SIGSTOP);
   auto code = worker->Wait(absl::Seconds(10));

@@ -13,7 +13,7 @@ using kernels::transport::RingAt;
 using kernels::transport::RingIssuer;
 
 absl::StatusOr<std::unique_ptr<Issuers>> Issuers::Create(client::Lease& lease, bool from_device,
-                                                          absl::Duration timeout) {
+                                                         absl::Duration timeout) {
   auto issuers = std::unique_ptr<Issuers>(new Issuers());
   issuers->from_device_ = from_device;
   issuers->timeout_ = timeout;
@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<Issuers>> Issuers::Create(client::Lease& lease, b
   }
   if (from_device) {
     issuers->device_base_ = lease.commands_region_device();
-    if (issuers->device_base_ == nullptr) return absl::FailedPreconditionError("the command rings are not mapped for CUDA");
+    if (issuers->device_base_ == nullptr)
+      return absl::FailedPreconditionError("the command rings are not mapped for CUDA");
     if (cudaMalloc(&issuers->device_next_, sizeof(unsigned long long) * channels) != cudaSuccess ||
         cudaMemset(issuers->device_next_, 0, sizeof(unsigned long long) * channels) != cudaSuccess) {
       return absl::InternalError("cudaMalloc of the ring counters failed");
@@ -47,10 +48,9 @@ absl::Status Issuers::Run(int channel, const std::vector<Command>& commands, boo
   if (from_device_) return RunOnDevice(channel, commands, quiet);
   RingIssuer& ring = host_[channel];
   for (const Command& c : commands) {
-    const absl::Status issued =
-        static_cast<Opcode>(c.opcode) == Opcode::kSignalAdd
-            ? ring.SignalAdd(c.dst_rank, c.dst_offset, static_cast<int64_t>(c.arg), timeout_)
-            : ring.Put(c.dst_rank, c.dst_offset, c.src_offset, c.arg, timeout_);
+    const absl::Status issued = static_cast<Opcode>(c.opcode) == Opcode::kSignalAdd
+                                    ? ring.SignalAdd(c.dst_rank, c.dst_offset, static_cast<int64_t>(c.arg), timeout_)
+                                    : ring.Put(c.dst_rank, c.dst_offset, c.src_offset, c.arg, timeout_);
     if (!issued.ok()) return issued;
   }
   return quiet ? ring.Quiet(timeout_) : absl::OkStatus();

@@ -30,8 +30,8 @@ class Issuers {
   absl::Duration timeout_;
   int self_rank_ = 0;
   uint32_t slots_ = 0;
-  void* device_base_ = nullptr;                  // the command region's device pointer
-  unsigned long long* device_next_ = nullptr;    // per channel, device memory
+  void* device_base_ = nullptr;                // the command region's device pointer
+  unsigned long long* device_next_ = nullptr;  // per channel, device memory
 };
 
 }  // namespace epfabric::tools

@@ -62,9 +62,9 @@ int Fail(const std::string& why) {
   return 1;
 }
 
-#define EPF_CHECK_OK_OR_FAIL(expr)               \
-  do {                                           \
-    const absl::Status check_ = (expr);          \
+#define EPF_CHECK_OK_OR_FAIL(expr)                    \
+  do {                                                \
+    const absl::Status check_ = (expr);               \
     if (!check_.ok()) return Fail(check_.ToString()); \
   } while (false)
 
@@ -258,9 +258,9 @@ int Big(client::Lease& lease, RegionAccess& region, Issuers& issuers, const Layo
     const uint64_t src = (k * 13) % 61;
     const int channel = static_cast<int>(k) % layout.channels;
     const absl::Time start = absl::Now();
-    EPF_CHECK_OK_OR_FAIL(issuers.Run(channel, {MakePut(next, layout.Big() + 5, layout.Source() + src, n),
-                                               MakeSignal(next, layout.BigRound(self), 1)},
-                                     true));
+    EPF_CHECK_OK_OR_FAIL(issuers.Run(
+        channel,
+        {MakePut(next, layout.Big() + 5, layout.Source() + src, n), MakeSignal(next, layout.BigRound(self), 1)}, true));
     if (!WaitSignal(region, layout.BigRound(previous), static_cast<int64_t>(k + 1), timeout)) {
       return Fail(absl::StrCat("round ", k, ": no put from rank ", previous));
     }
@@ -288,8 +288,9 @@ int Stream(client::Lease& lease, RegionAccess& region, Issuers& issuers, const L
     std::vector<Command> batch(16, MakePut(target, layout.Inbox(lease.rank(), 0), layout.Source(), kBytes));
     absl::Status status = issuers.Run(0, batch, true);
     if (!status.ok()) {
-      std::cout << "EPF_TRANSPORT_ERROR unix_ms=" << absl::ToUnixMillis(absl::Now()) << " code="
-                << absl::StatusCodeToString(status.code()) << " message=\"" << status.message() << "\"" << std::endl;
+      std::cout << "EPF_TRANSPORT_ERROR unix_ms=" << absl::ToUnixMillis(absl::Now())
+                << " code=" << absl::StatusCodeToString(status.code()) << " message=\"" << status.message() << "\""
+                << std::endl;
       return 3;
     }
     if (!announced) {
@@ -319,8 +320,8 @@ int Bad(client::Lease& lease, Issuers& issuers, const Layout& layout) {
     command = MakePut(other, 0, 0, 0);
   }
   const absl::Status refused = issuers.Run(0, {command}, true);
-  std::cout << "EPF_BAD code=" << absl::StatusCodeToString(refused.code()) << " message=\"" << refused.message()
-            << "\"" << std::endl;
+  std::cout << "EPF_BAD code=" << absl::StatusCodeToString(refused.code()) << " message=\"" << refused.message() << "\""
+            << std::endl;
   if (!absl::IsInvalidArgument(refused)) return Fail("the bad command was not refused with INVALID_ARGUMENT");
   const absl::Status again = issuers.Run(0, {MakePut(other, layout.Inbox(0, 0), layout.Source(), 8)}, true);
   if (again.ok()) return Fail("the ring went on executing after a refused command");
@@ -367,8 +368,8 @@ int Main() {
   RegionAccess region(l.rdma_region(), l.rdma_region_bytes(), device);
   if (absl::GetFlag(FLAGS_scenario) != "zero" && absl::GetFlag(FLAGS_scenario) != "bad" &&
       region.bytes() < layout.RegionBytes()) {
-    return Fail(absl::StrCat("the RDMA region has ", region.bytes(), " bytes; the scenario needs ",
-                             layout.RegionBytes()));
+    return Fail(
+        absl::StrCat("the RDMA region has ", region.bytes(), " bytes; the scenario needs ", layout.RegionBytes()));
   }
   auto issuers = Issuers::Create(l, absl::GetFlag(FLAGS_issue_from) == "device",
                                  absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)));

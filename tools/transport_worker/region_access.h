@@ -13,7 +13,8 @@ namespace epfabric::tools {
 
 class RegionAccess {
  public:
-  RegionAccess(void* base, uint64_t bytes, bool device) : base_(static_cast<char*>(base)), bytes_(bytes), device_(device) {}
+  RegionAccess(void* base, uint64_t bytes, bool device)
+      : base_(static_cast<char*>(base)), bytes_(bytes), device_(device) {}
   uint64_t bytes() const { return bytes_; }
   bool device() const { return device_; }
 

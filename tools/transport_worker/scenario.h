@@ -10,10 +10,10 @@ namespace epfabric::tools {
 struct Layout {
   int world = 0;
   int channels = 0;
-  uint64_t source_bytes = 2ull << 20;  // S: the source area
-  uint64_t slice_bytes = 256ull << 10; // I: one inbox slice per (source rank, channel)
-  uint64_t log_records = 256;          // L: log records per (source rank, channel)
-  uint64_t big_bytes = 0;              // B: the big-sweep inbox
+  uint64_t source_bytes = 2ull << 20;   // S: the source area
+  uint64_t slice_bytes = 256ull << 10;  // I: one inbox slice per (source rank, channel)
+  uint64_t log_records = 256;           // L: log records per (source rank, channel)
+  uint64_t big_bytes = 0;               // B: the big-sweep inbox
 
   static constexpr uint64_t kSignals = 64ull << 10;
   static constexpr uint64_t kRecord = 64;

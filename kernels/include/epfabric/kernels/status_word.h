@@ -33,7 +33,6 @@ enum class WaitSite : int32_t {
   kLowLatencyCombineFlag = 8,
   kTransportRingSpace = 9,  // transport issuer: a free slot in the command ring (the daemon did not consume)
   kTransportQuiet = 10,     // transport quiet: completion of the ring's commands (peer_rank: waiting_rank)
-  kTransportRingError = 11, // transport: the daemon recorded a ring failure (see the ring's RingControl)
 };
 
 // A value read from peer-writable memory (a region any rank of the group can write) that lies outside its valid

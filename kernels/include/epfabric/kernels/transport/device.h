@@ -27,8 +27,8 @@ struct DeviceRing {
 // `timeout_ns`; the first failure goes into `status` (device or mapped memory). `ring_failed` (device or mapped memory,
 // one int per ring) is set to 1 for a ring whose daemon recorded an error: read that ring's RingControl for it.
 absl::Status LaunchIssueCommands(const std::vector<DeviceRing>& rings, const Command* commands, const int* offsets,
-                                 bool quiet, int self_rank, uint64_t timeout_ns, KernelStatus* status,
-                                 int* ring_failed, cudaStream_t stream);
+                                 bool quiet, int self_rank, uint64_t timeout_ns, KernelStatus* status, int* ring_failed,
+                                 cudaStream_t stream);
 
 // The receiving daemon: adds `value` to the 8-byte word at `word` (device memory) with a system-scope atomic, after
 // everything queued earlier on `stream` (the puts it received before the signal).

@@ -58,16 +58,16 @@ static_assert(sizeof(Command) == 32, "a command is one 32-byte slot");
 // Why a ring stopped executing commands (RingError::code). Values are stable: they appear in messages and counters.
 enum class RingErrorCode : int32_t {
   kOk = 0,
-  kBadOpcode = 1,        // opcode not one of Opcode
-  kBadRank = 2,          // dst_rank is not a rank of the group
-  kSourceOutOfRange = 3, // [src_offset, src_offset + bytes) not inside the issuer's RDMA region
-  kDestOutOfRange = 4,   // [dst_offset, dst_offset + bytes) not inside the destination's RDMA region
-  kBadSize = 5,          // put of 0 bytes
-  kMisaligned = 6,       // signal word not 8-byte aligned
-  kBadStamp = 7,         // a slot's stamp is neither the expected index nor an older one (a corrupted ring)
-  kPeerLost = 8,         // the destination's daemon is unreachable (connection lost, member down)
-  kWireError = 9,        // the wire failed (completion error, refused connection)
-  kLeaseEnded = 10,      // the lease ended; the ring is being cleaned
+  kBadOpcode = 1,         // opcode not one of Opcode
+  kBadRank = 2,           // dst_rank is not a rank of the group
+  kSourceOutOfRange = 3,  // [src_offset, src_offset + bytes) not inside the issuer's RDMA region
+  kDestOutOfRange = 4,    // [dst_offset, dst_offset + bytes) not inside the destination's RDMA region
+  kBadSize = 5,           // put of 0 bytes
+  kMisaligned = 6,        // signal word not 8-byte aligned
+  kBadStamp = 7,          // a slot's stamp is neither the expected index nor an older one (a corrupted ring)
+  kPeerLost = 8,          // the destination's daemon is unreachable (connection lost, member down)
+  kWireError = 9,         // the wire failed (completion error, refused connection)
+  kLeaseEnded = 10,       // the lease ended; the ring is being cleaned
 };
 
 // Written by the daemon. 64-byte lines so that issuer- and daemon-written words never share a cache line.
@@ -82,13 +82,13 @@ struct alignas(64) RingControl {
   uint64_t completed;
   uint64_t pad2[7];
   // Line 3, daemon: the first failure, then frozen. `code` is written last (release).
-  int32_t error_code;      // RingErrorCode
-  int32_t error_rank;      // the destination rank concerned (-1 when none)
-  uint64_t error_index;    // ring index of the command concerned
-  uint64_t error_value;    // the offending value (offset, size, opcode, stamp), when there is one
-  uint32_t magic;          // kRingMagic once the daemon initialised the ring
-  uint32_t slots;          // the ring's slot count (a copy: issuers use the value they were configured with)
-  int32_t waiting_rank;    // the destination of the oldest incomplete command (-1: none): who a quiet waits on
+  int32_t error_code;    // RingErrorCode
+  int32_t error_rank;    // the destination rank concerned (-1 when none)
+  uint64_t error_index;  // ring index of the command concerned
+  uint64_t error_value;  // the offending value (offset, size, opcode, stamp), when there is one
+  uint32_t magic;        // kRingMagic once the daemon initialised the ring
+  uint32_t slots;        // the ring's slot count (a copy: issuers use the value they were configured with)
+  int32_t waiting_rank;  // the destination of the oldest incomplete command (-1: none): who a quiet waits on
   int32_t pad3[7];
 };
 static_assert(sizeof(RingControl) == 256, "four cache lines");
