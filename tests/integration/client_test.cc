@@ -212,7 +212,7 @@ TEST(Client, SeparateClientsMapTheSameMemory) {
   auto answer = Ask(connection->get(), request);
   ASSERT_TRUE(answer.ok()) << answer.status();
   EXPECT_EQ(answer->response.code(), static_cast<int>(absl::StatusCode::kPermissionDenied));
-  EXPECT_THAT(answer->response.message(), HasSubstr("only handed to the holder of its rank's lease"));
+  EXPECT_THAT(answer->response.message(), HasSubstr("only handed to the holder of their rank's lease"));
 }
 
 TEST(Client, SecondAttachIsRefusedAndDetachFreesAndCleansTheRank) {
@@ -529,7 +529,7 @@ TEST(FdChannel, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
       "unknown group", [](auto& r) { r.set_group("nope"); }, Code::kNotFound, "'nope' has no region on this daemon");
   add(
       "kind unspecified", [](auto& r) { r.set_kind(v1::RegionDescriptor::KIND_UNSPECIFIED); }, Code::kInvalidArgument,
-      "kind: 0 is not KIND_NVL or KIND_RDMA");
+      "kind: 0 is not KIND_NVL, KIND_RDMA or KIND_COMMANDS");
   add(
       "kind out of range", [](auto& r) { r.set_kind(static_cast<v1::RegionDescriptor::Kind>(77)); },
       Code::kInvalidArgument, "kind: 77");

@@ -125,7 +125,7 @@ TEST(FormatFabric, MembersAndGroups) {
   const std::string text = FormatFabric(f);
   EXPECT_NE(text.find("fabric 'prod'  epoch 7  ranks 2  self rank 1  degraded: yes"), std::string::npos) << text;
   EXPECT_NE(text.find("0     UP       10.0.0.1:7100"), std::string::npos) << text;
-  EXPECT_NE(text.find("cuda          0000000000000abc"), std::string::npos) << text;
+  EXPECT_NE(text.find("cuda          -                        0000000000000abc"), std::string::npos) << text;
   EXPECT_NE(text.find("1     DOWN     -"), std::string::npos) << text;
   EXPECT_NE(text.find("moe                      DEGRADED  ranks [0,1]  nvl 1024 B"), std::string::npos) << text;
 }
