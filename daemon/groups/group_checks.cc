@@ -161,4 +161,9 @@ bool LostAMember(const v1::GroupInfo& info, const std::vector<uint64_t>& incarna
   return false;
 }
 
+bool CanRestore(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations, const v1::Membership& view) {
+  // Without the committed incarnations (a group adopted from Join records) a restart cannot be told from a pause.
+  return incarnations.size() == static_cast<size_t>(info.ranks_size()) && !LostAMember(info, incarnations, view);
+}
+
 }  // namespace epfabric::daemon::groups

@@ -155,6 +155,10 @@ void LocalGroups::OnMembership(const v1::Membership& view) {
     if (group.info.state() == v1::GROUP_STATE_READY && LostAMember(group.info, group.incarnations, view)) {
       group.info.set_state(v1::GROUP_STATE_DEGRADED);
       Logger("groups")->warn("group '{}' degraded: a member is down or restarted", name);
+    } else if (group.info.state() == v1::GROUP_STATE_DEGRADED && CanRestore(group.info, group.incarnations, view)) {
+      // Every member is up again with the incarnation that committed: their regions never went away.
+      group.info.set_state(v1::GROUP_STATE_READY);
+      Logger("groups")->info("group '{}' restored: every member is back with the same incarnation", name);
     }
   }
 }

@@ -217,6 +217,8 @@ void Registry::OnMembership(const v1::Membership& view) {
   for (auto& [name, entry] : entries_) {
     if (entry.info.state() == v1::GROUP_STATE_READY && LostAMember(entry.info, entry.incarnations, view)) {
       entry.info.set_state(v1::GROUP_STATE_DEGRADED);
+    } else if (entry.info.state() == v1::GROUP_STATE_DEGRADED && CanRestore(entry.info, entry.incarnations, view)) {
+      entry.info.set_state(v1::GROUP_STATE_READY);
     }
   }
 }

@@ -193,6 +193,44 @@ TEST(Fabric, KilledDaemonIsMarkedDownWithinThreeSecondsAndRejoins) {
   EXPECT_TRUE(CreateGroup(**fabric, 3, "with-3", {0, 1, 2, 3}, 1 << 20, &again).ok());
 }
 
+// A member paused long enough to be marked DOWN (same process, same incarnation, regions intact) restores its groups
+// to READY when it comes back (issue #14, case 2), everywhere, and clients can attach again.
+TEST(Fabric, PausedMemberThatComesBackRestoresItsGroups) {
+  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=100", "--heartbeat_misses=5"});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  v1::CreateGroupResponse group;
+  ASSERT_TRUE(CreateGroup(**fabric, 0, "paused", {0, 1, 2}, 1 << 20, &group).ok());
+  (*fabric)->daemon(2).process().Signal(SIGSTOP);
+  for (int rank : {0, 1}) {
+    auto view = (*fabric)->WaitView(
+        rank,
+        [](const v1::FabricView& v) {
+          return StateOf(v, 2) == v1::MEMBER_STATE_DOWN && FindGroup(v, "paused") != nullptr &&
+                 FindGroup(v, "paused")->state() == v1::GROUP_STATE_DEGRADED;
+        },
+        absl::Seconds(5));
+    ASSERT_TRUE(view.ok()) << "rank " << rank << ": " << view.status();
+  }
+  v1::AttachResponse attached;
+  EXPECT_EQ(Attach(**fabric, 1, "paused", 1, group.token(), &attached).error_code(), grpc::StatusCode::UNAVAILABLE);
+  (*fabric)->daemon(2).process().Signal(SIGCONT);
+  const absl::Time resumed = absl::Now();
+  for (int rank : {0, 1, 2}) {
+    auto view = (*fabric)->WaitView(
+        rank,
+        [](const v1::FabricView& v) {
+          return StateOf(v, 2) == v1::MEMBER_STATE_UP && FindGroup(v, "paused") != nullptr &&
+                 FindGroup(v, "paused")->state() == v1::GROUP_STATE_READY;
+        },
+        absl::Seconds(5));
+    ASSERT_TRUE(view.ok()) << "rank " << rank << ": " << view.status();
+  }
+  std::cout << "[ RESTORED ] group READY everywhere " << absl::ToDoubleMilliseconds(absl::Now() - resumed)
+            << " ms after SIGCONT\n";
+  EXPECT_TRUE(Attach(**fabric, 1, "paused", 1, group.token(), &attached).ok());
+}
+
 TEST(Fabric, SecondDaemonClaimingALiveRankIsRefused) {
   auto fabric = FabricUnderTest::Start(3, kFast);
   ASSERT_TRUE(fabric.ok()) << fabric.status();
