@@ -2,6 +2,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "epfabric/kernels/transport/device.h"
 
@@ -72,6 +74,11 @@ absl::Status Issuers::RunOnDevice(int channel, const std::vector<Command>& comma
   *failed = 0;
   cudaMemcpy(device_commands, commands.data(), sizeof(Command) * commands.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(offsets, host_offsets, sizeof(host_offsets), cudaMemcpyHostToDevice);
+  // The ring's next index may have moved on through host issuers (RingControl::reserved): the kernel starts from it,
+  // and hands its own back, so that host and device issuing can take turns on one ring.
+  auto& reserved = static_cast<kernels::transport::RingControl*>(host_rings_[channel])->reserved;
+  unsigned long long next = std::atomic_ref<uint64_t>(reserved).load();
+  cudaMemcpy(device_next_ + channel, &next, sizeof(next), cudaMemcpyHostToDevice);
   kernels::transport::DeviceRing ring;
   ring.ring = RingAt(device_base_, channel, slots_);
   ring.next = device_next_ + channel;
@@ -81,6 +88,9 @@ absl::Status Issuers::RunOnDevice(int channel, const std::vector<Command>& comma
       {ring}, device_commands, offsets, quiet, self_rank_, static_cast<uint64_t>(absl::ToInt64Nanoseconds(timeout_)),
       status, failed, stream);
   if (result.ok() && cudaStreamSynchronize(stream) != cudaSuccess) result = absl::InternalError("kernel failed");
+  if (cudaMemcpy(&next, device_next_ + channel, sizeof(next), cudaMemcpyDeviceToHost) == cudaSuccess) {
+    std::atomic_ref<uint64_t>(reserved).store(next);
+  }
   if (result.ok() && *failed != 0) {
     result = kernels::transport::RingErrorStatus(
         channel, *static_cast<const kernels::transport::RingControl*>(host_rings_[channel]));

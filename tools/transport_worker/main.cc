@@ -14,6 +14,7 @@
 //   bad          one refused command (--bad=dest_range|src_range|rank|misaligned|zero_size), expecting the error;
 //                then a good command on another channel still completes.
 //   zero         checks that the whole RDMA region is zero (nobody wrote it).
+//   bench        the transport benchmark's measurements (bench_scenario.h; bench/transport_bench.cc).
 // Output: `EPF_RESULT ok=1 ...` and exit 0 when everything matched; ok=0 with the reason and exit 1 otherwise;
 // `stream` exits 3 after a transport error. --issue_from=device issues the conformance commands from a CUDA kernel.
 #include <atomic>
@@ -29,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "bench_scenario.h"
 #include "epfabric/client/client.h"
 #include "issue.h"
 #include "region_access.h"
@@ -38,7 +40,7 @@ ABSL_FLAG(std::string, socket, "", "Unix socket of this rank's daemon.");
 ABSL_FLAG(std::string, group, "", "Group name.");
 ABSL_FLAG(int, rank, -1, "Group rank.");
 ABSL_FLAG(std::string, token, "", "The group's token.");
-ABSL_FLAG(std::string, scenario, "conformance", "conformance, big, stream, bad or zero.");
+ABSL_FLAG(std::string, scenario, "conformance", "conformance, big, stream, bad, zero or bench.");
 ABSL_FLAG(int, commands, 2000, "conformance: commands per channel.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the streams.");
 ABSL_FLAG(uint64_t, big_max, 64ull << 20, "big: the largest put.");
@@ -347,6 +349,7 @@ int Zero(RegionAccess& region) {
 }
 
 int Main() {
+  if (absl::GetFlag(FLAGS_scenario) == "bench") return BenchMain();
   Layout layout;
   layout.big_bytes = absl::GetFlag(FLAGS_scenario) == "big" ? absl::GetFlag(FLAGS_big_max) + 64 : 0;
   if (absl::GetFlag(FLAGS_scenario) == "big") layout.source_bytes = absl::GetFlag(FLAGS_big_max) + 64;
