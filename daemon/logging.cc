@@ -57,8 +57,8 @@ class JsonFormatter final : public spdlog::formatter {
     std::tm tm{};
     gmtime_r(&t, &tm);
     char time_text[40];
-    std::snprintf(time_text, sizeof(time_text), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(millis));
+    std::snprintf(time_text, sizeof(time_text), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(millis));
     dest.append(std::string_view("{\"time\":\""));
     dest.append(std::string_view(time_text));
     dest.append(std::string_view("\",\"level\":"));

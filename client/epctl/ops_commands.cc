@@ -40,11 +40,11 @@ std::string FormatGroups(const v1::ListGroupsResponse& response) {
   std::string s = absl::StrFormat("%-24s %-9s %-12s %12s %12s %-4s %s\n", "group", "state", "ranks", "nvl_bytes",
                                   "rdma_bytes", "ll", "attached");
   for (const v1::GroupInfo& g : response.groups()) {
-    absl::StrAppend(&s, absl::StrFormat("%-24s %-9s %-12s %12d %12d %-4s [%s]\n", g.name(),
-                                        ShortEnum(v1::GroupState_Name(g.state())),
-                                        absl::StrCat("[", absl::StrJoin(g.ranks(), ","), "]"), g.num_nvl_bytes(),
-                                        g.num_rdma_bytes(), g.low_latency() ? "yes" : "no",
-                                        absl::StrJoin(g.attached_ranks(), ",")));
+    absl::StrAppend(
+        &s,
+        absl::StrFormat("%-24s %-9s %-12s %12d %12d %-4s [%s]\n", g.name(), ShortEnum(v1::GroupState_Name(g.state())),
+                        absl::StrCat("[", absl::StrJoin(g.ranks(), ","), "]"), g.num_nvl_bytes(), g.num_rdma_bytes(),
+                        g.low_latency() ? "yes" : "no", absl::StrJoin(g.attached_ranks(), ",")));
   }
   if (response.groups().empty()) s += "(no groups)\n";
   return s;
@@ -91,7 +91,8 @@ std::string FormatStats(const v1::Stats& stats) {
   }
   size_t width = 0;
   for (const auto& row : rows) width = std::max(width, row.first.size());
-  for (const auto& [key, value] : rows) absl::StrAppend(&s, "  ", key, std::string(width - key.size() + 2, ' '), value, "\n");
+  for (const auto& [key, value] : rows)
+    absl::StrAppend(&s, "  ", key, std::string(width - key.size() + 2, ' '), value, "\n");
   return s;
 }
 

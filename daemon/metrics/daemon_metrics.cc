@@ -48,8 +48,8 @@ class RpcInterceptor final : public grpc::experimental::Interceptor {
   RpcInterceptor(DaemonMetrics* metrics, const std::string* listener, std::string method)
       : metrics_(metrics), listener_(listener), method_(std::move(method)), start_(absl::Now()) {}
   ~RpcInterceptor() override {
-    if (!recorded_) metrics_->RecordRpc(*listener_, method_, static_cast<int>(grpc::StatusCode::CANCELLED),
-                                        absl::Now() - start_);
+    if (!recorded_)
+      metrics_->RecordRpc(*listener_, method_, static_cast<int>(grpc::StatusCode::CANCELLED), absl::Now() - start_);
   }
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -149,10 +149,10 @@ std::vector<Family> DaemonMetrics::CollectState() const {
   out.push_back(FamilyBuilder("epfabric_fabric_epoch", "Membership epoch in this daemon's view")
                     .Add({}, static_cast<double>(membership.epoch()))
                     .Build());
-  out.push_back(FamilyBuilder("epfabric_fabric_degraded",
-                              "1 when this daemon cannot reach the coordinator or a member is not UP")
-                    .Add({}, s.fabric.degraded() ? 1 : 0)
-                    .Build());
+  out.push_back(
+      FamilyBuilder("epfabric_fabric_degraded", "1 when this daemon cannot reach the coordinator or a member is not UP")
+          .Add({}, s.fabric.degraded() ? 1 : 0)
+          .Build());
   out.push_back(FamilyBuilder("epfabric_coordinator_reachable", "1 while rank 0 answers this daemon")
                     .Add({}, s.coordinator_reachable ? 1 : 0)
                     .Build());
@@ -217,8 +217,7 @@ std::string SeriesKey(const Sample& sample) {
   if (sample.labels.empty()) return key;
   key += '{';
   for (size_t i = 0; i < sample.labels.size(); ++i) {
-    absl::StrAppend(&key, i ? "," : "", sample.labels[i].first, "=\"", EscapeLabelValue(sample.labels[i].second),
-                    "\"");
+    absl::StrAppend(&key, i ? "," : "", sample.labels[i].first, "=\"", EscapeLabelValue(sample.labels[i].second), "\"");
   }
   return key + "}";
 }

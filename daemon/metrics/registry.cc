@@ -190,8 +190,7 @@ std::vector<Family> Registry::Collect() const {
           cumulative += series.bucket_counts[b];
           Labels with_le = labels;
           with_le.emplace_back("le", b < owned.buckets.size() ? FormatValue(owned.buckets[b]) : "+Inf");
-          family.samples.push_back(
-              Sample{owned.name + "_bucket", std::move(with_le), static_cast<double>(cumulative)});
+          family.samples.push_back(Sample{owned.name + "_bucket", std::move(with_le), static_cast<double>(cumulative)});
         }
         family.samples.push_back(Sample{owned.name + "_sum", labels, series.sum});
         family.samples.push_back(Sample{owned.name + "_count", std::move(labels), static_cast<double>(series.count)});

@@ -126,7 +126,8 @@ class Registry {
   };
   absl::Status CheckNew(const std::string& name, const std::vector<std::string>& label_names) const
       ABSL_SHARED_LOCKS_REQUIRED(mutex_);
-  Series& SeriesLocked(Owned& family, const std::vector<std::string>& label_values) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  Series& SeriesLocked(Owned& family, const std::vector<std::string>& label_values)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   mutable absl::Mutex mutex_;
   std::vector<Owned> families_ ABSL_GUARDED_BY(mutex_);

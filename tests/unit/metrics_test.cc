@@ -132,9 +132,10 @@ TEST(Logging, JsonFormatterEscapesAndNamesTheLogger) {
   logger.set_formatter(MakeJsonFormatter());
   logger.warn("rank {} said \"no\"\n\tbye", 3);
   const std::string line = stream.str();
-  EXPECT_THAT(line, ::testing::MatchesRegex(
-                        R"(\{"time":"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}\.[0-9]{3}Z","level":"warning","logger":"fabric",)"
-                        R"("message":"rank 3 said \\"no\\"\\n\\tbye","pid":[0-9]+,"thread":[0-9]+\}
+  EXPECT_THAT(line,
+              ::testing::MatchesRegex(
+                  R"(\{"time":"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}\.[0-9]{3}Z","level":"warning","logger":"fabric",)"
+                  R"("message":"rank 3 said \\"no\\"\\n\\tbye","pid":[0-9]+,"thread":[0-9]+\}
 )"));
 }
 
