@@ -26,6 +26,8 @@
 #include "groups/group_manager.h"
 #include "logging.h"
 #include "memory/region.h"
+#include "metrics/daemon_metrics.h"
+#include "metrics/http_server.h"
 #include "security/peer_authenticator.h"
 #include "services/client_listener.h"
 #include "services/control_service.h"
@@ -149,6 +151,10 @@ struct Daemon::State {
   std::thread housekeeping;
   bool shut_down = false;  // Shutdown's own flag; Shutdown runs on one thread (main's, or the destructor's)
 
+  // metrics (daemon/metrics): declared last, so that the endpoint stops before anything a scrape reads goes away.
+  std::unique_ptr<metrics::DaemonMetrics> metrics;
+  std::unique_ptr<metrics::HttpServer> metrics_http;  // set before it serves; null without --metrics_listen
+
   v1::DaemonInfo Info() const {
     v1::DaemonInfo info;
     info.set_rank(options.rank);
@@ -162,6 +168,7 @@ struct Daemon::State {
     info.set_start_time_unix(start_time_unix);
     info.set_transport(transport->kind());
     info.set_data_address(transport->data_address());
+    if (metrics_http != nullptr) info.set_metrics_address(metrics_http->address());
     return info;
   }
 
@@ -196,6 +203,7 @@ struct Daemon::State {
 
   void OnMembership(const v1::Membership& view, bool degraded) {
     groups->OnMembership(view);
+    if (metrics != nullptr) metrics->OnMembership(view);  // metrics hook
     const bool self_up = view.members(options.rank).state() == v1::MEMBER_STATE_UP;
     absl::MutexLock lock(&servers_mutex);
     for (grpc::Server* server : {client_server.get(), peer_server.get()}) {
@@ -302,7 +310,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->fd_channel = std::make_unique<FdChannel>(s->groups.get());
   s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener);
   s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get(), s->peer_auth.get());
+  // metrics: read through the owners' accessors at scrape time.
+  s->metrics = std::make_unique<metrics::DaemonMetrics>([s] {
+    metrics::DaemonSnapshot snapshot;
+    snapshot.info = s->Info();
+    snapshot.fabric = s->Fabric();
+    snapshot.coordinator_reachable = s->membership->CoordinatorReachable();
+    snapshot.clients = s->groups->Clients();
+    snapshot.heartbeats_missed = s->membership->HeartbeatsMissed();
+    snapshot.fd_connections_refused = s->fd_channel->ConnectionsRefused();
+    snapshot.fd_requests_refused = s->fd_channel->RequestsRefused();
+    return snapshot;
+  });
   OpsProviders providers;
+  providers.stats = [s](const v1::GetStatsRequest& request) {
+    return s->metrics->Stats(request, std::time(nullptr) - s->start_time_unix);
+  };
   providers.topology = [s] { return s->Topology(); };
   providers.fabric = [s] { return s->Fabric(); };
   providers.health = [s] { return BuildHealthReport(s->Fabric(), s->membership->CoordinatorReachable()); };
@@ -312,6 +335,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   EPF_RETURN_IF_ERROR(ClaimSocketPath(s->socket_path));
   EPF_RETURN_IF_ERROR(ClaimSocketPath(s->fd_socket_path));
+  if (!options.metrics_listen.empty()) {
+    // Bound before the gRPC servers (a failure leaves nothing behind); served once the address is recorded.
+    EPF_ASSIGN_OR_RETURN(s->metrics_http,
+                         metrics::HttpServer::Bind(options.metrics_listen, [s] { return s->metrics->Render(); }));
+    s->metrics_http->Serve();
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -323,6 +352,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
     builder.RegisterService(s->peer.get());
     builder.RegisterService(s->peer_ops.get());
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(s->metrics->InterceptorFactory("peer"));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
     grpc::Server* peer_server = nullptr;
     {
       absl::MutexLock lock(&s->servers_mutex);
@@ -347,6 +379,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60 * 1000);
     builder.RegisterService(s->control.get());
     builder.RegisterService(s->ops.get());
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(s->metrics->InterceptorFactory("client"));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
     grpc::Server* client_server = nullptr;
     grpc::Server* peer_server = nullptr;
     {
@@ -381,10 +416,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   Logger("daemon")->info(
       "epfabricd {} rank {}/{} fabric '{}' backend {} device {}: clients on unix:{} and unix:{} (mode {:o}), "
-      "peers on {}{}; transport {}",
+      "peers on {}{}; transport {}{}",
       EPF_VERSION, options.rank, options.world_size, options.fabric_id, v1::Backend_Name(s->backend.backend),
       s->backend.device, s->socket_path, s->fd_socket_path, options.client_socket_mode,
-      s->membership->self().peer_address(), s->links->tls() ? " (mutual TLS)" : "", s->transport->Describe());
+      s->membership->self().peer_address(), s->links->tls() ? " (mutual TLS)" : "", s->transport->Describe(),
+      s->metrics_http != nullptr ? absl::StrCat(", metrics on http://", s->metrics_http->address(), "/metrics") : "");
   return std::unique_ptr<Daemon>(new Daemon(std::move(state)));
 }
 
@@ -405,6 +441,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   for (grpc::Server* server : {client_server, peer_server}) {
     if (server != nullptr && server->GetHealthCheckService() != nullptr) server->GetHealthCheckService()->Shutdown();
   }
+  if (s->metrics_http != nullptr) s->metrics_http->Stop();
   s->listener.Stop();
   s->fd_channel->Stop();
   s->membership->Stop();

@@ -31,6 +31,11 @@ ABSL_FLAG(std::string, client_socket_mode, "0660", "Permission bits of the clien
 ABSL_FLAG(std::string, backend, "auto", "auto (cuda when a GPU is visible, else host), cuda or host.");
 ABSL_FLAG(int, device, -1, "CUDA device ordinal; -1 picks rank modulo the number of visible GPUs.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (readable lines) or json (one JSON object per line: time, level, logger, message, pid).");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port for the Prometheus endpoint (GET /metrics, text format); empty: none. Port 0 picks a free one. "
+          "Shows no tokens, lease ids, pids or uids; group names and counts are visible to whoever can reach it.");
 ABSL_FLAG(std::string, host_id, "", "Overrides the machine id that tells hosts apart (e.g. the Kubernetes node).");
 ABSL_FLAG(std::string, system_root, "/", "Root under which /sys and /etc are read (for tests).");
 ABSL_FLAG(std::string, fabric_id, "epfabric", "Fabric id: daemons with another id are refused.");
@@ -80,6 +85,8 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   EPF_ASSIGN_OR_RETURN(o.backend, epfabric::daemon::ParseBackendChoice(absl::GetFlag(FLAGS_backend)));
   o.device = absl::GetFlag(FLAGS_device);
   o.log_level = absl::GetFlag(FLAGS_log_level);
+  o.log_format = absl::GetFlag(FLAGS_log_format);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.host_id = absl::GetFlag(FLAGS_host_id);
   o.system_root = absl::GetFlag(FLAGS_system_root);
   o.fabric_id = absl::GetFlag(FLAGS_fabric_id);
@@ -130,6 +137,7 @@ int main(int argc, char** argv) {
   auto options = OptionsFromFlags();
   if (!options.ok()) return UsageError(std::string(options.status().message()));
 
+  epfabric::daemon::SetLogFormat(options->log_format);
   epfabric::daemon::SetLogLevel(options->log_level);
   auto log = epfabric::daemon::Logger("daemon");
   auto daemon = epfabric::daemon::Daemon::Start(*options);

@@ -155,6 +155,14 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   if (o.backend == BackendChoice::kHost && o.device >= 0) {
     return FlagError("device", "applies only to --backend=cuda or auto");
   }
+  if (o.log_format != "text" && o.log_format != "json") {
+    return FlagError("log_format", absl::StrCat("'", o.log_format, "' is not text or json"));
+  }
+  if (!o.metrics_listen.empty()) {
+    if (auto metrics = ParseHostPort(o.metrics_listen); !metrics.ok()) {
+      return FlagError("metrics_listen", std::string(metrics.status().message()));
+    }
+  }
   if (spdlog::level::from_str(o.log_level) == spdlog::level::off && o.log_level != "off") {
     return FlagError("log_level",
                      absl::StrCat("'", o.log_level, "' is not one of trace, debug, info, warn, error, critical, off"));

@@ -21,10 +21,6 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace epfabric::epctl {
-namespace {
-
-using grpc::health::v1::HealthCheckRequest;
-using grpc::health::v1::HealthCheckResponse;
 
 std::string ToJson(const google::protobuf::Message& message) {
   std::string json;
@@ -45,6 +41,11 @@ std::string RpcError(const std::string& what, const GlobalOptions& options, cons
                       " failed: ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
                       status.error_message());
 }
+
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
 
 int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
               std::ostream& err) {
@@ -263,6 +264,24 @@ const std::vector<Command>& Commands() {
        "epctl delete-group --group=NAME --token=TOKEN\n"
        "  Frees the group's memory on every member that is up.\n",
        RunDeleteGroup},
+      {"groups", "Groups this daemon knows: state, ranks, region sizes, attached ranks",
+       "epctl groups [--json]\n"
+       "  Prints Control.ListGroups: every group this daemon holds (the coordinator also lists those it only\n"
+       "  registers) with its state (READY, DEGRADED, ...), fabric ranks, region bytes per member and the group ranks\n"
+       "  that hold a lease. Tokens are never shown.\n",
+       RunGroups},
+      {"leases", "Clients attached to this daemon: uid, pid, group, rank, since",
+       "epctl leases [--json]\n"
+       "  Prints Ops.ListClients: one line per live lease with the holder's uid and pid (SO_PEERCRED), its group and\n"
+       "  group rank, when it attached and when it expires unless kept alive. Lease ids are never shown.\n",
+       RunLeases},
+      {"stats", "The daemon's counters and gauges (the series of /metrics)",
+       "epctl stats [--group=G] [--watch [--interval_ms=2000] [--count=N]] [--json]\n"
+       "  Prints Ops.GetStats: uptime and every series the Prometheus endpoint shows (RPCs by method and code, the\n"
+       "  Attach latency histogram as count and mean, members, epoch, groups, leases, region bytes, refusals).\n"
+       "  --group keeps the series of one group. --watch prints them again every --interval_ms (--count times;\n"
+       "  0 = until interrupted).\n",
+       RunStats},
   };
   return *commands;
 }

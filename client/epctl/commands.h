@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
@@ -39,6 +40,10 @@ struct GlobalOptions {
   // Fabric secret towards a peer port on loopback (--address only): epctl proves itself as ops tooling.
   std::string fabric_secret_file;
   std::string fabric_id = "epfabric";
+  // stats: repeat every interval_ms, `count` times (0: until interrupted).
+  bool watch = false;
+  int interval_ms = 2000;
+  int count = 0;
 };
 
 // Channel credentials for the options: TLS when the files are given (read here), else insecure.
@@ -64,6 +69,24 @@ const Command* FindCommand(const std::string& name);
 
 // Builds a CreateGroup request from the options; errors name the flag.
 absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOptions& options);
+
+// Shared by the verbs' files.
+std::string ToJson(const google::protobuf::Message& message);
+void SetDeadline(grpc::ClientContext& context, const GlobalOptions& options);
+std::string RpcError(const std::string& what, const GlobalOptions& options, const grpc::Status& status);
+
+// Verbs in ops_commands.cc.
+int RunGroups(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+              std::ostream& err);
+int RunLeases(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+              std::ostream& err);
+int RunStats(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+             std::ostream& err);
+
+// Readable forms of groups, leases (`now_unix`: for "N s ago") and stats.
+std::string FormatGroups(const v1::ListGroupsResponse& groups);
+std::string FormatLeases(const v1::ListClientsResponse& clients, int64_t now_unix);
+std::string FormatStats(const v1::Stats& stats);
 
 // The readable forms of a health report and a fabric view.
 std::string FormatHealthReport(const v1::HealthReport& report);

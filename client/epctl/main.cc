@@ -14,7 +14,7 @@ ABSL_FLAG(std::string, address, "", "host:port of the daemon's peer port, instea
 ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call in milliseconds.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (default: the daemon as a whole).");
-ABSL_FLAG(std::string, group, "", "create-group/delete-group: the group's name.");
+ABSL_FLAG(std::string, group, "", "create-group/delete-group: the group's name; stats: only this group's series.");
 ABSL_FLAG(std::string, ranks, "", "create-group: fabric ranks of the members, comma-separated.");
 ABSL_FLAG(uint64_t, nvl_bytes, 0, "create-group: bytes of the NVLink region per member.");
 ABSL_FLAG(uint64_t, rdma_bytes, 0, "create-group: bytes of the RDMA region per member.");
@@ -23,6 +23,9 @@ ABSL_FLAG(uint32_t, ring_slots, 0, "create-group: slots per command ring, a powe
 ABSL_FLAG(bool, low_latency, false, "create-group: lay regions out for the low-latency kernels.");
 ABSL_FLAG(std::string, sharing, "", "create-group: posix_fd, cuda_ipc or posix_shm (default: the daemon's).");
 ABSL_FLAG(std::string, token, "", "delete-group: the group's token.");
+ABSL_FLAG(bool, watch, false, "stats: print again every --interval_ms.");
+ABSL_FLAG(int, interval_ms, 2000, "stats --watch: milliseconds between reports.");
+ABSL_FLAG(int, count, 0, "stats --watch: number of reports (0: until interrupted).");
 ABSL_FLAG(std::string, fabric_secret_file, "",
           "With --address to a peer port on loopback: the fabric secret file (mode 0600); epctl calls as ops tooling.");
 ABSL_FLAG(std::string, fabric_id, "epfabric", "With --fabric_secret_file: the daemon's --fabric_id.");
@@ -84,6 +87,9 @@ int main(int argc, char** argv) {
   options.ring_slots = absl::GetFlag(FLAGS_ring_slots);
   options.sharing = absl::GetFlag(FLAGS_sharing);
   options.token = absl::GetFlag(FLAGS_token);
+  options.watch = absl::GetFlag(FLAGS_watch);
+  options.interval_ms = absl::GetFlag(FLAGS_interval_ms);
+  options.count = absl::GetFlag(FLAGS_count);
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);

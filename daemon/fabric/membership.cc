@@ -183,6 +183,7 @@ void Membership::RunCoordinatorStep() {
         ChangedLocked();
       } else if (silent > config_.heartbeat_interval * 1.5 && !probing_[r]) {
         // Late: a dead process refuses connections at once, so ask instead of waiting out all the misses.
+        heartbeats_missed_.fetch_add(1, std::memory_order_relaxed);  // metrics hook
         probing_[r] = true;
         ++probes_in_flight_;
         probes.emplace_back(r, member->peer_address(), member->incarnation());
@@ -475,6 +476,7 @@ void Membership::RunMemberStep() {
       joined_ = false;  // the coordinator restarted or declared us down: join again at once
       return;
     }
+    heartbeats_missed_.fetch_add(1, std::memory_order_relaxed);  // metrics hook
   }
   // No answer: after the configured misses, the coordinator counts as down in our view.
   absl::MutexLock lock(&mutex_);

@@ -80,6 +80,9 @@ class Membership {
   v1::MemberInfo self() const;
   // The coordinator's peer address as this daemon knows it.
   std::string CoordinatorAddress() const;
+  // metrics (daemon/metrics): member: heartbeats to the coordinator that failed; coordinator: times a rank was found
+  // silent for more than 1.5 intervals.
+  uint64_t HeartbeatsMissed() const { return heartbeats_missed_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
@@ -116,6 +119,7 @@ class Membership {
   bool notify_pending_ ABSL_GUARDED_BY(mutex_) = false;
   int probes_in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::atomic<uint64_t> heartbeats_missed_{0};  // metrics hook: see HeartbeatsMissed()
 
   ChangeListener change_listener_;
   JoinObserver join_observer_;

@@ -126,6 +126,7 @@ void FdChannel::Accept() {
   }
   std::string why;
   if (!limits_.Admit(fd.get(), credentials->uid, &why)) {
+    connections_refused_.fetch_add(1, std::memory_order_relaxed);  // metrics hook
     int suppressed = 0;
     if (refusal_warning_.ShouldLog(&suppressed)) {
       Logger("fdchannel")
@@ -244,6 +245,7 @@ bool FdChannel::ServeOne(Connection* connection) {
     answer = Handle(request, connection->peer, &connection->held_lease);
   }
   if (answer.response.code() != 0) {
+    requests_refused_.fetch_add(1, std::memory_order_relaxed);  // metrics hook
     Logger("fdchannel")->info("refused a request from {}: {}", Describe(connection->peer), answer.response.message());
   }
   std::vector<int> fds;

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <deque>
 #include <list>
 #include <memory>
@@ -69,6 +70,10 @@ class FdChannel {
   // A connection that held `lease_id` closed: the lease ends (unless the daemon is stopping).
   void OnConnectionClosed(const std::string& lease_id, const common::PeerCredentials& peer);
 
+  // metrics (daemon/metrics): connections closed at accept by the limits, and requests answered with an error.
+  uint64_t ConnectionsRefused() const { return connections_refused_.load(std::memory_order_relaxed); }
+  uint64_t RequestsRefused() const { return requests_refused_.load(std::memory_order_relaxed); }
+
  private:
   struct Connection {
     common::UniqueFd fd;
@@ -100,6 +105,8 @@ class FdChannel {
   ConnectionLimits limits_{kMaxConnections, kMaxConnectionsPerUid};
   DescriptorReserve reserve_;
   RateLimitedWarning refusal_warning_;
+  std::atomic<uint64_t> connections_refused_{0};  // metrics hook
+  std::atomic<uint64_t> requests_refused_{0};     // metrics hook
 
   mutable absl::Mutex mutex_;
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;

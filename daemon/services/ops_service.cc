@@ -47,10 +47,11 @@ grpc::Status OpsService::GetHealth(grpc::ServerContext* context, const v1::GetHe
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*, v1::Stats* response) {
+grpc::Status OpsService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
+                                  v1::Stats* response) {
   EPF_OPS_AUTHORIZE("GetStats");
   if (!providers_.stats) return Unavailable("stats");
-  *response = providers_.stats();
+  *response = providers_.stats(*request);
   return grpc::Status::OK;
 }
 

@@ -14,7 +14,7 @@ struct OpsProviders {
   std::function<v1::HealthReport()> health;
   std::function<v1::FabricView()> fabric;
   std::function<std::vector<v1::ClientInfo>()> clients;
-  std::function<v1::Stats()> stats;
+  std::function<v1::Stats(const v1::GetStatsRequest&)> stats;
 };
 
 class OpsService final : public v1::Ops::Service {

@@ -33,6 +33,10 @@ struct DaemonOptions {
   int device = -1;
   // spdlog level name.
   std::string log_level = "info";
+  // "text" (one readable line per record) or "json" (one JSON object per line, for log collectors).
+  std::string log_format = "text";
+  // host:port of the Prometheus endpoint (GET /metrics); empty: no endpoint. Port 0 picks a free port.
+  std::string metrics_listen;
   // Overrides the machine id used to tell hosts apart (Kubernetes: the node name).
   std::string host_id;
   // Root of sysfs and of /etc, /proc: tests point it at a fake tree.
