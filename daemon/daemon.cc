@@ -320,6 +320,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     snapshot.heartbeats_missed = s->membership->HeartbeatsMissed();
     snapshot.fd_connections_refused = s->fd_channel->ConnectionsRefused();
     snapshot.fd_requests_refused = s->fd_channel->RequestsRefused();
+    for (const auto& [group, counters] : s->groups->TransportCounters()) {
+      snapshot.transport_groups.push_back(
+          {group, counters.executed, counters.refused, counters.failed, counters.skipped});
+    }
+    const transport::SocketWireCounters wire = s->transport->socket_counters();
+    snapshot.data_handshakes_refused = wire.handshakes_refused;
+    snapshot.data_frames_refused = wire.frames_refused;
+    snapshot.data_connections_refused = wire.connections_refused;
+    snapshot.data_frames_applied = wire.frames_applied;
     return snapshot;
   });
   OpsProviders providers;

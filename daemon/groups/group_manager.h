@@ -61,6 +61,8 @@ class GroupManager {
     return leases_.KeepAlive(request, caller);
   }
   std::vector<v1::ClientInfo> Clients() const { return leases_.Clients(); }
+  // Transport command counters of this daemon's rings, summed per group.
+  std::map<std::string, transport::RingCounters> TransportCounters() const { return local_.TransportCounters(); }
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.
   void ExpireLeases(absl::Time now) { leases_.ExpireLeases(now); }
 

@@ -194,6 +194,22 @@ transport::GroupTransport* LocalGroups::TransportOf(const std::string& name) con
   return it == groups_.end() ? nullptr : it->second.transport.get();
 }
 
+std::map<std::string, transport::RingCounters> LocalGroups::TransportCounters() const {
+  std::map<std::string, transport::RingCounters> all;
+  absl::MutexLock lock(&mutex_);  // ring counters take only the rings' own (leaf) locks
+  for (const auto& [name, group] : groups_) {
+    if (group.transport == nullptr) continue;
+    transport::RingCounters& sum = all[name];
+    for (const transport::RingCounters& ring : group.transport->counters()) {
+      sum.executed += ring.executed;
+      sum.refused += ring.refused;
+      sum.failed += ring.failed;
+      sum.skipped += ring.skipped;
+    }
+  }
+  return all;
+}
+
 void LocalGroups::StopTransport(const std::string& name) {
   // Outside the lock: waiting for commands in flight may take a while (bounded).
   if (transport::GroupTransport* transport = TransportOf(name); transport != nullptr) {

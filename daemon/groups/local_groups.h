@@ -83,6 +83,8 @@ class LocalGroups {
   void ResetTransport(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
   // The transport of group `name` (null when none); valid while the group is held (see StopTransport).
   transport::GroupTransport* TransportOf(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // The command counters of every group's rings, summed per group (groups with a transport only).
+  std::map<std::string, transport::RingCounters> TransportCounters() const ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Attach's checks of the group: held here (NotFound), token (PermissionDenied), rank in the group
   // (InvalidArgument) and served here (FailedPrecondition), READY (Unavailable). Fills the response's group part:

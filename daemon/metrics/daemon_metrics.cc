@@ -207,6 +207,34 @@ std::vector<Family> DaemonMetrics::CollectState() const {
                     .Add({{"what", "connection"}}, static_cast<double>(s.fd_connections_refused))
                     .Add({{"what", "request"}}, static_cast<double>(s.fd_requests_refused))
                     .Build());
+
+  // Transport (docs/internode.md).
+  FamilyBuilder commands("epfabric_transport_commands_total",
+                         "Transport commands taken off this daemon's rings, by group and outcome: executed, refused "
+                         "(failed the daemon's checks), failed (the wire could not deliver), skipped (after the ring's "
+                         "first failure)",
+                         MetricType::kCounter);
+  for (const DaemonSnapshot::TransportGroup& g : s.transport_groups) {
+    commands.Add({{"group", g.group}, {"outcome", "executed"}}, static_cast<double>(g.executed));
+    commands.Add({{"group", g.group}, {"outcome", "refused"}}, static_cast<double>(g.refused));
+    commands.Add({{"group", g.group}, {"outcome", "failed"}}, static_cast<double>(g.failed));
+    commands.Add({{"group", g.group}, {"outcome", "skipped"}}, static_cast<double>(g.skipped));
+  }
+  out.push_back(std::move(commands).Build());
+  out.push_back(FamilyBuilder("epfabric_transport_data_refusals_total",
+                              "Socket wire data listener: handshakes refused (unknown group, wrong proof), frames "
+                              "refused (outside the region, bad sequence; the connection is closed), connections over "
+                              "the limit",
+                              MetricType::kCounter)
+                    .Add({{"what", "handshake"}}, static_cast<double>(s.data_handshakes_refused))
+                    .Add({{"what", "frame"}}, static_cast<double>(s.data_frames_refused))
+                    .Add({{"what", "connection"}}, static_cast<double>(s.data_connections_refused))
+                    .Build());
+  out.push_back(FamilyBuilder("epfabric_transport_frames_applied_total",
+                              "Socket wire: frames (puts and signals) this daemon received and applied",
+                              MetricType::kCounter)
+                    .Add({}, static_cast<double>(s.data_frames_applied))
+                    .Build());
   return out;
 }
 

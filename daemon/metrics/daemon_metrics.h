@@ -33,6 +33,17 @@ struct DaemonSnapshot {
   uint64_t heartbeats_missed = 0;
   uint64_t fd_connections_refused = 0;  // fd side channel: connections closed at accept (limits)
   uint64_t fd_requests_refused = 0;     // fd side channel: requests answered with an error
+  // Transport: commands of this daemon's rings by group and outcome (executed, refused, failed, skipped), and what
+  // the socket wire's data listener refused or applied.
+  struct TransportGroup {
+    std::string group;
+    uint64_t executed = 0, refused = 0, failed = 0, skipped = 0;
+  };
+  std::vector<TransportGroup> transport_groups;
+  uint64_t data_handshakes_refused = 0;
+  uint64_t data_frames_refused = 0;
+  uint64_t data_connections_refused = 0;
+  uint64_t data_frames_applied = 0;
 };
 
 // Upper bounds (seconds) of the Attach latency histogram: 100 us to 10 s.

@@ -79,6 +79,8 @@ class Transport {
   // For MemberInfo: the socket wire's data listener ("" for verbs).
   std::string data_address() const;
   std::string Describe() const { return wire_->Describe(); }
+  // The socket wire's data-listener counters (zeros on another wire).
+  SocketWireCounters socket_counters() const { return socket_ != nullptr ? socket_->counters() : SocketWireCounters{}; }
 
   // Phase 1 of CreateGroup: the command region and the rings, the wire's registration; fills `local`.
   absl::StatusOr<std::unique_ptr<GroupTransport>> OpenGroup(const GroupTransportSpec& spec,

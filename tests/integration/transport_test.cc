@@ -114,6 +114,15 @@ class TransportTest : public ::testing::Test {
     }
   }
 
+  // A counter of daemon `rank`'s Ops.GetStats by series key; -1 when absent.
+  int64_t Counter(int rank, const std::string& series) {
+    grpc::ClientContext context;
+    v1::Stats stats;
+    if (!fabric_->Ops(rank)->GetStats(&context, v1::GetStatsRequest(), &stats).ok()) return -1;
+    auto it = stats.counters().find(series);
+    return it == stats.counters().end() ? -1 : static_cast<int64_t>(it->second);
+  }
+
   std::unique_ptr<FabricUnderTest> fabric_;
 };
 
@@ -185,6 +194,10 @@ TEST_F(TransportTest, BadCommandsAreRefusedAndNameTheCommand) {
     EXPECT_EQ(*code, 0) << bad << ": " << worker->Stdout() << worker->Stderr();
     EXPECT_THAT(worker->Stdout(), HasSubstr(words)) << bad;
     ++rank;
+  }
+  // Counted by each issuer's daemon.
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(Counter(r, "epfabric_transport_commands_total{group=\"bad\",outcome=\"refused\"}"), 1) << r;
   }
   // The same ranks attach again (the rings were reset at lease end) and run a clean round.
   RunAll("bad", token, {"--commands=500", "--seed=13"});
@@ -286,6 +299,8 @@ TEST_F(TransportTest, AStrangerOnTheDataPortWritesNothing) {
     EXPECT_LE(got, 16 + 64) << "the listener answered more than its half of the handshake";
     close(fd);
   }
+  EXPECT_EQ(Counter(1, "epfabric_transport_data_refusals_total{what=\"handshake\"}"), 3);
+  EXPECT_EQ(Counter(1, "epfabric_transport_frames_applied_total"), 0);
   auto zero = StartWorker(1, "guarded", 1, token, {"--scenario=zero"});
   ASSERT_TRUE(zero.ok());
   auto code = zero->Wait(absl::Seconds(30));
