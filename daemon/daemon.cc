@@ -262,9 +262,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   EPF_ASSIGN_OR_RETURN(const HostPort peer_listen, ParseHostPort(options.peer_listen));
   {
     transport::TransportOptions transport_options;
-    // auto: verbs only when a device can register the regions; the socket wire otherwise (and until the verbs wire is
-    // built in, always).
-    transport_options.kind = options.transport == "verbs" ? v1::TRANSPORT_VERBS : v1::TRANSPORT_SOCKET;
+    // auto: verbs only when a device can register the regions; the socket wire otherwise.
+    transport_options.kind = options.transport == "verbs"    ? v1::TRANSPORT_VERBS
+                             : options.transport == "socket" ? v1::TRANSPORT_SOCKET
+                                                             : v1::TRANSPORT_UNSPECIFIED;
+    transport_options.device = s->backend.backend == v1::BACKEND_CUDA ? s->backend.device : -1;
     transport_options.socket.listen = !options.data_listen.empty() ? options.data_listen
                                                                    : (peer_listen.host.find(':') != std::string::npos
                                                                           ? absl::StrCat("[", peer_listen.host, "]:0")

@@ -12,6 +12,7 @@
 #include "epfabric/common/status_macros.h"
 #include "epfabric/daemon/daemon.h"
 #include "logging.h"
+#include "transport/verbs/verbs_logic.h"
 
 ABSL_FLAG(int, rank, 0, "This daemon's rank in the fabric (0 is the coordinator).");
 ABSL_FLAG(int, world_size, 1, "Number of daemons in the fabric.");
@@ -136,6 +137,12 @@ int main(int argc, char** argv) {
   if (!args->positional.empty()) return UsageError(absl::StrCat("unexpected argument '", args->positional[0], "'"));
   auto options = OptionsFromFlags();
   if (!options.ok()) return UsageError(std::string(options.status().message()));
+  // --transport=verbs on a machine without a usable RDMA device is a configuration error: one line, exit 2.
+  if (options->transport == "verbs") {
+    if (absl::Status usable = epfabric::daemon::transport::verbs::ProbeVerbs(); !usable.ok()) {
+      return UsageError(std::string(usable.message()));
+    }
+  }
 
   epfabric::daemon::SetLogFormat(options->log_format);
   epfabric::daemon::SetLogLevel(options->log_level);

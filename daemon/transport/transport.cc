@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/status_macros.h"
 #include "transport/socket_protocol.h"
+#include "transport/verbs/verbs_logic.h"
+#include "transport/verbs/verbs_wire.h"
 
 namespace epfabric::daemon::transport {
 
@@ -55,13 +57,18 @@ void GroupTransport::Complete(uint64_t cookie, absl::Status status) {
 
 absl::StatusOr<std::unique_ptr<Transport>> Transport::Start(const TransportOptions& options) {
   auto transport = std::unique_ptr<Transport>(new Transport());
-  if (options.kind != v1::TRANSPORT_SOCKET) {
-    return absl::UnimplementedError(
-        absl::StrCat("transport ", v1::Transport_Name(options.kind), " is not built into this daemon"));
+  v1::Transport kind = options.kind;
+  if (kind == v1::TRANSPORT_UNSPECIFIED) {
+    kind = verbs::ChooseTransport("auto", verbs::ProbeVerbs().ok() && verbs::CanRegister(options.device).ok());
   }
-  EPF_ASSIGN_OR_RETURN(std::unique_ptr<SocketWire> socket, SocketWire::Start(options.socket));
-  transport->socket_ = socket.get();
-  transport->wire_ = std::move(socket);
+  if (kind == v1::TRANSPORT_VERBS) {
+    EPF_RETURN_IF_ERROR(verbs::CanRegister(options.device));
+    EPF_ASSIGN_OR_RETURN(transport->wire_, verbs::MakeVerbsWire(verbs::VerbsOptions{}));
+  } else {
+    EPF_ASSIGN_OR_RETURN(std::unique_ptr<SocketWire> socket, SocketWire::Start(options.socket));
+    transport->socket_ = socket.get();
+    transport->wire_ = std::move(socket);
+  }
   transport->proxy_ = std::make_unique<Proxy>(options.proxy);
   transport->command_allocator_ = memory::MakeHostAllocator(absl::StrCat(options.name_prefix, ".cmd"), 0);
   return transport;

@@ -20,7 +20,11 @@
 namespace epfabric::daemon::transport {
 
 struct TransportOptions {
+  // TRANSPORT_UNSPECIFIED ("auto"): verbs when a device with an active port exists and can register this daemon's
+  // memory, else the socket wire.
   v1::Transport kind = v1::TRANSPORT_SOCKET;
+  // The daemon's GPU (cuda backend; -1 on the host backend): what the verbs wire must be able to register.
+  int device = -1;
   SocketWireOptions socket;
   ProxyOptions proxy;
   // Labels the command regions' memfds (like the host backend's regions).

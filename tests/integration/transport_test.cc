@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -125,6 +126,20 @@ class TransportTest : public ::testing::Test {
 
   std::unique_ptr<FabricUnderTest> fabric_;
 };
+
+// --transport=verbs where no RDMA device is usable: exit status 2 and one line saying what is missing.
+TEST(TransportFlags, VerbsWithoutADeviceExitsWithStatus2) {
+  const std::string dir = MakeTempDir();
+  RunResult run = RunBinary({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--insecure_peer_port",
+                             "--backend=host", "--transport=verbs"},
+                            absl::Seconds(10));
+  if (run.exit_code != 2 && !absl::StrContains(run.err, "--transport=verbs")) {
+    GTEST_SKIP() << "this machine has a usable RDMA device (exit " << run.exit_code << ")";
+  }
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_THAT(run.err, HasSubstr("--transport=verbs: no RDMA device"));
+  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+}
 
 // Every member announces its wire; epctl shows it for the fabric and for one daemon.
 TEST_F(TransportTest, EveryMemberShowsItsTransport) {

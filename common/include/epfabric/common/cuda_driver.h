@@ -34,6 +34,8 @@ struct DriverApi {
   PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 cuMemExportToShareableHandle = nullptr;
   PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle = nullptr;
+  // A dma-buf fd for device memory (the verbs wire registers regions with ibv_reg_dmabuf_mr).
+  PFN_cuMemGetHandleForAddressRange_v11070 cuMemGetHandleForAddressRange = nullptr;
 };
 
 // The entry points, resolved on first use (thread-safe) and cached for the life of the process.
