@@ -282,7 +282,8 @@ class VerbsLink final : public GroupLink {
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    // The fence keeps the atomic behind the RDMA writes posted before it on this queue pair.
+    // RC executes a queue pair's requests in order at the responder, so the atomic lands after the earlier writes;
+    // the fence (earlier reads/atomics complete first) keeps that true if reads are ever posted on the same pair.
     wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
     wr.wr.atomic.remote_addr = remote_[dst_rank].address + dst_offset;
     wr.wr.atomic.compare_add = static_cast<uint64_t>(value);

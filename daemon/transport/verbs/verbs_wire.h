@@ -1,8 +1,8 @@
 // The verbs wire: rdma-core RC queue pairs between daemons. One device context and protection domain per daemon; per
 // group, the member's RDMA region registered (host memory: ibv_reg_mr; GPU memory: dma-buf, else nvidia-peermem), a
 // completion queue with its polling thread, and one RC queue pair per (peer, channel), connected at Commit with the
-// peers' endpoints (verbs_logic.h). Puts are RDMA WRITEs, signals fetch-and-adds fenced behind the earlier writes of
-// the same queue pair (IBV_SEND_FENCE), so a signal lands after the puts before it (docs/internode.md).
+// peers' endpoints (verbs_logic.h). Puts are RDMA WRITEs, signals fetch-and-adds on the same queue pair, which RC
+// executes in order at the responder, so a signal lands after the puts before it (docs/internode-verbs.md).
 //
 // GPU-initiated work requests (IBGDA through mlx5dv) would replace the proxy behind the same command interface: the
 // queue pairs created here would then be handed to the client's kernels instead of being driven by the proxy.
