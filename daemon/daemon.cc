@@ -422,6 +422,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         if (s->housekeeping_mutex.AwaitWithTimeout(absl::Condition(&s->stopping), absl::Milliseconds(200))) return;
       }
       s->groups->ExpireLeases(absl::Now());  // zeroes regions: no lock of ours is held
+      s->groups->CleanUpFailedCreates(absl::Now());
     }
   });
 

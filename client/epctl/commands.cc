@@ -149,6 +149,7 @@ int RunDeleteGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Cha
   v1::DeleteGroupRequest request;
   request.set_name(options.group);
   request.set_token(options.token);
+  request.set_force(options.force);
   v1::DeleteGroupResponse response;
   const grpc::Status status = stub->DeleteGroup(&context, request, &response);
   if (!status.ok()) {
@@ -260,9 +261,10 @@ const std::vector<Command>& Commands() {
        "  Asks the daemon to create the group on every member (all or nothing) and prints the group's token, which\n"
        "  Attach and delete-group need. The token is shown only here.\n",
        RunCreateGroup},
-      {"delete-group", "Delete an EP group fabric-wide (needs its token)",
-       "epctl delete-group --group=NAME --token=TOKEN\n"
-       "  Frees the group's memory on every member that is up.\n",
+      {"delete-group", "Delete an EP group fabric-wide (needs its token, or --force)",
+       "epctl delete-group --group=NAME (--token=TOKEN | --force)\n"
+       "  Frees the group's memory on every member that is up. --force (operators: the daemon's own uid or root)\n"
+       "  needs no token and removes a group in any state, or leftovers of a create that failed.\n",
        RunDeleteGroup},
       {"groups", "Groups this daemon knows: state, ranks, region sizes, attached ranks",
        "epctl groups [--json]\n"

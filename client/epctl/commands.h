@@ -31,6 +31,7 @@ struct GlobalOptions {
   uint64_t nvl_bytes = 0;
   uint64_t rdma_bytes = 0;
   bool low_latency = false;
+  bool force = false;               // delete-group without the token (operators)
   uint32_t transport_channels = 0;  // 0: the daemon's default
   uint32_t ring_slots = 0;
   std::string sharing;  // "", "posix_fd", "cuda_ipc", "posix_shm"

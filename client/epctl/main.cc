@@ -23,6 +23,7 @@ ABSL_FLAG(uint32_t, ring_slots, 0, "create-group: slots per command ring, a powe
 ABSL_FLAG(bool, low_latency, false, "create-group: lay regions out for the low-latency kernels.");
 ABSL_FLAG(std::string, sharing, "", "create-group: posix_fd, cuda_ipc or posix_shm (default: the daemon's).");
 ABSL_FLAG(std::string, token, "", "delete-group: the group's token.");
+ABSL_FLAG(bool, force, false, "delete-group: without the token (the daemon's own uid or root only; logged).");
 ABSL_FLAG(bool, watch, false, "stats: print again every --interval_ms.");
 ABSL_FLAG(int, interval_ms, 2000, "stats --watch: milliseconds between reports.");
 ABSL_FLAG(int, count, 0, "stats --watch: number of reports (0: until interrupted).");
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   options.ring_slots = absl::GetFlag(FLAGS_ring_slots);
   options.sharing = absl::GetFlag(FLAGS_sharing);
   options.token = absl::GetFlag(FLAGS_token);
+  options.force = absl::GetFlag(FLAGS_force);
   options.watch = absl::GetFlag(FLAGS_watch);
   options.interval_ms = absl::GetFlag(FLAGS_interval_ms);
   options.count = absl::GetFlag(FLAGS_count);

@@ -18,6 +18,8 @@ namespace epfabric::daemon::groups {
 
 // How long the coordinator waits for a member's answer, and a forwarding daemon for the coordinator's.
 inline constexpr absl::Duration kPeerCallDeadline = absl::Seconds(30);
+// A member releases a group it prepared if no Commit came within this time (the coordinator gave up or died).
+inline constexpr absl::Duration kUncommittedLifetime = absl::Seconds(60);
 
 // One member's answer to a fan-out call.
 template <typename Response>
@@ -37,11 +39,13 @@ using StartPeerCall = void (*)(v1::Peer::Stub* stub, grpc::ClientContext* contex
                                Response* response, std::function<void(grpc::Status)> done);
 
 // Sends `request` to the peer server at every address at once (an empty address is skipped), each call with
-// kPeerCallDeadline, and waits for every answer. The replies are in the order of `addresses`. Call it without
-// holding any lock: it waits on other daemons.
+// `deadline` (default: kPeerCallDeadline from now), and waits for every answer. The replies are in the order of
+// `addresses`. Call it without holding any lock: it waits on other daemons.
 template <typename Request, typename Response>
 std::vector<MemberReply<Response>> CallMembers(fabric::PeerLinks& links, const std::vector<std::string>& addresses,
-                                               const Request& request, StartPeerCall<Request, Response> start) {
+                                               const Request& request, StartPeerCall<Request, Response> start,
+                                               absl::Time deadline = absl::InfiniteFuture()) {
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + kPeerCallDeadline;
   const size_t count = addresses.size();
   std::vector<MemberReply<Response>> replies(count);
   if (count == 0) return replies;
@@ -55,7 +59,7 @@ std::vector<MemberReply<Response>> CallMembers(fabric::PeerLinks& links, const s
     }
     replies[i].called = true;
     contexts[i] = std::make_unique<grpc::ClientContext>();
-    contexts[i]->set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
+    contexts[i]->set_deadline(absl::ToChronoTime(deadline));
     stubs[i] = links.Stub(addresses[i]);
     start(stubs[i].get(), contexts[i].get(), &request, &replies[i].response,
           [&replies, &pending, i](grpc::Status status) {

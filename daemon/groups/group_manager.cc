@@ -23,19 +23,26 @@ GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* li
 absl::Status GroupManager::ForwardedStatus(const grpc::ClientContext& context, const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
   if (context.GetServerTrailingMetadata().count(kAnsweredByCoordinator) != 0) return FromGrpcStatus(status);
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
+                     ") did not answer within the deadline; a create it had under way is rolled back everywhere"));
+  }
   return absl::UnavailableError(absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
                                              ") is unreachable: groups cannot be created or deleted until it is back (",
                                              status.error_message(), ")"));
 }
 
-absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::CreateGroupRequest& request) {
+absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::CreateGroupRequest& request,
+                                                                  absl::Time deadline) {
   EPF_RETURN_IF_ERROR(ValidateCreateGroup(request, membership_->config().world_size));
-  if (membership_->is_coordinator()) return registry_.Propose(request);
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + kPeerCallDeadline;
+  if (membership_->is_coordinator()) return registry_.Propose(request, deadline);
   v1::ProposeGroupRequest forward;
   forward.set_fabric_id(membership_->config().fabric_id);
   *forward.mutable_request() = request;
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
+  context.set_deadline(absl::ToChronoTime(deadline));  // the coordinator finishes within it, or rolls back
   v1::CreateGroupResponse response;
   const grpc::Status status =
       links_->Stub(membership_->CoordinatorAddress())->ProposeGroup(&context, forward, &response);
@@ -45,11 +52,12 @@ absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::Crea
 
 absl::Status GroupManager::DeleteGroup(const v1::DeleteGroupRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("name: empty");
-  if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
+  if (request.token().empty() && !request.force()) return absl::InvalidArgumentError("token: empty");
   v1::RetireGroupRequest retire;
   retire.set_fabric_id(membership_->config().fabric_id);
   retire.set_name(request.name());
   retire.set_token(request.token());
+  retire.set_force(request.force());
   if (membership_->is_coordinator()) return registry_.Retire(retire);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
@@ -83,6 +91,16 @@ absl::Status GroupManager::Release(const v1::ReleaseGroupRequest& request) {
   released.reset();  // frees the regions, outside every lock
   Logger("groups")->info("released group '{}' ({})", request.name(), request.reason());
   return absl::OkStatus();
+}
+
+void GroupManager::CleanUpFailedCreates(absl::Time now) {
+  registry_.RetryPendingReleases();
+  for (const std::string& name : local_.UncommittedSince(now - kUncommittedLifetime)) {
+    v1::ReleaseGroupRequest release;
+    release.set_name(name);
+    release.set_reason("prepared but never committed: the coordinator gave up on it");
+    (void)Release(release);
+  }
 }
 
 void GroupManager::OnMembership(const v1::Membership& view) {

@@ -46,7 +46,10 @@ class GroupManager {
                LeaseLimits lease_limits, GroupLimits group_limits = {}, transport::Transport* transport = nullptr);
 
   // ---- Control service (any daemon) ----
-  absl::StatusOr<v1::CreateGroupResponse> CreateGroup(const v1::CreateGroupRequest& request);
+  // All or nothing for the caller: the create finishes before `deadline` (the caller's) or is rolled back everywhere.
+  absl::StatusOr<v1::CreateGroupResponse> CreateGroup(const v1::CreateGroupRequest& request,
+                                                      absl::Time deadline = absl::InfiniteFuture());
+  // With request.force(): no token; the caller (the control service) has checked the right to force.
   absl::Status DeleteGroup(const v1::DeleteGroupRequest& request);
   // Groups this daemon is a member of (the coordinator also lists groups it only registers).
   v1::ListGroupsResponse ListGroups() const;
@@ -65,6 +68,10 @@ class GroupManager {
   std::map<std::string, transport::RingCounters> TransportCounters() const { return local_.TransportCounters(); }
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.
   void ExpireLeases(absl::Time now) { leases_.ExpireLeases(now); }
+  // Housekeeping for failed creates: the coordinator retries releases that did not reach a member; every member
+  // releases groups it prepared that were never committed (the coordinator gave up on them).
+  void CleanUpFailedCreates(absl::Time now);
+  std::vector<std::pair<std::string, int>> PendingReleases() const { return registry_.PendingReleases(); }
 
   // ---- fd side channel (services/fd_channel.h) ----
   using SharedRegion = groups::SharedRegion;
@@ -81,16 +88,18 @@ class GroupManager {
   }
 
   // ---- Peer service, coordinator side ----
-  absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request) {
-    return registry_.Propose(request);
+  absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request,
+                                                  absl::Time deadline = absl::InfiniteFuture()) {
+    return registry_.Propose(request, deadline);
   }
   absl::Status Retire(const v1::RetireGroupRequest& request) { return registry_.Retire(request); }
   // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again.
   void Adopt(const v1::JoinRequest& request) { registry_.Adopt(request); }
 
   // ---- Peer service, member side ----
-  absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request) {
-    return local_.Prepare(request);
+  absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request,
+                                                   absl::Time deadline = absl::InfiniteFuture()) {
+    return local_.Prepare(request, deadline);
   }
   absl::Status Commit(const v1::CommitGroupRequest& request) { return local_.Commit(request); }
   // Ends the group's leases and frees its regions (outside every lock); OK when the group is not held here.

@@ -15,7 +15,12 @@
 
 namespace epfabric::daemon::groups {
 
-absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareGroupRequest& request) {
+absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareGroupRequest& request,
+                                                              absl::Time deadline) {
+  if (absl::Now() > deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("prepare of '", request.group().name(), "' arrived after the coordinator's deadline"));
+  }
   const v1::GroupInfo& info = request.group();
   const int self = membership_->config().rank;
   EPF_RETURN_IF_ERROR(ValidateGroupInfo(info, membership_->config().world_size));
@@ -76,6 +81,13 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
     }
     EPF_ASSIGN_OR_RETURN(group.transport, transport_->OpenGroup(transport_spec, response.mutable_transport()));
   }
+  if (absl::Now() > deadline) {
+    // The coordinator stopped waiting while we allocated (this daemon was stopped or slow): `group` frees it all.
+    return absl::DeadlineExceededError(absl::StrCat("prepare of '", info.name(),
+                                                    "' finished after the coordinator's "
+                                                    "deadline; released"));
+  }
+  group.prepared_at = absl::Now();
   {
     absl::MutexLock lock(&mutex_);
     if (groups_.count(info.name()) == 0 && CheckQuotaLocked(bytes).ok()) {
@@ -125,6 +137,15 @@ absl::Status LocalGroups::CheckQuotaLocked(uint64_t bytes) const {
                                                      limits_.max_total_region_bytes, " (--max_total_region_bytes)"));
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> LocalGroups::UncommittedSince(absl::Time before) const {
+  std::vector<std::string> names;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [name, group] : groups_) {
+    if (group.info.state() == v1::GROUP_STATE_CREATING && group.prepared_at < before) names.push_back(name);
+  }
+  return names;
 }
 
 std::optional<LocalGroup> LocalGroups::Remove(const std::string& name) {

@@ -42,6 +42,7 @@ struct LocalGroup {
   std::unique_ptr<transport::GroupTransport> transport;
   std::vector<v1::PrepareGroupResponse> members;  // by group rank, after Commit
   std::vector<uint64_t> incarnations;             // of the members at Commit
+  absl::Time prepared_at;
 };
 
 // A region handed to the fd side channel.
@@ -58,7 +59,13 @@ class LocalGroups {
       : membership_(membership), allocator_(allocator), limits_(limits), transport_(transport) {}
 
   // Peer service, member side. Prepare allocates this daemon's regions (outside the lock) and describes them.
-  absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
+  // `deadline`: the coordinator's (from the call); a Prepare that finishes after it frees what it allocated and
+  // refuses, because the coordinator has given up on this create.
+  absl::StatusOr<v1::PrepareGroupResponse> Prepare(const v1::PrepareGroupRequest& request,
+                                                   absl::Time deadline = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mutex_);
+  // Groups prepared before `before` and still not committed.
+  std::vector<std::string> UncommittedSince(absl::Time before) const ABSL_LOCKS_EXCLUDED(mutex_);
   // Every member's descriptors; the group is READY.
   absl::Status Commit(const v1::CommitGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
   // Takes group `name` out (nullopt when it is not held here). Destroying the result frees its regions: do that

@@ -36,7 +36,8 @@ absl::Status NotTheCoordinator(int rank) {
 
 }  // namespace
 
-absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupRequest& request) {
+absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupRequest& request, absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + kPeerCallDeadline;
   const fabric::FabricConfig& config = membership_->config();
   if (!membership_->is_coordinator()) return NotTheCoordinator(config.rank);
   EPF_RETURN_IF_ERROR(ValidateCreateGroup(request, config.world_size));
@@ -73,8 +74,20 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
     info.set_ring_slots(request.ring_slots() != 0 ? request.ring_slots() : kernels::transport::kDefaultRingSlots);
   }
   const std::string token = RandomHex128();
+  // A rolled-back create of the same name that has not reached every member yet: try now, else refuse.
+  bool pending = false;
   {
     absl::MutexLock lock(&mutex_);
+    pending = pending_releases_.count(request.name()) != 0;
+  }
+  if (pending) RetryPendingReleases();
+  {
+    absl::MutexLock lock(&mutex_);
+    if (auto it = pending_releases_.find(request.name()); it != pending_releases_.end()) {
+      return absl::UnavailableError(absl::StrCat("name: an earlier create of '", request.name(),
+                                                 "' was rolled back but rank ", *it->second.begin(),
+                                                 " has not released it yet (it is unreachable); retry when it is up"));
+    }
     if (entries_.count(request.name()) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("name: a group named '", request.name(), "' exists"));
     }
@@ -89,19 +102,31 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   *prepare.mutable_group() = info;
   prepare.set_token(token);
   prepare.set_epoch(view.epoch());
-  auto prepared = CallMembers(*links_, addresses, prepare, &StartPrepare);
+  std::vector<int> ranks(request.ranks().begin(), request.ranks().end());
+  auto prepared = CallMembers(*links_, addresses, prepare, &StartPrepare, deadline);
   for (size_t i = 0; i < prepared.size(); ++i) {
     if (prepared[i].status.ok()) continue;
     const int rank = request.ranks(static_cast<int>(i));
     Logger("groups")->warn("create '{}' failed on rank {}: {}; rolling back", request.name(), rank,
                            prepared[i].status.error_message());
-    std::vector<std::string> prepared_addresses = addresses;
+    // Release wherever the group may exist: members that prepared, and members whose answer did not come (a stopped
+    // or slow member may still prepare it). Not where the member said it allocated nothing (refusals), and never
+    // where it answered ALREADY_EXISTS: that memory is not this attempt's.
+    std::vector<std::string> release = addresses;
     for (size_t j = 0; j < prepared.size(); ++j) {
-      if (!prepared[j].status.ok()) prepared_addresses[j].clear();
+      const grpc::StatusCode code = prepared[j].status.error_code();
+      const bool maybe_held = prepared[j].status.ok() || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                              code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED;
+      if (!maybe_held) release[j].clear();
     }
-    ReleaseOn(prepared_addresses, request.name(), absl::StrCat("rollback: rank ", rank, " failed"));
-    Forget(request.name());
-    return absl::Status(static_cast<absl::StatusCode>(prepared[i].status.error_code()),
+    RollBack(ranks, release, request.name(), absl::StrCat("rank ", rank, " failed"), deadline);
+    const grpc::StatusCode code = prepared[i].status.error_code();
+    if (code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return absl::DeadlineExceededError(absl::StrCat("rank ", rank, " did not prepare group '", request.name(),
+                                                      "' in time (", prepared[i].status.error_message(),
+                                                      "); the create was rolled back everywhere"));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(code),
                         absl::StrCat("rank ", rank, ": ", prepared[i].status.error_message()));
   }
 
@@ -111,14 +136,19 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   commit.set_name(request.name());
   commit.set_epoch(view.epoch());
   for (MemberReply<v1::PrepareGroupResponse>& p : prepared) *commit.add_members() = std::move(p.response);
-  const auto committed = CallMembers(*links_, addresses, commit, &StartCommit);
+  const auto committed = CallMembers(*links_, addresses, commit, &StartCommit, deadline);
   for (size_t i = 0; i < committed.size(); ++i) {
     if (committed[i].status.ok()) continue;
     const int rank = request.ranks(static_cast<int>(i));
-    ReleaseOn(addresses, request.name(), absl::StrCat("rollback: commit failed on rank ", rank));
-    Forget(request.name());
+    RollBack(ranks, addresses, request.name(), absl::StrCat("commit failed on rank ", rank), deadline);
     return absl::UnavailableError(
         absl::StrCat("rank ", rank, ": commit failed: ", committed[i].status.error_message()));
+  }
+  if (absl::Now() > deadline) {
+    // Every member committed, but the caller has given up: it will never learn the token.
+    RollBack(ranks, addresses, request.name(), "ready only after the caller's deadline", deadline);
+    return absl::DeadlineExceededError(
+        absl::StrCat("group '", request.name(), "' was ready only after the caller's deadline; rolled back"));
   }
 
   v1::CreateGroupResponse response;
@@ -140,19 +170,32 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
   const fabric::FabricConfig& config = membership_->config();
   if (!membership_->is_coordinator()) return NotTheCoordinator(config.rank);
   v1::GroupInfo info;
+  bool unknown = false;
   {
     absl::MutexLock lock(&mutex_);
     auto it = entries_.find(request.name());
-    if (it == entries_.end()) return absl::NotFoundError(absl::StrCat("no group named '", request.name(), "'"));
-    if (!ConstantTimeEquals(it->second.token_sha256, common::Sha256Hex(request.token()))) {
+    unknown = it == entries_.end();
+    if (unknown && request.force()) {
+      // Not registered (e.g. a member holds a leftover the registry never saw): every member that is up releases.
+      for (int rank = 0; rank < config.world_size; ++rank) info.add_ranks(rank);
+    } else if (unknown) {
+      return absl::NotFoundError(absl::StrCat("no group named '", request.name(), "'"));
+    } else if (!request.force() && !ConstantTimeEquals(it->second.token_sha256, common::Sha256Hex(request.token()))) {
       return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.name(), "'"));
-    }
-    if (it->second.info.state() == v1::GROUP_STATE_CREATING || it->second.info.state() == v1::GROUP_STATE_DELETING) {
+    } else if (!request.force() && (it->second.info.state() == v1::GROUP_STATE_CREATING ||
+                                    it->second.info.state() == v1::GROUP_STATE_DELETING)) {
       return absl::FailedPreconditionError(
           absl::StrCat("group '", request.name(), "' is ", v1::GroupState_Name(it->second.info.state())));
+    } else {
+      it->second.info.set_state(v1::GROUP_STATE_DELETING);
+      info = it->second.info;
     }
-    it->second.info.set_state(v1::GROUP_STATE_DELETING);
-    info = it->second.info;
+    // A forced delete also ends a pending rollback of the name (its members are asked again below).
+    if (request.force()) pending_releases_.erase(request.name());
+  }
+  if (request.force()) {
+    Logger("groups")->warn("forced delete of group '{}'{}", request.name(),
+                           unknown ? " (not registered: asking every member that is up)" : "");
   }
   // Release on every member that is up; a member that is down lost the memory with its process.
   const v1::Membership view = membership_->View();
@@ -182,6 +225,73 @@ std::vector<MemberReply<v1::ReleaseGroupResponse>> Registry::ReleaseOn(const std
   release.set_name(name);
   release.set_reason(reason);
   return CallMembers(*links_, addresses, release, &StartRelease);
+}
+
+void Registry::RollBack(const std::vector<int>& ranks, const std::vector<std::string>& addresses,
+                        const std::string& name, const std::string& reason, absl::Time deadline) {
+  // Members that answer release now, within what is left of the caller's deadline (at least 200 ms, at most 2 s),
+  // so that the caller's next look finds nothing; the others (stopped, unreachable) are released by
+  // RetryPendingReleases once they answer, and the name stays taken until then.
+  const absl::Time now = absl::Now();
+  const absl::Time release_by = std::clamp(deadline, now + absl::Milliseconds(200), now + absl::Seconds(2));
+  v1::ReleaseGroupRequest release;
+  release.set_fabric_id(membership_->config().fabric_id);
+  release.set_name(name);
+  release.set_reason(reason);
+  const auto released = CallMembers(*links_, addresses, release, &StartRelease, release_by);
+  absl::MutexLock lock(&mutex_);
+  for (size_t i = 0; i < released.size(); ++i) {
+    if (!released[i].called || released[i].status.ok()) continue;
+    pending_releases_[name].insert(ranks[i]);
+    Logger("groups")->warn("rollback of '{}': rank {} did not answer ({}); released when it does", name, ranks[i],
+                           released[i].status.error_message());
+  }
+  entries_.erase(name);
+  Logger("groups")->warn("create of '{}' rolled back ({})", name, reason);
+}
+
+void Registry::RetryPendingReleases() {
+  std::map<std::string, std::vector<int>> work;
+  {
+    absl::MutexLock lock(&mutex_);
+    for (const auto& [name, ranks] : pending_releases_) work[name].assign(ranks.begin(), ranks.end());
+  }
+  if (work.empty() || !membership_->is_coordinator()) return;
+  const v1::Membership view = membership_->View();
+  for (const auto& [name, ranks] : work) {
+    // Every member of one name at once, each call bounded; a member that is down is tried again once it is up (a
+    // restarted one answers OK: it holds nothing).
+    std::vector<std::string> addresses;
+    for (int rank : ranks) {
+      const bool up = rank < view.members_size() && view.members(rank).state() == v1::MEMBER_STATE_UP;
+      addresses.push_back(up ? view.members(rank).peer_address() : std::string());
+    }
+    v1::ReleaseGroupRequest release;
+    release.set_fabric_id(membership_->config().fabric_id);
+    release.set_name(name);
+    release.set_reason("rollback of a failed create");
+    const auto released = CallMembers(*links_, addresses, release, &StartRelease, absl::Now() + absl::Seconds(2));
+    absl::MutexLock lock(&mutex_);
+    auto it = pending_releases_.find(name);
+    if (it == pending_releases_.end()) continue;
+    for (size_t i = 0; i < released.size(); ++i) {
+      if (!released[i].called || !released[i].status.ok()) continue;
+      it->second.erase(ranks[i]);
+    }
+    if (it->second.empty()) {
+      pending_releases_.erase(it);
+      Logger("groups")->info("rollback of '{}' complete on every member", name);
+    }
+  }
+}
+
+std::vector<std::pair<std::string, int>> Registry::PendingReleases() const {
+  std::vector<std::pair<std::string, int>> pending;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [name, ranks] : pending_releases_) {
+    for (int rank : ranks) pending.emplace_back(name, rank);
+  }
+  return pending;
 }
 
 void Registry::Forget(const std::string& name) {

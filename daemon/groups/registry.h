@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,13 @@ class Registry {
  public:
   Registry(fabric::Membership* membership, fabric::PeerLinks* links) : membership_(membership), links_(links) {}
 
-  // CreateGroup on the coordinator: checks, reserves the name, Prepare then Commit on every member.
-  absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
+  // CreateGroup on the coordinator: checks, reserves the name, Prepare then Commit on every member, all before
+  // `deadline` (the caller's). All or nothing: on any failure, or when the caller's deadline passed meanwhile, every
+  // member that may hold the group releases it; members that cannot be reached then are released as soon as they
+  // answer again (RetryPendingReleases), and the name is free once they are.
+  absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request,
+                                                  absl::Time deadline = absl::InfiniteFuture())
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // DeleteGroup on the coordinator: checks the token, Release on every live member, forgets the name.
   absl::Status Retire(const v1::RetireGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
   // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again.
@@ -40,6 +46,11 @@ class Registry {
   void OnMembership(const v1::Membership& view) ABSL_LOCKS_EXCLUDED(mutex_);
   // Every registered group, by name (never tokens).
   std::map<std::string, v1::GroupInfo> Groups() const ABSL_LOCKS_EXCLUDED(mutex_);
+  // Releases of rolled-back creates that did not reach their member yet: retried for members that are UP. Called
+  // periodically (the daemon's housekeeping); waits on the members it calls (short deadlines), so no lock is held.
+  void RetryPendingReleases() ABSL_LOCKS_EXCLUDED(mutex_);
+  // (group, fabric rank) pairs still to be released, for tests and ops.
+  std::vector<std::pair<std::string, int>> PendingReleases() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   struct Entry {
@@ -50,6 +61,10 @@ class Registry {
 
   // Forgets a name whose creation failed.
   void Forget(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Rolls a failed create back: releases `name` on the members at `addresses` (empty: not asked), remembers those
+  // that did not answer, forgets the name.
+  void RollBack(const std::vector<int>& ranks, const std::vector<std::string>& addresses, const std::string& name,
+                const std::string& reason, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mutex_);
   // Asks the members at `addresses` (empty: skipped) to release group `name`, waiting for all of them.
   std::vector<MemberReply<v1::ReleaseGroupResponse>> ReleaseOn(const std::vector<std::string>& addresses,
                                                                const std::string& name, const std::string& reason);
@@ -59,6 +74,8 @@ class Registry {
 
   mutable absl::Mutex mutex_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mutex_);
+  // Rolled-back creates whose release has not reached these fabric ranks yet; the name stays taken until they have.
+  std::map<std::string, std::set<int>> pending_releases_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace epfabric::daemon::groups

@@ -1,7 +1,11 @@
 #include "services/control_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "epfabric/proto/grpc_status.h"
 #include "logging.h"
+#include "services/call_deadline.h"
+
+#include <unistd.h>
 
 namespace epfabric::daemon {
 
@@ -26,13 +30,27 @@ grpc::Status ControlService::Finish(const char* method, grpc::ServerContext* con
 
 grpc::Status ControlService::CreateGroup(grpc::ServerContext* context, const v1::CreateGroupRequest* request,
                                          v1::CreateGroupResponse* response) {
-  auto result = groups_->CreateGroup(*request);
+  auto result = groups_->CreateGroup(*request, CallDeadline(*context));
   if (result.ok()) *response = std::move(*result);
   return Finish("CreateGroup", context, result.status(), true);
 }
 
 grpc::Status ControlService::DeleteGroup(grpc::ServerContext* context, const v1::DeleteGroupRequest* request,
                                          v1::DeleteGroupResponse*) {
+  if (request->force()) {
+    // An operator's tool: only the daemon's own uid (or root) may delete without the token.
+    const groups::ClientIdentity caller = Caller(context);
+    if (caller.uid < 0 || (caller.uid != 0 && caller.uid != static_cast<int64_t>(getuid()))) {
+      return Finish("DeleteGroup", context,
+                    absl::PermissionDeniedError(absl::StrCat("force: only uid ", getuid(),
+                                                             " (the daemon's) or root may delete without the token; "
+                                                             "the caller is uid ",
+                                                             caller.uid)),
+                    true);
+    }
+    Logger("control")->warn("forced delete of group '{}' requested by pid {} uid {}", request->name(), caller.pid,
+                            caller.uid);
+  }
   return Finish("DeleteGroup", context, groups_->DeleteGroup(*request), true);
 }
 

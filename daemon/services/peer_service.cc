@@ -2,6 +2,7 @@
 
 #include "epfabric/common/status_macros.h"
 #include "epfabric/proto/grpc_status.h"
+#include "services/call_deadline.h"
 
 namespace epfabric::daemon {
 namespace {
@@ -52,7 +53,8 @@ grpc::Status PeerService::ProposeGroup(grpc::ServerContext* context, const v1::P
                                        v1::CreateGroupResponse* response) {
   context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/ProposeGroup"));
-  return Answer(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Propose(request->request()); }),
+  return Answer(IfSameFabric(*membership_, request->fabric_id(),
+                             [&] { return groups_->Propose(request->request(), CallDeadline(*context)); }),
                 response);
 }
 
@@ -66,7 +68,9 @@ grpc::Status PeerService::RetireGroup(grpc::ServerContext* context, const v1::Re
 grpc::Status PeerService::PrepareGroup(grpc::ServerContext* context, const v1::PrepareGroupRequest* request,
                                        v1::PrepareGroupResponse* response) {
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/PrepareGroup", kCoordinatorRank));
-  return Answer(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->Prepare(*request); }), response);
+  return Answer(IfSameFabric(*membership_, request->fabric_id(),
+                             [&] { return groups_->Prepare(*request, CallDeadline(*context, absl::ZeroDuration())); }),
+                response);
 }
 
 grpc::Status PeerService::CommitGroup(grpc::ServerContext* context, const v1::CommitGroupRequest* request,

@@ -231,6 +231,77 @@ TEST(Fabric, PausedMemberThatComesBackRestoresItsGroups) {
   EXPECT_TRUE(Attach(**fabric, 1, "paused", 1, group.token(), &attached).ok());
 }
 
+// Issue #14, case 1: a create that times out because a member is stopped is rolled back everywhere, also on that
+// member once it answers again; the name is refused meanwhile with a clear reason and free afterwards.
+TEST(Fabric, CreateWithAStoppedMemberIsRolledBackEverywhere) {
+  // Slow heartbeats: the member stays UP while stopped, so that the create reaches it (the reported scenario).
+  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=1000", "--heartbeat_misses=15"});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  auto create = [&](absl::Duration timeout) {
+    v1::CreateGroupRequest request;
+    request.set_name("hung");
+    for (int r : {0, 1, 2}) request.add_ranks(r);
+    request.set_num_nvl_bytes(1 << 20);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::CreateGroupResponse response;
+    return (*fabric)->Control(1)->CreateGroup(&context, request, &response);
+  };
+  (*fabric)->daemon(2).process().Signal(SIGSTOP);
+  const grpc::Status timed_out = create(absl::Milliseconds(1500));
+  EXPECT_EQ(timed_out.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << timed_out.error_message();
+  // While rank 2 is still stopped the name is refused, saying why (the rollback's release has not reached it).
+  absl::SleepFor(absl::Seconds(3));
+  const grpc::Status refused = create(absl::Seconds(10));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("has not released it yet"));
+  for (int rank : {0, 1}) {
+    auto view = (*fabric)->Fabric(rank);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(FindGroup(*view, "hung"), nullptr) << "rank " << rank << " still shows the failed group";
+  }
+  (*fabric)->daemon(2).process().Signal(SIGCONT);
+  // Rank 2 drops the late Prepare (past the coordinator's deadline) and gets the retried release: nothing is left.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((*fabric)->MemfdRegions() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ((*fabric)->MemfdRegions(), 0) << "a region of the failed create is left on some member";
+  auto view = (*fabric)->Fabric(2);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(FindGroup(*view, "hung"), nullptr);
+  // And the name can be used again.
+  grpc::Status again;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    again = create(absl::Seconds(10));
+    if (again.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
+}
+
+// Issue #14: an operator removes a group without its token (`epctl delete-group --force`, the daemon's own uid).
+TEST(Fabric, ForcedDeleteNeedsNoTokenAndLeavesNothing) {
+  auto fabric = FabricUnderTest::Start(3, kFast);
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  v1::CreateGroupResponse created;
+  ASSERT_TRUE(CreateGroup(**fabric, 0, "lost-token", {0, 1, 2}, 1 << 20, &created).ok());
+  EXPECT_EQ((*fabric)->MemfdRegions(), 3);
+  RunResult without =
+      RunBinary({EpctlBinary(), "--socket=" + (*fabric)->daemon(1).socket(), "delete-group", "--group=lost-token"});
+  EXPECT_NE(without.exit_code, 0) << "a delete without token or --force must be refused";
+  RunResult forced = RunBinary(
+      {EpctlBinary(), "--socket=" + (*fabric)->daemon(1).socket(), "delete-group", "--group=lost-token", "--force"});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  for (int rank : {0, 1, 2}) {
+    auto view = (*fabric)->Fabric(rank);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(FindGroup(*view, "lost-token"), nullptr) << rank;
+  }
+  EXPECT_EQ((*fabric)->MemfdRegions(), 0);
+  EXPECT_TRUE(CreateGroup(**fabric, 2, "lost-token", {0, 1, 2}, 1 << 20, &created).ok());
+}
+
 TEST(Fabric, SecondDaemonClaimingALiveRankIsRefused) {
   auto fabric = FabricUnderTest::Start(3, kFast);
   ASSERT_TRUE(fabric.ok()) << fabric.status();
