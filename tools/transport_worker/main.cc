@@ -17,6 +17,8 @@
 //   bench        the transport benchmark's measurements (bench_scenario.h; bench/transport_bench.cc).
 // Output: `EPF_RESULT ok=1 ...` and exit 0 when everything matched; ok=0 with the reason and exit 1 otherwise;
 // `stream` exits 3 after a transport error. --issue_from=device issues the conformance commands from a CUDA kernel.
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -49,6 +51,7 @@ ABSL_FLAG(int, duration_ms, 10000, "stream: how long to stream without an error.
 ABSL_FLAG(int, timeout_ms, 20000, "Bound of every wait.");
 ABSL_FLAG(std::string, bad, "dest_range", "bad: which refused command.");
 ABSL_FLAG(std::string, issue_from, "host", "host or device (cuda backend).");
+ABSL_FLAG(int, device, -1, "CUDA device of this process (cuda backend): its daemon's GPU; -1 = rank mod GPUs.");
 ABSL_FLAG(bool, print_region_bytes, false, "Print the RDMA region size the scenario needs (--world, --channels).");
 ABSL_FLAG(int, world, 4, "--print_region_bytes: ranks.");
 ABSL_FLAG(int, channels, 4, "--print_region_bytes: channels.");
@@ -358,6 +361,13 @@ int Main() {
     layout.channels = absl::GetFlag(FLAGS_channels);
     std::cout << layout.RegionBytes() << std::endl;
     return 0;
+  }
+  // The client's CUDA context on its own daemon's GPU (not GPU 0 for every rank): its kernels, copies and the
+  // mapping of the command rings belong there.
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) {
+    const int device = absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : absl::GetFlag(FLAGS_rank) % gpus;
+    cudaSetDevice(device);
   }
   auto connected = client::Client::Connect(absl::GetFlag(FLAGS_socket));
   if (!connected.ok()) return Fail(connected.status().ToString());
