@@ -48,6 +48,7 @@ absl::StatusOr<DriverApi> Load() {
            ResolveInto("cuMemSetAccess", api.cuMemSetAccess),
            ResolveInto("cuMemExportToShareableHandle", api.cuMemExportToShareableHandle),
            ResolveInto("cuMemImportFromShareableHandle", api.cuMemImportFromShareableHandle),
+           ResolveInto("cuMemGetHandleForAddressRange", api.cuMemGetHandleForAddressRange),
        }) {
     if (!status.ok()) return status;
   }

@@ -34,6 +34,8 @@ struct DriverApi {
   PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 cuMemExportToShareableHandle = nullptr;
   PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle = nullptr;
+  // DMA-BUF export of device memory for ibv_reg_dmabuf_mr (the verbs wire's GPUDirect RDMA without nvidia-peermem).
+  PFN_cuMemGetHandleForAddressRange_v11070 cuMemGetHandleForAddressRange = nullptr;
 };
 
 // The entry points, resolved on first use (thread-safe) and cached for the life of the process.
