@@ -63,7 +63,8 @@ class VerbsLink final : public GroupLink {
                          SizeQueues(num_qps, options_.send_queue_depth, attr.max_qp_wr, attr.max_cqe));
     EPF_ASSIGN_OR_RETURN(region_mr_, RegisterRegion(device_->pd(), *region_, options_.allow_peermem));
     // Fetch-and-add writes the old value back to the initiator; nobody reads it, so all atomics share one word.
-    result_mr_.reset(ibv_reg_mr(device_->pd(), atomic_result_.data(), sizeof(atomic_result_), IBV_ACCESS_LOCAL_WRITE));
+    const int result_access = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr's macro mixes enum types otherwise
+    result_mr_.reset(ibv_reg_mr(device_->pd(), atomic_result_.data(), sizeof(atomic_result_), result_access));
     if (result_mr_ == nullptr) return ErrnoStatus(errno, "ibv_reg_mr(atomic result)");
 
     channel_.reset(ibv_create_comp_channel(device_->context()));
