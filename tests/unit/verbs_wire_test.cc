@@ -482,5 +482,14 @@ TEST(VerbsProbeTest, WithoutADeviceTheProbeSaysWhatIsMissing) {
   EXPECT_EQ(wire.status(), status);
 }
 
+TEST(VerbsProbeTest, HostMemoryCanAlwaysBeRegistered) {
+  EXPECT_TRUE(CanRegister(-1).ok());
+  const absl::Status gpu = CanRegister(0);
+  if (!gpu.ok()) {
+    EXPECT_EQ(gpu.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(gpu.message(), HasSubstr("GPU 0"));
+  }
+}
+
 }  // namespace
 }  // namespace epfabric::daemon::transport::verbs

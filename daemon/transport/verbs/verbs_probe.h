@@ -52,7 +52,12 @@ struct VerbsOptions {
 // OK when the options name a usable device and port: one with an active port and, on Ethernet, a RoCE v2 GID.
 // Otherwise FailedPrecondition with one line that starts "--transport=verbs: " and says what is missing, e.g.
 // "--transport=verbs: no RDMA device (ibv_get_device_list found none)" or "... device mlx5_0 has no active port".
-absl::Status ProbeVerbs(const VerbsOptions& options);
+absl::Status ProbeVerbs(const VerbsOptions& options = {});
+
+// Whether memory of a daemon on CUDA device `gpu` (-1: host memory) can be registered with the NIC: host memory
+// always; device memory when the GPU exports DMA-BUF or nvidia-peermem is loaded (/sys/module/nvidia_peermem).
+// FailedPrecondition saying what is missing otherwise.
+absl::Status CanRegister(int gpu);
 
 // The wire for the --transport flag value: "socket", "verbs", or "auto" (verbs when `verbs_usable`, i.e. ProbeVerbs
 // said OK, else socket). Anything else: TRANSPORT_UNSPECIFIED, which the flag parser rejects. "verbs" stays verbs

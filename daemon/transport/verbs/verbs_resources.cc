@@ -54,20 +54,6 @@ absl::StatusOr<DeviceInfo> QueryDevice(ibv_context* context, std::string name) {
   return info;
 }
 
-// Whether the CUDA driver can export `device`'s memory as a DMA-BUF (needs the open kernel modules or a recent
-// proprietary driver, and Linux 5.12+ on the NIC side).
-bool DmaBufSupported(int device) {
-  absl::StatusOr<const cuda::DriverApi*> driver = cuda::Driver();
-  if (!driver.ok() || (*driver)->cuMemGetHandleForAddressRange == nullptr) return false;
-  CUdevice cu_device = 0;
-  int supported = 0;
-  if ((*driver)->cuDeviceGet(&cu_device, device) != CUDA_SUCCESS) return false;
-  if ((*driver)->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, cu_device) != CUDA_SUCCESS) {
-    return false;
-  }
-  return supported != 0;
-}
-
 absl::StatusOr<MrPtr> RegisterDmaBuf(ibv_pd* pd, int device, uint64_t base, uint64_t bytes) {
   EPF_ASSIGN_OR_RETURN(const cuda::DriverApi* driver, cuda::Driver());
   EPF_RETURN_IF_ERROR(cuda::UseDevice(device));
@@ -120,6 +106,21 @@ absl::Status ErrnoStatus(int error, absl::string_view what) {
       return absl::InternalError(message);
   }
 }
+
+// DMA-BUF export needs the open kernel modules or a recent proprietary driver, and Linux 5.12+ on the NIC side.
+bool DmaBufSupported(int device) {
+  absl::StatusOr<const cuda::DriverApi*> driver = cuda::Driver();
+  if (!driver.ok() || (*driver)->cuMemGetHandleForAddressRange == nullptr) return false;
+  CUdevice cu_device = 0;
+  int supported = 0;
+  if ((*driver)->cuDeviceGet(&cu_device, device) != CUDA_SUCCESS) return false;
+  if ((*driver)->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, cu_device) != CUDA_SUCCESS) {
+    return false;
+  }
+  return supported != 0;
+}
+
+bool PeerMemLoaded() { return access("/sys/module/nvidia_peermem", F_OK) == 0; }
 
 std::vector<DeviceInfo> ListDevices(std::vector<std::string>* skipped) {
   int count = 0;

@@ -63,6 +63,12 @@ class Device {
   uint32_t max_msg_sz_ = 0;
 };
 
+// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED of `device` (and the driver entry point exists); false without a driver.
+bool DmaBufSupported(int device);
+
+// Whether the nvidia-peermem kernel module is loaded (ibv_reg_mr on device pointers needs it).
+bool PeerMemLoaded();
+
 struct Registration {
   MrPtr mr;
   RegistrationPath path = RegistrationPath::kHostRegMr;
