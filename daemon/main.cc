@@ -12,7 +12,7 @@
 #include "epfabric/common/status_macros.h"
 #include "epfabric/daemon/daemon.h"
 #include "logging.h"
-#include "transport/verbs/verbs_logic.h"
+#include "transport/verbs/verbs_probe.h"
 
 ABSL_FLAG(int, rank, 0, "This daemon's rank in the fabric (0 is the coordinator).");
 ABSL_FLAG(int, world_size, 1, "Number of daemons in the fabric.");

@@ -1,91 +1,259 @@
 #include "transport/verbs/verbs_logic.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace epfabric::daemon::transport::verbs {
 namespace {
 
-constexpr uint32_t k24Bits = (1u << 24) - 1;
+bool AllZero(const Gid& gid) {
+  return std::all_of(gid.begin(), gid.end(), [](uint8_t b) { return b == 0; });
+}
+
+bool IsIpv4Mapped(const Gid& gid) {
+  for (int i = 0; i < 10; ++i) {
+    if (gid[i] != 0) return false;
+  }
+  return gid[10] == 0xff && gid[11] == 0xff;
+}
+
+bool IsLinkLocal(const Gid& gid) { return gid[0] == 0xfe && (gid[1] & 0xc0) == 0x80; }
+
+absl::Status Invalid(int rank, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("verbs endpoint of rank ", rank, ": ", message));
+}
+
+absl::Status Unusable(absl::string_view message) {
+  return absl::FailedPreconditionError(absl::StrCat("--transport=verbs: ", message));
+}
 
 }  // namespace
 
-v1::RdmaEndpoint ToProto(const VerbsEndpoint& endpoint, int rank) {
-  v1::RdmaEndpoint proto;
-  proto.set_rank(rank);
-  proto.set_address(endpoint.address);
-  proto.set_rkey(endpoint.rkey);
-  for (uint32_t qpn : endpoint.qp_numbers) proto.add_qp_numbers(qpn);
-  for (uint32_t psn : endpoint.psns) proto.add_psns(psn);
-  proto.set_gid(std::string(reinterpret_cast<const char*>(endpoint.gid.data()), endpoint.gid.size()));
-  proto.set_lid(endpoint.lid);
-  proto.set_mtu(static_cast<uint32_t>(endpoint.mtu));
-  proto.set_gid_index(endpoint.gid_index);
-  proto.set_port(endpoint.port);
-  proto.set_roce(endpoint.roce);
-  return proto;
+void FillEndpoint(const EndpointData& data, v1::TransportEndpoint* out) {
+  out->set_transport(v1::TRANSPORT_VERBS);
+  out->set_region_bytes(data.region_bytes);
+  v1::RdmaEndpoint* rdma = out->mutable_rdma();
+  rdma->Clear();
+  rdma->set_rank(data.rank);
+  rdma->set_address(data.address);
+  rdma->set_rkey(data.rkey);
+  for (uint32_t qpn : data.qp_numbers) rdma->add_qp_numbers(qpn);
+  for (uint32_t psn : data.psns) rdma->add_psns(psn);
+  rdma->set_gid(std::string(reinterpret_cast<const char*>(data.gid.data()), data.gid.size()));
+  rdma->set_lid(data.lid);
+  rdma->set_mtu(static_cast<uint32_t>(data.mtu));
+  rdma->set_gid_index(data.gid_index);
+  rdma->set_port(data.port);
+  rdma->set_roce(data.roce);
 }
 
-absl::StatusOr<VerbsEndpoint> FromProto(const v1::RdmaEndpoint& proto, size_t queue_pairs) {
-  auto bad = [&proto](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("rdma endpoint of rank ", proto.rank(), ": ", what));
-  };
-  if (static_cast<size_t>(proto.qp_numbers_size()) != queue_pairs) {
-    return bad(absl::StrCat("qp_numbers: ", proto.qp_numbers_size(), " entries, expected ", queue_pairs));
+absl::StatusOr<EndpointData> ParseEndpoint(const v1::TransportEndpoint& endpoint, const EndpointExpectations& expect) {
+  const int rank = expect.rank;
+  if (endpoint.transport() != v1::TRANSPORT_VERBS) {
+    return Invalid(rank, absl::StrCat("transport is ", v1::Transport_Name(endpoint.transport()),
+                                      ", expected TRANSPORT_VERBS (every member must run the same wire)"));
   }
-  if (static_cast<size_t>(proto.psns_size()) != queue_pairs) {
-    return bad(absl::StrCat("psns: ", proto.psns_size(), " entries, expected ", queue_pairs));
+  if (!endpoint.has_rdma()) return Invalid(rank, "rdma is missing");
+  const v1::RdmaEndpoint& rdma = endpoint.rdma();
+  if (rdma.rank() != rank) return Invalid(rank, absl::StrCat("rdma.rank is ", rdma.rank()));
+  if (expect.world < 1 || expect.channels < 1 || expect.world > std::numeric_limits<int>::max() / expect.channels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("verbs: bad group shape: world ", expect.world, ", channels ", expect.channels));
   }
-  if (proto.gid().size() != 16) return bad(absl::StrCat("gid: ", proto.gid().size(), " bytes, expected 16"));
-  if (proto.mtu() < IBV_MTU_256 || proto.mtu() > IBV_MTU_4096) {
-    return bad(absl::StrCat("mtu: ", proto.mtu(), " is not an ibv_mtu (1..5)"));
+  const int qps = expect.world * expect.channels;
+  if (rdma.qp_numbers_size() != qps) {
+    return Invalid(rank, absl::StrCat("rdma.qp_numbers has ", rdma.qp_numbers_size(), " entries, expected ", qps,
+                                      " (world ", expect.world, " x channels ", expect.channels, ")"));
   }
-  if (proto.port() < 1 || proto.port() > 255) return bad(absl::StrCat("port: ", proto.port(), " is not 1..255"));
-  if (proto.gid_index() > 255) return bad(absl::StrCat("gid_index: ", proto.gid_index(), " is over 255"));
-  if (!proto.roce() && (proto.lid() == 0 || proto.lid() > 0xffff)) {
-    return bad(absl::StrCat("lid: ", proto.lid(), " (InfiniBand routes by LID; 1..65535)"));
+  if (rdma.psns_size() != qps) {
+    return Invalid(rank, absl::StrCat("rdma.psns has ", rdma.psns_size(), " entries, expected ", qps));
   }
-  VerbsEndpoint endpoint;
-  for (int i = 0; i < proto.qp_numbers_size(); ++i) {
-    if (proto.qp_numbers(i) > k24Bits || proto.psns(i) > k24Bits) {
-      return bad(absl::StrCat("queue pair ", i, ": QP number ", proto.qp_numbers(i), " or PSN ", proto.psns(i),
-                              " is over 24 bits"));
+  for (int i = 0; i < qps; ++i) {
+    if (rdma.qp_numbers(i) > kMax24Bit) {
+      return Invalid(rank, absl::StrCat("rdma.qp_numbers[", i, "] = ", rdma.qp_numbers(i), " is not a 24-bit number"));
     }
-    endpoint.qp_numbers.push_back(proto.qp_numbers(i));
-    endpoint.psns.push_back(proto.psns(i));
+    if (rdma.psns(i) > kMax24Bit) {
+      return Invalid(rank, absl::StrCat("rdma.psns[", i, "] = ", rdma.psns(i), " is not a 24-bit number"));
+    }
   }
-  endpoint.address = proto.address();
-  endpoint.rkey = proto.rkey();
-  std::memcpy(endpoint.gid.data(), proto.gid().data(), 16);
-  endpoint.lid = static_cast<uint16_t>(proto.lid());
-  endpoint.mtu = static_cast<ibv_mtu>(proto.mtu());
-  endpoint.gid_index = static_cast<uint8_t>(proto.gid_index());
-  endpoint.port = static_cast<uint8_t>(proto.port());
-  endpoint.roce = proto.roce();
-  return endpoint;
+  if (rdma.gid().size() != 16) {
+    return Invalid(rank, absl::StrCat("rdma.gid has ", rdma.gid().size(), " bytes, expected 16"));
+  }
+  if (rdma.mtu() < IBV_MTU_256 || rdma.mtu() > IBV_MTU_4096) {
+    return Invalid(rank, absl::StrCat("rdma.mtu is ", rdma.mtu(), ", expected 1..5 (enum ibv_mtu, 256..4096 bytes)"));
+  }
+  if (rdma.port() < 1 || rdma.port() > 255) {
+    return Invalid(rank, absl::StrCat("rdma.port is ", rdma.port(), ", expected 1..255"));
+  }
+  if (rdma.gid_index() > 255) return Invalid(rank, absl::StrCat("rdma.gid_index is ", rdma.gid_index()));
+  if (rdma.roce() != expect.roce) {
+    return absl::FailedPreconditionError(absl::StrCat("verbs endpoint of rank ", rank, ": rdma.roce is ",
+                                                      rdma.roce() ? "true" : "false", " but this member's port is ",
+                                                      expect.roce ? "RoCE" : "InfiniBand",
+                                                      " (both ends of a queue pair must use the same link layer)"));
+  }
+  if (endpoint.region_bytes() > std::numeric_limits<uint64_t>::max() - rdma.address()) {
+    return Invalid(rank, absl::StrCat("rdma.address ", rdma.address(), " + region_bytes ", endpoint.region_bytes(),
+                                      " wraps around"));
+  }
+
+  EndpointData data;
+  data.rank = rank;
+  data.address = rdma.address();
+  data.region_bytes = endpoint.region_bytes();
+  data.rkey = rdma.rkey();
+  data.qp_numbers.assign(rdma.qp_numbers().begin(), rdma.qp_numbers().end());
+  data.psns.assign(rdma.psns().begin(), rdma.psns().end());
+  std::memcpy(data.gid.data(), rdma.gid().data(), data.gid.size());
+  data.mtu = static_cast<ibv_mtu>(rdma.mtu());
+  data.gid_index = rdma.gid_index();
+  data.port = rdma.port();
+  data.roce = rdma.roce();
+  if (data.roce) {
+    if (AllZero(data.gid)) return Invalid(rank, "rdma.gid is all zero (RoCE routes by GID)");
+  } else {
+    // Unicast LIDs are 0x0001..0xBFFF; 0xC000.. are multicast and 0xFFFF the permissive LID.
+    if (rdma.lid() < 1 || rdma.lid() > 0xBFFF) {
+      return Invalid(rank, absl::StrCat("rdma.lid is ", rdma.lid(), ", expected a unicast LID 1..0xBFFF"));
+    }
+    data.lid = static_cast<uint16_t>(rdma.lid());
+  }
+  return data;
 }
 
-const char* RegistrationPathName(RegistrationPath path) {
+std::optional<GidInfo> ChooseRoceV2Gid(const std::vector<GidInfo>& gids) {
+  // Lower rank wins: IPv4-mapped (what RoCE v2 deployments route), global IPv6, link-local IPv6 (one L2 only).
+  std::optional<GidInfo> best;
+  int best_rank = 3;
+  for (const GidInfo& entry : gids) {
+    if (entry.type != IBV_GID_TYPE_ROCE_V2 || AllZero(entry.gid)) continue;
+    const int rank = IsIpv4Mapped(entry.gid) ? 0 : IsLinkLocal(entry.gid) ? 2 : 1;
+    if (rank < best_rank || (rank == best_rank && best.has_value() && entry.index < best->index)) {
+      best = entry;
+      best_rank = rank;
+    }
+  }
+  return best;
+}
+
+absl::StatusOr<PortChoice> ChoosePort(const VerbsOptions& options, const std::vector<DeviceInfo>& devices) {
+  if (devices.empty()) return Unusable("no RDMA device (ibv_get_device_list found none)");
+  std::vector<const DeviceInfo*> candidates;
+  for (const DeviceInfo& device : devices) {
+    if (options.device.empty() || device.name == options.device) candidates.push_back(&device);
+  }
+  if (candidates.empty()) {
+    std::vector<std::string> names;
+    for (const DeviceInfo& device : devices) names.push_back(device.name);
+    return Unusable(absl::StrCat("no RDMA device named ", options.device, " (found ", absl::StrJoin(names, ", "), ")"));
+  }
+  if (options.port < 0 || options.port > 255) return Unusable(absl::StrCat("port ", options.port, " is out of range"));
+  if (options.gid_index < -1 || options.gid_index > 255) {
+    return Unusable(absl::StrCat("gid index ", options.gid_index, " is out of range"));
+  }
+
+  absl::Status first_problem;
+  for (const DeviceInfo* device : candidates) {
+    bool any_active = false;
+    for (const PortInfo& port : device->ports) {
+      if (options.port != 0 && port.port != options.port) continue;
+      if (!port.active) continue;
+      any_active = true;
+      PortChoice choice;
+      choice.device = device->name;
+      choice.port = port.port;
+      choice.roce = port.ethernet;
+      choice.lid = port.lid;
+      choice.mtu = port.active_mtu;
+      const std::string where = absl::StrCat(device->name, " port ", port.port);
+      if (options.gid_index >= 0) {
+        auto it = std::find_if(port.gids.begin(), port.gids.end(),
+                               [&](const GidInfo& g) { return g.index == static_cast<uint32_t>(options.gid_index); });
+        if (it == port.gids.end() || AllZero(it->gid)) {
+          if (first_problem.ok())
+            first_problem = Unusable(absl::StrCat(where, " has no GID at index ", options.gid_index));
+          continue;
+        }
+        if (port.ethernet && it->type != IBV_GID_TYPE_ROCE_V2) {
+          if (first_problem.ok()) {
+            first_problem = Unusable(absl::StrCat(where, " GID index ", options.gid_index, " is not RoCE v2"));
+          }
+          continue;
+        }
+        choice.gid_index = it->index;
+        choice.gid = it->gid;
+      } else if (port.ethernet) {
+        std::optional<GidInfo> gid = ChooseRoceV2Gid(port.gids);
+        if (!gid.has_value()) {
+          if (first_problem.ok()) {
+            first_problem =
+                Unusable(absl::StrCat(where, " has no RoCE v2 GID (give its network interface an IP address)"));
+          }
+          continue;
+        }
+        choice.gid_index = gid->index;
+        choice.gid = gid->gid;
+      } else {
+        // InfiniBand routes by LID inside the subnet; GID 0 (the port GUID) is published for completeness.
+        if (port.lid == 0 || port.lid > 0xBFFF) {
+          if (first_problem.ok())
+            first_problem = Unusable(absl::StrCat(where, " has no LID (is a subnet manager up?)"));
+          continue;
+        }
+        choice.gid_index = 0;
+        for (const GidInfo& g : port.gids) {
+          if (g.index == 0) choice.gid = g.gid;
+        }
+      }
+      return choice;
+    }
+    if (!any_active && first_problem.ok()) {
+      first_problem = options.port != 0
+                          ? Unusable(absl::StrCat("device ", device->name, " port ", options.port, " is not active"))
+                          : Unusable(absl::StrCat("device ", device->name, " has no active port"));
+    }
+  }
+  return first_problem;
+}
+
+std::string DescribePort(const PortChoice& choice) {
+  if (choice.roce)
+    return absl::StrCat(choice.device, " port ", choice.port, " (RoCE v2, gid index ", choice.gid_index, ")");
+  return absl::StrCat(choice.device, " port ", choice.port, " (InfiniBand, lid ", choice.lid, ")");
+}
+
+absl::string_view RegistrationPathName(RegistrationPath path) {
   switch (path) {
-    case RegistrationPath::kHostMemory:
-      return "host memory (ibv_reg_mr)";
+    case RegistrationPath::kHostRegMr:
+      return "ibv_reg_mr (host memory)";
     case RegistrationPath::kDmaBuf:
-      return "dma-buf (ibv_reg_dmabuf_mr)";
-    case RegistrationPath::kPeerMemory:
-      return "peer memory (ibv_reg_mr, nvidia-peermem)";
+      return "ibv_reg_dmabuf_mr (DMA-BUF)";
+    case RegistrationPath::kPeerMemRegMr:
+      return "ibv_reg_mr (device memory, nvidia-peermem)";
   }
   return "unknown";
 }
 
-absl::StatusOr<RegistrationPath> ChooseRegistrationPath(bool device_memory, bool dmabuf_supported,
-                                                        bool peermem_loaded) {
-  if (!device_memory) return RegistrationPath::kHostMemory;
-  if (dmabuf_supported) return RegistrationPath::kDmaBuf;
-  if (peermem_loaded) return RegistrationPath::kPeerMemory;
-  return absl::FailedPreconditionError(
-      "verbs: GPU memory cannot be registered: the GPU or kernel has no dma-buf support and nvidia-peermem is not "
-      "loaded (modprobe nvidia-peermem, or a kernel >= 5.12 with an open GPU driver for dma-buf)");
+std::vector<RegistrationPath> RegistrationOrder(const RegistrationCaps& caps) {
+  if (!caps.device_memory) return {RegistrationPath::kHostRegMr};
+  std::vector<RegistrationPath> order;
+  if (caps.dmabuf_supported) order.push_back(RegistrationPath::kDmaBuf);
+  if (caps.allow_peermem) order.push_back(RegistrationPath::kPeerMemRegMr);
+  return order;
+}
+
+DmaBufRange DmaBufRangeFor(uint64_t base, uint64_t bytes, uint64_t page_size) {
+  DmaBufRange range;
+  range.start = base / page_size * page_size;
+  range.offset = base - range.start;
+  const uint64_t end = range.offset + bytes;
+  range.size = (end + page_size - 1) / page_size * page_size;
+  return range;
 }
 
 QpTransition InitTransition(uint8_t port) {
@@ -93,31 +261,34 @@ QpTransition InitTransition(uint8_t port) {
   t.attr.qp_state = IBV_QPS_INIT;
   t.attr.pkey_index = 0;
   t.attr.port_num = port;
-  t.attr.qp_access_flags = kAccessFlags;
+  t.attr.qp_access_flags = kRegionAccess;
   t.mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
   return t;
 }
 
-QpTransition RtrTransition(const VerbsEndpoint& remote, size_t remote_qp, uint8_t local_gid_index, ibv_mtu mtu) {
+QpTransition RtrTransition(const PortChoice& local, const EndpointData& remote, uint32_t remote_qpn,
+                           uint32_t remote_psn, const VerbsOptions& options, int max_dest_rd_atomic) {
   QpTransition t;
   t.attr.qp_state = IBV_QPS_RTR;
-  // The smaller of both sides' MTUs.
-  t.attr.path_mtu = std::min(mtu, remote.mtu);
-  t.attr.dest_qp_num = remote.qp_numbers.at(remote_qp);
-  t.attr.rq_psn = remote.psns.at(remote_qp);
-  t.attr.max_dest_rd_atomic = 16;  // atomics in flight that the peer may have towards us
-  t.attr.min_rnr_timer = 12;       // 0.64 ms; we never post receives, so RNR should not happen
-  t.attr.ah_attr.port_num = remote.port;
-  t.attr.ah_attr.sl = 0;
-  if (remote.roce) {
-    // RoCE routes by GID (RoCE v2: UDP/IP), so the address handle is global.
+  t.attr.path_mtu = std::min(local.mtu, remote.mtu);
+  t.attr.dest_qp_num = remote_qpn & kMax24Bit;
+  t.attr.rq_psn = remote_psn & kMax24Bit;
+  t.attr.max_dest_rd_atomic = static_cast<uint8_t>(std::clamp(max_dest_rd_atomic, 1, 255));
+  t.attr.min_rnr_timer = options.min_rnr_timer;
+  t.attr.ah_attr.port_num = local.port;
+  t.attr.ah_attr.sl = options.service_level;
+  t.attr.ah_attr.src_path_bits = 0;
+  if (local.roce) {
+    // RoCE v2: the GRH carries the route (UDP/IP from the GID); the LID is unused.
     t.attr.ah_attr.is_global = 1;
-    std::memcpy(t.attr.ah_attr.grh.dgid.raw, remote.gid.data(), 16);
-    t.attr.ah_attr.grh.sgid_index = local_gid_index;
-    t.attr.ah_attr.grh.hop_limit = 64;
-    t.attr.ah_attr.grh.traffic_class = 0;
+    t.attr.ah_attr.dlid = 0;
+    std::memcpy(t.attr.ah_attr.grh.dgid.raw, remote.gid.data(), remote.gid.size());
+    t.attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(local.gid_index);
+    t.attr.ah_attr.grh.hop_limit = options.hop_limit;
+    t.attr.ah_attr.grh.traffic_class = options.traffic_class;
     t.attr.ah_attr.grh.flow_label = 0;
   } else {
+    // InfiniBand inside one subnet: the subnet manager's LIDs route; no GRH.
     t.attr.ah_attr.is_global = 0;
     t.attr.ah_attr.dlid = remote.lid;
   }
@@ -126,74 +297,77 @@ QpTransition RtrTransition(const VerbsEndpoint& remote, size_t remote_qp, uint8_
   return t;
 }
 
-QpTransition RtsTransition(uint32_t psn) {
+QpTransition RtsTransition(uint32_t local_psn, const VerbsOptions& options, int max_rd_atomic) {
   QpTransition t;
   t.attr.qp_state = IBV_QPS_RTS;
-  t.attr.sq_psn = psn;
-  t.attr.timeout = 14;   // 4.096 us * 2^14 = 67 ms per try
-  t.attr.retry_cnt = 7;  // then IBV_WC_RETRY_EXC_ERR: the peer is gone (about 0.5 s)
-  t.attr.rnr_retry = 7;  // infinite; we never post receives
-  t.attr.max_rd_atomic = 16;
+  t.attr.timeout = options.timeout;
+  t.attr.retry_cnt = options.retry_count;
+  t.attr.rnr_retry = options.rnr_retry;
+  t.attr.sq_psn = local_psn & kMax24Bit;
+  t.attr.max_rd_atomic = static_cast<uint8_t>(std::clamp(max_rd_atomic, 1, 255));
   t.mask =
-      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
   return t;
 }
 
-absl::Status CompletionError(ibv_wc_status status, ibv_wc_opcode opcode, int peer_rank) {
-  const std::string what = absl::StrCat(opcode == IBV_WC_FETCH_ADD ? "signal_add" : "put", " to rank ", peer_rank, ": ",
-                                        ibv_wc_status_str(status));
+absl::StatusOr<QueueSizes> SizeQueues(int num_qps, int requested_depth, int max_qp_wr, int max_cqe) {
+  if (num_qps < 1) return absl::InvalidArgumentError(absl::StrCat("verbs: ", num_qps, " queue pairs"));
+  if (requested_depth < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("verbs: send queue depth ", requested_depth, " (expected >= 1)"));
+  }
+  int depth = std::min(requested_depth, max_qp_wr);
+  depth = static_cast<int>(std::min<int64_t>(depth, max_cqe / num_qps));
+  if (depth < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "verbs: ", num_qps, " queue pairs do not fit the device (max_qp_wr ", max_qp_wr, ", max_cqe ", max_cqe, ")"));
+  }
+  return QueueSizes{depth, depth * num_qps};
+}
+
+uint64_t MaxWriteBytes(uint32_t port_max_msg_sz) {
+  // 1 GiB keeps one write's share of the link bounded even when the port allows 2 GiB messages.
+  constexpr uint64_t kCap = uint64_t{1} << 30;
+  return port_max_msg_sz == 0 ? kCap : std::min<uint64_t>(port_max_msg_sz, kCap);
+}
+
+uint64_t WriteCount(uint64_t bytes, uint64_t max_write_bytes) {
+  if (bytes == 0) return 1;
+  return bytes / max_write_bytes + (bytes % max_write_bytes != 0 ? 1 : 0);
+}
+
+absl::StatusCode CodeForWcStatus(ibv_wc_status status) {
   switch (status) {
     case IBV_WC_SUCCESS:
-      return absl::OkStatus();
+      return absl::StatusCode::kOk;
     case IBV_WC_RETRY_EXC_ERR:
     case IBV_WC_RNR_RETRY_EXC_ERR:
-    case IBV_WC_REM_ACCESS_ERR:
-    case IBV_WC_REM_INV_REQ_ERR:
-    case IBV_WC_REM_OP_ERR:
+    case IBV_WC_RESP_TIMEOUT_ERR:
     case IBV_WC_REM_ABORT_ERR:
     case IBV_WC_WR_FLUSH_ERR:
-    case IBV_WC_RESP_TIMEOUT_ERR:
-    case IBV_WC_FATAL_ERR:
-      return absl::UnavailableError(absl::StrCat(what, " (rank ", peer_rank, " is unreachable or refused)"));
+    case IBV_WC_REM_OP_ERR:
+      return absl::StatusCode::kUnavailable;
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_LOC_PROT_ERR:
+    case IBV_WC_LOC_ACCESS_ERR:
+    case IBV_WC_MW_BIND_ERR:
+      return absl::StatusCode::kPermissionDenied;
+    case IBV_WC_LOC_LEN_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_INV_RD_REQ_ERR:
+      return absl::StatusCode::kInvalidArgument;
     default:
-      return absl::InternalError(what);
+      return absl::StatusCode::kInternal;
   }
 }
 
-v1::Transport ChooseTransport(std::string_view flag, bool verbs_usable) {
-  if (flag == "verbs") return v1::TRANSPORT_VERBS;
-  if (flag == "socket") return v1::TRANSPORT_SOCKET;
-  return verbs_usable ? v1::TRANSPORT_VERBS : v1::TRANSPORT_SOCKET;
-}
-
-absl::Status ProbeVerbs() {
-  int count = 0;
-  ibv_device** devices = ibv_get_device_list(&count);
-  if (devices == nullptr || count == 0) {
-    if (devices != nullptr) ibv_free_device_list(devices);
-    return absl::FailedPreconditionError("--transport=verbs: no RDMA device (ibv_get_device_list found none)");
-  }
-  std::string seen;
-  bool active = false;
-  for (int i = 0; i < count && !active; ++i) {
-    ibv_context* context = ibv_open_device(devices[i]);
-    if (context == nullptr) continue;
-    ibv_device_attr attr{};
-    if (ibv_query_device(context, &attr) == 0) {
-      for (uint8_t port = 1; port <= attr.phys_port_cnt && !active; ++port) {
-        ibv_port_attr port_attr{};
-        active = ibv_query_port(context, port, &port_attr) == 0 && port_attr.state == IBV_PORT_ACTIVE;
-      }
-    }
-    absl::StrAppend(&seen, seen.empty() ? "" : ", ", ibv_get_device_name(devices[i]));
-    ibv_close_device(context);
-  }
-  ibv_free_device_list(devices);
-  if (!active) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--transport=verbs: no RDMA device with an active port (devices: ", seen, ")"));
-  }
-  return absl::OkStatus();
+absl::Status WcStatusToStatus(ibv_wc_status status, uint32_t vendor_error, absl::string_view group, int peer,
+                              int channel, absl::string_view operation) {
+  const absl::StatusCode code = CodeForWcStatus(status);
+  if (code == absl::StatusCode::kOk) return absl::OkStatus();
+  return absl::Status(code, absl::StrFormat("verbs: group %s, rank %d, channel %d: %s failed: %s (status %d, vendor "
+                                            "error 0x%x)",
+                                            group, peer, channel, operation, ibv_wc_status_str(status),
+                                            static_cast<int>(status), vendor_error));
 }
 
 }  // namespace epfabric::daemon::transport::verbs

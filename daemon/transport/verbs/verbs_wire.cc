@@ -1,409 +1,387 @@
 #include "transport/verbs/verbs_wire.h"
 
-#include <infiniband/verbs.h>
-#include <sys/random.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <filesystem>
+#include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "epfabric/common/cuda_driver.h"
+#include "absl/synchronization/mutex.h"
 #include "epfabric/common/status_macros.h"
-#include "logging.h"
+#include "epfabric/kernels/transport/ring.h"
+#include "spdlog/spdlog.h"
+#include "transport/verbs/send_queue.h"
 #include "transport/verbs/verbs_logic.h"
+#include "transport/verbs/verbs_resources.h"
 
 namespace epfabric::daemon::transport::verbs {
 namespace {
 
-constexpr uint64_t kMaxWrite = 1ull << 30;  // one RDMA WRITE moves at most this much; larger puts are split
-
-absl::Status Errno(const std::string& what) {
-  return absl::InternalError(absl::StrCat("verbs: ", what, ": ", strerror(errno)));
-}
-
-uint32_t RandomPsn() {
-  uint32_t value = 0;
-  while (getrandom(&value, sizeof(value), 0) != sizeof(value)) {
-  }
-  return value & 0xffffff;
-}
-
-// The daemon's device: context, protection domain, the port and its addressing.
-struct Device {
-  ibv_context* context = nullptr;
-  ibv_pd* pd = nullptr;
-  uint8_t port = 1;
-  ibv_port_attr port_attr{};
-  uint8_t gid_index = 0;
-  std::array<uint8_t, 16> gid{};
-  bool roce = false;
-  std::string name;
-
-  ~Device() {
-    if (pd != nullptr) ibv_dealloc_pd(pd);
-    if (context != nullptr) ibv_close_device(context);
-  }
+// One queue pair of a link: to `peer` on `channel` (to itself, looped back, when peer is this rank).
+struct QueuePair {
+  int peer = 0;
+  int channel = 0;
+  QpPtr qp;
+  uint32_t psn = 0;
+  std::unique_ptr<SendQueue> queue;
+  // Set by Connect before `connected_` is published; read-only afterwards.
+  uint64_t remote_address = 0;
+  uint32_t remote_rkey = 0;
 };
-
-// A RoCE v2 GID of the port (the first non-zero one); IB ports use GID 0.
-absl::Status PickGid(Device& device) {
-  device.roce = device.port_attr.link_layer == IBV_LINK_LAYER_ETHERNET;
-  for (int index = 0; index < device.port_attr.gid_tbl_len; ++index) {
-    ibv_gid_entry entry{};
-    if (ibv_query_gid_ex(device.context, device.port, index, &entry, 0) != 0) continue;
-    bool zero = true;
-    for (uint8_t b : entry.gid.raw) zero = zero && b == 0;
-    if (zero) continue;
-    if (device.roce && entry.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
-    ibv_gid gid = entry.gid;
-    device.gid_index = static_cast<uint8_t>(index);
-    std::memcpy(device.gid.data(), gid.raw, 16);
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("--transport=verbs: device ", device.name, " port ", device.port, " has no ",
-                   device.roce ? "RoCE v2 GID (is an IP address configured on the interface?)" : "GID"));
-}
-
-absl::StatusOr<std::unique_ptr<Device>> OpenDevice(const VerbsOptions& options) {
-  EPF_RETURN_IF_ERROR(ProbeVerbs());
-  int count = 0;
-  ibv_device** list = ibv_get_device_list(&count);
-  auto device = std::make_unique<Device>();
-  for (int i = 0; i < count && device->context == nullptr; ++i) {
-    if (!options.device.empty() && options.device != ibv_get_device_name(list[i])) continue;
-    ibv_context* context = ibv_open_device(list[i]);
-    if (context == nullptr) continue;
-    ibv_device_attr attr{};
-    bool found = false;
-    if (ibv_query_device(context, &attr) == 0) {
-      for (uint8_t port = 1; port <= attr.phys_port_cnt && !found; ++port) {
-        if (ibv_query_port(context, port, &device->port_attr) == 0 && device->port_attr.state == IBV_PORT_ACTIVE) {
-          device->port = port;
-          found = true;
-        }
-      }
-    }
-    if (!found) {
-      ibv_close_device(context);
-      continue;
-    }
-    device->context = context;
-    device->name = ibv_get_device_name(list[i]);
-  }
-  ibv_free_device_list(list);
-  if (device->context == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--transport=verbs: no active port on ", options.device.empty() ? "any device" : options.device));
-  }
-  device->pd = ibv_alloc_pd(device->context);
-  if (device->pd == nullptr) return Errno("ibv_alloc_pd");
-  EPF_RETURN_IF_ERROR(PickGid(*device));
-  return device;
-}
-
-bool DmaBufSupported(int gpu) {
-  bool dmabuf = false;
-  if (gpu >= 0) {
-    auto driver = cuda::Driver();
-    if (driver.ok()) {
-      CUdevice cu_device = 0;
-      int supported = 0;
-      if ((*driver)->cuDeviceGet(&cu_device, gpu) == CUDA_SUCCESS &&
-          (*driver)->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, cu_device) ==
-              CUDA_SUCCESS) {
-        dmabuf = supported != 0;
-      }
-    }
-  }
-  return dmabuf;
-}
-
-bool PeerMemLoaded() { return std::filesystem::exists("/sys/module/nvidia_peermem"); }
-
-// Registers `region` along the path its memory allows.
-absl::StatusOr<ibv_mr*> Register(const Device& device, memory::Region* region) {
-  void* base = region->base();
-  const uint64_t size = region->descriptor().size_bytes();
-  const int gpu = region->descriptor().device();
-  EPF_ASSIGN_OR_RETURN(const RegistrationPath path,
-                       ChooseRegistrationPath(gpu >= 0, DmaBufSupported(gpu), PeerMemLoaded()));
-  ibv_mr* mr = nullptr;
-  if (path == RegistrationPath::kDmaBuf) {
-    EPF_ASSIGN_OR_RETURN(const cuda::DriverApi* driver, cuda::Driver());
-    int fd = -1;
-    EPF_RETURN_IF_ERROR(
-        cuda::CuStatus(*driver,
-                       driver->cuMemGetHandleForAddressRange(&fd, reinterpret_cast<CUdeviceptr>(base), size,
-                                                             CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-                       "cuMemGetHandleForAddressRange(DMA_BUF_FD)"));
-    mr = ibv_reg_dmabuf_mr(device.pd, 0, size, reinterpret_cast<uint64_t>(base), fd, kAccessFlags);
-    close(fd);  // the registration holds the buffer
-  } else {
-    mr = ibv_reg_mr(device.pd, base, size, kAccessFlags);
-  }
-  if (mr == nullptr) return Errno(absl::StrCat("registering ", size, " bytes (", RegistrationPathName(path), ")"));
-  return mr;
-}
 
 class VerbsLink final : public GroupLink {
  public:
-  VerbsLink(const Device& device, const GroupSetup& setup, int queue_depth)
-      : device_(device), setup_(setup), queue_depth_(queue_depth) {}
+  VerbsLink(std::shared_ptr<const Device> device, const VerbsOptions& options, const GroupSetup& setup)
+      : device_(std::move(device)),
+        options_(options),
+        logger_(options.logger != nullptr ? options.logger : spdlog::default_logger()),
+        group_(setup.group),
+        self_(setup.self_rank),
+        world_(setup.world),
+        channels_(setup.channels),
+        region_(setup.region),
+        sink_(setup.sink),
+        max_write_(MaxWriteBytes(device_->max_msg_sz())) {}
+
   ~VerbsLink() override {
     Shutdown();
-    for (ibv_qp* qp : qps_) {
-      if (qp != nullptr) ibv_destroy_qp(qp);
-    }
-    if (scratch_mr_ != nullptr) ibv_dereg_mr(scratch_mr_);
-    if (mr_ != nullptr) ibv_dereg_mr(mr_);
-    if (cq_ != nullptr) ibv_destroy_cq(cq_);
+    if (wake_fd_ >= 0) close(wake_fd_);
   }
 
   absl::Status Open(v1::TransportEndpoint* local) {
-    EPF_ASSIGN_OR_RETURN(mr_, Register(device_, setup_.region));
-    scratch_mr_ = ibv_reg_mr(device_.pd, &scratch_, sizeof(scratch_), IBV_ACCESS_LOCAL_WRITE);
-    if (scratch_mr_ == nullptr) return Errno("registering the atomic result word");
-    const int queue_pairs = setup_.world * setup_.channels;
-    cq_ = ibv_create_cq(device_.context, std::max(1, queue_pairs) * queue_depth_, nullptr, nullptr, 0);
-    if (cq_ == nullptr) return Errno("ibv_create_cq");
-    VerbsEndpoint endpoint;
-    endpoint.address = reinterpret_cast<uint64_t>(setup_.region->base());
-    endpoint.rkey = mr_->rkey;
-    endpoint.gid = device_.gid;
-    endpoint.lid = device_.port_attr.lid;
-    endpoint.mtu = device_.port_attr.active_mtu;
-    endpoint.gid_index = device_.gid_index;
-    endpoint.port = device_.port;
-    endpoint.roce = device_.roce;
-    qps_.assign(queue_pairs, nullptr);
-    failed_ = std::vector<std::atomic<bool>>(queue_pairs);
-    for (int i = 0; i < queue_pairs; ++i) {
-      const bool self = i / setup_.channels == setup_.self_rank;
-      uint32_t qpn = 0, psn = 0;
-      if (!self) {
-        ibv_qp_init_attr init{};
-        init.send_cq = cq_;
-        init.recv_cq = cq_;
-        init.qp_type = IBV_QPT_RC;
-        init.cap.max_send_wr = static_cast<uint32_t>(queue_depth_);
-        init.cap.max_recv_wr = 1;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        qps_[i] = ibv_create_qp(device_.pd, &init);
-        if (qps_[i] == nullptr) return Errno("ibv_create_qp");
-        QpTransition to_init = InitTransition(device_.port);
-        if (ibv_modify_qp(qps_[i], &to_init.attr, to_init.mask) != 0) return Errno("queue pair to INIT");
-        qpn = qps_[i]->qp_num;
-        psn = RandomPsn();
+    const ibv_device_attr& attr = device_->attr();
+    const int num_qps = world_ * channels_;
+    EPF_ASSIGN_OR_RETURN(QueueSizes sizes,
+                         SizeQueues(num_qps, options_.send_queue_depth, attr.max_qp_wr, attr.max_cqe));
+    EPF_ASSIGN_OR_RETURN(region_mr_, RegisterRegion(device_->pd(), *region_, options_.allow_peermem));
+    // Fetch-and-add writes the old value back to the initiator; nobody reads it, so all atomics share one word.
+    const int result_access = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr's macro mixes enum types otherwise
+    result_mr_.reset(ibv_reg_mr(device_->pd(), atomic_result_.data(), sizeof(atomic_result_), result_access));
+    if (result_mr_ == nullptr) return ErrnoStatus(errno, "ibv_reg_mr(atomic result)");
+
+    channel_.reset(ibv_create_comp_channel(device_->context()));
+    if (channel_ == nullptr) return ErrnoStatus(errno, "ibv_create_comp_channel");
+    cq_.reset(ibv_create_cq(device_->context(), sizes.cq_entries, nullptr, channel_.get(), 0));
+    if (cq_ == nullptr) return ErrnoStatus(errno, absl::StrCat("ibv_create_cq(", sizes.cq_entries, ")"));
+    wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) return ErrnoStatus(errno, "eventfd");
+
+    std::random_device seed;
+    std::mt19937 random(seed());
+    EndpointData endpoint;
+    qps_.resize(static_cast<size_t>(num_qps));
+    for (int peer = 0; peer < world_; ++peer) {
+      for (int channel = 0; channel < channels_; ++channel) {
+        QueuePair& q = qps_[QpIndex(peer, channel, channels_)];
+        q.peer = peer;
+        q.channel = channel;
+        q.queue = std::make_unique<SendQueue>(sizes.send_queue_depth, sink_, Where(peer, channel));
+        EPF_ASSIGN_OR_RETURN(q.qp, CreateRcQp(device_->pd(), cq_.get(), sizes.send_queue_depth));
+        EPF_RETURN_IF_ERROR(ModifyQp(q.qp.get(), InitTransition(device_->port().port), "ibv_modify_qp(INIT)"));
+        // A random starting PSN keeps stray packets of an earlier queue pair with a reused number from matching.
+        q.psn = random() & kMax24Bit;
+        endpoint.qp_numbers.push_back(q.qp->qp_num);
+        endpoint.psns.push_back(q.psn);
       }
-      endpoint.qp_numbers.push_back(qpn);
-      endpoint.psns.push_back(psn);
     }
-    local_ = endpoint;
-    local->set_transport(v1::TRANSPORT_VERBS);
-    local->set_region_bytes(setup_.region->descriptor().size_bytes());
-    *local->mutable_rdma() = ToProto(endpoint, setup_.self_rank);
+    const PortChoice& port = device_->port();
+    endpoint.rank = self_;
+    endpoint.address = region_mr_.address;
+    endpoint.region_bytes = region_mr_.bytes;
+    endpoint.rkey = region_mr_.mr->rkey;
+    endpoint.gid = port.gid;
+    endpoint.lid = port.lid;
+    endpoint.mtu = port.mtu;
+    endpoint.gid_index = port.gid_index;
+    endpoint.port = port.port;
+    endpoint.roce = port.roce;
+    FillEndpoint(endpoint, local);
+    logger_->info("verbs: group {} rank {}: {} queue pairs of {} send slots, region of {} bytes registered with {}",
+                  group_, self_, num_qps, sizes.send_queue_depth, region_mr_.bytes,
+                  std::string(RegistrationPathName(region_mr_.path)));
     return absl::OkStatus();
   }
 
   absl::Status Connect(const std::vector<v1::TransportEndpoint>& members) override {
-    if (static_cast<int>(members.size()) != setup_.world) {
-      return absl::InvalidArgumentError(absl::StrCat("verbs: ", members.size(), " endpoints for ", setup_.world));
+    absl::MutexLock lock(&lifecycle_mu_);
+    if (connected_.load(std::memory_order_relaxed) || shut_down_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("verbs: group ", group_, ": Connect after Connect or Shutdown"));
     }
-    const size_t queue_pairs = static_cast<size_t>(setup_.world) * setup_.channels;
-    remote_.resize(setup_.world);
-    for (int peer = 0; peer < setup_.world; ++peer) {
-      if (peer == setup_.self_rank) continue;
-      EPF_ASSIGN_OR_RETURN(remote_[peer], FromProto(members[peer].rdma(), queue_pairs));
-      for (int c = 0; c < setup_.channels; ++c) {
-        ibv_qp* qp = qps_[peer * setup_.channels + c];
-        // Our queue pair towards `peer` on channel c pairs with the peer's queue pair towards us on channel c.
-        QpTransition rtr = RtrTransition(remote_[peer], static_cast<size_t>(setup_.self_rank) * setup_.channels + c,
-                                         device_.gid_index, device_.port_attr.active_mtu);
-        if (ibv_modify_qp(qp, &rtr.attr, rtr.mask) != 0)
-          return Errno(absl::StrCat("queue pair to RTR (rank ", peer, ")"));
-        QpTransition rts = RtsTransition(local_.psns[peer * setup_.channels + c]);
-        if (ibv_modify_qp(qp, &rts.attr, rts.mask) != 0)
-          return Errno(absl::StrCat("queue pair to RTS (rank ", peer, ")"));
+    if (static_cast<int>(members.size()) != world_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verbs: group ", group_, ": ", members.size(), " endpoints for a group of ", world_));
+    }
+    std::vector<EndpointData> remote;
+    remote.reserve(members.size());
+    for (int rank = 0; rank < world_; ++rank) {
+      EPF_ASSIGN_OR_RETURN(EndpointData data, ParseEndpoint(members[rank], EndpointExpectations{rank, world_, channels_,
+                                                                                                device_->port().roce}));
+      remote.push_back(std::move(data));
+    }
+    const ibv_device_attr& attr = device_->attr();
+    const int max_dest_rd_atomic = std::min(options_.max_rd_atomic, attr.max_qp_rd_atom);
+    const int max_rd_atomic = std::min(options_.max_rd_atomic, attr.max_qp_init_rd_atom);
+    for (int peer = 0; peer < world_; ++peer) {
+      absl::Status peer_status;
+      for (int channel = 0; channel < channels_ && peer_status.ok(); ++channel) {
+        QueuePair& q = qps_[QpIndex(peer, channel, channels_)];
+        q.remote_address = remote[peer].address;
+        q.remote_rkey = remote[peer].rkey;
+        const int their = QpIndex(self_, channel, channels_);
+        peer_status = ModifyQp(q.qp.get(),
+                               RtrTransition(device_->port(), remote[peer], remote[peer].qp_numbers[their],
+                                             remote[peer].psns[their], options_, max_dest_rd_atomic),
+                               "ibv_modify_qp(RTR)");
+        if (peer_status.ok()) {
+          peer_status = ModifyQp(q.qp.get(), RtsTransition(q.psn, options_, max_rd_atomic), "ibv_modify_qp(RTS)");
+        }
+      }
+      // An unreachable peer (RoCE cannot resolve its GID, say) fails its commands, not the group.
+      if (!peer_status.ok()) {
+        FailPeer(peer,
+                 absl::UnavailableError(
+                     absl::StrCat("verbs: group ", group_, ", rank ", peer, ": connect: ", peer_status.message())),
+                 -1);
       }
     }
-    poller_ = std::thread([this] { Poll(); });
+    thread_ = std::thread([this] { CompletionLoop(); });
+    connected_.store(true, std::memory_order_release);
     return absl::OkStatus();
   }
 
   void Put(int channel, int dst_rank, uint64_t dst_offset, uint64_t src_offset, uint64_t bytes,
            uint64_t cookie) override {
-    if (dst_rank == setup_.self_rank) return LocalCopy(dst_offset, src_offset, bytes, cookie);
-    const int index = dst_rank * setup_.channels + channel;
-    if (failed_[index].load()) return Refuse(dst_rank, cookie);
-    // Only the last piece is signalled: RC completes a queue pair's work requests in order.
-    for (uint64_t done = 0; done < bytes;) {
-      const uint64_t n = std::min(kMaxWrite, bytes - done);
-      const bool last = done + n == bytes;
-      ibv_sge sge{reinterpret_cast<uint64_t>(setup_.region->base()) + src_offset + done, static_cast<uint32_t>(n),
-                  mr_->lkey};
-      ibv_send_wr wr{};
-      wr.wr_id = cookie;
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_RDMA_WRITE;
-      wr.send_flags = last ? IBV_SEND_SIGNALED : 0;
-      wr.wr.rdma.remote_addr = remote_[dst_rank].address + dst_offset + done;
-      wr.wr.rdma.rkey = remote_[dst_rank].rkey;
-      ibv_send_wr* bad = nullptr;
-      if (ibv_post_send(qps_[index], &wr, &bad) != 0) return Broken(index, dst_rank, cookie, "ibv_post_send");
-      done += n;
+    QueuePair* q = nullptr;
+    if (absl::Status usable = Target(channel, dst_rank, &q); !usable.ok()) {
+      sink_->Complete(cookie, std::move(usable));
+      return;
     }
+    const uint64_t local = region_mr_.address + src_offset;
+    const uint64_t remote = q->remote_address + dst_offset;
+    const int index = QpIndex(dst_rank, channel, channels_);
+    q->queue->Submit(cookie, WriteCount(bytes, max_write_), absl::Now() + options_.post_timeout,
+                     [&](uint64_t i) -> absl::Status {
+                       const uint64_t offset = i * max_write_;
+                       ibv_sge sge{};
+                       sge.addr = local + offset;
+                       sge.length = static_cast<uint32_t>(std::min(max_write_, bytes - offset));
+                       sge.lkey = region_mr_.mr->lkey;
+                       ibv_send_wr wr{};
+                       wr.wr_id = static_cast<uint64_t>(index);
+                       wr.sg_list = &sge;
+                       wr.num_sge = bytes == 0 ? 0 : 1;
+                       wr.opcode = IBV_WR_RDMA_WRITE;
+                       wr.send_flags = IBV_SEND_SIGNALED;
+                       wr.wr.rdma.remote_addr = remote + offset;
+                       wr.wr.rdma.rkey = q->remote_rkey;
+                       return PostSend(*q, &wr);
+                     });
   }
 
   void SignalAdd(int channel, int dst_rank, uint64_t dst_offset, int64_t value, uint64_t cookie) override {
-    if (dst_rank == setup_.self_rank) {
-      // Our own region. Host memory: an atomic add here. GPU memory would need a loopback queue pair, which this
-      // wire does not open.
-      if (setup_.region->descriptor().device() >= 0) {
-        return setup_.sink->Complete(cookie, absl::UnimplementedError("verbs: signal_add to the issuing rank itself "
-                                                                      "on GPU memory (use the socket wire)"));
-      }
-      auto* word = reinterpret_cast<int64_t*>(static_cast<char*>(setup_.region->base()) + dst_offset);
-      std::atomic_ref<int64_t>(*word).fetch_add(value, std::memory_order_acq_rel);
-      return setup_.sink->Complete(cookie, absl::OkStatus());
+    QueuePair* q = nullptr;
+    if (absl::Status usable = Target(channel, dst_rank, &q); !usable.ok()) {
+      sink_->Complete(cookie, std::move(usable));
+      return;
     }
-    const int index = dst_rank * setup_.channels + channel;
-    if (failed_[index].load()) return Refuse(dst_rank, cookie);
-    ibv_sge sge{reinterpret_cast<uint64_t>(&scratch_), sizeof(scratch_), scratch_mr_->lkey};
-    ibv_send_wr wr{};
-    wr.wr_id = cookie;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-    // RC executes a queue pair's requests in order at the responder, so the atomic lands after the earlier writes;
-    // the fence (earlier reads/atomics complete first) keeps that true if reads are ever posted on the same pair.
-    wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
-    wr.wr.atomic.remote_addr = remote_[dst_rank].address + dst_offset;
-    wr.wr.atomic.compare_add = static_cast<uint64_t>(value);
-    wr.wr.atomic.rkey = remote_[dst_rank].rkey;
-    ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(qps_[index], &wr, &bad) != 0) Broken(index, dst_rank, cookie, "ibv_post_send");
+    const uint64_t remote = q->remote_address + dst_offset;
+    if (remote % 8 != 0) {
+      // IB atomics need a naturally aligned 8-byte word; the proxy checks offsets, this also covers the base.
+      sink_->Complete(
+          cookie, absl::InvalidArgumentError(absl::StrCat("verbs: ", Where(dst_rank, channel), ": signal address 0x",
+                                                          absl::Hex(remote), " is not 8-byte aligned")));
+      return;
+    }
+    const int index = QpIndex(dst_rank, channel, channels_);
+    q->queue->Submit(cookie, 1, absl::Now() + options_.post_timeout, [&](uint64_t) -> absl::Status {
+      ibv_sge sge{};
+      sge.addr = reinterpret_cast<uint64_t>(atomic_result_.data());
+      sge.length = sizeof(uint64_t);
+      sge.lkey = result_mr_->lkey;
+      ibv_send_wr wr{};
+      wr.wr_id = static_cast<uint64_t>(index);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+      // The fence holds the atomic until earlier RDMA READs and atomics of this queue pair have completed; earlier
+      // writes are already executed before it at the responder (RC ordering). docs/internode-verbs.md says more.
+      wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
+      wr.wr.atomic.remote_addr = remote;
+      wr.wr.atomic.compare_add = static_cast<uint64_t>(value);
+      wr.wr.atomic.rkey = q->remote_rkey;
+      return PostSend(*q, &wr);
+    });
   }
 
   void Shutdown() override {
-    if (stop_.exchange(true)) return;
-    // Flush what is posted: the queue pairs go to ERROR, their work requests complete with WR_FLUSH_ERR.
-    for (ibv_qp* qp : qps_) {
-      if (qp == nullptr) continue;
-      ibv_qp_attr attr{};
-      attr.qp_state = IBV_QPS_ERR;
-      ibv_modify_qp(qp, &attr, IBV_QP_STATE);
+    {
+      absl::MutexLock lock(&lifecycle_mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
     }
-    if (poller_.joinable()) poller_.join();
+    stop_.store(true, std::memory_order_release);
+    for (QueuePair& q : qps_) {
+      if (q.qp != nullptr) (void)ToErrorState(q.qp.get());
+      if (q.queue != nullptr) q.queue->Close();
+    }
+    if (wake_fd_ >= 0) {
+      const uint64_t one = 1;
+      (void)!write(wake_fd_, &one, sizeof(one));
+    }
+    if (thread_.joinable()) thread_.join();
   }
 
  private:
-  void LocalCopy(uint64_t dst_offset, uint64_t src_offset, uint64_t bytes, uint64_t cookie) {
-    if (setup_.region->descriptor().device() >= 0) {
-      return setup_.sink->Complete(
-          cookie, absl::UnimplementedError("verbs: a put to the issuing rank itself on GPU memory (use the socket "
-                                           "wire)"));
+  std::string Where(int peer, int channel) const {
+    return absl::StrCat("group ", group_, ", rank ", peer, ", channel ", channel);
+  }
+
+  absl::Status Target(int channel, int dst_rank, QueuePair** q) {
+    if (channel < 0 || channel >= channels_ || dst_rank < 0 || dst_rank >= world_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verbs: group ", group_, ": no channel ", channel, " to rank ", dst_rank));
     }
-    auto* base = static_cast<char*>(setup_.region->base());
-    std::memmove(base + dst_offset, base + src_offset, bytes);
-    setup_.sink->Complete(cookie, absl::OkStatus());
-  }
-
-  void Refuse(int dst_rank, uint64_t cookie) {
-    setup_.sink->Complete(cookie, absl::UnavailableError(absl::StrCat("verbs: rank ", dst_rank, " is unreachable")));
-  }
-
-  void Broken(int index, int dst_rank, uint64_t cookie, const char* what) {
-    failed_[index].store(true);
-    setup_.sink->Complete(
-        cookie, absl::UnavailableError(absl::StrCat("verbs: ", what, " to rank ", dst_rank, ": ", strerror(errno))));
-  }
-
-  int PeerOf(uint32_t qp_num) const {
-    for (size_t i = 0; i < qps_.size(); ++i) {
-      if (qps_[i] != nullptr && qps_[i]->qp_num == qp_num) return static_cast<int>(i);
+    if (!connected_.load(std::memory_order_acquire)) {
+      return absl::FailedPreconditionError(absl::StrCat("verbs: group ", group_, ": not connected"));
     }
-    return -1;
+    *q = &qps_[QpIndex(dst_rank, channel, channels_)];
+    return absl::OkStatus();
   }
 
-  // Completions until Shutdown, then what is left (flushed requests) for up to a second.
-  void Poll() {
-    ibv_wc wcs[32];
-    absl::Time stop_by = absl::InfiniteFuture();
-    while (absl::Now() < stop_by) {
-      if (stop_.load() && stop_by == absl::InfiniteFuture()) stop_by = absl::Now() + absl::Seconds(1);
-      const int n = ibv_poll_cq(cq_, 32, wcs);
-      if (n <= 0) {
-        std::this_thread::yield();
-        continue;
+  static absl::Status PostSend(QueuePair& q, ibv_send_wr* wr) {
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(q.qp.get(), wr, &bad); rc != 0) return ErrnoStatus(rc, "ibv_post_send");
+    return absl::OkStatus();
+  }
+
+  // Every queue pair to `peer` goes to the error state and fails what it holds: `failing` (the queue whose
+  // completion failed, -1 for none) with `status`, the other channels with "peer lost".
+  void FailPeer(int peer, const absl::Status& status, int failing) {
+    logger_->warn("verbs: {}", std::string(status.message()));
+    for (int channel = 0; channel < channels_; ++channel) {
+      const int index = QpIndex(peer, channel, channels_);
+      QueuePair& q = qps_[index];
+      (void)ToErrorState(q.qp.get());
+      q.queue->Fail(index == failing || failing < 0
+                        ? status
+                        : absl::UnavailableError(
+                              absl::StrCat("verbs: ", Where(peer, channel), ": peer lost: ", status.message())));
+    }
+  }
+
+  void HandleCompletion(const ibv_wc& wc) {
+    if (wc.wr_id >= qps_.size() || qps_[wc.wr_id].qp->qp_num != wc.qp_num) {
+      logger_->error("verbs: group {}: completion for unknown work request {} on qp {}", group_, wc.wr_id, wc.qp_num);
+      return;
+    }
+    QueuePair& q = qps_[wc.wr_id];
+    if (wc.status == IBV_WC_SUCCESS) {
+      q.queue->OnSuccess();
+      return;
+    }
+    // Flushes after our own transition to the error state: their commands were failed already.
+    if (wc.status == IBV_WC_WR_FLUSH_ERR && !q.queue->status().ok()) return;
+    if (!q.queue->status().ok()) return;
+    FailPeer(q.peer, WcStatusToStatus(wc.status, wc.vendor_err, group_, q.peer, q.channel, "RDMA WRITE or atomic"),
+             static_cast<int>(wc.wr_id));
+  }
+
+  // Drains the completion queue, then sleeps on the completion channel (re-armed before every drain, so no
+  // completion is missed) or the wake-up eventfd. Keeps draining without sleeping while completions keep coming.
+  void CompletionLoop() {
+    ibv_req_notify_cq(cq_.get(), 0);
+    std::array<ibv_wc, 32> wcs;
+    while (!stop_.load(std::memory_order_acquire)) {
+      int n = 0;
+      int total = 0;
+      while ((n = ibv_poll_cq(cq_.get(), static_cast<int>(wcs.size()), wcs.data())) > 0) {
+        for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+        total += n;
       }
-      for (int i = 0; i < n; ++i) {
-        const int index = PeerOf(wcs[i].qp_num);
-        const int peer = index >= 0 ? index / setup_.channels : -1;
-        absl::Status status = CompletionError(wcs[i].status, wcs[i].opcode, peer);
-        if (!status.ok() && index >= 0) {
-          if (!failed_[index].exchange(true))
-            Logger("transport")->warn("group '{}': {}", setup_.group, status.ToString());
+      if (n < 0) logger_->error("verbs: group {}: ibv_poll_cq failed ({})", group_, n);
+      if (total > 0) continue;
+      std::array<pollfd, 2> fds{pollfd{channel_->fd, POLLIN, 0}, pollfd{wake_fd_, POLLIN, 0}};
+      if (poll(fds.data(), fds.size(), 100) <= 0) continue;
+      if ((fds[0].revents & POLLIN) != 0) {
+        ibv_cq* event_cq = nullptr;
+        void* event_context = nullptr;
+        if (ibv_get_cq_event(channel_.get(), &event_cq, &event_context) == 0) {
+          ibv_ack_cq_events(event_cq, 1);
+          ibv_req_notify_cq(cq_.get(), 0);
         }
-        setup_.sink->Complete(wcs[i].wr_id, status);
       }
     }
   }
 
-  const Device& device_;
-  const GroupSetup setup_;
-  const int queue_depth_;
-  ibv_mr* mr_ = nullptr;
-  ibv_mr* scratch_mr_ = nullptr;
-  uint64_t scratch_ = 0;  // where fetch-and-add results land (discarded)
-  ibv_cq* cq_ = nullptr;
-  std::vector<ibv_qp*> qps_;               // [peer * channels + channel]; null for this member
-  std::vector<std::atomic<bool>> failed_;  // a queue pair that broke: later commands to it fail at once
-  VerbsEndpoint local_;
-  std::vector<VerbsEndpoint> remote_;  // by group rank
+  const std::shared_ptr<const Device> device_;
+  const VerbsOptions options_;
+  const std::shared_ptr<spdlog::logger> logger_;
+  const std::string group_;
+  const int self_;
+  const int world_;
+  const int channels_;
+  memory::Region* const region_;
+  CompletionSink* const sink_;
+  const uint64_t max_write_;
+
+  // Destroyed in reverse order: queue pairs, then registrations, then the completion queue and its channel.
+  CompChannelPtr channel_;
+  CqPtr cq_;
+  Registration region_mr_;
+  alignas(64) std::array<uint64_t, 8> atomic_result_{};
+  MrPtr result_mr_;
+  std::vector<QueuePair> qps_;  // index QpIndex(peer, channel); fixed after Open
+  int wake_fd_ = -1;
+
+  absl::Mutex lifecycle_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(lifecycle_mu_) = false;
+  std::atomic<bool> connected_{false};
   std::atomic<bool> stop_{false};
-  std::thread poller_;
+  std::thread thread_;
 };
 
 class VerbsWire final : public Wire {
  public:
-  VerbsWire(std::unique_ptr<Device> device, VerbsOptions options)
-      : device_(std::move(device)), options_(std::move(options)) {}
+  VerbsWire(std::shared_ptr<const Device> device, const VerbsOptions& options)
+      : device_(std::move(device)), options_(options) {}
+
   v1::Transport kind() const override { return v1::TRANSPORT_VERBS; }
-  std::string Describe() const override {
-    return absl::StrCat("verbs ", device_->name, " port ", device_->port,
-                        device_->roce ? " (RoCE v2)" : " (InfiniBand)");
-  }
+
   absl::StatusOr<std::unique_ptr<GroupLink>> Open(const GroupSetup& setup, v1::TransportEndpoint* local) override {
-    if (setup.region == nullptr || setup.sink == nullptr) {
-      return absl::InvalidArgumentError("verbs: a group needs a region and a completion sink");
+    if (setup.region == nullptr || setup.sink == nullptr || local == nullptr) {
+      return absl::InvalidArgumentError("verbs: Open needs a region, a completion sink and an endpoint to fill");
     }
-    auto link = std::make_unique<VerbsLink>(*device_, setup, options_.queue_depth);
+    if (setup.world < 1 || setup.self_rank < 0 || setup.self_rank >= setup.world || setup.channels < 1 ||
+        setup.channels > kernels::transport::kMaxChannels) {
+      return absl::InvalidArgumentError(absl::StrCat("verbs: group ", setup.group, ": rank ", setup.self_rank, " of ",
+                                                     setup.world, " with ", setup.channels, " channels"));
+    }
+    auto link = std::make_unique<VerbsLink>(device_, options_, setup);
     EPF_RETURN_IF_ERROR(link->Open(local));
     return link;
   }
 
+  std::string Describe() const override { return absl::StrCat("verbs ", DescribePort(device_->port())); }
+
  private:
-  std::unique_ptr<Device> device_;
+  const std::shared_ptr<const Device> device_;
   const VerbsOptions options_;
 };
 
 }  // namespace
 
-absl::Status CanRegister(int gpu) {
-  return ChooseRegistrationPath(gpu >= 0, DmaBufSupported(gpu), PeerMemLoaded()).status();
-}
-
 absl::StatusOr<std::unique_ptr<Wire>> MakeVerbsWire(const VerbsOptions& options) {
-  EPF_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, OpenDevice(options));
-  return std::make_unique<VerbsWire>(std::move(device), options);
+  EPF_ASSIGN_OR_RETURN(std::unique_ptr<Device> device, Device::Open(options));
+  return std::make_unique<VerbsWire>(std::shared_ptr<const Device>(std::move(device)), options);
 }
 
 }  // namespace epfabric::daemon::transport::verbs

@@ -1,35 +1,24 @@
-// The verbs wire: rdma-core RC queue pairs between daemons. One device context and protection domain per daemon; per
-// group, the member's RDMA region registered (host memory: ibv_reg_mr; GPU memory: dma-buf, else nvidia-peermem), a
-// completion queue with its polling thread, and one RC queue pair per (peer, channel), connected at Commit with the
-// peers' endpoints (verbs_logic.h). Puts are RDMA WRITEs, signals fetch-and-adds on the same queue pair, which RC
-// executes in order at the responder, so a signal lands after the puts before it (docs/internode-verbs.md).
+// The verbs wire (TRANSPORT_VERBS): the group's RDMA region registered with the NIC, one RC queue pair per (peer,
+// channel), puts as RDMA WRITE and signals as fenced 8-byte fetch-and-add, completions turned into
+// CompletionSink::Complete by one thread per group. docs/internode-verbs.md describes it.
 //
-// GPU-initiated work requests (IBGDA through mlx5dv) would replace the proxy behind the same command interface: the
-// queue pairs created here would then be handed to the client's kernels instead of being driven by the proxy.
-//
-// Built and unit-tested (verbs_logic) everywhere; run only where a NIC exists (docs/internode-verbs.md).
+// Where GPU-initiated networking would plug in: a later IBGDA wire keeps this Open/Connect (the same endpoint, the
+// same registration, the same QP state machine), but creates the queue pairs with mlx5dv (mlx5dv_create_qp with
+// the work queue and doorbell in GPU-visible memory) and hands their buffers to the kernels through the group's
+// descriptors instead of the proxy calling Put/SignalAdd; the command ring and the proxy then stay for the socket
+// wire only.
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
+#include "transport/verbs/verbs_probe.h"
 #include "transport/wire.h"
 
 namespace epfabric::daemon::transport::verbs {
 
-struct VerbsOptions {
-  // Device name (e.g. "mlx5_0"); empty picks the first device with an active port.
-  std::string device;
-  // Send queue depth per queue pair: at least the ring slots, which bound the commands in flight per channel.
-  int queue_depth = 4096;
-};
-
-// Whether the memory of a daemon on `gpu` (-1: host memory) can be registered: FailedPrecondition saying what is
-// missing (no dma-buf support and no nvidia-peermem) otherwise.
-absl::Status CanRegister(int gpu);
-
-// FailedPrecondition (one line) when no usable device exists.
+// Opens the device and port the options select (ChoosePort) and its protection domain, shared by every group of
+// this wire. FailedPrecondition with ProbeVerbs' one-line message when there is no usable device.
 absl::StatusOr<std::unique_ptr<Wire>> MakeVerbsWire(const VerbsOptions& options);
 
 }  // namespace epfabric::daemon::transport::verbs

@@ -34,7 +34,7 @@ struct DriverApi {
   PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
   PFN_cuMemExportToShareableHandle_v10020 cuMemExportToShareableHandle = nullptr;
   PFN_cuMemImportFromShareableHandle_v10020 cuMemImportFromShareableHandle = nullptr;
-  // A dma-buf fd for device memory (the verbs wire registers regions with ibv_reg_dmabuf_mr).
+  // DMA-BUF export of device memory for ibv_reg_dmabuf_mr (the verbs wire's GPUDirect RDMA without nvidia-peermem).
   PFN_cuMemGetHandleForAddressRange_v11070 cuMemGetHandleForAddressRange = nullptr;
 };
 
