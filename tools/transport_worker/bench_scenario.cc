@@ -144,7 +144,7 @@ class CpuMeter {
 class Bench {
  public:
   Bench(client::Lease& lease, RegionAccess& region, Issuers& issuers, const BenchLayout& layout, uint32_t slots)
-      : lease_(lease), region_(region), issuers_(issuers), layout_(layout), self_(lease.rank()), peer_(1 - self_) {
+      : region_(region), issuers_(issuers), layout_(layout), self_(lease.rank()), peer_(1 - self_) {
     for (int c = 0; c < layout.channels; ++c) {
       rings_.push_back(static_cast<RingControl*>(RingAt(lease.commands_region(), c, slots)));
       host_.push_back(*RingIssuer::Create(rings_.back(), c, slots));
@@ -257,7 +257,6 @@ class Bench {
   }
 
  private:
-  client::Lease& lease_;
   RegionAccess& region_;
   Issuers& issuers_;
   const BenchLayout layout_;

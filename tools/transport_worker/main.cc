@@ -366,7 +366,8 @@ int Main() {
   // mapping of the command rings belong there.
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) {
-    const int device = absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : absl::GetFlag(FLAGS_rank) % gpus;
+    const int device =
+        absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : absl::GetFlag(FLAGS_rank) % gpus;
     cudaSetDevice(device);
   }
   auto connected = client::Client::Connect(absl::GetFlag(FLAGS_socket));
