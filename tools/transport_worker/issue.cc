@@ -18,6 +18,7 @@ absl::StatusOr<std::unique_ptr<Issuers>> Issuers::Create(client::Lease& lease, b
                                                          absl::Duration timeout) {
   auto issuers = std::unique_ptr<Issuers>(new Issuers());
   issuers->from_device_ = from_device;
+  cudaGetDevice(&issuers->device_);
   issuers->timeout_ = timeout;
   issuers->self_rank_ = lease.rank();
   issuers->slots_ = lease.group().ring_slots();
@@ -59,6 +60,9 @@ absl::Status Issuers::Run(int channel, const std::vector<Command>& commands, boo
 }
 
 absl::Status Issuers::RunOnDevice(int channel, const std::vector<Command>& commands, bool quiet) {
+  // Each channel runs on a thread of its own, whose current device starts as 0: the counters, the commands and the
+  // kernel belong on the lease's device.
+  cudaSetDevice(device_);
   cudaStream_t stream;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   Command* device_commands = nullptr;

@@ -29,6 +29,7 @@ class Issuers {
   bool from_device_ = false;
   absl::Duration timeout_;
   int self_rank_ = 0;
+  int device_ = 0;  // the CUDA device of the lease (channel threads start on device 0: they switch to it)
   uint32_t slots_ = 0;
   void* device_base_ = nullptr;                // the command region's device pointer
   unsigned long long* device_next_ = nullptr;  // per channel, device memory
