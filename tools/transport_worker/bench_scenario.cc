@@ -31,6 +31,7 @@
 ABSL_DECLARE_FLAG(std::string, socket);
 ABSL_DECLARE_FLAG(std::string, group);
 ABSL_DECLARE_FLAG(int, rank);
+ABSL_DECLARE_FLAG(int, device);
 ABSL_DECLARE_FLAG(std::string, token);
 ABSL_DECLARE_FLAG(std::string, issue_from);
 ABSL_DECLARE_FLAG(int, timeout_ms);
@@ -337,12 +338,10 @@ int BenchMain() {
     std::cout << layout.RegionBytes() << std::endl;
     return 0;
   }
-  auto connected = client::Client::Connect(absl::GetFlag(FLAGS_socket));
-  if (!connected.ok()) return Fail(connected.status().ToString());
-  auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_token));
-  if (!lease.ok()) return Fail(lease.status().ToString());
-  client::Lease& l = **lease;
-  if (l.commands_region() == nullptr) return Fail("the group has no transport (num_rdma_bytes 0?)");
+  auto attached = AttachRank(absl::GetFlag(FLAGS_socket), absl::GetFlag(FLAGS_group), absl::GetFlag(FLAGS_rank),
+                             absl::GetFlag(FLAGS_token), absl::GetFlag(FLAGS_device));
+  if (!attached.ok()) return Fail(attached.status().ToString());
+  client::Lease& l = *attached->lease;
   if (l.world_size() != 2) return Fail("the bench scenario needs a group of 2 ranks");
   layout.channels = static_cast<int>(l.group().transport_channels());
   RegionAccess region(l.rdma_region(), l.rdma_region_bytes(), l.backend() == v1::BACKEND_CUDA);

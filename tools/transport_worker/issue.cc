@@ -14,6 +14,23 @@ using kernels::transport::Opcode;
 using kernels::transport::RingAt;
 using kernels::transport::RingIssuer;
 
+absl::StatusOr<AttachedRank> AttachRank(const std::string& socket, const std::string& group, int rank,
+                                        const std::string& token, int device) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) cudaSetDevice(device >= 0 ? device : rank % gpus);
+  AttachedRank attached;
+  auto client = client::Client::Connect(socket);
+  if (!client.ok()) return client.status();
+  attached.client = std::move(*client);
+  auto lease = attached.client->Attach(group, rank, token);
+  if (!lease.ok()) return lease.status();
+  attached.lease = std::move(*lease);
+  if (attached.lease->commands_region() == nullptr) {
+    return absl::FailedPreconditionError("the group has no transport (num_rdma_bytes 0?)");
+  }
+  return attached;
+}
+
 absl::StatusOr<std::unique_ptr<Issuers>> Issuers::Create(client::Lease& lease, bool from_device,
                                                          absl::Duration timeout) {
   auto issuers = std::unique_ptr<Issuers>(new Issuers());

@@ -12,6 +12,15 @@
 
 namespace epfabric::tools {
 
+// A client attached as one rank, its CUDA context on its own daemon's GPU (`device`; -1: rank mod the visible
+// GPUs): the kernels, copies and the mapping of the command rings belong there, not on GPU 0 for every rank.
+struct AttachedRank {
+  std::unique_ptr<client::Client> client;  // outlives the lease
+  std::unique_ptr<client::Lease> lease;
+};
+absl::StatusOr<AttachedRank> AttachRank(const std::string& socket, const std::string& group, int rank,
+                                        const std::string& token, int device);
+
 class Issuers {
  public:
   static absl::StatusOr<std::unique_ptr<Issuers>> Create(client::Lease& lease, bool from_device,

@@ -362,20 +362,10 @@ int Main() {
     std::cout << layout.RegionBytes() << std::endl;
     return 0;
   }
-  // The client's CUDA context on its own daemon's GPU (not GPU 0 for every rank): its kernels, copies and the
-  // mapping of the command rings belong there.
-  int gpus = 0;
-  if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0) {
-    const int device =
-        absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : absl::GetFlag(FLAGS_rank) % gpus;
-    cudaSetDevice(device);
-  }
-  auto connected = client::Client::Connect(absl::GetFlag(FLAGS_socket));
-  if (!connected.ok()) return Fail(connected.status().ToString());
-  auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), absl::GetFlag(FLAGS_rank), absl::GetFlag(FLAGS_token));
-  if (!lease.ok()) return Fail(lease.status().ToString());
-  client::Lease& l = **lease;
-  if (l.commands_region() == nullptr) return Fail("the group has no transport (num_rdma_bytes 0?)");
+  auto attached = AttachRank(absl::GetFlag(FLAGS_socket), absl::GetFlag(FLAGS_group), absl::GetFlag(FLAGS_rank),
+                             absl::GetFlag(FLAGS_token), absl::GetFlag(FLAGS_device));
+  if (!attached.ok()) return Fail(attached.status().ToString());
+  client::Lease& l = *attached->lease;
   layout.world = l.world_size();
   layout.channels = static_cast<int>(l.group().transport_channels());
   const bool device = l.backend() == v1::BACKEND_CUDA;
