@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -290,6 +291,22 @@ TEST(Fabric, ForcedDeleteNeedsNoTokenAndLeavesNothing) {
   RunResult without =
       RunBinary({EpctlBinary(), "--socket=" + (*fabric)->daemon(1).socket(), "delete-group", "--group=lost-token"});
   EXPECT_NE(without.exit_code, 0) << "a delete without token or --force must be refused";
+  // Another uid that may use the socket (its group) may not force.
+  if (geteuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0) {
+    const std::string socket = (*fabric)->daemon(1).socket();
+    struct stat info {};
+    ASSERT_EQ(stat(socket.c_str(), &info), 0);
+    ASSERT_EQ(chmod(std::filesystem::path(socket).parent_path().c_str(), 0750), 0);
+    ASSERT_EQ(chown(std::filesystem::path(socket).parent_path().c_str(), 0, info.st_gid), 0);
+    RunResult stranger =
+        RunBinary({"/usr/bin/setpriv", "--reuid=65534", absl::StrCat("--regid=", info.st_gid), "--clear-groups",
+                   EpctlBinary(), "--socket=" + socket, "delete-group", "--group=lost-token", "--force"});
+    EXPECT_NE(stranger.exit_code, 0) << stranger.out;
+    EXPECT_THAT(stranger.err, ::testing::HasSubstr("only uid")) << stranger.err;
+    EXPECT_EQ((*fabric)->MemfdRegions(), 3) << "a refused forced delete freed memory";
+  } else {
+    std::cout << "[ SKIPPED  ] the forced delete from another uid (needs root and setpriv)\n";
+  }
   RunResult forced = RunBinary(
       {EpctlBinary(), "--socket=" + (*fabric)->daemon(1).socket(), "delete-group", "--group=lost-token", "--force"});
   EXPECT_EQ(forced.exit_code, 0) << forced.err;
