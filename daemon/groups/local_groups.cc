@@ -105,6 +105,10 @@ absl::Status LocalGroups::Commit(const v1::CommitGroupRequest& request) {
   auto it = groups_.find(request.name());
   if (it == groups_.end()) return absl::NotFoundError(absl::StrCat("group '", request.name(), "' was not prepared"));
   LocalGroup& group = it->second;
+  if (group.info.state() != v1::GROUP_STATE_CREATING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", request.name(), "' is ", v1::GroupState_Name(group.info.state()), ", not CREATING"));
+  }
   EPF_RETURN_IF_ERROR(ValidateCommitMembers(group.info, request.members()));
   if (request.epoch() > fabric::kMaxEpoch) {
     return absl::InvalidArgumentError(absl::StrCat("epoch: ", request.epoch(), " is above ", fabric::kMaxEpoch));

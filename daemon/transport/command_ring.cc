@@ -47,10 +47,12 @@ int CommandRing::Poll(GroupLink* link, const CommandBounds& bounds, int budget) 
   while (taken < budget) {
     uint64_t index = 0;
     bool failed = false;
+    uint32_t generation = 0;
     {
       absl::MutexLock lock(&mutex_);
       if (stopped_) return taken;
       index = taken_;
+      generation = generation_;
       if (index - completed_ >= slot_count_) return taken;  // as many in flight as the ring has slots
       failed = failed_;
     }
@@ -74,6 +76,8 @@ int CommandRing::Poll(GroupLink* link, const CommandBounds& bounds, int budget) 
     uint64_t cookie = 0;
     {
       absl::MutexLock lock(&mutex_);
+      // The lease ended while the slot was read (Stop, maybe Reset too): the command belongs to the old lease.
+      if (stopped_ || generation_ != generation) return taken;
       taken_ = index + 1;
       StoreRelease(control_->consumed, taken_);
       dst_rank_[index & (slot_count_ - 1)] = fault ? -1 : command.dst_rank;

@@ -90,7 +90,8 @@ class Connection {
     Hello hello = {};
     hello.magic = kHelloMagic;
     hello.version = kProtocolVersion;
-    std::strncpy(hello.group, setup_.group.c_str(), sizeof(hello.group) - 1);
+    // Up to 64 characters, NUL-padded (a name of exactly 64 has no terminator; the listener reads at most 64).
+    std::memcpy(hello.group, setup_.group.data(), std::min(setup_.group.size(), sizeof(hello.group)));
     hello.issuer_rank = setup_.self_rank;
     hello.dest_rank = dest_rank_;
     hello.channel = channel_;

@@ -27,6 +27,8 @@ GroupTransport::~GroupTransport() {
 }
 
 absl::Status GroupTransport::Connect(const std::vector<v1::TransportEndpoint>& members) {
+  // Once: a second Commit must not open a second set of connections or give a ring a second proxy thread.
+  if (proxied_) return absl::FailedPreconditionError("transport: the group is connected already");
   bounds_.region_bytes.clear();
   for (const v1::TransportEndpoint& member : members) bounds_.region_bytes.push_back(member.region_bytes());
   EPF_RETURN_IF_ERROR(link_->Connect(members));

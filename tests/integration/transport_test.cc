@@ -173,12 +173,14 @@ TEST_F(TransportTest, RandomCommandsOnEveryChannelMatchTheModel) {
   RunAll("conformance", token, {"--commands=6250", "--seed=11"});
 }
 
-// Rings of 16 slots: issuers keep finding them full and wait for the proxy.
+// Rings of 16 slots: issuers keep finding them full and wait for the proxy. The group's name has the longest length
+// allowed (64), which the data connections' handshake carries whole.
 TEST_F(TransportTest, FullRingsMakeIssuersWaitNotFail) {
   auto bytes = RegionBytes({"--world=4", "--channels=2"});
   ASSERT_TRUE(bytes.ok()) << bytes.status();
-  const std::string token = CreateGroup("small-rings", {0, 1, 2, 3}, *bytes, /*channels=*/2, /*slots=*/16);
-  RunAll("small-rings", token, {"--commands=3000", "--seed=12"});
+  const std::string name(64, 'r');
+  const std::string token = CreateGroup(name, {0, 1, 2, 3}, *bytes, /*channels=*/2, /*slots=*/16);
+  RunAll(name, token, {"--commands=3000", "--seed=12"});
 }
 
 // Puts of 1 B, 7 B, 4 KiB + 3, 1 MiB + 1, 16 MiB and 64 MiB between the two hosts, each checked byte for byte.
