@@ -14,6 +14,7 @@
 #include "epfabric/v1/fdchannel.pb.h"
 #include "epfabric/v1/peer.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "integration/fabric_test_util.h"
 #include "integration/fabric_under_test.h"
 #include "memory_test_util.h"
 
@@ -24,53 +25,6 @@ using ::testing::HasSubstr;
 
 // Fast heartbeats keep these tests short; the detection-time test uses the defaults.
 const std::vector<std::string> kFast = {"--heartbeat_ms=100", "--heartbeat_misses=3"};
-
-bool AllUp(const v1::FabricView& view) {
-  for (const auto& m : view.membership().members()) {
-    if (m.state() != v1::MEMBER_STATE_UP) return false;
-  }
-  return true;
-}
-
-v1::MemberState StateOf(const v1::FabricView& view, int rank) { return view.membership().members(rank).state(); }
-
-const v1::GroupInfo* FindGroup(const v1::FabricView& view, const std::string& name) {
-  for (const auto& group : view.groups()) {
-    if (group.name() == name) return &group;
-  }
-  return nullptr;
-}
-
-grpc::Status CreateGroup(FabricUnderTest& fabric, int via, const std::string& name, std::vector<int> ranks,
-                         uint64_t nvl_bytes, v1::CreateGroupResponse* response, uint64_t rdma_bytes = 0) {
-  v1::CreateGroupRequest request;
-  request.set_name(name);
-  for (int r : ranks) request.add_ranks(r);
-  request.set_num_nvl_bytes(nvl_bytes);
-  request.set_num_rdma_bytes(rdma_bytes);
-  grpc::ClientContext context;
-  return fabric.Control(via)->CreateGroup(&context, request, response);
-}
-
-grpc::Status DeleteGroup(FabricUnderTest& fabric, int via, const std::string& name, const std::string& token) {
-  v1::DeleteGroupRequest request;
-  request.set_name(name);
-  request.set_token(token);
-  grpc::ClientContext context;
-  v1::DeleteGroupResponse response;
-  return fabric.Control(via)->DeleteGroup(&context, request, &response);
-}
-
-grpc::Status Attach(FabricUnderTest& fabric, int via, const std::string& group, int rank, const std::string& token,
-                    v1::AttachResponse* response) {
-  v1::AttachRequest request;
-  request.set_group(group);
-  request.set_rank(rank);
-  request.set_token(token);
-  request.set_client_name("fabric_test");
-  grpc::ClientContext context;
-  return fabric.Control(via)->Attach(&context, request, response);
-}
 
 // What a client gets from `daemon`'s fd side channel for `group`'s NVL region of `rank`: the region's memfd.
 absl::StatusOr<common::UniqueFd> FetchRegionFd(DaemonUnderTest& daemon, const std::string& group, int rank,
@@ -192,131 +146,6 @@ TEST(Fabric, KilledDaemonIsMarkedDownWithinThreeSecondsAndRejoins) {
   EXPECT_EQ(FindGroup(*(*fabric)->Fabric(0), "with-3"), nullptr);
   v1::CreateGroupResponse again;
   EXPECT_TRUE(CreateGroup(**fabric, 3, "with-3", {0, 1, 2, 3}, 1 << 20, &again).ok());
-}
-
-// A member paused long enough to be marked DOWN (same process, same incarnation, regions intact) restores its groups
-// to READY when it comes back (issue #14, case 2), everywhere, and clients can attach again.
-TEST(Fabric, PausedMemberThatComesBackRestoresItsGroups) {
-  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=100", "--heartbeat_misses=5"});
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  ASSERT_TRUE((*fabric)->WaitComplete().ok());
-  v1::CreateGroupResponse group;
-  ASSERT_TRUE(CreateGroup(**fabric, 0, "paused", {0, 1, 2}, 1 << 20, &group).ok());
-  (*fabric)->daemon(2).process().Signal(SIGSTOP);
-  for (int rank : {0, 1}) {
-    auto view = (*fabric)->WaitView(
-        rank,
-        [](const v1::FabricView& v) {
-          return StateOf(v, 2) == v1::MEMBER_STATE_DOWN && FindGroup(v, "paused") != nullptr &&
-                 FindGroup(v, "paused")->state() == v1::GROUP_STATE_DEGRADED;
-        },
-        absl::Seconds(5));
-    ASSERT_TRUE(view.ok()) << "rank " << rank << ": " << view.status();
-  }
-  v1::AttachResponse attached;
-  EXPECT_EQ(Attach(**fabric, 1, "paused", 1, group.token(), &attached).error_code(), grpc::StatusCode::UNAVAILABLE);
-  (*fabric)->daemon(2).process().Signal(SIGCONT);
-  const absl::Time resumed = absl::Now();
-  for (int rank : {0, 1, 2}) {
-    auto view = (*fabric)->WaitView(
-        rank,
-        [](const v1::FabricView& v) {
-          return StateOf(v, 2) == v1::MEMBER_STATE_UP && FindGroup(v, "paused") != nullptr &&
-                 FindGroup(v, "paused")->state() == v1::GROUP_STATE_READY;
-        },
-        absl::Seconds(5));
-    ASSERT_TRUE(view.ok()) << "rank " << rank << ": " << view.status();
-  }
-  std::cout << "[ RESTORED ] group READY everywhere " << absl::ToDoubleMilliseconds(absl::Now() - resumed)
-            << " ms after SIGCONT\n";
-  EXPECT_TRUE(Attach(**fabric, 1, "paused", 1, group.token(), &attached).ok());
-}
-
-// Issue #14, case 1: a create that times out because a member is stopped is rolled back everywhere, also on that
-// member once it answers again; the name is refused meanwhile with a clear reason and free afterwards.
-TEST(Fabric, CreateWithAStoppedMemberIsRolledBackEverywhere) {
-  // Slow heartbeats: the member stays UP while stopped, so that the create reaches it (the reported scenario).
-  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=1000", "--heartbeat_misses=15"});
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  ASSERT_TRUE((*fabric)->WaitComplete().ok());
-  auto create = [&](absl::Duration timeout) {
-    v1::CreateGroupRequest request;
-    request.set_name("hung");
-    for (int r : {0, 1, 2}) request.add_ranks(r);
-    request.set_num_nvl_bytes(1 << 20);
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    v1::CreateGroupResponse response;
-    return (*fabric)->Control(1)->CreateGroup(&context, request, &response);
-  };
-  (*fabric)->daemon(2).process().Signal(SIGSTOP);
-  const grpc::Status timed_out = create(absl::Milliseconds(1500));
-  EXPECT_EQ(timed_out.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << timed_out.error_message();
-  // While rank 2 is still stopped the name is refused, saying why (the rollback's release has not reached it).
-  absl::SleepFor(absl::Seconds(3));
-  const grpc::Status refused = create(absl::Seconds(10));
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
-  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("has not released it yet"));
-  for (int rank : {0, 1}) {
-    auto view = (*fabric)->Fabric(rank);
-    ASSERT_TRUE(view.ok());
-    EXPECT_EQ(FindGroup(*view, "hung"), nullptr) << "rank " << rank << " still shows the failed group";
-  }
-  (*fabric)->daemon(2).process().Signal(SIGCONT);
-  // Rank 2 drops the late Prepare (past the coordinator's deadline) and gets the retried release: nothing is left.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while ((*fabric)->MemfdRegions() != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ((*fabric)->MemfdRegions(), 0) << "a region of the failed create is left on some member";
-  auto view = (*fabric)->Fabric(2);
-  ASSERT_TRUE(view.ok());
-  EXPECT_EQ(FindGroup(*view, "hung"), nullptr);
-  // And the name can be used again.
-  grpc::Status again;
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    again = create(absl::Seconds(10));
-    if (again.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  EXPECT_TRUE(again.ok()) << again.error_message();
-}
-
-// Issue #14: an operator removes a group without its token (`epctl delete-group --force`, the daemon's own uid).
-TEST(Fabric, ForcedDeleteNeedsNoTokenAndLeavesNothing) {
-  auto fabric = FabricUnderTest::Start(3, kFast);
-  ASSERT_TRUE(fabric.ok()) << fabric.status();
-  ASSERT_TRUE((*fabric)->WaitComplete().ok());
-  v1::CreateGroupResponse created;
-  ASSERT_TRUE(CreateGroup(**fabric, 0, "lost-token", {0, 1, 2}, 1 << 20, &created).ok());
-  EXPECT_EQ((*fabric)->MemfdRegions(), 3);
-  RunResult without =
-      RunBinary({EpctlBinary(), "--socket=" + (*fabric)->daemon(1).socket(), "delete-group", "--group=lost-token"});
-  EXPECT_NE(without.exit_code, 0) << "a delete without token or --force must be refused";
-  // Another uid that may use the socket (its group) may not force.
-  if (geteuid() == 0 && access("/usr/bin/setpriv", X_OK) == 0) {
-    const std::string socket = (*fabric)->daemon(1).socket();
-    struct stat info {};
-    ASSERT_EQ(stat(socket.c_str(), &info), 0);
-    ASSERT_EQ(chmod(std::filesystem::path(socket).parent_path().c_str(), 0750), 0);
-    ASSERT_EQ(chown(std::filesystem::path(socket).parent_path().c_str(), 0, info.st_gid), 0);
-    RunResult stranger =
-        RunBinary({"/usr/bin/setpriv", "--reuid=65534", absl::StrCat("--regid=", info.st_gid), "--clear-groups",
-                   EpctlBinary(), "--socket=" + socket, "delete-group", "--group=lost-token", "--force"});
-    EXPECT_NE(stranger.exit_code, 0) << stranger.out;
-    EXPECT_THAT(stranger.err, ::testing::HasSubstr("only uid")) << stranger.err;
-    EXPECT_EQ((*fabric)->MemfdRegions(), 3) << "a refused forced delete freed memory";
-  } else {
-    std::cout << "[ SKIPPED  ] the forced delete from another uid (needs root and setpriv)\n";
-  }
-  RunResult forced = RunBinary(
-      {EpctlBinary(), "--socket=" + (*fabric)->daemon(1).socket(), "delete-group", "--group=lost-token", "--force"});
-  EXPECT_EQ(forced.exit_code, 0) << forced.err;
-  for (int rank : {0, 1, 2}) {
-    auto view = (*fabric)->Fabric(rank);
-    ASSERT_TRUE(view.ok());
-    EXPECT_EQ(FindGroup(*view, "lost-token"), nullptr) << rank;
-  }
-  EXPECT_EQ((*fabric)->MemfdRegions(), 0);
-  EXPECT_TRUE(CreateGroup(**fabric, 2, "lost-token", {0, 1, 2}, 1 << 20, &created).ok());
 }
 
 TEST(Fabric, SecondDaemonClaimingALiveRankIsRefused) {
