@@ -45,6 +45,7 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   }
   LocalGroup group;
   group.info = info;
+  group.info.set_state(v1::GROUP_STATE_CREATING);  // until Commit, whatever the request said
   group.token = request.token();
   group.group_rank = group_rank;
   memory::RegionSpec spec;

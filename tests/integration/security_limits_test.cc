@@ -84,7 +84,9 @@ TEST(PeerRequests, ForgedGroupRequestsAreRefusedAndCrashNothing) {
   commit.add_members();
   v1::CommitGroupResponse committed;
   status = Timed([&](auto* c) { return as_zero->CommitGroup(c, commit, &committed); });
-  EXPECT_EQ(status.error_code(), Code::INVALID_ARGUMENT) << status.error_message();
+  // A group commits once: a second Commit (even a well-formed one) is refused before its members are looked at.
+  EXPECT_EQ(status.error_code(), Code::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("is GROUP_STATE_READY, not CREATING"));
 
   // A Join of rank 1 (its own credential, its live incarnation and address) reporting a group with rank 123456:
   // the coordinator ignores the record, and a Retire of it finds nothing.
