@@ -164,6 +164,30 @@ TEST_F(TransportTest, EveryMemberShowsItsTransport) {
   EXPECT_THAT(topology.out, HasSubstr("\"transport\": \"TRANSPORT_SOCKET\""));
 }
 
+// The transport's CreateGroup fields are checked before anything is allocated.
+TEST_F(TransportTest, BadChannelAndSlotCountsAreRefused) {
+  const std::vector<std::pair<std::pair<uint32_t, uint32_t>, std::string>> cases = {
+      {{33, 0}, "transport_channels: 33 is over the limit of 32"},
+      {{4, 3}, "ring_slots: 3 is not a power of two"},
+      {{4, 1u << 20}, "ring_slots: 1048576 is not a power of two in [16, 65536]"},
+      {{4, 8}, "ring_slots: 8 is not a power of two in [16, 65536]"}};
+  for (const auto& [counts, words] : cases) {
+    v1::CreateGroupRequest request;
+    request.set_name("bad-counts");
+    for (int r : {0, 2}) request.add_ranks(r);
+    request.set_num_nvl_bytes(4096);
+    request.set_num_rdma_bytes(1 << 20);
+    request.set_transport_channels(counts.first);
+    request.set_ring_slots(counts.second);
+    grpc::ClientContext context;
+    v1::CreateGroupResponse response;
+    const grpc::Status status = fabric_->Control(1)->CreateGroup(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << words;
+    EXPECT_THAT(status.error_message(), HasSubstr(words));
+  }
+  EXPECT_EQ(fabric_->MemfdRegions(), 0) << "a refused create allocated something";
+}
+
 // 100 000 random commands (25 000 per rank over 4 channels at once), sizes 1 B .. 256 KiB at unaligned offsets, log
 // records whose signals are checked to trail their puts, every byte of every inbox compared with the model.
 TEST_F(TransportTest, RandomCommandsOnEveryChannelMatchTheModel) {
