@@ -67,7 +67,6 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
     if (transport_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("rank ", self, " has no transport for the RDMA region"));
     }
-    const v1::Membership view = membership_->View();
     transport::GroupTransportSpec transport_spec;
     transport_spec.group = info.name();
     transport_spec.self_rank = group_rank;
@@ -76,10 +75,6 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
     transport_spec.slots = info.ring_slots();
     transport_spec.token = request.token();
     transport_spec.rdma = group.rdma.get();
-    for (int rank : info.ranks()) {
-      transport_spec.same_host.push_back(rank < view.members_size() &&
-                                         view.members(rank).host_id() == view.members(self).host_id());
-    }
     EPF_ASSIGN_OR_RETURN(group.transport, transport_->OpenGroup(transport_spec, response.mutable_transport()));
   }
   if (absl::Now() > deadline) {

@@ -100,7 +100,6 @@ absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const Group
   setup.channels = spec.channels;
   setup.data_key = socket_wire::DataKey(spec.token);
   setup.region = spec.rdma;
-  setup.same_host = spec.same_host;
   setup.sink = group.get();
   group->bounds_.self_rank = spec.self_rank;
   EPF_ASSIGN_OR_RETURN(group->link_, wire_->Open(setup, local));

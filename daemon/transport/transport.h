@@ -72,7 +72,6 @@ struct GroupTransportSpec {
   uint32_t slots = 0;
   std::string token;  // the group's token (the data key is derived from it)
   memory::Region* rdma = nullptr;
-  std::vector<bool> same_host;
 };
 
 class Transport {

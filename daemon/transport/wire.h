@@ -37,9 +37,6 @@ struct GroupSetup {
   std::string data_key;
   // This member's RDMA region (host memory or device memory). Owned by the group; outlives the link.
   memory::Region* region = nullptr;
-  // Group ranks whose daemon runs on this host: the wire may use them like any other peer (tests run "hosts" that
-  // share a machine), but it never assumes their memory is reachable by pointer.
-  std::vector<bool> same_host;
   // Told about every command's completion.
   CompletionSink* sink = nullptr;
 };
