@@ -60,6 +60,24 @@ absl::Status GroupUsable(const Lease& lease) {
   return absl::OkStatus();
 }
 
+// Every rank in `ranks` has its region mapped, at least `required` bytes.
+absl::Status CheckRegions(const Lease& lease, const BufferConfig& config, const std::vector<int>& ranks,
+                          uint64_t required) {
+  for (int r : ranks) {
+    if (lease.region(r) == nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat("region of rank %d is not mapped", r));
+    }
+    if (lease.region_bytes(r) < required) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "region of rank %d has %d bytes; config (max_tokens_per_rank %d, hidden %d, max_topk %d, num_experts %d, "
+          "num_sms %d, low_latency %s) needs %d (RequiredRegionBytes, or RequiredGroupBytes across hosts)",
+          r, lease.region_bytes(r), config.max_tokens_per_rank, config.hidden, config.max_topk, config.num_experts,
+          config.num_sms, BoolName(config.low_latency), required));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---- internal helpers (buffer_internal.h) ----
@@ -167,6 +185,34 @@ absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num
   return static_cast<uint64_t>(bytes);
 }
 
+absl::StatusOr<GroupBytes> RequiredGroupBytes(const BufferConfig& config, int num_hosts, int ranks_per_host) {
+  if (num_hosts < 1 || num_hosts > kernels::kMaxInternodeHosts) {
+    return InvalidValue("num_hosts", num_hosts, absl::StrCat("must be in [1, ", kernels::kMaxInternodeHosts, "]"));
+  }
+  if (config.num_experts % (num_hosts * std::max(ranks_per_host, 1)) != 0) {
+    return InvalidValue("config.num_experts", config.num_experts,
+                        absl::StrCat("must be a multiple of the number of ranks (", num_hosts * ranks_per_host, ")"));
+  }
+  GroupBytes bytes;
+  if (num_hosts == 1 && !config.force_internode) {
+    EPF_ASSIGN_OR_RETURN(bytes.nvl, RequiredRegionBytes(config, ranks_per_host));
+    return bytes;
+  }
+  if (config.low_latency) {
+    return absl::UnimplementedError("low-latency mode across hosts is not implemented yet (normal mode is)");
+  }
+  const internal::InternodeGroupShape shape{.num_hosts = num_hosts, .ranks_per_host = ranks_per_host};
+  EPF_ASSIGN_OR_RETURN(bytes.nvl, RequiredRegionBytes(internal::InnerBufferConfig(config, shape), ranks_per_host));
+  EPF_ASSIGN_OR_RETURN(const kernels::InternodeRdmaLayout layout,
+                       kernels::ComputeInternodeRdmaLayout({.num_hosts = num_hosts,
+                                                            .ranks_per_host = ranks_per_host,
+                                                            .max_tokens_per_rank = config.max_tokens_per_rank,
+                                                            .max_hidden = config.hidden,
+                                                            .max_topk = config.max_topk}));
+  bytes.rdma = layout.total_bytes;
+  return bytes;
+}
+
 // ---- Buffer ----
 
 absl::Status Buffer::State::Usable() const { return GroupUsable(*lease); }
@@ -208,35 +254,30 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
     return absl::InvalidArgumentError(absl::StrCat("lease backend = ", v1::Backend_Name(backend), ": not supported"));
   }
   const int world = lease->world_size();
-  const std::vector<int>& nvl = lease->nvl_ranks();
-  if (static_cast<int>(nvl.size()) != world) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "group '%s' has %d ranks of which %d are on this host: only intranode groups (every rank on this host) are "
-        "supported by the Buffer so far",
-        lease->group_name(), world, nvl.size()));
+  if (static_cast<int>(lease->nvl_ranks().size()) != world || config.force_internode) {
+    return CreateInternode(lease, config, std::move(allocator));
   }
   if (world > kernels::kMaxNvlPeers) {
     return InvalidValue("world_size", world, absl::StrCat("at most ", kernels::kMaxNvlPeers, " same-host ranks"));
   }
   EPF_ASSIGN_OR_RETURN(const uint64_t required, RequiredRegionBytes(config, world));
-  for (int r = 0; r < world; ++r) {
-    if (lease->region(r) == nullptr) {
-      return absl::FailedPreconditionError(absl::StrFormat("region of rank %d is not mapped", r));
-    }
-    if (lease->region_bytes(r) < required) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "region of rank %d has %d bytes; config (max_tokens_per_rank %d, hidden %d, max_topk %d, num_experts %d, "
-          "num_sms %d, low_latency %s) needs RequiredRegionBytes = %d",
-          r, lease->region_bytes(r), config.max_tokens_per_rank, config.hidden, config.max_topk, config.num_experts,
-          config.num_sms, BoolName(config.low_latency), required));
-    }
-  }
+  std::vector<int> ranks(world);
+  for (int r = 0; r < world; ++r) ranks[r] = r;
+  EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, ranks, required));
+  allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(backend);
+  return CreateOver(lease, config, lease->rank(), ranks, std::move(allocator));
+}
 
+// A Buffer whose data path runs over `ranks` (group ranks on this host, in their order), as rank `rank` of them.
+absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const BufferConfig& config, int rank,
+                                                           const std::vector<int>& ranks,
+                                                           std::shared_ptr<Allocator> allocator) {
+  const int world = static_cast<int>(ranks.size());
   auto state = std::make_unique<State>();
   state->lease = lease;
   state->config = config;
-  state->allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(backend);
-  state->rank = lease->rank();
+  state->allocator = std::move(allocator);
+  state->rank = rank;
   state->num_ranks = world;
   state->experts_per_rank = config.num_experts / world;
   internal::DataPathConfig path{.config = config,
@@ -244,8 +285,44 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
                                 .num_ranks = world,
                                 .experts_per_rank = state->experts_per_rank,
                                 .allocator = state->allocator};
-  for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(r);
-  EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(backend, path));
+  for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(ranks[r]);
+  EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), path));
+  return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
+}
+
+// A group that spans hosts (internode_path.h): an inner Buffer over this host's ranks, the outer one for the layout.
+absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, const BufferConfig& config,
+                                                                std::shared_ptr<Allocator> allocator) {
+  if (config.low_latency) {
+    return absl::UnimplementedError(
+        absl::StrFormat("group '%s' spans hosts: low-latency mode across hosts is not implemented yet (normal mode is)",
+                        lease->group_name()));
+  }
+  EPF_ASSIGN_OR_RETURN(const internal::InternodeGroupShape shape, internal::InternodeShapeOf(*lease));
+  EPF_ASSIGN_OR_RETURN(const GroupBytes bytes, RequiredGroupBytes(config, shape.num_hosts, shape.ranks_per_host));
+  const BufferConfig inner_config = internal::InnerBufferConfig(config, shape);
+  EPF_RETURN_IF_ERROR(CheckRegions(*lease, inner_config, lease->nvl_ranks(), bytes.nvl));
+  allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(lease->backend());
+  EPF_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> inner,
+                       CreateOver(lease, inner_config, shape.local_rank, lease->nvl_ranks(), allocator));
+
+  const int world = lease->world_size();
+  auto state = std::make_unique<State>();
+  state->lease = lease;
+  state->config = config;
+  state->allocator = allocator;
+  state->rank = lease->rank();
+  state->num_ranks = world;
+  state->experts_per_rank = config.num_experts / world;
+  internal::DataPathConfig outer{.config = config,
+                                 .rank = state->rank,
+                                 .num_ranks = world,
+                                 .experts_per_rank = state->experts_per_rank,
+                                 .allocator = allocator,
+                                 .layout_only = true};
+  EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), outer));
+  EPF_ASSIGN_OR_RETURN(state->internode,
+                       internal::InternodePath::Create(lease, config, shape, std::move(inner), std::move(allocator)));
   return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
 }
 
@@ -258,12 +335,16 @@ TensorView Buffer::NextLowLatencyCombineBuffer() const {
       {s.experts_per_rank, static_cast<int64_t>(s.num_ranks) * s.config.max_tokens_per_rank, s.config.hidden}};
 }
 
-absl::Status Buffer::Check(cudaStream_t stream) { return state_->path->Check(stream); }
+absl::Status Buffer::Check(cudaStream_t stream) {
+  if (state_->internode != nullptr) return state_->internode->Check(stream);
+  return state_->path->Check(stream);
+}
 
 absl::Status Buffer::Reset(cudaStream_t stream) {
   State& s = *state_;
   s.recv_hook_pending = false;
   s.cursor = kernels::LowLatencyBufferCursor();
+  if (s.internode != nullptr) return s.internode->Reset(stream);
   return s.path->Reset(stream);
 }
 

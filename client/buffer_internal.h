@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "data_path.h"
 #include "epfabric/client/buffer.h"
+#include "internode_path.h"
 
 namespace epfabric::client {
 namespace internal {
@@ -48,7 +49,10 @@ struct Buffer::State {
   int rank = 0;
   int num_ranks = 0;
   int experts_per_rank = 0;
+  // Groups within one host: the data path. Groups that span hosts: only its layout and index checks (over the whole
+  // group); `internode` runs the calls.
   std::unique_ptr<internal::DataPath> path;
+  std::unique_ptr<internal::InternodePath> internode;
 
   kernels::LowLatencyBufferCursor cursor;
   bool recv_hook_pending = false;  // a low-latency send phase whose receive hook has not run yet

@@ -130,6 +130,7 @@ absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaSt
   }
   EPF_RETURN_IF_ERROR(s.Usable());
   EPF_RETURN_IF_ERROR(s.path->CheckDispatchExpertIndices(args, stream));
+  if (s.internode != nullptr) return s.internode->Dispatch(args, stream);
 
   // ---- notify (unless cached): exchange the counts and learn how many rows arrive ----
   auto handle = std::make_shared<DispatchHandle>();
@@ -222,6 +223,7 @@ absl::StatusOr<CombineResult> Buffer::Combine(const CombineArgs& args, cudaStrea
     EPF_RETURN_IF_ERROR(ExpectTensor(*bias, name, DType::kBF16, {h.num_tokens, hidden}, "[num_tokens, hidden]"));
   }
   EPF_RETURN_IF_ERROR(s.Usable());
+  if (s.internode != nullptr) return s.internode->Combine(args, stream);
 
   CombineResult result;
   EPF_ASSIGN_OR_RETURN(result.combined_x, s.NewTensor(DType::kBF16, {h.num_tokens, hidden}, stream));

@@ -27,6 +27,8 @@ struct DataPathConfig {
   int experts_per_rank = 0;
   void* peer_regions[kernels::kMaxNvlPeers] = {};  // every rank's region as mapped in this process
   std::shared_ptr<Allocator> allocator;            // outputs (e.g. the host path's invalid top-k count)
+  // The outer path of a group that spans hosts: only Layout and the expert-index checks are used (no regions).
+  bool layout_only = false;
 };
 
 class DataPath {

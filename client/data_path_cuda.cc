@@ -101,6 +101,7 @@ class CudaDataPath final : public DataPath {
     }
     EPF_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
     // The regions were zeroed by the daemon when the lease started, so no reset is needed here.
+    if (config_.layout_only) return absl::OkStatus();
     if (config_.config.low_latency) {
       EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, status_, rank_mask_));
     } else {

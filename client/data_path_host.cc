@@ -21,6 +21,7 @@ class HostDataPath final : public DataPath {
   absl::Status Init() {
     counters_.assign(1 + config_.experts_per_rank, -1);
     rank_mask_.assign(config_.num_ranks, 0);
+    if (config_.layout_only) return absl::OkStatus();
     if (config_.config.low_latency) {
       EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, &status_, rank_mask_.data()));
     } else {

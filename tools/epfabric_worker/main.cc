@@ -90,6 +90,13 @@ ABSL_FLAG(bool, flip_one_output, false,
           "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
+ABSL_FLAG(int, hosts, 1,
+          "--region_bytes: hosts of the group (--ranks per host); with more than one (or --force_internode) prints "
+          "`NVL_BYTES RDMA_BYTES` (RequiredGroupBytes).");
+ABSL_FLAG(bool, cached, false, "Normal mode: after each dispatch, a cached dispatch with its handle, checked alike.");
+ABSL_FLAG(bool, force_internode, false,
+          "Normal mode: BufferConfig.force_internode (a one-host group through the "
+          "internode path; it must give the intranode path's bits).");
 ABSL_FLAG(int64_t, launch_unix_ns, 0,
           "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`). Checked modes report "
           "restart_to_first_dispatch_ms from it to the first completed dispatch, which there also includes making "
@@ -143,13 +150,25 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     std::cerr << "--tokens, --hidden, --topk and --experts must be positive (--fp8: hidden a multiple of 128)\n";
     return kExitUsage;
   }
+  s.force_internode = absl::GetFlag(FLAGS_force_internode);
+  s.cached = absl::GetFlag(FLAGS_cached);
   const BufferConfig config{.max_tokens_per_rank = s.tokens,
                             .hidden = s.hidden,
                             .max_topk = s.topk,
                             .num_experts = s.experts,
                             .num_sms = s.num_sms,
                             .low_latency = s.low_latency,
-                            .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))};
+                            .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)),
+                            .force_internode = s.force_internode};
+  if (absl::GetFlag(FLAGS_region_bytes) && (absl::GetFlag(FLAGS_hosts) > 1 || s.force_internode)) {
+    auto bytes = client::RequiredGroupBytes(config, absl::GetFlag(FLAGS_hosts), absl::GetFlag(FLAGS_ranks));
+    if (!bytes.ok()) {
+      std::cerr << "RequiredGroupBytes: " << bytes.status() << "\n";
+      return kExitUsage;
+    }
+    std::cout << bytes->nvl << " " << bytes->rdma << "\n";
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_region_bytes)) {
     auto bytes = client::RequiredRegionBytes(config, absl::GetFlag(FLAGS_ranks));
     if (!bytes.ok()) {
@@ -200,6 +219,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   if ((*lease)->group().low_latency() != s.low_latency) {
     return fail("Attach", absl::InvalidArgumentError("--mode is not the group's mode"));
   }
+  s.hosts = (*lease)->world_size() / static_cast<int>((*lease)->nvl_ranks().size());
   auto buffer = Buffer::Create(lease->get(), config);
   if (!buffer.ok()) return fail("Buffer::Create", buffer.status());
   Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);

@@ -90,7 +90,15 @@ NormalRound MakeNormalRound(const Scenario& s, int num_ranks, int rank, int roun
     in.topk_weights.resize(in.topk_idx.size());
     for (float& w : in.topk_weights) w = weight(rng);
   }
-  x.dispatched = ref::Dispatch(x.inputs, c);
+  // Groups across hosts: the internode reference (with one host forced through the internode path, the intranode
+  // reference: the outputs must be the same bits).
+  ref::InternodeDispatched internode;
+  if (s.hosts > 1) {
+    internode = ref::InternodeDispatch(x.inputs, c, s.hosts);
+    x.dispatched = internode.outputs;
+  } else {
+    x.dispatched = ref::Dispatch(x.inputs, c);
+  }
   x.combine_inputs.resize(num_ranks);
   for (int r = 0; r < num_ranks; ++r) {
     const ref::RankOutput& o = x.dispatched[r];
@@ -99,7 +107,8 @@ NormalRound MakeNormalRound(const Scenario& s, int num_ranks, int rank, int roun
                             o.recv_topk_idx.data(), o.recv_topk_weights.data());
     x.combine_inputs[r].topk_weights = o.recv_topk_weights;
   }
-  x.combined = ref::Combine(x.dispatched, x.combine_inputs, s.hidden, s.topk);
+  x.combined = s.hosts > 1 ? ref::InternodeCombine(internode, x.combine_inputs, s.hidden, s.topk)
+                           : ref::Combine(x.dispatched, x.combine_inputs, s.hidden, s.topk);
   // The weighted sum this rank expects, in double.
   const ref::RankInput& in = x.inputs[rank];
   x.exact.assign(static_cast<size_t>(in.num_tokens) * s.hidden, 0.0);
@@ -173,6 +182,26 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   checks.Exact("recv_x_scales", recv_scales, want.recv_x_scales);
   checks.Exact("recv_topk_idx", recv_idx, want.recv_topk_idx);
   checks.Exact("recv_topk_weights", recv_w, want.recv_topk_weights);
+  if (s.cached) {
+    // The same tokens again without notify: the handle's plan, the same received rows.
+    auto again = buffer.Dispatch({.x = *x_view,
+                                  .x_scales = s.fp8 ? *scales_view : TensorView{},
+                                  .topk_idx = *idx_view,
+                                  .topk_weights = *w_view,
+                                  .cached = recv->handle});
+    if (!again.ok()) return again.status();
+    if (absl::Status done = buffer.Check(); !done.ok()) return done;
+    checks.Exact("cached recv_x", mem.Download<uint8_t>(again->recv_x.view, static_cast<size_t>(N) * c.row_bytes),
+                 want.recv_x);
+    checks.Exact("cached recv_x_scales",
+                 mem.Download<float>(again->recv_x_scales.view, static_cast<size_t>(N) * c.num_scales),
+                 want.recv_x_scales);
+    checks.Exact("cached recv_topk_idx", mem.Download<int64_t>(again->recv_topk_idx.view, static_cast<size_t>(N) * K),
+                 want.recv_topk_idx);
+    checks.Exact("cached recv_topk_weights",
+                 mem.Download<float>(again->recv_topk_weights.view, static_cast<size_t>(N) * K),
+                 want.recv_topk_weights);
+  }
   for (int d = 0; d < R; ++d) {
     stats->bytes += static_cast<uint64_t>(want.layout.num_tokens_per_rank[d]) * c.row_bytes;
   }

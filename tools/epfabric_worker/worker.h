@@ -13,6 +13,7 @@
 #include "epfabric/client/buffer.h"
 #include "epfabric/client/client.h"
 #include "epfabric/kernels/reference/fp8.h"
+#include "epfabric/kernels/reference/internode_reference.h"
 #include "epfabric/kernels/reference/intranode_reference.h"
 #include "epfabric/kernels/reference/low_latency_reference.h"
 
@@ -57,6 +58,9 @@ struct Scenario {
   int num_sms = 0;
   bool exact = true;
   bool flip_one_output = false;
+  int hosts = 1;                 // hosts the group spans (from the lease): >1 checks against the internode reference
+  bool force_internode = false;  // BufferConfig.force_internode (one host through the internode path)
+  bool cached = false;           // normal mode: also a cached dispatch with the round's handle, checked the same
 };
 
 inline float ExpertScale(int64_t expert) { return 1.0f + static_cast<float>(expert % 8) * 0.125f; }

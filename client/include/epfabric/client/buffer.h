@@ -38,6 +38,9 @@
 #include "epfabric/kernels/low_latency.h"
 
 namespace epfabric::client {
+namespace internal {
+struct InternodeHandle;
+}
 
 // A contiguous row-major tensor: pointer, element type, shape. An empty view (data == nullptr and no shape) means
 // "not given". A view with a shape and no elements (a rank with 0 tokens) is given even when data is null: every
@@ -80,9 +83,21 @@ struct BufferConfig {
   int num_sms = 20;                           // normal mode: SMs (= channels) per dispatch/combine
   bool low_latency = false;                   // the group's mode (GroupInfo.low_latency)
   absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
+  // Normal mode: run a one-host group through the internode path (RDMA stage included; needs num_rdma_bytes of
+  // RequiredGroupBytes with num_hosts = 1 computed as for two). For tests: the outputs must equal the intranode
+  // path's bit for bit.
+  bool force_internode = false;
 };
 
 absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num_nvl_ranks);
+
+// A normal-mode group over `num_hosts` hosts of `ranks_per_host` ranks each (rank = host * ranks_per_host + local
+// index): CreateGroup's num_nvl_bytes and num_rdma_bytes. With one host, rdma is 0 and nvl is RequiredRegionBytes.
+struct GroupBytes {
+  uint64_t nvl = 0;
+  uint64_t rdma = 0;
+};
+absl::StatusOr<GroupBytes> RequiredGroupBytes(const BufferConfig& config, int num_hosts, int ranks_per_host);
 
 // ---- normal mode ----
 
@@ -104,6 +119,9 @@ struct DispatchHandle {
   int num_tokens = 0;
   int num_recv_tokens = 0;
   int hidden = 0;
+  // Groups that span hosts: the RDMA stage's record (the fields above are then the NVLink stage's, except
+  // num_tokens, hidden and is_token_in_rank, which are this rank's).
+  std::shared_ptr<const internal::InternodeHandle> internode;
 };
 
 struct DispatchArgs {
@@ -218,6 +236,11 @@ class Buffer {
 
  private:
   explicit Buffer(std::unique_ptr<State> state);
+  static absl::StatusOr<std::unique_ptr<Buffer>> CreateOver(Lease* lease, const BufferConfig& config, int rank,
+                                                            const std::vector<int>& ranks,
+                                                            std::shared_ptr<Allocator> allocator);
+  static absl::StatusOr<std::unique_ptr<Buffer>> CreateInternode(Lease* lease, const BufferConfig& config,
+                                                                 std::shared_ptr<Allocator> allocator);
   std::unique_ptr<State> state_;
 };
 

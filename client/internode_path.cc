@@ -1,0 +1,435 @@
+// The internode normal mode of the Buffer (internode_path.h): the RDMA stage around an inner intranode Buffer.
+#include "internode_path.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "buffer_internal.h"
+#include "epfabric/common/status_macros.h"
+
+namespace epfabric::client::internal {
+namespace {
+
+using kernels::DType;
+namespace transport = kernels::transport;
+
+constexpr uint64_t kWordBytes = sizeof(uint64_t);
+
+}  // namespace
+
+absl::StatusOr<InternodeGroupShape> InternodeShapeOf(const Lease& lease) {
+  const std::vector<int>& nvl = lease.nvl_ranks();
+  const int world = lease.world_size();
+  const int per_host = static_cast<int>(nvl.size());
+  if (per_host < 1 || world % per_host != 0 || nvl.front() % per_host != 0 ||
+      nvl.back() != nvl.front() + per_host - 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group '%s': this host holds ranks %d..%d of %d; an internode group needs the same number of ranks on every "
+        "host, host h holding ranks [h * L, (h + 1) * L)",
+        lease.group_name(), nvl.front(), nvl.back(), world));
+  }
+  InternodeGroupShape shape;
+  shape.num_hosts = world / per_host;
+  shape.ranks_per_host = per_host;
+  shape.host = nvl.front() / per_host;
+  shape.local_rank = lease.rank() - nvl.front();
+  if (shape.num_hosts > kernels::kMaxInternodeHosts) {
+    return kernels::InvalidValue("hosts of the group", shape.num_hosts,
+                                 absl::StrCat("at most ", kernels::kMaxInternodeHosts));
+  }
+  return shape;
+}
+
+BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupShape& shape) {
+  BufferConfig inner = outer;
+  inner.max_tokens_per_rank = outer.max_tokens_per_rank * shape.num_hosts;
+  inner.num_experts = outer.num_experts / shape.num_hosts;
+  return inner;
+}
+
+absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(Lease* lease, const BufferConfig& config,
+                                                                     const InternodeGroupShape& shape,
+                                                                     std::unique_ptr<Buffer> inner,
+                                                                     std::shared_ptr<Allocator> allocator) {
+  auto path = std::unique_ptr<InternodePath>(new InternodePath());
+  path->lease_ = lease;
+  path->config_ = config;
+  path->shape_ = shape;
+  path->inner_ = std::move(inner);
+  path->allocator_ = std::move(allocator);
+  EPF_ASSIGN_OR_RETURN(path->access_, NewRegionAccess(lease->backend()));
+  EPF_ASSIGN_OR_RETURN(path->layout_,
+                       kernels::ComputeInternodeRdmaLayout({.num_hosts = shape.num_hosts,
+                                                            .ranks_per_host = shape.ranks_per_host,
+                                                            .max_tokens_per_rank = config.max_tokens_per_rank,
+                                                            .max_hidden = config.hidden,
+                                                            .max_topk = config.max_topk}));
+  path->region_ = lease->rdma_region();
+  if (path->region_ == nullptr || lease->rdma_region_bytes() < path->layout_.total_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group '%s' spans %d hosts: its RDMA region has %d bytes, this config needs RequiredRdmaBytes = %d "
+        "(CreateGroup's num_rdma_bytes)",
+        lease->group_name(), shape.num_hosts, lease->rdma_region_bytes(), path->layout_.total_bytes));
+  }
+  void* commands = lease->commands_region();
+  const int channels = static_cast<int>(lease->group().transport_channels());
+  const uint32_t slots = lease->group().ring_slots();
+  if (commands == nullptr || channels < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", lease->group_name(), "' has no transport command rings mapped"));
+  }
+  for (int c = 0; c < channels; ++c) {
+    EPF_ASSIGN_OR_RETURN(transport::RingIssuer ring,
+                         transport::RingIssuer::Create(transport::RingAt(commands, c, slots), c, slots));
+    path->rings_.push_back(ring);
+  }
+  return path;
+}
+
+absl::StatusOr<Tensor> InternodePath::NewTensor(DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {
+  return internal::NewTensor(allocator_, dtype, std::move(shape), stream);
+}
+
+absl::Status InternodePath::QuietAll() {
+  for (transport::RingIssuer& ring : rings_) EPF_RETURN_IF_ERROR(ring.Quiet(config_.timeout));
+  return absl::OkStatus();
+}
+
+absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char* what) {
+  const int H = shape_.num_hosts;
+  std::vector<uint64_t> words(H);
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  for (int polls = 0;; ++polls) {
+    EPF_RETURN_IF_ERROR(access_->ReadWords(region() + offset, words.data(), H));
+    int missing = -1;
+    for (int h = 0; h < H && missing < 0; ++h) {
+      if (h != shape_.host && words[h] < target) missing = h;
+    }
+    if (missing < 0) return absl::OkStatus();
+    // A ring that failed (the peer's daemon is gone, a refused command) ends the wait at once.
+    if (polls % 64 == 0) {
+      for (transport::RingIssuer& ring : rings_) {
+        const auto* control = static_cast<const transport::RingControl*>(
+            transport::RingAt(lease_->commands_region(), ring.channel(), lease_->group().ring_slots()));
+        EPF_RETURN_IF_ERROR(transport::RingErrorStatus(ring.channel(), *control));
+      }
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "rank %d timed out after %s waiting for internode %s from rank %d (host %d): %d of %d arrived",
+          lease_->rank(), absl::FormatDuration(config_.timeout), what, PeerRank(missing), missing, words[missing],
+          target));
+    }
+    if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(polls > 20000 ? 200 : 10));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<InternodeHandle>> InternodePath::Plan(const DispatchArgs& args, int num_tokens,
+                                                                     cudaStream_t stream) {
+  const int H = shape_.num_hosts, L = shape_.ranks_per_host, R = H * L, M = config_.max_tokens_per_rank;
+  auto plan = std::make_shared<InternodeHandle>();
+  std::vector<uint8_t> in_rank(static_cast<size_t>(num_tokens) * R);
+  if (!in_rank.empty()) {
+    EPF_RETURN_IF_ERROR(
+        access_->ToHost(in_rank.data(), args.layout->is_token_in_rank.view.data, in_rank.size(), stream));
+  }
+  // [0, H): counts; then H rows of M token indices.
+  std::vector<int32_t> send_plan(static_cast<size_t>(H) * (M + 1), 0);
+  std::vector<int32_t> send_slot(static_cast<size_t>(num_tokens) * H, -1);
+  for (int t = 0; t < num_tokens; ++t) {
+    for (int h = 0; h < H; ++h) {
+      // With one host every token goes to it, so that the intranode stage sees the intranode path's input.
+      bool any = H == 1;
+      for (int l = 0; l < L && !any; ++l) any = in_rank[static_cast<size_t>(t) * R + h * L + l] != 0;
+      if (!any) continue;
+      const int row = send_plan[h]++;
+      send_plan[H + static_cast<size_t>(h) * M + row] = t;
+      send_slot[static_cast<size_t>(t) * H + h] = row;
+    }
+  }
+  plan->send_counts.assign(send_plan.begin(), send_plan.begin() + H);
+  EPF_ASSIGN_OR_RETURN(plan->send_tokens, NewTensor(DType::kInt32, {static_cast<int64_t>(send_plan.size())}, stream));
+  EPF_ASSIGN_OR_RETURN(plan->send_slot, NewTensor(DType::kInt32, {num_tokens, H}, stream));
+  EPF_RETURN_IF_ERROR(access_->FromHost(plan->send_tokens.view.data, send_plan.data(), send_plan.size() * 4, stream));
+  if (!send_slot.empty()) {
+    EPF_RETURN_IF_ERROR(access_->FromHost(plan->send_slot.view.data, send_slot.data(), send_slot.size() * 4, stream));
+  }
+  return plan;
+}
+
+absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes,
+                                     int num_scales, int num_topk, cudaStream_t stream) {
+  const int H = shape_.num_hosts, self = shape_.host;
+  const kernels::InternodeRdmaLayout& l = layout_;
+  // The gateways have copied out the previous dispatch's rows, and our previous puts from the send slabs are done.
+  EPF_RETURN_IF_ERROR(WaitWords(l.slab_free, dispatches_ - 1, "release of the previous dispatch's slabs"));
+  EPF_RETURN_IF_ERROR(QuietAll());
+  kernels::InternodePackParams p;
+  p.x = internal::GivenData(args.x);
+  p.row_bytes = row_bytes;
+  p.x_scales = num_scales > 0 ? static_cast<const float*>(args.x_scales.data) : nullptr;
+  p.num_scales = num_scales;
+  p.topk_idx = num_topk > 0 ? static_cast<const int64_t*>(args.topk_idx.data) : nullptr;
+  p.topk_weights =
+      num_topk > 0 && !args.topk_weights.empty() ? static_cast<const float*>(args.topk_weights.data) : nullptr;
+  p.num_topk = num_topk;
+  p.num_tokens = static_cast<int>(args.x.shape[0]);
+  p.num_hosts = H;
+  p.self_host = self;
+  p.experts_per_host = config_.num_experts / H;
+  p.send_counts = static_cast<const int32_t*>(plan.send_tokens.view.data);
+  p.send_tokens = p.send_counts + H;
+  p.max_rows = config_.max_tokens_per_rank;
+  p.region = region();
+  p.layout = l;
+  EPF_RETURN_IF_ERROR(access_->Pack(p, stream));
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+
+  std::vector<uint64_t> counts(plan.send_counts.begin(), plan.send_counts.end());
+  EPF_RETURN_IF_ERROR(access_->WriteWords(region() + l.send_count, counts.data(), H));
+  for (int h = 0; h < H; ++h) {
+    if (h == self) continue;
+    transport::RingIssuer& ring = RingFor(h);
+    const int peer = PeerRank(h);
+    const uint64_t n = plan.send_counts[h];
+    auto put = [&](size_t send, size_t recv, size_t slab_bytes, uint64_t bytes) -> absl::Status {
+      if (bytes == 0) return absl::OkStatus();
+      return ring.Put(peer, recv + self * slab_bytes, send + h * slab_bytes, bytes, config_.timeout);
+    };
+    EPF_RETURN_IF_ERROR(put(l.send_x, l.recv_x, l.x_slab_bytes, n * row_bytes));
+    EPF_RETURN_IF_ERROR(put(l.send_scales, l.recv_scales, l.scales_slab_bytes, n * num_scales * sizeof(float)));
+    EPF_RETURN_IF_ERROR(put(l.send_topk_idx, l.recv_topk_idx, l.topk_idx_slab_bytes, n * num_topk * sizeof(int64_t)));
+    if (p.topk_weights != nullptr) {
+      EPF_RETURN_IF_ERROR(
+          put(l.send_topk_weights, l.recv_topk_weights, l.topk_weights_slab_bytes, n * num_topk * sizeof(float)));
+    }
+    EPF_RETURN_IF_ERROR(ring.Put(peer, l.dispatch_count + self * kWordBytes, l.send_count + h * kWordBytes, kWordBytes,
+                                 config_.timeout));
+    EPF_RETURN_IF_ERROR(ring.SignalAdd(peer, l.dispatch_arrived + self * kWordBytes, 1, config_.timeout));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
+  const int H = shape_.num_hosts, self = shape_.host, M = config_.max_tokens_per_rank;
+  const kernels::InternodeRdmaLayout& l = layout_;
+  const int num_tokens = static_cast<int>(args.x.shape[0]);
+  const int hidden = static_cast<int>(args.x.shape[1]);
+  const bool fp8 = args.x.dtype == DType::kFP8E4M3;
+  const int row_bytes = fp8 ? hidden : hidden * 2;
+  const int num_scales = fp8 ? hidden / 128 : 0;
+  const int num_topk = args.topk_idx.empty() ? 0 : static_cast<int>(args.topk_idx.shape[1]);
+  const bool has_weights = !args.topk_weights.empty();
+  const bool cached = args.cached != nullptr;
+  if (cached && args.cached->internode == nullptr) {
+    return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
+  }
+  if (!cached && num_topk == 0) {
+    return absl::InvalidArgumentError(
+        "topk_idx is not given: an internode group needs it for a dispatch that is not cached (the gateways route "
+        "by it)");
+  }
+
+  std::shared_ptr<const InternodeHandle> plan;
+  if (cached) {
+    plan = args.cached->internode;
+  } else {
+    EPF_ASSIGN_OR_RETURN(plan, Plan(args, num_tokens, stream));
+  }
+  ++dispatches_;
+  EPF_RETURN_IF_ERROR(SendRows(args, *plan, row_bytes, num_scales, num_topk, stream));
+  EPF_RETURN_IF_ERROR(WaitWords(l.dispatch_arrived, dispatches_, "dispatch rows"));
+
+  // What every host sent this gateway.
+  std::vector<uint64_t> words(H);
+  EPF_RETURN_IF_ERROR(access_->ReadWords(region() + l.dispatch_count, words.data(), H));
+  std::vector<int32_t> recv_counts(H);
+  int64_t num_fwd = 0;
+  for (int h = 0; h < H; ++h) {
+    const uint64_t n = h == self ? static_cast<uint64_t>(plan->send_counts[h]) : words[h];
+    if (n > static_cast<uint64_t>(M)) {
+      return absl::DataLossError(absl::StrFormat(
+          "rank %d read an internode row count of %d from rank %d: outside [0, %d] (max_tokens_per_rank): stale or "
+          "corrupt peer data",
+          lease_->rank(), n, PeerRank(h), M));
+    }
+    recv_counts[h] = static_cast<int32_t>(n);
+    num_fwd += n;
+  }
+  if (cached && recv_counts != plan->recv_counts) {
+    return absl::FailedPreconditionError(
+        "cached internode dispatch: the hosts sent other row counts than in the cached handle's dispatch");
+  }
+
+  // The gateway's tokens: what host 0 sent, then host 1, ... (each in its source's token order).
+  Tensor x_fwd, scales_fwd, idx_fwd, w_fwd;
+  EPF_ASSIGN_OR_RETURN(x_fwd, NewTensor(args.x.dtype, {num_fwd, hidden}, stream));
+  if (fp8) {
+    EPF_ASSIGN_OR_RETURN(scales_fwd, NewTensor(DType::kFloat32, {num_fwd, num_scales}, stream));
+  }
+  if (num_topk > 0) {
+    EPF_ASSIGN_OR_RETURN(idx_fwd, NewTensor(DType::kInt64, {num_fwd, num_topk}, stream));
+  }
+  if (has_weights) {
+    EPF_ASSIGN_OR_RETURN(w_fwd, NewTensor(DType::kFloat32, {num_fwd, num_topk}, stream));
+  }
+  int64_t row = 0;
+  for (int h = 0; h < H; ++h) {
+    const size_t n = recv_counts[h];
+    auto gather = [&](const Tensor& dst, size_t recv, size_t slab_bytes, size_t row_size) -> absl::Status {
+      if (n == 0 || dst.view.data == nullptr) return absl::OkStatus();
+      return access_->Copy(static_cast<uint8_t*>(dst.view.data) + row * row_size, region() + recv + h * slab_bytes,
+                           n * row_size, stream);
+    };
+    EPF_RETURN_IF_ERROR(gather(x_fwd, l.recv_x, l.x_slab_bytes, row_bytes));
+    if (fp8) EPF_RETURN_IF_ERROR(gather(scales_fwd, l.recv_scales, l.scales_slab_bytes, num_scales * sizeof(float)));
+    if (num_topk > 0) {
+      EPF_RETURN_IF_ERROR(gather(idx_fwd, l.recv_topk_idx, l.topk_idx_slab_bytes, num_topk * sizeof(int64_t)));
+    }
+    if (has_weights) {
+      EPF_RETURN_IF_ERROR(gather(w_fwd, l.recv_topk_weights, l.topk_weights_slab_bytes, num_topk * sizeof(float)));
+    }
+    row += n;
+  }
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  for (int h = 0; h < H; ++h) {
+    if (h == self) continue;
+    EPF_RETURN_IF_ERROR(RingFor(h).SignalAdd(PeerRank(h), l.slab_free + self * kWordBytes, 1, config_.timeout));
+  }
+
+  // The NVLink stage.
+  DispatchArgs inner_args;
+  inner_args.x = x_fwd.view;
+  inner_args.x_scales = scales_fwd.view;
+  inner_args.topk_idx = idx_fwd.view;
+  inner_args.topk_weights = w_fwd.view;
+  inner_args.expert_alignment = args.expert_alignment;
+  DispatchLayout inner_layout;
+  if (cached) {
+    inner_args.cached = plan->inner;
+  } else {
+    EPF_ASSIGN_OR_RETURN(inner_layout, inner_->GetDispatchLayout(idx_fwd.view, stream));
+    inner_args.layout = &inner_layout;
+  }
+  EPF_ASSIGN_OR_RETURN(DispatchResult result, inner_->Dispatch(inner_args, stream));
+
+  auto handle = std::make_shared<DispatchHandle>(*result.handle);
+  handle->num_tokens = num_tokens;
+  handle->hidden = hidden;
+  handle->is_token_in_rank = cached ? args.cached->is_token_in_rank : args.layout->is_token_in_rank;
+  if (cached) {
+    handle->internode = plan;
+  } else {
+    auto recorded = std::make_shared<InternodeHandle>(*plan);
+    recorded->recv_counts = recv_counts;
+    recorded->inner = result.handle;
+    handle->internode = std::move(recorded);
+  }
+  result.handle = std::move(handle);
+  return result;
+}
+
+absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
+  const int H = shape_.num_hosts, self = shape_.host;
+  const kernels::InternodeRdmaLayout& l = layout_;
+  if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
+    return absl::InvalidArgumentError("handle is not from an internode dispatch");
+  }
+  const InternodeHandle& plan = *args.handle->internode;
+  const int hidden = static_cast<int>(args.x.shape[1]);
+  const int num_topk = args.topk_weights.empty() ? 0 : static_cast<int>(args.topk_weights.shape[1]);
+  // The NVLink stage: each gateway's tokens reduced over this host's ranks. With one host this is the whole combine
+  // (biases included), so a one-host group gives the intranode path's bits.
+  CombineArgs inner_args;
+  inner_args.x = args.x;
+  inner_args.topk_weights = args.topk_weights;
+  inner_args.handle = plan.inner;
+  if (H == 1) {
+    inner_args.bias_0 = args.bias_0;
+    inner_args.bias_1 = args.bias_1;
+  }
+  EPF_ASSIGN_OR_RETURN(CombineResult partial, inner_->Combine(inner_args, stream));
+
+  ++combines_;
+  EPF_RETURN_IF_ERROR(QuietAll());  // our previous combine's puts from the send slabs are done
+  const size_t x_row = static_cast<size_t>(hidden) * 2, w_row = static_cast<size_t>(num_topk) * sizeof(float);
+  int64_t row = 0;
+  for (int h = 0; h < H; ++h) {
+    const size_t n = plan.recv_counts[h];
+    if (n > 0) {
+      const size_t x_base = h == self ? l.combine_recv_x : l.combine_send_x;
+      EPF_RETURN_IF_ERROR(access_->Copy(region() + x_base + h * l.combine_x_slab_bytes,
+                                        static_cast<uint8_t*>(partial.combined_x.view.data) + row * x_row, n * x_row,
+                                        stream));
+      if (num_topk > 0) {
+        const size_t w_base = h == self ? l.combine_recv_weights : l.combine_send_weights;
+        EPF_RETURN_IF_ERROR(access_->Copy(region() + w_base + h * l.combine_weights_slab_bytes,
+                                          static_cast<uint8_t*>(partial.combined_topk_weights.view.data) + row * w_row,
+                                          n * w_row, stream));
+      }
+    }
+    row += n;
+  }
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  for (int h = 0; h < H; ++h) {
+    if (h == self) continue;
+    transport::RingIssuer& ring = RingFor(h);
+    const int peer = PeerRank(h);
+    const uint64_t n = plan.recv_counts[h];
+    if (n > 0) {
+      EPF_RETURN_IF_ERROR(ring.Put(peer, l.combine_recv_x + self * l.combine_x_slab_bytes,
+                                   l.combine_send_x + h * l.combine_x_slab_bytes, n * x_row, config_.timeout));
+      if (num_topk > 0) {
+        EPF_RETURN_IF_ERROR(ring.Put(peer, l.combine_recv_weights + self * l.combine_weights_slab_bytes,
+                                     l.combine_send_weights + h * l.combine_weights_slab_bytes, n * w_row,
+                                     config_.timeout));
+      }
+    }
+    EPF_RETURN_IF_ERROR(ring.SignalAdd(peer, l.combine_arrived + self * kWordBytes, 1, config_.timeout));
+  }
+  EPF_RETURN_IF_ERROR(WaitWords(l.combine_arrived, combines_, "combine rows"));
+  // Our rows are in place at their sources before we return: a process that detaches right after its last combine
+  // must not take commands still in its rings with it (a lease's end drops what its rings hold).
+  EPF_RETURN_IF_ERROR(QuietAll());
+
+  CombineResult result;
+  const int num_tokens = args.handle->num_tokens;
+  EPF_ASSIGN_OR_RETURN(result.combined_x, NewTensor(DType::kBF16, {num_tokens, hidden}, stream));
+  if (num_topk > 0) {
+    EPF_ASSIGN_OR_RETURN(result.combined_topk_weights, NewTensor(DType::kFloat32, {num_tokens, num_topk}, stream));
+  }
+  kernels::InternodeReduceParams r;
+  r.num_tokens = num_tokens;
+  r.hidden = hidden;
+  r.num_topk = num_topk;
+  r.num_hosts = H;
+  r.send_slot = static_cast<const int32_t*>(plan.send_slot.view.data);
+  r.region = region();
+  r.layout = l;
+  if (H > 1) {
+    r.bias_0 = args.bias_0.empty() ? nullptr : args.bias_0.data;
+    r.bias_1 = args.bias_1.empty() ? nullptr : args.bias_1.data;
+  }
+  r.combined_x = result.combined_x.view.data;
+  r.combined_topk_weights = num_topk > 0 ? static_cast<float*>(result.combined_topk_weights.view.data) : nullptr;
+  EPF_RETURN_IF_ERROR(access_->Reduce(r, stream));
+  return result;
+}
+
+absl::Status InternodePath::Check(cudaStream_t stream) { return inner_->Check(stream); }
+
+absl::Status InternodePath::Reset(cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(inner_->Reset(stream));
+  EPF_RETURN_IF_ERROR(access_->Zero(region_, layout_.signal_bytes, stream));
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  dispatches_ = 0;
+  combines_ = 0;
+  return absl::OkStatus();
+}
+
+}  // namespace epfabric::client::internal

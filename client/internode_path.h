@@ -1,0 +1,111 @@
+// Internal: the Buffer's normal mode for a group that spans hosts (issue #12; docs/internode-dispatch.md). It owns
+// an inner intranode Buffer over this host's ranks (the NVLink stage) and moves rows between hosts through this
+// rank's RDMA region and the transport rings (the RDMA stage), on either backend:
+//   dispatch: pack per destination host -> put to the same local index on that host -> the gateway concatenates
+//             what arrived -> intranode dispatch within the host;
+//   combine:  intranode combine within the host -> put each source host's rows back -> the source sums per host.
+// All waits are bounded by BufferConfig::timeout and name the rank waited for.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "epfabric/client/buffer.h"
+#include "epfabric/client/client.h"
+#include "epfabric/kernels/internode.h"
+#include "epfabric/kernels/transport/issuer.h"
+
+namespace epfabric::client::internal {
+
+// The group's shape: host h holds ranks [h * ranks_per_host, (h + 1) * ranks_per_host).
+struct InternodeGroupShape {
+  int num_hosts = 0;
+  int ranks_per_host = 0;
+  int host = 0;        // this rank's host
+  int local_rank = 0;  // this rank's index on its host
+};
+
+// The shape of `lease`'s group, or InvalidArgument when its ranks are not grouped by host that way.
+absl::StatusOr<InternodeGroupShape> InternodeShapeOf(const Lease& lease);
+
+// What the inner (intranode) Buffer of an internode group is configured with: max_tokens_per_rank = hosts * the
+// outer bound (a gateway forwards what every host sent it), the host's experts, the host's ranks.
+BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupShape& shape);
+
+// What an internode dispatch records for combine and cached dispatch (DispatchHandle::internode).
+struct InternodeHandle {
+  std::vector<int32_t> send_counts;             // [H] rows this rank sent to each host
+  std::vector<int32_t> recv_counts;             // [H] rows this rank (as gateway) received from each host
+  Tensor send_tokens;                           // int32 [H, max_tokens_per_rank]: the tokens of each host's rows
+  Tensor send_slot;                             // int32 [num_tokens, H]: the token's row in host h's slabs, or -1
+  std::shared_ptr<const DispatchHandle> inner;  // the intranode stage's handle
+};
+
+// Backend-specific moves of bytes and words in this rank's RDMA region (host memory or device memory).
+class RegionAccess {
+ public:
+  virtual ~RegionAccess() = default;
+  // Copies inside this process' memory (region or tensors), stream-ordered on cuda.
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes, cudaStream_t stream) = 0;
+  virtual absl::Status Zero(void* dst, size_t bytes, cudaStream_t stream) = 0;
+  // Waits for `stream`'s work (cuda); nothing on the host.
+  virtual absl::Status Sync(cudaStream_t stream) = 0;
+  // Reads / writes 64-bit words of the region now (cuda: on a private stream, not ordered with the caller's).
+  virtual absl::Status ReadWords(const void* src, uint64_t* out, int count) = 0;
+  virtual absl::Status WriteWords(void* dst, const uint64_t* in, int count) = 0;
+  // Host copies for host-side planning (cuda: device -> host).
+  virtual absl::Status ToHost(void* dst, const void* src, size_t bytes, cudaStream_t stream) = 0;
+  virtual absl::Status FromHost(void* dst, const void* src, size_t bytes, cudaStream_t stream) = 0;
+  virtual absl::Status Pack(const kernels::InternodePackParams& p, cudaStream_t stream) = 0;
+  virtual absl::Status Reduce(const kernels::InternodeReduceParams& p, cudaStream_t stream) = 0;
+};
+
+absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backend);
+
+class InternodePath {
+ public:
+  // `inner` is the intranode Buffer over this host's ranks; `lease` must outlive this.
+  static absl::StatusOr<std::unique_ptr<InternodePath>> Create(Lease* lease, const BufferConfig& config,
+                                                               const InternodeGroupShape& shape,
+                                                               std::unique_ptr<Buffer> inner,
+                                                               std::shared_ptr<Allocator> allocator);
+
+  // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these.
+  absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream);
+  absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
+  absl::Status Check(cudaStream_t stream);
+  absl::Status Reset(cudaStream_t stream);
+
+ private:
+  InternodePath() = default;
+
+  int PeerRank(int host) const { return host * shape_.ranks_per_host + shape_.local_rank; }
+  uint8_t* region() const { return static_cast<uint8_t*>(region_); }
+  kernels::transport::RingIssuer& RingFor(int host) { return rings_[host % rings_.size()]; }
+  // Waits until word[h] of the section at `offset` reaches `target` for every host but this one.
+  absl::Status WaitWords(size_t offset, uint64_t target, const char* what);
+  absl::Status QuietAll();
+  absl::StatusOr<std::shared_ptr<InternodeHandle>> Plan(const DispatchArgs& args, int num_tokens, cudaStream_t stream);
+  absl::Status SendRows(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes, int num_scales,
+                        int num_topk, cudaStream_t stream);
+  absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream);
+
+  Lease* lease_ = nullptr;
+  BufferConfig config_;
+  InternodeGroupShape shape_;
+  std::unique_ptr<Buffer> inner_;
+  std::shared_ptr<Allocator> allocator_;
+  std::unique_ptr<RegionAccess> access_;
+  void* region_ = nullptr;
+  kernels::InternodeRdmaLayout layout_;
+  std::vector<kernels::transport::RingIssuer> rings_;
+  uint64_t dispatches_ = 0;  // calls so far: the arrival / free words reach these values
+  uint64_t combines_ = 0;
+};
+
+}  // namespace epfabric::client::internal
