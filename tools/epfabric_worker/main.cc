@@ -237,6 +237,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
 
   std::vector<double> dispatch_ms, combine_ms;
   uint64_t bytes = 0;
+  int round_tokens = 0, remote_rows = 0;
   auto run_rounds = [&](int rounds) -> absl::Status {
     // Every round runs even after a mismatch, so that the peers are not left waiting.
     for (int round = 0; round < rounds; ++round) {
@@ -247,6 +248,8 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
       dispatch_ms.push_back(stats.dispatch_ms);
       combine_ms.push_back(stats.combine_ms);
       bytes = stats.bytes;
+      round_tokens += stats.tokens;
+      remote_rows += stats.remote_rows;
     }
     return absl::OkStatus();
   };
@@ -303,10 +306,11 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
             << absl::StrFormat(
                    " ok=1 rounds=%d dispatch_ms=%.3f combine_ms=%.3f bytes=%d max_rel_err=%.3g "
                    "max_rel_err_vs_bf16=%.3g bad_input_refused=%d/%d timeouts=%d backend=%s "
-                   "restart_to_first_dispatch_ms=%.2f",
+                   "restart_to_first_dispatch_ms=%.2f tokens_total=%d remote_rows_total=%d",
                    static_cast<int>(dispatch_ms.size()), Median(dispatch_ms), Median(combine_ms), bytes,
                    checks.max_rel_err(), checks.max_rel_err_vs_bf16, refused, cases, timeouts,
-                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", RestartToFirstDispatchMs())
+                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", RestartToFirstDispatchMs(),
+                   round_tokens, remote_rows)
             << std::endl;
   return 0;
 }

@@ -206,6 +206,19 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
     stats->bytes += static_cast<uint64_t>(want.layout.num_tokens_per_rank[d]) * c.row_bytes;
   }
   stats->bytes += static_cast<uint64_t>(N) * H * 2;
+  stats->tokens = T;
+  if (s.hosts > 1) {
+    const int per_host = R / s.hosts, own = rank / per_host;
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < s.hosts; ++h) {
+        bool goes = false;
+        for (int l = 0; l < per_host && h != own && !goes; ++l) {
+          goes = want.layout.is_token_in_rank[static_cast<size_t>(t) * R + h * per_host + l] != 0;
+        }
+        stats->remote_rows += goes ? 1 : 0;
+      }
+    }
+  }
 
   // The experts, on what this rank received (when that matched the reference, these equal the reference's).
   std::vector<uint16_t> expert_out;
