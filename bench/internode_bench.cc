@@ -165,8 +165,9 @@ int Run(const std::string& out, int tokens, int rounds) {
   report.SetResult("combine_mb_per_host_pair_per_direction", rows_per_pair * (row_bytes + kTopk * 4.0) / 1e6);
   report.SetResult("transport_messages_per_token", remote_rows / total_tokens);
 
-  std::printf("internode bench (host backend, socket wire, 2 hosts x 2 ranks, %d tokens/rank, hidden %d, top-%d of %d)\n",
-              tokens, kHidden, kTopk, kExperts);
+  std::printf(
+      "internode bench (host backend, socket wire, 2 hosts x 2 ranks, %d tokens/rank, hidden %d, top-%d of %d)\n",
+      tokens, kHidden, kTopk, kExperts);
   std::printf("%-48s %12.2f\n", "dispatch (ms, median, slowest rank)", dispatch_ms);
   std::printf("%-48s %12.2f\n", "combine (ms, median, slowest rank)", combine_ms);
   std::printf("%-48s %12.1f\n", "rows per host pair per direction", rows_per_pair);

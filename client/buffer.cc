@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "buffer_internal.h"
 #include "epfabric/common/status_macros.h"
+#include "internode_low_latency.h"
 
 namespace epfabric::client {
 namespace {
@@ -199,8 +200,15 @@ absl::StatusOr<GroupBytes> RequiredGroupBytes(const BufferConfig& config, int nu
     return bytes;
   }
   if (config.low_latency) {
-    return absl::UnimplementedError("low-latency mode across hosts is not implemented yet (normal mode is)");
+    const int world = num_hosts * ranks_per_host;
+    EPF_ASSIGN_OR_RETURN(
+        const kernels::LowLatencyLayout layout,
+        kernels::MakeLowLatencyLayout(config.max_tokens_per_rank, config.hidden, world, config.num_experts));
+    bytes.nvl = layout.total_bytes;
+    bytes.rdma = internal::LowLatencyInternodeRdmaBytes(layout);
+    return bytes;
   }
+
   const internal::InternodeGroupShape shape{.num_hosts = num_hosts, .ranks_per_host = ranks_per_host};
   EPF_ASSIGN_OR_RETURN(bytes.nvl, RequiredRegionBytes(internal::InnerBufferConfig(config, shape), ranks_per_host));
   EPF_ASSIGN_OR_RETURN(const kernels::InternodeRdmaLayout layout,
@@ -293,11 +301,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const B
 // A group that spans hosts (internode_path.h): an inner Buffer over this host's ranks, the outer one for the layout.
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, const BufferConfig& config,
                                                                 std::shared_ptr<Allocator> allocator) {
-  if (config.low_latency) {
-    return absl::UnimplementedError(
-        absl::StrFormat("group '%s' spans hosts: low-latency mode across hosts is not implemented yet (normal mode is)",
-                        lease->group_name()));
-  }
+  if (config.low_latency) return CreateLowLatencyInternode(lease, config, std::move(allocator));
   EPF_ASSIGN_OR_RETURN(const internal::InternodeGroupShape shape, internal::InternodeShapeOf(*lease));
   EPF_ASSIGN_OR_RETURN(const GroupBytes bytes, RequiredGroupBytes(config, shape.num_hosts, shape.ranks_per_host));
   const BufferConfig inner_config = internal::InnerBufferConfig(config, shape);
@@ -323,6 +327,47 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), outer));
   EPF_ASSIGN_OR_RETURN(state->internode,
                        internal::InternodePath::Create(lease, config, shape, std::move(inner), std::move(allocator)));
+  return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
+}
+
+// Low latency across hosts (internode_low_latency.h): the host backend's low-latency path over all ranks, the ranks
+// on other hosts reached through the transport.
+absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
+                                                                          std::shared_ptr<Allocator> allocator) {
+  if (lease->backend() != v1::BACKEND_HOST) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "group '%s' spans hosts: low-latency mode across hosts runs on the host backend only so far (normal mode "
+        "runs on both)",
+        lease->group_name()));
+  }
+  const int world = lease->world_size();
+  if (world > kernels::kMaxNvlPeers) {
+    return InvalidValue("world_size", world,
+                        absl::StrCat("at most ", kernels::kMaxNvlPeers, " ranks in low-latency mode across hosts"));
+  }
+  EPF_ASSIGN_OR_RETURN(const internal::InternodeGroupShape shape, internal::InternodeShapeOf(*lease));
+  EPF_ASSIGN_OR_RETURN(const GroupBytes bytes, RequiredGroupBytes(config, shape.num_hosts, shape.ranks_per_host));
+  EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, lease->nvl_ranks(), bytes.nvl));
+  EPF_ASSIGN_OR_RETURN(
+      const kernels::LowLatencyLayout layout,
+      kernels::MakeLowLatencyLayout(config.max_tokens_per_rank, config.hidden, world, config.num_experts));
+  EPF_ASSIGN_OR_RETURN(auto remote, internal::LowLatencyRemote::Create(lease, layout, config.timeout));
+  auto state = std::make_unique<State>();
+  state->lease = lease;
+  state->config = config;
+  state->allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(lease->backend());
+  state->rank = lease->rank();
+  state->num_ranks = world;
+  state->experts_per_rank = config.num_experts / world;
+  internal::DataPathConfig path{.config = config,
+                                .rank = state->rank,
+                                .num_ranks = world,
+                                .experts_per_rank = state->experts_per_rank,
+                                .allocator = state->allocator};
+  for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(r);
+  remote->Configure(&path);
+  EPF_ASSIGN_OR_RETURN(auto host_path, internal::DataPath::Create(lease->backend(), path));
+  EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(host_path), std::move(remote)));
   return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
 }
 

@@ -42,6 +42,25 @@ struct View {
   uint8_t* HalfBase(int r) const { return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * half; }
   uint8_t* OtherHalfBase(int r) const { return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * (half ^ 1); }
   bool Masked(int r) const { return ((masked >> r) & 1u) != 0; }
+  // Across hosts (LowLatencyContext::remote_ranks): rank r is on another host; HalfBase(r) is then this rank's
+  // staging copy for r, and what r sends this rank lands in the inbox.
+  bool Remote(int r) const { return ((ctx.remote_ranks >> r) & 1u) != 0; }
+  const uint8_t* InHalf(int s) const {
+    const void* base = Remote(s) ? ctx.remote_inbox : ctx.peer_regions[rank];
+    return static_cast<const uint8_t*>(base) + l.half_bytes * half;
+  }
+  // After writing `bytes` at `at` inside HalfBase(r): sends the range on when r is on another host (the transport
+  // keeps the order of one rank's sends, so a signal sent after data arrives after it). A failed send is recorded by
+  // the caller's put function; the receiver's bounded wait ends the call.
+  void Sent(int r, const void* at, size_t bytes) const {
+    if (!Remote(r) || bytes == 0) return;
+    const size_t offset = static_cast<const uint8_t*>(at) - static_cast<const uint8_t*>(ctx.peer_regions[r]);
+    (void)ctx.remote_put(ctx.remote_put_arg, r, offset, bytes);
+  }
+  void Signal(int r, int32_t* word, int32_t value) const {
+    StoreRelease(word, value);
+    Sent(r, word, sizeof(int32_t));
+  }
   // A peer that did not answer in time: skipped for the rest of the call and, as on the GPU, in later calls.
   void MaskAfterTimeout(int r) {
     masked |= 1u << r;
@@ -62,6 +81,9 @@ View MakeView(const LowLatencyContext& ctx, int half) {
 // Zeroes the signals of the half the previous call used and the next call will use (see the file comment).
 void CleanOtherHalfSignals(const View& v) {
   std::memset(v.OtherHalfBase(v.rank), 0, v.l.signal_bytes);
+  if (v.ctx.remote_inbox != nullptr) {
+    std::memset(static_cast<uint8_t*>(v.ctx.remote_inbox) + v.l.half_bytes * (v.half ^ 1), 0, v.l.signal_bytes);
+  }
   // The release stores that follow publish the zeroes together with the data.
 }
 
@@ -112,6 +134,7 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
       } else {
         std::memcpy(payload, row, static_cast<size_t>(H) * 2);
       }
+      v.Sent(r, msg, kLowLatencyMessageHeaderBytes + (a.use_fp8 ? H + G * sizeof(float) : static_cast<size_t>(H) * 2));
     }
   }
   // Routing: per global expert, the tokens that chose it (first top-k position), ascending, then the count. The
@@ -131,8 +154,9 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
         }
       }
     }
-    StoreRelease(reinterpret_cast<int32_t*>(v.HalfBase(r) + l.dispatch_count_offset) + local * v.num_ranks + v.rank,
-                 -count - 1);
+    v.Sent(r, table, static_cast<size_t>(count) * sizeof(int32_t));
+    v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.dispatch_count_offset) + local * v.num_ranks + v.rank,
+             -count - 1);
   }
 }
 
@@ -142,7 +166,6 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
   const int G = H / kFp8GroupSize;
   const size_t slots = static_cast<size_t>(R) * M;
   const size_t row_bytes = a.use_fp8 ? static_cast<size_t>(H) : static_cast<size_t>(H) * 2;
-  const uint8_t* my_half = v.HalfBase(v.rank);
   uint8_t* packed_x = static_cast<uint8_t*>(a.packed_recv_x);
   // The token map (an output of this phase) is reset here; the GPU does it in the send phase because its receive
   // blocks cannot order a reset before their own writes without a grid-wide sync.
@@ -152,7 +175,7 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
     for (int s = 0; s < R; ++s) {
       counts[s] = 0;
       if (v.Masked(s)) continue;
-      const int32_t* signal = reinterpret_cast<const int32_t*>(my_half + l.dispatch_count_offset) + local * R + s;
+      const int32_t* signal = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
       int32_t value = 0;
       if (BoundedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
@@ -170,9 +193,9 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
     for (int s = 0; s < R; ++s) {
       const int count = counts[s];
       a.packed_recv_layout_range[local * R + s] = (static_cast<int64_t>(begin) << 32) | static_cast<uint32_t>(count);
-      const int32_t* table = reinterpret_cast<const int32_t*>(my_half + l.dispatch_table_offset) +
+      const int32_t* table = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.dispatch_table_offset) +
                              (static_cast<size_t>(local) * R + s) * M;
-      const uint8_t* msgs = my_half + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
+      const uint8_t* msgs = v.InHalf(s) + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
       for (int j = 0; j < count; ++j) {
         // Peer data: the token must have a message slot (t < M) and k0 a top-k position; a bad entry is reported
         // and its row left unwritten.
@@ -244,12 +267,13 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (!v.Masked(r)) StoreRelease(reinterpret_cast<int32_t*>(v.HalfBase(r) + l.weights_flag_offset) + v.rank, 1);
+    if (v.Masked(r)) continue;
+    v.Sent(r, v.HalfBase(r) + l.combine_weights_offset + static_cast<size_t>(v.rank) * M * kLowLatencyMaxTopk * 4,
+           static_cast<size_t>(a.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
+    v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.weights_flag_offset) + v.rank, 1);
   }
   // Partial sums per (source rank, token) over this rank's experts, in top-k order.
-  const uint8_t* my_half = v.HalfBase(v.rank);
-  const float* weights_in = reinterpret_cast<const float*>(my_half + l.combine_weights_offset);
-  const int32_t* weights_flag = reinterpret_cast<const int32_t*>(my_half + l.weights_flag_offset);
+  // What source s published lands in its own inbox half (InHalf(s)).
   uint32_t have_weights = 0;
   std::vector<float> acc(H);
   int32_t rows[kLowLatencyMaxTopk];
@@ -264,7 +288,8 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
       }
       if (num_present == 0) continue;
       if (((have_weights >> s) & 1u) == 0) {
-        if (!BoundedWait([&] { return LoadAcquire(weights_flag + s) != 0; }, v.ctx.timeout_ns)) {
+        const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
+        if (!BoundedWait([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns)) {
           failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
           v.MaskAfterTimeout(s);
           break;
@@ -273,8 +298,10 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
       }
       num_present = 0;
       for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
-        if (map[k] >= 0)
-          row_weights[num_present++] = weights_in[(static_cast<size_t>(s) * M + t) * kLowLatencyMaxTopk + k];
+        if (map[k] >= 0) {
+          row_weights[num_present++] = reinterpret_cast<const float*>(
+              v.InHalf(s) + l.combine_weights_offset)[(static_cast<size_t>(s) * M + t) * kLowLatencyMaxTopk + k];
+        }
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int j = 0; j < num_present; ++j) {
@@ -283,26 +310,25 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
       uint16_t* dst = reinterpret_cast<uint16_t*>(v.HalfBase(s) + l.combine_recv_offset) +
                       (static_cast<size_t>(t) * R + v.rank) * H;
       internal::StoreBf16Row(dst, acc.data(), H);
+      v.Sent(s, dst, static_cast<size_t>(H) * 2);
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (!v.Masked(r)) StoreRelease(reinterpret_cast<int32_t*>(v.HalfBase(r) + l.combine_flag_offset) + v.rank, 1);
+    if (!v.Masked(r)) v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.combine_flag_offset) + v.rank, 1);
   }
 }
 
 void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure) {
   const LowLatencyLayout& l = v.l;
   const int H = l.hidden, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts, K = a.num_topk;
-  const uint8_t* my_half = v.HalfBase(v.rank);
   for (int r = 0; r < R; ++r) {
     if (v.Masked(r)) continue;
-    const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + r;
+    const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
     if (!BoundedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns)) {
       failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }
   }
-  const uint16_t* recv = reinterpret_cast<const uint16_t*>(my_half + l.combine_recv_offset);
   uint16_t* out = static_cast<uint16_t*>(a.combined_x);
   std::vector<float> acc(H);
   for (int t = 0; t < a.num_tokens; ++t) {
@@ -315,6 +341,7 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int r = 0; r < R; ++r) {
       if (((ranks >> r) & 1u) == 0) continue;
+      const uint16_t* recv = reinterpret_cast<const uint16_t*>(v.InHalf(r) + l.combine_recv_offset);
       internal::AddBf16Row(acc.data(), recv + (static_cast<size_t>(t) * R + r) * H, H);
     }
     internal::StoreBf16Row(out + static_cast<size_t>(t) * H, acc.data(), H);
@@ -359,6 +386,9 @@ absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {
   for (int half = 0; half < 2; ++half) {
     std::memset(static_cast<uint8_t*>(ctx.peer_regions[ctx.rank]) + half * ctx.layout.half_bytes, 0,
                 ctx.layout.signal_bytes);
+    if (ctx.remote_inbox != nullptr) {
+      std::memset(static_cast<uint8_t*>(ctx.remote_inbox) + half * ctx.layout.half_bytes, 0, ctx.layout.signal_bytes);
+    }
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -72,6 +73,7 @@ class InternodeTest : public ::testing::Test {
     for (int r = 0; r < world(); ++r) request.add_ranks(r);
     request.set_num_nvl_bytes(bytes->first);
     request.set_num_rdma_bytes(bytes->second);
+    request.set_low_latency(std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end());
     v1::CreateGroupResponse response;
     grpc::Status status;
     for (int attempt = 0; attempt < 20; ++attempt) {
@@ -110,6 +112,21 @@ class InternodeTest : public ::testing::Test {
   std::unique_ptr<FabricUnderTest> fabric_;
 };
 
+std::vector<std::string> LowLatency(int tokens, int hidden, int topk, int experts, bool fp8, int seed,
+                                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--mode=low_latency",
+                                   absl::StrCat("--tokens=", tokens),
+                                   absl::StrCat("--hidden=", hidden),
+                                   absl::StrCat("--topk=", topk),
+                                   absl::StrCat("--experts=", experts),
+                                   absl::StrCat("--seed=", seed),
+                                   "--repeats=4",
+                                   "--timeout_ms=10000"};
+  if (fp8) args.push_back("--fp8");
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 std::vector<std::string> Scenario(int tokens, int hidden, int topk, int experts, bool fp8, int seed,
                                   std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"--mode=normal",
@@ -139,6 +156,12 @@ TEST_F(InternodeTest, TwoHostsOfTwoRanks) {
   Run("hidden-7168", Scenario(16, 7168, 8, 32, false, 18, {"--fixed_tokens"}));
   Run("hidden-7168-fp8", Scenario(16, 7168, 8, 32, true, 19, {"--fixed_tokens"}));
   Run("bad-input", Scenario(16, 128, 4, 8, false, 20, {"--bad_input"}));
+  Run("ll-fp8", LowLatency(16, 256, 4, 16, true, 51));
+  Run("ll-bf16", LowLatency(16, 256, 4, 16, false, 52, {"--empty_fraction=0.6"}));
+  Run("ll-silent", LowLatency(16, 128, 4, 8, true, 53, {"--routing=silent", "--silent_rank=3"}));
+  Run("ll-one-expert", LowLatency(16, 128, 4, 8, false, 54, {"--routing=one_expert"}));
+  Run("ll-hidden-7168", LowLatency(8, 7168, 8, 32, true, 55, {"--fixed_tokens"}));
+  Run("ll-bad-input", LowLatency(8, 128, 4, 8, false, 56, {"--bad_input"}));
 }
 
 TEST_F(InternodeTest, ThreeHostsOfOneRank) {
@@ -146,12 +169,14 @@ TEST_F(InternodeTest, ThreeHostsOfOneRank) {
   Run("random", Scenario(32, 256, 4, 12, false, 21));
   Run("fp8", Scenario(32, 256, 4, 12, true, 22, {"--empty_fraction=0.6"}));
   Run("one-expert", Scenario(16, 128, 2, 6, false, 23, {"--routing=one_expert"}));
+  Run("ll", LowLatency(16, 256, 4, 12, true, 24));
 }
 
 TEST_F(InternodeTest, TwoHostsOfThreeRanks) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(2, 3));
   Run("random", Scenario(24, 256, 4, 12, false, 31));
   Run("fp8-silent", Scenario(24, 256, 6, 24, true, 32, {"--routing=silent", "--silent_rank=4"}));
+  Run("ll", LowLatency(16, 256, 4, 12, false, 33));
 }
 
 // A one-host group forced through the internode path (RDMA stage included) gives the intranode path's bits: the

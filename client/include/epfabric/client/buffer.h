@@ -241,6 +241,8 @@ class Buffer {
                                                             std::shared_ptr<Allocator> allocator);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateInternode(Lease* lease, const BufferConfig& config,
                                                                  std::shared_ptr<Allocator> allocator);
+  static absl::StatusOr<std::unique_ptr<Buffer>> CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
+                                                                           std::shared_ptr<Allocator> allocator);
   std::unique_ptr<State> state_;
 };
 

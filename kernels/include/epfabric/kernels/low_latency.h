@@ -24,6 +24,11 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
 // Bytes of one rank's region (what the daemon allocates per rank for a low-latency group).
 absl::StatusOr<size_t> LowLatencyRegionBytes(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts);
 
+// Groups across hosts (host backend only, docs/internode-dispatch.md): called after this rank wrote `bytes` at `offset`
+// of peer_regions[dst_rank] (its staging copy for a rank on another host) so that the range is sent to the same
+// offset of dst_rank's inbox. Returns false when the send could not be queued (the caller records why).
+using LowLatencyRemotePut = bool (*)(void* arg, int dst_rank, size_t offset, size_t bytes);
+
 // What a rank's kernels need to reach the group: its own and its peers' regions, the failure controls.
 struct LowLatencyContext {
   int rank = 0;
@@ -41,6 +46,13 @@ struct LowLatencyContext {
   // Blocks per launch; 0 = the device's SM count.
   int num_blocks = 0;
   uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in status_word.h)
+  // Across hosts (host backend): bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging
+  // copy (halves only) in this rank's RDMA region, every write into it is followed by remote_put, and what r sends
+  // this rank is read from remote_inbox (the same layout, halves only) instead of peer_regions[rank].
+  uint32_t remote_ranks = 0;
+  void* remote_inbox = nullptr;
+  LowLatencyRemotePut remote_put = nullptr;
+  void* remote_put_arg = nullptr;
 };
 
 // Which phases a launch runs. kSendAndRecv is the ordinary call; with a receive hook the caller launches kSend,

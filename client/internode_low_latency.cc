@@ -1,0 +1,144 @@
+// Low-latency mode across hosts on the host backend (internode_low_latency.h).
+#include "internode_low_latency.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "epfabric/common/status_macros.h"
+
+namespace epfabric::client::internal {
+namespace transport = kernels::transport;
+
+uint64_t LowLatencyInternodeRdmaBytes(const kernels::LowLatencyLayout& layout) {
+  return static_cast<uint64_t>(1 + layout.num_ranks) * 2 * layout.half_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease* lease,
+                                                                           const kernels::LowLatencyLayout& layout,
+                                                                           absl::Duration timeout) {
+  auto remote = std::unique_ptr<LowLatencyRemote>(new LowLatencyRemote());
+  remote->lease_ = lease;
+  remote->timeout_ = timeout;
+  remote->rdma_ = static_cast<uint8_t*>(lease->rdma_region());
+  remote->halves_bytes_ = 2 * layout.half_bytes;
+  const uint64_t need = LowLatencyInternodeRdmaBytes(layout);
+  if (remote->rdma_ == nullptr || lease->rdma_region_bytes() < need) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group '%s' spans hosts: its RDMA region has %d bytes, low latency needs %d (RequiredGroupBytes)",
+        lease->group_name(), lease->rdma_region_bytes(), need));
+  }
+  for (int r = 0; r < lease->world_size(); ++r) {
+    if (lease->region(r) == nullptr) remote->remote_ranks_ |= 1u << r;
+  }
+  void* commands = lease->commands_region();
+  const int channels = static_cast<int>(lease->group().transport_channels());
+  const uint32_t slots = lease->group().ring_slots();
+  if (commands == nullptr || channels < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", lease->group_name(), "' has no transport command rings mapped"));
+  }
+  for (int c = 0; c < channels; ++c) {
+    EPF_ASSIGN_OR_RETURN(transport::RingIssuer ring,
+                         transport::RingIssuer::Create(transport::RingAt(commands, c, slots), c, slots));
+    remote->rings_.push_back(ring);
+  }
+  return remote;
+}
+
+void LowLatencyRemote::Configure(DataPathConfig* config) const {
+  for (int r = 0; r < config->num_ranks; ++r) {
+    if ((remote_ranks_ >> r) & 1u) config->peer_regions[r] = rdma_ + (1 + static_cast<size_t>(r)) * halves_bytes_;
+  }
+  config->remote_ranks = remote_ranks_;
+  config->remote_inbox = rdma_;
+  config->remote_put = &LowLatencyRemote::Put;
+  config->remote_put_arg = const_cast<LowLatencyRemote*>(this);
+}
+
+// One ring per destination (its rank modulo the rings), so that a destination sees this rank's sends in order.
+bool LowLatencyRemote::Put(void* self, int dst_rank, size_t offset, size_t bytes) {
+  auto* remote = static_cast<LowLatencyRemote*>(self);
+  transport::RingIssuer& ring = remote->rings_[dst_rank % remote->rings_.size()];
+  const uint64_t staging = (1 + static_cast<uint64_t>(dst_rank)) * remote->halves_bytes_;
+  absl::Status sent = ring.Put(dst_rank, offset, staging + offset, bytes, remote->timeout_);
+  if (sent.ok()) return true;
+  std::lock_guard<std::mutex> lock(remote->mu_);
+  if (remote->error_.ok()) remote->error_ = sent;
+  return false;
+}
+
+absl::Status LowLatencyRemote::Quiet() {
+  for (transport::RingIssuer& ring : rings_) EPF_RETURN_IF_ERROR(ring.Quiet(timeout_));
+  return absl::OkStatus();
+}
+
+absl::Status LowLatencyRemote::TakeError() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(error_, absl::OkStatus());
+}
+
+namespace {
+
+class LowLatencyInternodePath final : public DataPath {
+ public:
+  LowLatencyInternodePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote)
+      : inner_(std::move(inner)), remote_(std::move(remote)) {}
+
+  v1::Backend backend() const override { return inner_->backend(); }
+  absl::Status CheckExpertIndices(const TensorView& topk_idx) override { return inner_->CheckExpertIndices(topk_idx); }
+  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
+    return inner_->CheckDispatchExpertIndices(args, stream);
+  }
+  absl::Status Layout(kernels::DispatchLayoutParams params, DispatchLayout* layout, cudaStream_t stream) override {
+    return inner_->Layout(params, layout, stream);
+  }
+  absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams, std::vector<int32_t>*, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status Dispatch(const kernels::IntranodeDispatchParams&, kernels::IntranodeHandle*, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status Combine(const kernels::IntranodeCombineParams&, const kernels::IntranodeHandle&, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
+    return Finish(inner_->LowLatencyDispatch(args, stream));
+  }
+  absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
+    return Finish(inner_->LowLatencyCombine(args, stream));
+  }
+  absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
+    return inner_->ValidateLowLatencyDispatch(args);
+  }
+  absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const override {
+    return inner_->ValidateLowLatencyCombine(args);
+  }
+  void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
+  absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
+  absl::Status Reset(cudaStream_t stream) override {
+    remote_->TakeError().IgnoreError();
+    return inner_->Reset(stream);
+  }
+
+ private:
+  // A failed send explains the call better than the wait it caused; the quiet makes the sends complete.
+  absl::Status Finish(absl::Status ran) {
+    absl::Status quiet = remote_->Quiet();
+    if (absl::Status sent = remote_->TakeError(); !sent.ok()) return sent;
+    if (!ran.ok()) return ran;
+    return quiet;
+  }
+
+  std::unique_ptr<DataPath> inner_;
+  std::unique_ptr<LowLatencyRemote> remote_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyInternodePath(std::unique_ptr<DataPath> inner,
+                                                                     std::unique_ptr<LowLatencyRemote> remote) {
+  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyInternodePath>(std::move(inner), std::move(remote)));
+}
+
+}  // namespace epfabric::client::internal

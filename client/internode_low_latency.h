@@ -1,0 +1,59 @@
+// Internal: low-latency mode for a group that spans hosts, on the host backend (issue #12;
+// docs/internode-dispatch.md). The host backend's low-latency code runs over all ranks as usual; a rank on another
+// host gets a staging copy in this rank's RDMA region as its "region", and every range written there is put over the
+// transport into that rank's inbox (the first part of its RDMA region), ordered per destination by the rings. What
+// the other hosts send this rank is read from its own inbox.
+//
+// RDMA region of a rank: [inbox: 2 halves][staging for rank 0: 2 halves]...[staging for rank R-1: 2 halves].
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data_path.h"
+#include "epfabric/client/client.h"
+#include "epfabric/kernels/low_latency.h"
+#include "epfabric/kernels/transport/issuer.h"
+
+namespace epfabric::client::internal {
+
+// Bytes of the RDMA region for `layout` (a low-latency layout over all ranks of the group).
+uint64_t LowLatencyInternodeRdmaBytes(const kernels::LowLatencyLayout& layout);
+
+// The transport side: the staging copies, the inbox and the put function the host backend calls.
+class LowLatencyRemote {
+ public:
+  static absl::StatusOr<std::unique_ptr<LowLatencyRemote>> Create(Lease* lease, const kernels::LowLatencyLayout& layout,
+                                                                  absl::Duration timeout);
+  // Fills the context fields of a DataPathConfig: the ranks on other hosts, their staging copies as peer regions,
+  // the inbox and the put function.
+  void Configure(DataPathConfig* config) const;
+  // Waits until every send so far is in place at its destination.
+  absl::Status Quiet();
+  // The first send that failed since the last call (then cleared).
+  absl::Status TakeError();
+
+ private:
+  LowLatencyRemote() = default;
+  static bool Put(void* self, int dst_rank, size_t offset, size_t bytes);
+
+  Lease* lease_ = nullptr;
+  uint8_t* rdma_ = nullptr;
+  size_t halves_bytes_ = 0;  // 2 * half_bytes: the inbox and each staging copy
+  uint32_t remote_ranks_ = 0;
+  absl::Duration timeout_;
+  std::vector<kernels::transport::RingIssuer> rings_;
+  std::mutex mu_;
+  absl::Status error_;
+};
+
+// A DataPath that runs the host path's low-latency calls and quiets the transport after each (so that a caller
+// that detaches right after a call does not take its last sends with it), reporting failed sends.
+absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyInternodePath(std::unique_ptr<DataPath> inner,
+                                                                     std::unique_ptr<LowLatencyRemote> remote);
+
+}  // namespace epfabric::client::internal
