@@ -104,6 +104,7 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
   const int H = shape_.num_hosts;
   std::vector<uint64_t> words(H);
   const absl::Time deadline = absl::Now() + config_.timeout;
+  absl::Time next_probe = absl::Now() + absl::Milliseconds(100);
   for (int polls = 0;; ++polls) {
     EPF_RETURN_IF_ERROR(access_->ReadWords(region() + offset, words.data(), H));
     int missing = -1;
@@ -118,6 +119,14 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
             transport::RingAt(lease_->commands_region(), ring.channel(), lease_->group().ring_slots()));
         EPF_RETURN_IF_ERROR(transport::RingErrorStatus(ring.channel(), *control));
       }
+    }
+    // A peer whose daemon died while nothing of ours was in flight to it would only show as this wait's timeout: a
+    // signal_add of 0 to the awaited rank every 100 ms fails at once when its daemon is gone (the ring then reports
+    // UNAVAILABLE naming it on the next poll), and changes nothing otherwise.
+    if (absl::Now() > next_probe) {
+      next_probe = absl::Now() + absl::Milliseconds(100);
+      EPF_RETURN_IF_ERROR(
+          RingFor(missing).SignalAdd(PeerRank(missing), offset + shape_.host * kWordBytes, 0, config_.timeout));
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrFormat(
@@ -313,10 +322,10 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
   if (cached) {
     inner_args.cached = plan->inner;
   } else {
-    EPF_ASSIGN_OR_RETURN(inner_layout, inner_->GetDispatchLayout(idx_fwd.view, stream));
+    EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(idx_fwd.view, stream)));
     inner_args.layout = &inner_layout;
   }
-  EPF_ASSIGN_OR_RETURN(DispatchResult result, inner_->Dispatch(inner_args, stream));
+  EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(inner_->Dispatch(inner_args, stream)));
 
   auto handle = std::make_shared<DispatchHandle>(*result.handle);
   handle->num_tokens = num_tokens;
@@ -353,7 +362,7 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
     inner_args.bias_0 = args.bias_0;
     inner_args.bias_1 = args.bias_1;
   }
-  EPF_ASSIGN_OR_RETURN(CombineResult partial, inner_->Combine(inner_args, stream));
+  EPF_ASSIGN_OR_RETURN(CombineResult partial, Stage(inner_->Combine(inner_args, stream)));
 
   ++combines_;
   EPF_RETURN_IF_ERROR(QuietAll());  // our previous combine's puts from the send slabs are done
@@ -421,10 +430,20 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
   return result;
 }
 
-absl::Status InternodePath::Check(cudaStream_t stream) { return inner_->Check(stream); }
+absl::Status InternodePath::Check(cudaStream_t stream) { return Annotate(inner_->Check(stream)); }
+
+absl::Status InternodePath::Annotate(absl::Status status) const {
+  if (status.ok()) return status;
+  const int first = shape_.host * shape_.ranks_per_host;
+  return absl::Status(status.code(),
+                      absl::StrFormat("host %d's NVLink stage (its local rank i is group rank %d + i): %s", shape_.host,
+                                      first, status.message()));
+}
 
 absl::Status InternodePath::Reset(cudaStream_t stream) {
-  EPF_RETURN_IF_ERROR(inner_->Reset(stream));
+  // Our sends are complete before the words are zeroed, so none lands in a peer after its own reset.
+  EPF_RETURN_IF_ERROR(QuietAll());
+  EPF_RETURN_IF_ERROR(Annotate(inner_->Reset(stream)));
   EPF_RETURN_IF_ERROR(access_->Zero(region_, layout_.signal_bytes, stream));
   EPF_RETURN_IF_ERROR(access_->Sync(stream));
   dispatches_ = 0;

@@ -90,6 +90,13 @@ class InternodePath {
   // Waits until word[h] of the section at `offset` reaches `target` for every host but this one.
   absl::Status WaitWords(size_t offset, uint64_t target, const char* what);
   absl::Status QuietAll();
+  // The inner Buffer's errors name ranks by their index on this host: say so, with the group rank of index 0.
+  absl::Status Annotate(absl::Status status) const;
+  template <typename T>
+  absl::StatusOr<T> Stage(absl::StatusOr<T> result) const {
+    if (result.ok()) return result;
+    return Annotate(result.status());
+  }
   absl::StatusOr<std::shared_ptr<InternodeHandle>> Plan(const DispatchArgs& args, int num_tokens, cudaStream_t stream);
   absl::Status SendRows(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes, int num_scales,
                         int num_topk, cudaStream_t stream);

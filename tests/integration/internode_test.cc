@@ -7,11 +7,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -185,6 +192,130 @@ TEST_F(InternodeTest, OneHostThroughTheInternodePathMatchesIntranodeBitForBit) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(1, 2));
   Run("forced", Scenario(32, 256, 4, 8, false, 41, {"--force_internode"}));
   Run("forced-fp8", Scenario(32, 256, 4, 8, true, 42, {"--force_internode", "--empty_fraction=0.5"}));
+}
+
+bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (const std::string& name : names) {
+    while (!std::filesystem::exists(dir + "/" + name)) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  return true;
+}
+
+// A client killed mid-run (rank 3, host 1): its peers' calls end within their timeout (1 s here) with
+// DEADLINE_EXCEEDED naming a rank, every survivor resets, a new process takes rank 3, and all four finish checked
+// rounds on the same group.
+TEST_F(InternodeTest, AKilledClientTimesOutItsPeersAndTheRankRejoins) {
+  ASSERT_NO_FATAL_FAILURE(StartFabric(2, 2));
+  constexpr int kVictim = 3;
+  const std::string dir = ::testing::TempDir() + "/internode-kill-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> scenario = Scenario(32, 512, 4, 16, false, 61, {"--timeout_ms=1000"});
+  auto token = CreateGroup("kill", scenario);
+  ASSERT_TRUE(token.ok()) << token.status();
+  auto start = [&](int r, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(r).socket(), "--group=kill",
+                                     absl::StrCat("--rank=", r), "--token=" + *token};
+    argv.insert(argv.end(), scenario.begin(), scenario.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return Subprocess::Start(argv);
+  };
+  std::vector<Subprocess> workers;
+  for (int r = 0; r < world(); ++r) {
+    auto worker = start(r, {"--until_timeout", "--recover_dir=" + dir, "--max_seconds=60"});
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(std::move(*worker));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (Subprocess& worker : workers) {
+    while (worker.Stdout().find(" running") == std::string::npos && worker.running() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(workers[kVictim].running()) << workers[kVictim].Stdout() << workers[kVictim].Stderr();
+  const absl::Time killed = absl::Now();
+  workers[kVictim].Signal(SIGKILL);
+  ASSERT_TRUE(WaitForFiles(dir, {"timedout.0", "timedout.1", "timedout.2"}, absl::Seconds(15)))
+      << "survivors did not time out:\n"
+      << workers[0].Stdout() << workers[1].Stdout() << workers[2].Stdout();
+  const double detect_ms = absl::ToDoubleMilliseconds(absl::Now() - killed);
+  std::cout << "survivors timed out within " << detect_ms << " ms of the kill\n";
+  EXPECT_LT(detect_ms, 2000);
+  bool named_victim = false;
+  for (int r = 0; r < kVictim; ++r) {
+    const std::string out = workers[r].Stdout();
+    const size_t at = out.find(absl::StrCat("EPF_EVENT rank=", r, " timeout status="));
+    ASSERT_NE(at, std::string::npos) << out;
+    const std::string event = out.substr(at, out.find('\n', at) - at);
+    std::cout << event << "\n";
+    EXPECT_THAT(event, HasSubstr("DEADLINE_EXCEEDED"));
+    EXPECT_THAT(event, HasSubstr("rank "));
+    named_victim = named_victim || absl::StrContains(event, "from rank 3") ||
+                   (absl::StrContains(event, "group rank 2 + i") && absl::StrContains(event, "from rank 1"));
+  }
+  EXPECT_TRUE(named_victim) << "no survivor named the killed rank";
+
+  std::ofstream(dir + "/reset").put('\n');
+  ASSERT_TRUE(WaitForFiles(dir, {"reset.0", "reset.1", "reset.2"}, absl::Seconds(15)));
+  auto fresh = start(kVictim, {"--reset_first", "--recover_dir=" + dir});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  ASSERT_TRUE(WaitForFiles(dir, {"ready.3"}, absl::Seconds(15))) << fresh->Stdout() << fresh->Stderr();
+  std::ofstream(dir + "/go").put('\n');
+  for (int r = 0; r < world(); ++r) {
+    Subprocess& w = r == kVictim ? *fresh : workers[r];
+    auto code = w.Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << "rank " << r << ": " << code.status();
+    EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << w.Stdout() << w.Stderr();
+    EXPECT_THAT(w.Stdout(), HasSubstr(" ok=1 ")) << w.Stderr();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A host's daemon killed mid-run: the transport to it breaks, so the rank that sends to it fails at once
+// (UNAVAILABLE naming it) instead of waiting out its timeout; every other call ends within its own bound.
+TEST_F(InternodeTest, AKilledDaemonFailsTheCallsThatNeedItAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartFabric(2, 2));
+  const std::vector<std::string> scenario = Scenario(32, 512, 4, 16, false, 71, {"--timeout_ms=3000"});
+  auto token = CreateGroup("daemon-kill", scenario);
+  ASSERT_TRUE(token.ok()) << token.status();
+  std::vector<Subprocess> workers;
+  for (int r = 0; r < world(); ++r) {
+    std::vector<std::string> argv = {WorkerBinary(),        "--socket=" + fabric_->daemon(r).socket(),
+                                     "--group=daemon-kill", absl::StrCat("--rank=", r),
+                                     "--token=" + *token,   "--until_timeout",
+                                     "--max_seconds=60"};
+    argv.insert(argv.end(), scenario.begin(), scenario.end());
+    auto worker = Subprocess::Start(argv);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    workers.push_back(std::move(*worker));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (Subprocess& worker : workers) {
+    while (worker.Stdout().find(" running") == std::string::npos && worker.running() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time killed = absl::Now();
+  fabric_->Kill(3);
+  // Rank 1 is rank 3's gateway and sends to it every call.
+  auto code = workers[1].Wait(absl::Seconds(10));
+  const double ms = absl::ToDoubleMilliseconds(absl::Now() - killed);
+  ASSERT_TRUE(code.ok()) << "rank 1 did not finish";
+  std::cout << "rank 1 ended " << ms << " ms after the kill: " << workers[1].Stdout() << "\n";
+  EXPECT_LT(ms, 2000);
+  EXPECT_THAT(workers[1].Stdout(), HasSubstr("UNAVAILABLE"));
+  EXPECT_THAT(workers[1].Stdout(), HasSubstr("rank 3"));
+  for (int r : {0, 2, 3}) {
+    auto ended = workers[r].Wait(absl::Seconds(20));
+    EXPECT_TRUE(ended.ok()) << "rank " << r << " hangs: " << workers[r].Stdout();
+    if (!ended.ok()) workers[r].Signal(SIGKILL);
+  }
 }
 
 }  // namespace
