@@ -71,7 +71,7 @@ absl::Status CheckRegions(const Lease& lease, const BufferConfig& config, const 
     if (lease.region_bytes(r) < required) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "region of rank %d has %d bytes; config (max_tokens_per_rank %d, hidden %d, max_topk %d, num_experts %d, "
-          "num_sms %d, low_latency %s) needs %d (RequiredRegionBytes, or RequiredGroupBytes across hosts)",
+          "num_sms %d, low_latency %s) needs RequiredRegionBytes = %d (across hosts: RequiredGroupBytes)",
           r, lease.region_bytes(r), config.max_tokens_per_rank, config.hidden, config.max_topk, config.num_experts,
           config.num_sms, BoolName(config.low_latency), required));
     }
