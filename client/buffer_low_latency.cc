@@ -136,10 +136,17 @@ absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombine(const LowLaten
   EPF_RETURN_IF_ERROR(ExpectTensor(args.topk_weights, "topk_weights", DType::kFloat32, {num_tokens, num_topk},
                                    "[num_tokens, num_topk], as topk_idx"));
   EPF_RETURN_IF_ERROR(s.path->CheckExpertIndices(args.topk_idx));
+  if (!args.out.empty()) {
+    EPF_RETURN_IF_ERROR(ExpectTensor(args.out, "out", DType::kBF16, {num_tokens, H}, "[num_tokens, hidden]"));
+  }
   EPF_RETURN_IF_ERROR(s.Usable());
 
   LowLatencyCombineResult result;
-  EPF_ASSIGN_OR_RETURN(result.combined_x, s.NewTensor(DType::kBF16, {num_tokens, H}, stream));
+  if (args.out.empty()) {
+    EPF_ASSIGN_OR_RETURN(result.combined_x, s.NewTensor(DType::kBF16, {num_tokens, H}, stream));
+  } else {
+    result.combined_x.view = args.out;  // the caller owns it
+  }
   kernels::LowLatencyCombineArgs cb;
   cb.x = args.zero_copy ? nullptr : GivenPointer<void>(args.x);
   cb.topk_idx = GivenPointer<int64_t>(args.topk_idx);

@@ -25,6 +25,7 @@
 #include "epfabric/proto/grpc_status.h"
 #include "epfabric/v1/control.grpc.pb.h"
 #include "epfabric/v1/fdchannel.pb.h"
+#include "epfabric/v1/ops.grpc.pb.h"
 #include "memory/region_import.h"
 
 namespace epfabric::client {
@@ -349,6 +350,42 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   }
   state->stub = v1::Control::NewStub(state->channel);
   return std::unique_ptr<Client>(new Client(std::move(state)));
+}
+
+absl::StatusOr<v1::CreateGroupResponse> Client::CreateGroup(const v1::CreateGroupRequest& request) {
+  const State& c = *state_;
+  grpc::ClientContext context;
+  // Creating a group allocates on every member and may take longer than one control call.
+  context.set_deadline(DeadlineIn(std::max(c.options.timeout, absl::Seconds(30))));
+  v1::CreateGroupResponse response;
+  const grpc::Status status = c.stub->CreateGroup(&context, request, &response);
+  if (!status.ok()) {
+    return Annotate(FromGrpcStatus(status), absl::StrCat("create group '", request.name(), "' on ", c.socket_path));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::DaemonInfo> Client::GetDaemonInfo() {
+  const State& c = *state_;
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(c.options.timeout));
+  v1::Topology topology;
+  const grpc::Status status = v1::Ops::NewStub(c.channel)->GetTopology(&context, v1::GetTopologyRequest(), &topology);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), absl::StrCat("topology of ", c.socket_path));
+  return topology.daemon();
+}
+
+absl::Status Client::DeleteGroup(const std::string& group, const std::string& token) {
+  const State& c = *state_;
+  grpc::ClientContext context;
+  context.set_deadline(DeadlineIn(std::max(c.options.timeout, absl::Seconds(30))));
+  v1::DeleteGroupRequest request;
+  request.set_name(group);
+  request.set_token(token);
+  v1::DeleteGroupResponse response;
+  const grpc::Status status = c.stub->DeleteGroup(&context, request, &response);
+  if (!status.ok()) return Annotate(FromGrpcStatus(status), absl::StrCat("delete group '", group, "'"));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, int rank, const std::string& token,

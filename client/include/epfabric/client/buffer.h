@@ -192,6 +192,8 @@ struct LowLatencyCombineArgs {
   std::shared_ptr<const LowLatencyHandle> handle;
   bool zero_copy = false;  // outputs were written into NextLowLatencyCombineBuffer()
   bool return_recv_hook = false;
+  // bf16 [num_tokens, hidden]: write the combined rows here (DeepEP's `out=`) instead of a new tensor; optional.
+  TensorView out;
 };
 
 struct LowLatencyCombineResult {

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "epfabric/v1/common.pb.h"
 #include "epfabric/v1/control.pb.h"
+#include "epfabric/v1/ops.pb.h"
 
 namespace epfabric::client {
 
@@ -125,6 +126,15 @@ class Client {
                                                 AttachOptions options = {});
 
   const std::string& socket_path() const;
+
+  // Group management on this daemon's Control service (the daemon coordinates the other members): CreateGroup
+  // returns the response (group facts and the token, shown only once); DeleteGroup needs the token. Errors carry the
+  // daemon's status code.
+  absl::StatusOr<v1::CreateGroupResponse> CreateGroup(const v1::CreateGroupRequest& request);
+  absl::Status DeleteGroup(const std::string& group, const std::string& token);
+  // The daemon's own facts (fabric rank, world size, backend, device), from Ops.GetTopology: a binding that builds
+  // a group over its peers' daemons learns their fabric ranks this way.
+  absl::StatusOr<v1::DaemonInfo> GetDaemonInfo();
 
   struct State;
 

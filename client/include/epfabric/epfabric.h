@@ -1,0 +1,221 @@
+/* epfabric's C ABI (libepfabric_client.so): the client and the Buffer for any language and compiler. Python's
+ * `epfabric` package loads it with ctypes (python/epfabric/_lib.py).
+ *
+ * Conventions:
+ *  - Every call that can fail returns an epf_status: 0 is OK, other values are absl/gRPC status codes
+ *    (EPF_INVALID_ARGUMENT = 3, ...). epf_last_error() gives the message of the calling thread's last failure.
+ *  - Objects are opaque pointers, created by one call and released by its _destroy. A Buffer must be destroyed before
+ *    its lease, a lease before its client; handles may outlive nothing but their Buffer.
+ *  - Tensors are contiguous row-major: a data pointer, a dtype and a shape. Outputs are allocated through the
+ *    allocator given to epf_buffer_create (a framework hands out its own memory, no copies); the output descriptors
+ *    returned point into that memory. The allocator's free is called when the library no longer needs a block (the
+ *    caller may keep using what it still references).
+ *  - Streams are cudaStream_t passed as void* (NULL: the legacy default stream); ignored on the host backend.
+ */
+#ifndef EPFABRIC_EPFABRIC_H_
+#define EPFABRIC_EPFABRIC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define EPF_ABI_VERSION 1
+
+typedef int32_t epf_status;
+enum {
+  EPF_OK = 0,
+  EPF_CANCELLED = 1,
+  EPF_UNKNOWN = 2,
+  EPF_INVALID_ARGUMENT = 3,
+  EPF_DEADLINE_EXCEEDED = 4,
+  EPF_NOT_FOUND = 5,
+  EPF_ALREADY_EXISTS = 6,
+  EPF_PERMISSION_DENIED = 7,
+  EPF_RESOURCE_EXHAUSTED = 8,
+  EPF_FAILED_PRECONDITION = 9,
+  EPF_ABORTED = 10,
+  EPF_OUT_OF_RANGE = 11,
+  EPF_UNIMPLEMENTED = 12,
+  EPF_INTERNAL = 13,
+  EPF_UNAVAILABLE = 14,
+  EPF_DATA_LOSS = 15
+};
+
+/* Element types (the same numbers as epfabric::kernels::DType). */
+enum { EPF_BF16 = 0, EPF_FP8_E4M3 = 1, EPF_FLOAT32 = 2, EPF_INT32 = 3, EPF_INT64 = 4, EPF_BOOL = 5 };
+/* Backends (epfabric.v1.Backend). */
+enum { EPF_BACKEND_CUDA = 1, EPF_BACKEND_HOST = 2 };
+
+#define EPF_MAX_DIMS 4
+typedef struct {
+  void* data;    /* NULL with ndim == 0: not given */
+  int32_t dtype; /* EPF_BF16 ... */
+  int32_t ndim;  /* 0..EPF_MAX_DIMS */
+  int64_t shape[EPF_MAX_DIMS];
+} epf_tensor;
+
+typedef struct epf_client epf_client;
+typedef struct epf_lease epf_lease;
+typedef struct epf_buffer epf_buffer;
+typedef struct epf_dispatch_handle epf_dispatch_handle;
+typedef struct epf_ll_handle epf_ll_handle;
+typedef struct epf_hook epf_hook;
+typedef struct epf_layout_keep epf_layout_keep;
+
+/* Allocates `bytes` usable on `stream` (device memory on cuda, host memory on the host backend); NULL on failure. */
+typedef void* (*epf_alloc_fn)(void* ctx, size_t bytes, void* stream);
+typedef void (*epf_free_fn)(void* ctx, void* ptr, void* stream);
+
+const char* epf_version(void);
+int epf_abi_version(void);
+/* The message of this thread's last failed call ("" when none). Valid until the thread's next call. */
+const char* epf_last_error(void);
+
+/* ---- control ---- */
+epf_status epf_client_connect(const char* socket_path, const char* client_name, double timeout_s, epf_client** out);
+void epf_client_destroy(epf_client* client);
+/* The daemon's fabric rank, fabric size, backend (EPF_BACKEND_*) and CUDA device (-1 on the host backend). */
+epf_status epf_client_daemon_info(epf_client* client, int32_t* fabric_rank, int32_t* world_size, int32_t* backend,
+                                  int32_t* device);
+/* Creates a group over `ranks` (fabric ranks, group rank i = ranks[i]); writes the token (NUL-terminated) into
+ * token_out (at least 65 bytes). */
+epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
+                            uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency, char* token_out,
+                            size_t token_capacity);
+epf_status epf_delete_group(epf_client* client, const char* name, const char* token);
+/* accessing_device: the CUDA device whose kernels use the regions (-1: the current one). */
+epf_status epf_attach(epf_client* client, const char* group, int rank, const char* token, int accessing_device,
+                      epf_lease** out);
+epf_status epf_lease_detach(epf_lease* lease);
+void epf_lease_destroy(epf_lease* lease);
+int epf_lease_rank(const epf_lease* lease);
+int epf_lease_world_size(const epf_lease* lease);
+int epf_lease_backend(const epf_lease* lease);
+int epf_lease_low_latency(const epf_lease* lease);
+/* Ranks on this host (the lease's NVLink peers), this rank included. */
+int epf_lease_num_nvl_ranks(const epf_lease* lease);
+/* OK while the group is usable; UNAVAILABLE when degraded. */
+epf_status epf_lease_healthy(const epf_lease* lease);
+/* This rank's region as mapped here (rdma != 0: its RDMA region): DeepEP's get_local_buffer_tensor. Writing into it
+ * while an operation of the group is in flight corrupts that operation, as in DeepEP. */
+epf_status epf_lease_region(const epf_lease* lease, int rdma, void** data, uint64_t* bytes);
+
+/* ---- buffer ---- */
+typedef struct {
+  int32_t max_tokens_per_rank;
+  int32_t hidden;
+  int32_t max_topk;
+  int32_t num_experts;
+  int32_t num_sms; /* normal mode: SMs (= channels); 0: 20 */
+  int32_t low_latency;
+  double timeout_s; /* 0: 5 s */
+} epf_buffer_config;
+
+/* CreateGroup's num_nvl_bytes / num_rdma_bytes for `config` on num_hosts x ranks_per_host ranks. */
+epf_status epf_required_group_bytes(const epf_buffer_config* config, int num_hosts, int ranks_per_host,
+                                    uint64_t* nvl_bytes, uint64_t* rdma_bytes);
+epf_status epf_buffer_create(epf_lease* lease, const epf_buffer_config* config, epf_alloc_fn alloc, epf_free_fn free_fn,
+                             void* alloc_ctx, epf_buffer** out);
+void epf_buffer_destroy(epf_buffer* buffer);
+int epf_buffer_rank(const epf_buffer* buffer);
+int epf_buffer_num_ranks(const epf_buffer* buffer);
+epf_status epf_buffer_check(epf_buffer* buffer, void* stream);
+epf_status epf_buffer_reset(epf_buffer* buffer, void* stream);
+
+/* ---- normal mode ---- */
+typedef struct {
+  epf_tensor num_tokens_per_rank;   /* int32 [num_ranks] */
+  epf_tensor num_tokens_per_expert; /* int32 [num_experts] */
+  epf_tensor is_token_in_rank;      /* bool [num_tokens, num_ranks] */
+  epf_tensor num_invalid_topk;      /* int32 [1], written by the layout (cuda); may be left empty */
+  /* Keeps num_invalid_topk's memory (not from the caller's allocator) alive; release with epf_layout_release. */
+  epf_layout_keep* keep;
+} epf_layout;
+void epf_layout_release(epf_layout* layout);
+
+epf_status epf_get_dispatch_layout(epf_buffer* buffer, const epf_tensor* topk_idx, void* stream, epf_layout* out);
+
+typedef struct {
+  epf_tensor x;                      /* bf16 or fp8_e4m3 [num_tokens, hidden] */
+  epf_tensor x_scales;               /* float [num_tokens, hidden / 128] with fp8 */
+  epf_tensor topk_idx;               /* int64 [num_tokens, num_topk], optional */
+  epf_tensor topk_weights;           /* float [num_tokens, num_topk], optional */
+  const epf_layout* layout;          /* required unless cached */
+  const epf_dispatch_handle* cached; /* cached dispatch: a handle from an earlier dispatch */
+  int32_t expert_alignment;          /* 0 or 1: none */
+} epf_dispatch_args;
+
+typedef struct {
+  epf_tensor recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights;
+  int32_t num_recv_tokens;
+  int32_t num_local_experts;
+  int32_t* num_recv_tokens_per_expert; /* caller's array of num_local_experts_capacity entries, filled */
+  int32_t num_local_experts_capacity;
+  epf_dispatch_handle* handle; /* out: release with epf_dispatch_handle_destroy */
+} epf_dispatch_result;
+
+epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void* stream, epf_dispatch_result* out);
+void epf_dispatch_handle_destroy(epf_dispatch_handle* handle);
+int epf_dispatch_handle_num_recv_tokens(const epf_dispatch_handle* handle);
+int epf_dispatch_handle_num_tokens(const epf_dispatch_handle* handle);
+
+typedef struct {
+  epf_tensor x;            /* bf16 [num_recv_tokens, hidden] */
+  epf_tensor topk_weights; /* float [num_recv_tokens, num_topk], optional */
+  epf_tensor bias_0, bias_1;
+  const epf_dispatch_handle* handle;
+} epf_combine_args;
+
+typedef struct {
+  epf_tensor combined_x, combined_topk_weights;
+} epf_combine_result;
+
+epf_status epf_combine(epf_buffer* buffer, const epf_combine_args* args, void* stream, epf_combine_result* out);
+
+/* ---- low-latency mode ---- */
+typedef struct {
+  epf_tensor x;                /* bf16 [num_tokens, hidden] */
+  epf_tensor topk_idx;         /* int64 [num_tokens, num_topk] */
+  epf_tensor cumulative_stats; /* int32 [num_local_experts], optional, added to */
+  int32_t use_fp8, round_scale, use_ue8m0, return_recv_hook;
+} epf_ll_dispatch_args;
+
+typedef struct {
+  epf_tensor packed_recv_x, packed_recv_x_scales, packed_recv_count, packed_recv_src_info, packed_recv_layout_range;
+  epf_ll_handle* handle; /* out */
+  epf_hook* hook;        /* out with return_recv_hook: run once with epf_hook_run, then epf_hook_destroy */
+} epf_ll_dispatch_result;
+
+epf_status epf_low_latency_dispatch(epf_buffer* buffer, const epf_ll_dispatch_args* args, void* stream,
+                                    epf_ll_dispatch_result* out);
+void epf_ll_handle_destroy(epf_ll_handle* handle);
+
+typedef struct {
+  epf_tensor x;            /* bf16 [L, R*M, hidden] (ignored with zero_copy) */
+  epf_tensor topk_idx;     /* int64 [num_tokens, num_topk] */
+  epf_tensor topk_weights; /* float [num_tokens, num_topk] */
+  const epf_ll_handle* handle;
+  int32_t zero_copy, return_recv_hook;
+  epf_tensor out; /* bf16 [num_tokens, hidden]: written instead of a new tensor; optional */
+} epf_ll_combine_args;
+
+typedef struct {
+  epf_tensor combined_x;
+  epf_hook* hook;
+} epf_ll_combine_result;
+
+epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args* args, void* stream,
+                                   epf_ll_combine_result* out);
+epf_status epf_hook_run(epf_hook* hook, void* stream);
+void epf_hook_destroy(epf_hook* hook);
+/* Where expert outputs go for a zero-copy low-latency combine: bf16 [L, R*M, hidden] inside the rank's region. */
+epf_status epf_next_low_latency_combine_buffer(epf_buffer* buffer, epf_tensor* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EPFABRIC_EPFABRIC_H_ */

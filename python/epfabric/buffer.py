@@ -1,0 +1,442 @@
+"""epfabric.Buffer: DeepEP's Buffer API (names, parameters, return values) over a lease of a daemon-owned group.
+
+    buf = epfabric.Buffer.attach("/run/epfabric/d0.sock", group="moe", rank=0, token=token)
+    num_tokens_per_rank, _, num_tokens_per_expert, is_token_in_rank, _ = buf.get_dispatch_layout(topk_idx, 256)
+    recv_x, recv_topk_idx, recv_topk_weights, counts, handle, _ = buf.dispatch(
+        x, num_tokens_per_rank=num_tokens_per_rank, is_token_in_rank=is_token_in_rank,
+        num_tokens_per_expert=num_tokens_per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
+    combined_x, _, _ = buf.combine(expert_out, handle, topk_weights=recv_topk_weights)
+
+Kernels run on the caller's current CUDA stream (cuda groups) or on the calling thread (host-backend groups, CPU
+tensors); outputs are torch tensors allocated by torch. docs/python.md lists where behaviour differs from DeepEP.
+"""
+import ctypes
+
+import torch
+
+from . import _lib, _tensors
+from ._lib import call, lib
+from ._tensors import describe
+from .client import Client
+from .low_latency import LowLatencyMixin
+from .utils import Config, EventOverlap
+
+_I64, _I32, _F32, _BF16, _BOOL = (torch.int64,), (torch.int32,), (torch.float32,), (torch.bfloat16,), (torch.bool,)
+_FP8_DATA = tuple(d for d in (_tensors.FP8, torch.uint8) if d is not None)
+
+
+class DispatchHandle(tuple):
+    """What dispatch returns for combine and cached dispatch (DeepEP's handle is a tuple of tensors too):
+    (num_recv_tokens, num_tokens, hidden). Keep it until the combine."""
+
+    def __new__(cls, c_handle, num_recv_tokens, num_tokens, hidden, topk):
+        self = super().__new__(cls, (num_recv_tokens, num_tokens, hidden))
+        self._c = c_handle
+        self.num_recv_tokens, self.num_tokens, self.hidden, self.topk = num_recv_tokens, num_tokens, hidden, topk
+        return self
+
+    def __del__(self):
+        if lib is not None and getattr(self, "_c", None):
+            lib.epf_dispatch_handle_destroy(self._c)
+            self._c = None
+
+
+class Hook:
+    """A receive hook (return_recv_hook=True): call it once, on the stream that should run the receive phase."""
+
+    def __init__(self, buffer, c_hook):
+        self._buffer = buffer
+        self._c = ctypes.c_void_p(c_hook)
+
+    def __call__(self):
+        if self._c is None:
+            raise RuntimeError("this receive hook has already run")
+        try:
+            call("epf_hook_run", self._c, self._buffer._stream())
+        finally:
+            lib.epf_hook_destroy(self._c)
+            self._c = None
+            self._buffer._alloc.end_call()
+
+    def __del__(self):
+        if lib is not None and getattr(self, "_c", None) is not None:
+            lib.epf_hook_destroy(self._c)
+
+
+class Buffer(LowLatencyMixin):
+    num_sms = 20  # DeepEP's class-wide SM count (set_num_sms)
+
+    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None):
+        """Use Buffer.attach (or epfabric.deep_ep.Buffer): this takes an attached lease."""
+        self._client = client
+        self._lease = lease
+        self._cbuf = None
+        self._cfg = None
+        self._timeout_s = float(timeout_s)
+        self._num_sms = num_sms
+        self._last_layout = None
+        self.rank = lib.epf_lease_rank(lease)
+        self.group_size = lib.epf_lease_world_size(lease)
+        self.num_nvl_ranks = lib.epf_lease_num_nvl_ranks(lease)
+        self.low_latency_mode = bool(lib.epf_lease_low_latency(lease))
+        self.backend = lib.epf_lease_backend(lease)
+        if self.backend == _lib.BACKEND_CUDA:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+        self._alloc = _tensors.Allocator(self.device)
+        self.num_nvl_bytes = self._region_bytes(False)
+        self.num_rdma_bytes = self._region_bytes(True)
+
+    @classmethod
+    def attach(cls, socket, group, rank, token, *, timeout_s=5.0, num_sms=None, client_name="epfabric-python"):
+        """Attaches group rank `rank` of `group` through the daemon at `socket` (the daemon that serves that rank).
+        On cuda groups the current CUDA device is the one whose kernels use the regions."""
+        client = Client(socket, client_name=client_name)
+        lease = ctypes.c_void_p()
+        call("epf_attach", client.handle, group.encode(), int(rank), token.encode(), -1, ctypes.byref(lease))
+        return cls(client, lease, timeout_s=timeout_s, num_sms=num_sms)
+
+    # ---- DeepEP's static calls ----
+
+    @staticmethod
+    def set_num_sms(new_num_sms):
+        Buffer.num_sms = int(new_num_sms)
+
+    @staticmethod
+    def capture():
+        return EventOverlap(_record_event())
+
+    @staticmethod
+    def get_dispatch_config(num_ranks):
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks):
+        return Config(Buffer.num_sms)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
+        """Bytes of region a low-latency group of `num_ranks` ranks on one host needs (CreateGroup's num_nvl_bytes;
+        epfabric.deep_ep passes it as DeepEP's num_rdma_bytes)."""
+        return required_group_bytes(num_max_dispatch_tokens_per_rank, hidden, 9, num_experts, True, 1, num_ranks)[0]
+
+    # ---- lifetime ----
+
+    def destroy(self):
+        """Releases the Buffer and the lease (the daemon zeroes this rank's region for the next client)."""
+        if self._cbuf is not None:
+            lib.epf_buffer_destroy(self._cbuf)
+            self._cbuf = None
+        self._release_layout()
+        if self._lease is not None:
+            try:
+                call("epf_lease_detach", self._lease)
+            finally:
+                lib.epf_lease_destroy(self._lease)
+                self._lease = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __del__(self):
+        if lib is not None and getattr(self, "_lease", None) is not None:
+            try:
+                self.destroy()
+            except Exception:  # a daemon that is gone: the lease ends with the connection anyway
+                pass
+
+    def get_comm_stream(self):
+        """epfabric launches on the caller's stream: this is the current stream (None on the host backend)."""
+        return torch.cuda.current_stream() if self.device.type == "cuda" else None
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
+        """This rank's region (or RDMA region) as a tensor of `dtype`, from byte `offset`, shaped `size`."""
+        data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
+        call("epf_lease_region", self._live_lease(), int(bool(use_rdma_buffer)), ctypes.byref(data),
+             ctypes.byref(nbytes))
+        if offset < 0 or offset > nbytes.value:
+            raise ValueError(f"offset = {offset}: the region has {nbytes.value} bytes")
+        raw = _tensors.from_pointer(data.value + offset, nbytes.value - offset, self.device)
+        element = torch.empty((), dtype=dtype).element_size()
+        t = raw[:(raw.numel() // element) * element].view(dtype)
+        if size is None:
+            return t
+        size = torch.Size(size)
+        if size.numel() > t.numel():
+            raise ValueError(f"size {tuple(size)} needs {size.numel() * element} bytes; the region has "
+                             f"{t.numel() * element} from offset {offset}")
+        return t[:size.numel()].view(size)
+
+    # ---- normal mode ----
+
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
+                            allocate_on_comm_stream=False):
+        """Returns (num_tokens_per_rank, num_tokens_per_rdma_rank (None), num_tokens_per_expert, is_token_in_rank,
+        event)."""
+        self._normal_only("get_dispatch_layout")
+        describe(topk_idx, "topk_idx", _I64, 2, self.device)
+        self._wait(previous_event)
+        if self._cbuf is None:  # the buffer's hidden size is known at the first dispatch: compute this one here
+            per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts, self.group_size)
+            return per_rank, None, per_expert, in_rank, self._event(async_finish)
+        self._check_config(num_experts=num_experts, topk=topk_idx.shape[1])
+        layout = _lib.Layout()
+        try:
+            call("epf_get_dispatch_layout", self._cbuf, ctypes.byref(describe(topk_idx, "topk_idx", _I64, 2,
+                                                                              self.device)),
+                 self._stream(), ctypes.byref(layout))
+            outs = [self._alloc.wrap(layout.num_tokens_per_rank), self._alloc.wrap(layout.num_tokens_per_expert),
+                    self._alloc.wrap(layout.is_token_in_rank)]
+        finally:
+            self._alloc.end_call()
+        self._release_layout()
+        self._last_layout = (layout, outs[2].data_ptr() if outs[2].numel() else None)
+        return outs[0], None, outs[1], outs[2], self._event(async_finish)
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
+                 expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
+                 allocate_on_comm_stream=False):
+        """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event);
+        recv_x is (data, scales) when x is (fp8 data, scales)."""
+        self._normal_only("dispatch")
+        fp8 = isinstance(x, tuple)
+        data, scales = x if fp8 else (x, None)
+        args = _lib.DispatchArgs()
+        args.x = describe(data, "x[0]" if fp8 else "x", _FP8_DATA if fp8 else _BF16, 2, self.device)
+        if fp8:
+            if scales is not None and scales.dtype != torch.float32:
+                raise TypeError(f"x[1] (scales).dtype = {scales.dtype}: epfabric takes float32 scales")
+            if scales is not None and scales.dim() == 2 and not scales.is_contiguous():
+                scales = scales.contiguous()  # DeepEP accepts column-major scales; the kernels read row-major
+            args.x_scales = describe(scales, "x[1] (scales)", _F32, 2, self.device)
+        args.topk_idx = describe(topk_idx, "topk_idx", _I64, 2, self.device, optional=True)
+        args.topk_weights = describe(topk_weights, "topk_weights", _F32, 2, self.device, optional=True)
+        args.expert_alignment = int(expert_alignment)
+        num_tokens, hidden = data.shape
+        if handle is not None:
+            if not isinstance(handle, DispatchHandle):
+                raise TypeError("handle must be the DispatchHandle an earlier dispatch of this Buffer returned")
+            self._check_config(hidden=hidden)
+            args.cached = handle._c
+            topk = handle.topk
+        else:
+            for name, t in (("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
+                            ("num_tokens_per_expert", num_tokens_per_expert)):
+                if t is None:
+                    raise ValueError(f"{name} is required unless handle is given (cached dispatch)")
+            topk = topk_idx.shape[1] if topk_idx is not None else 1
+            self._ensure_normal(hidden, topk, num_tokens_per_expert.numel(), config)
+            layout = _lib.Layout()
+            layout.num_tokens_per_rank = describe(num_tokens_per_rank, "num_tokens_per_rank", _I32, 1, self.device)
+            layout.num_tokens_per_expert = describe(num_tokens_per_expert, "num_tokens_per_expert", _I32, 1,
+                                                    self.device)
+            layout.is_token_in_rank = describe(is_token_in_rank, "is_token_in_rank", _BOOL, 2, self.device)
+            if self._last_layout is not None and self._last_layout[1] == layout.is_token_in_rank.data:
+                layout.num_invalid_topk = self._last_layout[0].num_invalid_topk
+            args.layout = ctypes.pointer(layout)
+        self._wait(previous_event)
+        counts = (ctypes.c_int32 * 1024)()
+        result = _lib.DispatchResult()
+        result.num_recv_tokens_per_expert = counts
+        result.num_local_experts_capacity = len(counts)
+        try:
+            call("epf_dispatch", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            recv_x = self._alloc.wrap(result.recv_x)
+            recv_scales = self._alloc.wrap(result.recv_x_scales)
+            recv_topk_idx = self._alloc.wrap(result.recv_topk_idx)
+            recv_topk_weights = self._alloc.wrap(result.recv_topk_weights)
+        finally:
+            self._alloc.end_call()
+        new_handle = handle or DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens,
+                                              hidden, topk)
+        if handle is not None:
+            lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))  # the cached one stays the handle
+        per_expert = list(counts[:min(result.num_local_experts, len(counts))]) if handle is None else []
+        if num_worst_tokens:
+            recv_x, recv_scales, recv_topk_idx, recv_topk_weights = _pad_rows(
+                num_worst_tokens, recv_x, recv_scales, recv_topk_idx, recv_topk_weights)
+            per_expert = []
+        out_x = (recv_x, recv_scales) if fp8 else recv_x
+        return out_x, recv_topk_idx, recv_topk_weights, per_expert, new_handle, self._event(async_finish)
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None, async_finish=False,
+                allocate_on_comm_stream=False):
+        """Returns (combined_x, combined_topk_weights, event)."""
+        self._normal_only("combine")
+        if not isinstance(handle, DispatchHandle):
+            raise TypeError("handle must be the DispatchHandle that dispatch returned")
+        args = _lib.CombineArgs()
+        args.x = describe(x, "x", _BF16, 2, self.device)
+        args.topk_weights = describe(topk_weights, "topk_weights", _F32, 2, self.device, optional=True)
+        bias_0, bias_1 = bias if isinstance(bias, tuple) else (bias, None)
+        args.bias_0 = describe(bias_0, "bias[0]", _BF16, 2, self.device, optional=True)
+        args.bias_1 = describe(bias_1, "bias[1]", _BF16, 2, self.device, optional=True)
+        args.handle = handle._c
+        self._wait(previous_event)
+        result = _lib.CombineResult()
+        try:
+            call("epf_combine", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            combined_x = self._alloc.wrap(result.combined_x)
+            combined_w = self._alloc.wrap(result.combined_topk_weights)
+        finally:
+            self._alloc.end_call()
+        return combined_x, combined_w, self._event(async_finish)
+
+    # ---- errors and recovery ----
+
+    def check(self):
+        """cuda: waits for the current stream and reports a kernel's timeout (DEADLINE_EXCEEDED naming the rank)."""
+        if self._cbuf is not None:
+            call("epf_buffer_check", self._cbuf, self._stream())
+
+    def reset(self):
+        """After a timeout: every rank calls reset() (nothing of the group in flight) before the next operation."""
+        if self._cbuf is not None:
+            call("epf_buffer_reset", self._cbuf, self._stream())
+
+    # ---- internals ----
+
+    def _live_lease(self):
+        if self._lease is None:
+            raise RuntimeError("this Buffer was destroyed")
+        return self._lease
+
+    def _region_bytes(self, rdma):
+        data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
+        return nbytes.value if lib.epf_lease_region(self._lease, int(rdma), ctypes.byref(data),
+                                                    ctypes.byref(nbytes)) == 0 else 0
+
+    def _stream(self):
+        if self.device.type == "cuda":
+            return ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        return None
+
+    def _wait(self, previous_event):
+        if previous_event is not None:
+            previous_event.current_stream_wait()
+
+    def _event(self, async_finish):
+        return EventOverlap(_record_event() if async_finish and self.device.type == "cuda" else None)
+
+    def _release_layout(self):
+        if self._last_layout is not None:
+            lib.epf_layout_release(ctypes.byref(self._last_layout[0]))
+            self._last_layout = None
+
+    def _normal_only(self, what):
+        if self.low_latency_mode:
+            raise RuntimeError(f"{what}: this group was created in low-latency mode; normal dispatch/combine need a "
+                               "group created without low_latency (docs/python.md)")
+
+    def _create(self, key, config):
+        if self._cbuf is not None:
+            lib.epf_buffer_destroy(self._cbuf)
+            self._cbuf = None
+        cbuf = ctypes.c_void_p()
+        call("epf_buffer_create", self._live_lease(), ctypes.byref(config), self._alloc.alloc_fn,
+             self._alloc.free_fn, None, ctypes.byref(cbuf))
+        self._cbuf, self._cfg = cbuf, key
+
+    def _ensure_normal(self, hidden, topk, num_experts, config):
+        num_sms = config.num_sms if config is not None else (self._num_sms or Buffer.num_sms)
+        if self._cfg is not None:
+            self._check_config(hidden=hidden, topk=topk, num_experts=num_experts, num_sms=num_sms)
+            return
+        hosts = self.group_size // self.num_nvl_ranks
+        c = _config(1, hidden, max(topk, 1), num_experts, num_sms, False, self._timeout_s)
+        c.max_tokens_per_rank = _max_tokens(c, hosts, self.num_nvl_ranks, self.num_nvl_bytes, self.num_rdma_bytes)
+        self._create({"hidden": hidden, "topk": max(topk, 1), "num_experts": num_experts, "num_sms": num_sms}, c)
+
+    def _check_config(self, **want):
+        if self._cfg is None:
+            return
+        for key, value in want.items():
+            have = self._cfg[key]
+            if (key in ("hidden", "topk") and value > have) or (key not in ("hidden", "topk") and value != have):
+                raise ValueError(f"{key} = {value}: this Buffer was set up by its first call for {key} "
+                                 f"{'<= ' if key in ('hidden', 'topk') else ''}{have} ({self._cfg}); every rank "
+                                 "must create a new Buffer for another shape")
+
+
+def _config(max_tokens, hidden, topk, num_experts, num_sms, low_latency, timeout_s):
+    c = _lib.BufferConfig()
+    c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts = max_tokens, hidden, topk, num_experts
+    c.num_sms, c.low_latency, c.timeout_s = num_sms, int(low_latency), timeout_s
+    return c
+
+
+def required_group_bytes(max_tokens_per_rank, hidden, topk, num_experts, low_latency, num_hosts, ranks_per_host,
+                         num_sms=20):
+    """(num_nvl_bytes, num_rdma_bytes) a group needs for this configuration (RequiredGroupBytes)."""
+    c = _config(max_tokens_per_rank, hidden, topk, num_experts, num_sms, low_latency, 5.0)
+    nvl, rdma = ctypes.c_uint64(), ctypes.c_uint64()
+    call("epf_required_group_bytes", ctypes.byref(c), num_hosts, ranks_per_host, ctypes.byref(nvl), ctypes.byref(rdma))
+    return nvl.value, rdma.value
+
+
+def _fits(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
+    nvl, rdma = ctypes.c_uint64(), ctypes.c_uint64()
+    if lib.epf_required_group_bytes(ctypes.byref(c), hosts, ranks_per_host, ctypes.byref(nvl), ctypes.byref(rdma)):
+        return False
+    return nvl.value <= nvl_bytes and rdma.value <= rdma_bytes
+
+
+def _max_tokens(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
+    """The most tokens per rank the group's regions hold for this hidden size, top-k and expert count."""
+    c.max_tokens_per_rank = 1
+    if not _fits(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
+        need = required_group_bytes(1, c.hidden, c.max_topk, c.num_experts, False, hosts, ranks_per_host, c.num_sms)
+        raise ValueError(f"the group's regions ({nvl_bytes} NVL, {rdma_bytes} RDMA bytes) hold no token of hidden "
+                         f"{c.hidden}, top-{c.max_topk}, {c.num_experts} experts, {c.num_sms} SMs: one token needs "
+                         f"{need}")
+    lo, hi = 1, 1 << 20
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        c.max_tokens_per_rank = mid
+        if _fits(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _record_event():
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream())
+    return event
+
+
+def _torch_layout(topk_idx, num_experts, num_ranks):
+    """The dispatch layout computed with torch (the first call of a Buffer, before its hidden size is known)."""
+    if num_experts <= 0 or num_experts % num_ranks:
+        raise ValueError(f"num_experts = {num_experts}: must be a positive multiple of the number of ranks "
+                         f"({num_ranks})")
+    bad = (topk_idx < -1) | (topk_idx >= num_experts)
+    if bool(bad.any()):
+        raise ValueError(f"topk_idx has {int(bad.sum())} entries outside [-1, {num_experts})")
+    num_tokens = topk_idx.shape[0]
+    valid = topk_idx >= 0
+    per_expert = torch.bincount(topk_idx[valid], minlength=num_experts).to(torch.int32)
+    rank_of = torch.where(valid, topk_idx // (num_experts // num_ranks), torch.full_like(topk_idx, num_ranks))
+    in_rank = torch.zeros(num_tokens, num_ranks + 1, dtype=torch.bool, device=topk_idx.device)
+    in_rank.scatter_(1, rank_of, True)
+    in_rank = in_rank[:, :num_ranks].contiguous()
+    return in_rank.sum(0, dtype=torch.int32), per_expert, in_rank
+
+
+def _pad_rows(rows, *tensors):
+    """num_worst_tokens: every output has `rows` rows; rows past the received ones are 0 (top-k indices -1)."""
+    out = []
+    for t in tensors:
+        if t is None:
+            out.append(None)
+            continue
+        if t.shape[0] > rows:
+            raise ValueError(f"num_worst_tokens = {rows}: {t.shape[0]} tokens were received")
+        padded = (torch.full if t.dtype == torch.int64 else lambda s, v, **k: torch.zeros(s, **k))(
+            (rows,) + tuple(t.shape[1:]), -1, dtype=t.dtype, device=t.device)
+        padded[:t.shape[0]] = t
+        out.append(padded)
+    return out

@@ -1,0 +1,123 @@
+"""A drop-in for DeepEP's Python API: `from epfabric import deep_ep` instead of `import deep_ep`.
+
+`Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode, ...)` takes a torch.distributed process group as
+DeepEP's does. Each process talks to the daemon at $EPFABRIC_SOCKET ("{local_rank}" and "{rank}" are filled in, for
+one daemon per GPU). Group rank 0 creates the EP group through its daemon over the daemons of every process (or uses
+$EPFABRIC_GROUP with the token in $EPFABRIC_TOKEN, for groups an operator made) and broadcasts the token over the
+process group; every rank attaches. docs/python.md lists where behaviour differs from DeepEP.
+"""
+import atexit
+import ctypes
+import os
+import uuid
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import buffer as _buffer
+from ._lib import EpfError, call
+from .buffer import DispatchHandle
+from .client import Client
+from .low_latency import LowLatencyHandle
+from .utils import Config, EventOverlap
+
+__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle"]
+
+
+def _socket_path(rank):
+    template = os.environ.get("EPFABRIC_SOCKET")
+    if not template:
+        raise RuntimeError("EPFABRIC_SOCKET is not set: the path of this process's epfabric daemon socket (e.g. "
+                           "/run/epfabric/gpu{local_rank}.sock)")
+    if "LOCAL_RANK" in os.environ:
+        local_rank = int(os.environ["LOCAL_RANK"])
+    elif torch.cuda.is_available():
+        local_rank = torch.cuda.current_device()
+    else:
+        local_rank = rank
+    return template.format(local_rank=local_rank, rank=rank)
+
+
+def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size):
+    """DeepEP's sizes to CreateGroup's. Low latency on one host runs in the NVL region, which DeepEP sizes through
+    num_rdma_bytes (get_low_latency_rdma_size_hint)."""
+    one_host = group_size <= 8
+    if low_latency_mode and one_host:
+        return max(num_nvl_bytes, num_rdma_bytes), 0
+    return num_nvl_bytes, (0 if one_host else num_rdma_bytes)
+
+
+def _global_rank(group, group_rank):
+    if group is None or group == dist.group.WORLD:
+        return group_rank
+    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank  # torch < 2.0
+    return get(group, group_rank)
+
+
+_CREATED = weakref.WeakSet()
+
+
+class Buffer(_buffer.Buffer):
+    def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
+                 allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, use_fabric=False,
+                 explicitly_destroy=False, enable_shrink=False, comm=None):
+        self.group = group
+        self.explicitly_destroy = explicitly_destroy
+        self._owns_group = None
+        rank, size = group.rank(), group.size()
+        client = Client(_socket_path(rank), client_name=f"deep_ep rank {rank}")
+        fabric_ranks = [None] * size
+        dist.all_gather_object(fabric_ranks, client.daemon_info().fabric_rank, group=group)
+        named = os.environ.get("EPFABRIC_GROUP")
+        shared = [None]
+        if rank == 0:
+            try:
+                if named:
+                    shared[0] = (named, os.environ.get("EPFABRIC_TOKEN", ""), None)
+                else:
+                    name = f"deep_ep-{uuid.uuid4().hex[:12]}"
+                    nvl, rdma = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, size)
+                    token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode)
+                    shared[0] = (name, token, None)
+            except EpfError as error:
+                shared[0] = (None, None, str(error))
+        dist.broadcast_object_list(shared, src=_global_rank(group, 0), group=group)
+        name, token, error = shared[0]
+        if error is not None:
+            raise RuntimeError(f"epfabric: group rank 0 could not create the EP group: {error}")
+        if rank == 0 and not named:
+            self._owns_group = (client.socket, name, token)
+        lease = ctypes.c_void_p()
+        call("epf_attach", client.handle, name.encode(), rank, token.encode(), -1, ctypes.byref(lease))
+        super().__init__(client, lease)
+        self.group_name = name
+        if self.low_latency_mode != bool(low_latency_mode):
+            raise RuntimeError(f"group {name} was created with low_latency={self.low_latency_mode}, the Buffer asks "
+                               f"for low_latency_mode={low_latency_mode}")
+        if self._owns_group is not None:
+            _CREATED.add(self)
+        dist.barrier(group=group)
+
+    def destroy(self):
+        """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""
+        super().destroy()
+        dist.barrier(group=self.group)
+        self._delete_group()
+
+    def _delete_group(self):
+        if self._owns_group is None:
+            return
+        socket, name, token = self._owns_group
+        self._owns_group = None
+        Client(socket).delete_group(name, token)
+
+
+@atexit.register
+def _delete_created_groups():
+    for buffer in list(_CREATED):
+        try:
+            _buffer.Buffer.destroy(buffer)
+            buffer._delete_group()
+        except Exception:  # the daemon may be gone already; the group then went with it
+            pass

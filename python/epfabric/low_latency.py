@@ -1,0 +1,124 @@
+"""Low-latency dispatch/combine (decoding) of epfabric.Buffer, with DeepEP's names, parameters and return values."""
+import ctypes
+
+import torch
+
+from . import _lib, _tensors
+from ._lib import call, lib
+from ._tensors import describe
+
+
+class LowLatencyHandle(tuple):
+    """DeepEP's low-latency handle: (packed_recv_src_info, packed_recv_layout_range, num_max_dispatch_tokens_per_rank,
+    hidden, num_experts), plus the library's record that combine needs."""
+
+    def __new__(cls, c_handle, src_info, layout_range, max_tokens, hidden, num_experts, num_tokens):
+        self = super().__new__(cls, (src_info, layout_range, max_tokens, hidden, num_experts))
+        self._c = c_handle
+        self.num_tokens = num_tokens
+        return self
+
+    def __del__(self):
+        if lib is not None and getattr(self, "_c", None):
+            lib.epf_ll_handle_destroy(self._c)
+            self._c = None
+
+
+class LowLatencyMixin:
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
+                             use_fp8=True, round_scale=False, use_ue8m0=False, async_finish=False,
+                             return_recv_hook=False):
+        """Returns (recv_x, recv_count, handle, event, hook): recv_x is packed_recv_x [L, R*M, hidden] or, with
+        use_fp8, (packed_recv_x, packed_recv_x_scales [L, R*M, hidden/128], token-minor as DeepEP's)."""
+        from .buffer import Hook
+        self._low_latency_only("low_latency_dispatch")
+        if dispatch_wait_recv_cost_stats is not None:
+            raise NotImplementedError("dispatch_wait_recv_cost_stats is not supported yet (docs/python.md)")
+        args = _lib.LLDispatchArgs()
+        args.x = describe(x, "x", (torch.bfloat16,), 2, self.device)
+        args.topk_idx = describe(topk_idx, "topk_idx", (torch.int64,), 2, self.device)
+        args.cumulative_stats = describe(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats",
+                                         (torch.int32,), 1, self.device, optional=True)
+        args.use_fp8, args.round_scale, args.use_ue8m0 = int(use_fp8), int(round_scale), int(use_ue8m0)
+        args.return_recv_hook = int(return_recv_hook)
+        hidden = x.shape[1]
+        self._ensure_low_latency(num_max_dispatch_tokens_per_rank, hidden, topk_idx.shape[1], num_experts)
+        result = _lib.LLDispatchResult()
+        try:
+            call("epf_low_latency_dispatch", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            recv_x, scales, count, src_info, layout_range = (self._alloc.wrap(t) for t in (
+                result.packed_recv_x, result.packed_recv_x_scales, result.packed_recv_count,
+                result.packed_recv_src_info, result.packed_recv_layout_range))
+        finally:
+            self._alloc.end_call()
+        handle = LowLatencyHandle(ctypes.c_void_p(result.handle), src_info, layout_range,
+                                  num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0])
+        hook = Hook(self, result.hook) if result.hook else None
+        if use_fp8:
+            recv_x = (recv_x, scales.transpose(1, 2))  # stored [L, G, R*M]; DeepEP's [L, R*M, G] view of it
+        return recv_x, count, handle, self._event(async_finish), hook
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
+                            async_finish=False, return_recv_hook=False, out=None,
+                            combine_wait_recv_cost_stats=None):
+        """Returns (combined_x, event, hook)."""
+        from .buffer import Hook
+        self._low_latency_only("low_latency_combine")
+        if use_logfmt:
+            raise NotImplementedError("use_logfmt (LogFMT-compressed combine) is not supported (docs/python.md)")
+        if combine_wait_recv_cost_stats is not None:
+            raise NotImplementedError("combine_wait_recv_cost_stats is not supported yet (docs/python.md)")
+        if not isinstance(handle, LowLatencyHandle):
+            raise TypeError("handle must be the handle that low_latency_dispatch returned")
+        args = _lib.LLCombineArgs()
+        if not zero_copy:
+            args.x = describe(x, "x", (torch.bfloat16,), 3, self.device)
+        args.topk_idx = describe(topk_idx, "topk_idx", (torch.int64,), 2, self.device)
+        args.topk_weights = describe(topk_weights, "topk_weights", (torch.float32,), 2, self.device)
+        args.out = describe(out, "out", (torch.bfloat16,), 2, self.device, optional=True)
+        args.handle = handle._c
+        args.zero_copy, args.return_recv_hook = int(zero_copy), int(return_recv_hook)
+        result = _lib.LLCombineResult()
+        try:
+            call("epf_low_latency_combine", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            combined = out if out is not None else self._alloc.wrap(result.combined_x)
+        finally:
+            self._alloc.end_call()
+        hook = Hook(self, result.hook) if result.hook else None
+        return combined, self._event(async_finish), hook
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """Where expert outputs go for a zero-copy combine: bf16 [L, R*M, hidden] inside this rank's region."""
+        self._low_latency_only("get_next_low_latency_combine_buffer")
+        d = _lib.Tensor()
+        call("epf_next_low_latency_combine_buffer", self._cbuf, ctypes.byref(d))
+        nbytes = 2
+        for i in range(d.ndim):
+            nbytes *= d.shape[i]
+        return _tensors.view_as(_tensors.from_pointer(d.data, nbytes, self.device), d)
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+        """epfabric's low-latency buffers need no cleaning between calls (monotonic signals, two halves); this
+        resets the Buffer as after a timeout, so every rank must call it with nothing in flight, as DeepEP's."""
+        self._low_latency_only("clean_low_latency_buffer")
+        self.reset()
+
+    # ---- internals ----
+
+    def _low_latency_only(self, what):
+        if not self.low_latency_mode:
+            raise RuntimeError(f"{what}: this group was created in normal mode; low-latency calls need a group "
+                               "created with low_latency (docs/python.md)")
+        if self._lease is None:
+            raise RuntimeError("this Buffer was destroyed")
+
+    def _ensure_low_latency(self, max_tokens, hidden, topk, num_experts):
+        from .buffer import _config
+        key = {"max_tokens": max_tokens, "hidden": hidden, "topk": topk, "num_experts": num_experts}
+        if self._cfg is not None:
+            if self._cfg != key:
+                raise ValueError(f"low-latency shape {key}: this Buffer was set up by its first call for "
+                                 f"{self._cfg}; every rank must create a new Buffer for another shape")
+            return
+        self._create(key, _config(max_tokens, hidden, topk, num_experts, 1, True, self._timeout_s))

@@ -1,0 +1,267 @@
+"""epfabric.Buffer from Python against real host-backend daemons: every DeepEP method, checked element by element
+against references computed with torch from all ranks' inputs (fresh random inputs per run; the seed is printed)."""
+import os
+import random
+import unittest
+
+import fabric
+
+fabric.require_torch()
+import torch  # noqa: E402
+
+import epfabric  # noqa: E402
+
+N = 4
+SEED = int(os.environ.get("EPF_TEST_SEED", random.randrange(1 << 30)))
+print(f"seed {SEED} (EPF_TEST_SEED)", flush=True)
+
+
+def topk_routing(gen, num_tokens, num_experts, topk, drop=0.2):
+    """Distinct experts per token, a fraction of the entries -1 (DeepEP's tests do the same)."""
+    scores = torch.rand(num_tokens, num_experts, generator=gen)
+    idx = scores.topk(topk, dim=1).indices.to(torch.int64)
+    idx[torch.rand(num_tokens, topk, generator=gen) < drop] = -1
+    return idx
+
+
+def bf16(gen, *shape):
+    return (torch.randn(*shape, generator=gen) * 2).to(torch.bfloat16)
+
+
+def torch_layout(topk_idx, num_experts, n):
+    valid = topk_idx >= 0
+    per_expert = torch.bincount(topk_idx[valid], minlength=num_experts).to(torch.int32)
+    in_rank = torch.zeros(topk_idx.shape[0], n, dtype=torch.bool)
+    for r in range(n):
+        lo, hi = r * num_experts // n, (r + 1) * num_experts // n
+        in_rank[:, r] = ((topk_idx >= lo) & (topk_idx < hi)).any(1)
+    return in_rank.sum(0, dtype=torch.int32), per_expert, in_rank
+
+
+class FabricCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.fabric = fabric.Fabric(N).__enter__()
+        cls.client = epfabric.Client(cls.fabric.sockets[0])
+        cls.count = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.fabric.stop()
+
+    def group(self, low_latency, max_tokens, hidden, topk, num_experts):
+        type(self).count += 1
+        name = f"py-{'ll' if low_latency else 'normal'}-{type(self).count}"
+        nvl, rdma = epfabric.required_group_bytes(max_tokens, hidden, topk, num_experts, low_latency, 1, N)
+        token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
+        self.addCleanup(self.client.delete_group, name, token)
+        buffers = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token))
+        self.addCleanup(lambda: [b.destroy() for b in buffers])
+        return buffers
+
+
+class NormalModeTest(FabricCase):
+    hidden, topk, experts, tokens = 256, 4, 16, 48
+
+    def inputs(self, gen, r, num_tokens=None):
+        n = self.tokens - 7 * r if num_tokens is None else num_tokens
+        idx = topk_routing(gen, n, self.experts, self.topk)
+        return bf16(gen, n, self.hidden), idx, torch.rand(n, self.topk, generator=gen)
+
+    def check_dispatch(self, r, ins, recv_x, recv_idx, recv_w, counts):
+        L = self.experts // N
+        rows, idx_rows, w_rows = [], [], []
+        for x, idx, w in ins:
+            here = ((idx >= r * L) & (idx < (r + 1) * L))
+            sel = here.any(1)
+            rows.append(x[sel])
+            idx_rows.append(torch.where(here, idx - r * L, torch.full_like(idx, -1))[sel])
+            w_rows.append(torch.where(here, w, torch.zeros_like(w))[sel])
+        self.assertTrue(torch.equal(recv_x, torch.cat(rows)), f"rank {r}: recv_x differs from the reference")
+        self.assertTrue(torch.equal(recv_idx, torch.cat(idx_rows)), f"rank {r}: recv_topk_idx differs")
+        self.assertTrue(torch.equal(recv_w, torch.cat(w_rows)), f"rank {r}: recv_topk_weights differ")
+        want = [sum(int((idx == r * L + e).sum()) for _, idx, _ in ins) for e in range(L)]
+        self.assertEqual(counts, want, f"rank {r}: num_recv_tokens_per_expert_list")
+
+    def test_dispatch_combine_layout_cached_bias(self):
+        bufs = self.group(False, 64, self.hidden, self.topk, self.experts)
+        gens = [torch.Generator().manual_seed(SEED + r) for r in range(N)]
+        ins = [self.inputs(gens[r], r) for r in range(N)]
+        biases = [bf16(gens[r], ins[r][0].shape[0], self.hidden) for r in range(N)]
+
+        def rank(r):
+            b = bufs[r]
+            x, idx, w = ins[r]
+            out = {}
+            for round_ in range(2):  # the first layout is torch's, the second the library's
+                per_rank, per_rdma, per_expert, in_rank, event = b.get_dispatch_layout(idx, self.experts)
+                ref = torch_layout(idx, self.experts, N)
+                self.assertIsNone(per_rdma)
+                for got, want, name in zip((per_rank, per_expert, in_rank), ref, ("per rank", "per expert", "in rank")):
+                    self.assertTrue(torch.equal(got, want), f"rank {r} round {round_}: layout {name}")
+                recv_x, recv_idx, recv_w, counts, handle, _ = b.dispatch(
+                    x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                    topk_idx=idx, topk_weights=w)
+                out.setdefault("recv", []).append((recv_x, recv_idx, recv_w, counts))
+                expert_out = (recv_x.float() * (r + 1)).to(torch.bfloat16)
+                combined, combined_w, _ = b.combine(expert_out, handle, topk_weights=recv_w, bias=(biases[r], None))
+                out.setdefault("combined", []).append((combined, combined_w))
+            cached_x, cached_idx, cached_w, cached_counts, _, _ = b.dispatch(x, handle=handle)
+            out["cached"] = (cached_x, cached_idx, cached_w, cached_counts)
+            return out
+
+        outs = fabric.run_ranks(N, rank)
+        for r in range(N):
+            for recv in outs[r]["recv"]:
+                self.check_dispatch(r, ins, *recv)
+            cached_x, cached_idx, cached_w, cached_counts = outs[r]["cached"]
+            self.assertTrue(torch.equal(cached_x, outs[r]["recv"][0][0]), f"rank {r}: cached dispatch recv_x")
+            self.assertIsNone(cached_idx)
+            self.assertEqual(cached_counts, [])
+            x, idx, w = ins[r]
+            L = self.experts // N
+            acc = torch.zeros(x.shape[0], self.hidden)
+            acc_w = torch.zeros(x.shape[0], self.topk)
+            for d in range(N):  # each rank d that received the token returns x * (d + 1) in bf16
+                here = (idx >= d * L) & (idx < (d + 1) * L)
+                sel = here.any(1)
+                acc[sel] += (x.float() * (d + 1)).to(torch.bfloat16).float()[sel]
+                acc_w += torch.where(here, w, torch.zeros_like(w))
+            want = (acc + biases[r].float()).to(torch.bfloat16)
+            for combined, combined_w in outs[r]["combined"]:
+                torch.testing.assert_close(combined.float(), want.float(), rtol=2 ** -7, atol=1e-2,
+                                           msg=lambda m: f"rank {r}: combined_x: {m}")
+                torch.testing.assert_close(combined_w, acc_w, rtol=1e-6, atol=1e-6)
+
+    def test_fp8_dispatch_and_worst_tokens(self):
+        bufs = self.group(False, 64, self.hidden, self.topk, self.experts)
+        gens = [torch.Generator().manual_seed(SEED + 100 + r) for r in range(N)]
+        ins = []
+        for r in range(N):
+            x, idx, w = self.inputs(gens[r], r)
+            data = torch.randint(0, 0x7f, (x.shape[0], self.hidden), dtype=torch.uint8, generator=gens[r])
+            scales = torch.rand(self.hidden // 128, x.shape[0], generator=gens[r]).t()  # column-major, as DeepEP
+            ins.append((data, scales, idx, w))
+
+        def rank(r):
+            data, scales, idx, w = ins[r]
+            per_rank, _, per_expert, in_rank, _ = bufs[r].get_dispatch_layout(idx, self.experts)
+            return bufs[r].dispatch((data, scales), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                    num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w,
+                                    num_worst_tokens=N * self.tokens)
+
+        outs = fabric.run_ranks(N, rank)
+        L = self.experts // N
+        for r in range(N):
+            (recv_data, recv_scales), recv_idx, _, counts, handle, _ = outs[r]
+            sel = [((idx >= r * L) & (idx < (r + 1) * L)).any(1) for _, _, idx, _ in ins]
+            want_data = torch.cat([d[s] for (d, _, _, _), s in zip(ins, sel)])
+            want_scales = torch.cat([sc[s] for (_, sc, _, _), s in zip(ins, sel)])
+            n = want_data.shape[0]
+            self.assertEqual(recv_data.shape[0], N * self.tokens, "num_worst_tokens rows")
+            self.assertEqual(handle.num_recv_tokens, n)
+            self.assertTrue(torch.equal(recv_data[:n].view(torch.uint8), want_data), f"rank {r}: fp8 bytes")
+            self.assertTrue(torch.equal(recv_scales[:n], want_scales), f"rank {r}: scales")
+            self.assertTrue(bool((recv_idx[n:] == -1).all()), "padded rows have top-k -1")
+            self.assertEqual(counts, [])
+
+
+class LowLatencyTest(FabricCase):
+    hidden, topk, experts, max_tokens = 256, 4, 16, 16
+
+    def run_round(self, bufs, ins, use_fp8, zero_copy=False, hook=False, out=False):
+        def rank(r):
+            b = bufs[r]
+            x, idx, w = ins[r]
+            stats = torch.zeros(self.experts // N, dtype=torch.int32)
+            recv, count, handle, _, recv_hook = b.low_latency_dispatch(
+                x, idx, self.max_tokens, self.experts, cumulative_local_expert_recv_stats=stats, use_fp8=use_fp8,
+                return_recv_hook=hook)
+            if hook:
+                recv_hook()
+            data = recv[0] if use_fp8 else recv
+            if use_fp8:  # expert "computation": dequantize (scales are per 128 columns)
+                expert_out = _dequant(data, recv[1]).to(torch.bfloat16)
+            else:
+                expert_out = data.clone()
+            dst = torch.empty(x.shape[0], self.hidden, dtype=torch.bfloat16) if out else None
+            if zero_copy:
+                b.get_next_low_latency_combine_buffer(handle).copy_(expert_out)
+            combined, _, combine_hook = b.low_latency_combine(expert_out, idx, w, handle, zero_copy=zero_copy,
+                                                              return_recv_hook=hook, out=dst)
+            if hook:
+                combine_hook()
+            if out:
+                self.assertEqual(combined.data_ptr(), dst.data_ptr())
+            return data, (recv[1] if use_fp8 else None), count, handle, stats, combined
+
+        return fabric.run_ranks(N, rank)
+
+    def check(self, ins, outs, use_fp8):
+        L = self.experts // N
+        for r in range(N):
+            data, scales, count, handle, stats, combined = outs[r]
+            src_info, layout_range = handle[0], handle[1]
+            self.assertEqual(tuple(data.shape), (L, N * self.max_tokens, self.hidden))
+            for l in range(L):
+                e = r * L + l
+                total = 0
+                for s, (x, idx, _) in enumerate(ins):
+                    begin, n = int(layout_range[l, s]) >> 32, int(layout_range[l, s]) & 0xFFFFFFFF
+                    want_tokens = sorted(int(t) for t in (idx == e).any(1).nonzero().flatten())
+                    got_tokens = src_info[l, begin:begin + n].tolist()
+                    self.assertEqual(sorted(got_tokens), want_tokens, f"rank {r} expert {l} source {s}: tokens")
+                    rows = data[l, begin:begin + n]
+                    if use_fp8:
+                        got = _dequant(rows.unsqueeze(0), scales[l, begin:begin + n].unsqueeze(0))[0]
+                        torch.testing.assert_close(got, x[got_tokens].float(), rtol=0.07, atol=0.02)
+                    else:
+                        self.assertTrue(torch.equal(rows, x[got_tokens]), f"rank {r} expert {l} source {s}: rows")
+                    total += n
+                self.assertEqual(int(count[l]), total, f"rank {r} expert {l}: packed_recv_count")
+                self.assertEqual(int(stats[l]), total, f"rank {r} expert {l}: cumulative stats")
+        for r, (x, idx, w) in enumerate(ins):
+            combined = outs[r][5]
+            weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
+            tol = dict(rtol=0.08, atol=0.05) if use_fp8 else dict(rtol=2 ** -7, atol=1e-2)
+            torch.testing.assert_close(combined.float(), x.float() * weight, **tol,
+                                       msg=lambda m: f"rank {r}: combined_x: {m}")
+
+    def inputs(self, seed):
+        gens = [torch.Generator().manual_seed(seed + r) for r in range(N)]
+        return [(bf16(gens[r], self.max_tokens - r, self.hidden),
+                 topk_routing(gens[r], self.max_tokens - r, self.experts, self.topk),
+                 torch.rand(self.max_tokens - r, self.topk, generator=gens[r])) for r in range(N)]
+
+    def test_bf16_fp8_hooks_zero_copy_out(self):
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        for i, kw in enumerate([dict(use_fp8=False), dict(use_fp8=True), dict(use_fp8=False, hook=True),
+                                dict(use_fp8=False, zero_copy=True), dict(use_fp8=True, out=True, hook=True)]):
+            with self.subTest(**kw):
+                ins = self.inputs(SEED + 1000 * i)
+                self.check(ins, self.run_round(bufs, ins, **kw), kw["use_fp8"])
+
+
+def _dequant(data, scales):
+    """fp8 e4m3 bytes [.., n, hidden] times scales [.., n, hidden / 128]."""
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    if fp8 is not None and data.dtype == fp8:
+        values = data.float()
+    else:
+        values = _e4m3_to_float(data.view(torch.uint8))
+    return values * scales.float().repeat_interleave(128, dim=-1)
+
+
+def _e4m3_to_float(b):
+    b = b.to(torch.int32)
+    sign = torch.where(b & 0x80 != 0, -1.0, 1.0)
+    exp = (b >> 3) & 0xF
+    man = (b & 0x7).float()
+    normal = (1 + man / 8) * torch.pow(2.0, (exp - 7).float())
+    sub = (man / 8) * 2.0 ** -6
+    return sign * torch.where(exp == 0, sub, normal)
+
+
+if __name__ == "__main__":
+    fabric.main()

@@ -1,0 +1,94 @@
+"""The drop-in: `from epfabric import deep_ep`, deep_ep.Buffer(group, ...) over a torch.distributed process group
+(gloo, file store) in 4 processes, each with its own daemon through EPFABRIC_SOCKET's {local_rank} template. Normal
+and low-latency rounds checked against references; the groups rank 0 created are gone afterwards."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import fabric
+
+N = 4
+HIDDEN, TOPK, EXPERTS, TOKENS = 256, 4, 16, 24
+
+
+def worker(rank, store):
+    import torch
+    import torch.distributed as dist
+
+    from epfabric import deep_ep
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=N)
+    seed = int(os.environ["EPF_TEST_SEED"])
+    ins = []
+    for r in range(N):  # every process rebuilds every rank's inputs from the seed
+        gen = torch.Generator().manual_seed(seed + r)
+        x = torch.randn(TOKENS, HIDDEN, generator=gen).to(torch.bfloat16)
+        idx = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOPK] for _ in range(TOKENS)])
+        idx[torch.rand(TOKENS, TOPK, generator=gen) < 0.2] = -1
+        ins.append((x, idx, torch.rand(TOKENS, TOPK, generator=gen)))
+    x, idx, w = ins[rank]
+    L = EXPERTS // N
+
+    buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, EXPERTS)
+    recv_x, recv_idx, recv_w, counts, handle, event = buf.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx,
+        topk_weights=w)
+    event.current_stream_wait()
+    want = torch.cat([xs[((ids >= rank * L) & (ids < (rank + 1) * L)).any(1)] for xs, ids, _ in ins])
+    assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
+    assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
+    combined, _, _ = buf.combine(recv_x, handle)
+    ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
+    torch.testing.assert_close(combined.float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
+    buf.destroy()
+
+    M = TOKENS
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, HIDDEN, N, EXPERTS)
+    ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
+    recv, count, handle, _, hook = ll.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
+    assert hook is None
+    for l in range(L):
+        want_n = sum(int((ids == rank * L + l).any(1).sum()) for _, ids, _ in ins)
+        assert int(count[l]) == want_n, f"rank {rank} expert {l}: {int(count[l])} != {want_n}"
+    combined, _, _ = ll.low_latency_combine(recv, idx, w, handle)
+    weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
+    torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
+    ll.destroy()
+    dist.destroy_process_group()
+    print(f"rank {rank}: OK", flush=True)
+
+
+class DeepEpDropInTest(unittest.TestCase):
+    def test_four_processes_with_gloo(self):
+        seed = os.environ.get("EPF_TEST_SEED", str(int.from_bytes(os.urandom(3), "little")))
+        print(f"seed {seed}", flush=True)
+        with fabric.Fabric(N) as fab, tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, EPFABRIC_SOCKET=str(fab.dir / "d{local_rank}.sock"), EPF_TEST_SEED=seed,
+                       PYTHONPATH=os.pathsep.join([str(fabric.ROOT / "python"), str(fabric.ROOT / "tests" / "python")]))
+            procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), f"{tmp}/store"],
+                                      env=dict(env, LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True) for r in range(N)]
+            outputs = []
+            for r, p in enumerate(procs):
+                try:
+                    out, _ = p.communicate(timeout=120)
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    self.fail(f"rank {r} did not finish within 120 s")
+                outputs.append(out)
+            for r, p in enumerate(procs):
+                self.assertEqual(p.returncode, 0, f"rank {r} failed:\n{outputs[r]}")
+                self.assertIn(f"rank {r}: OK", outputs[r])
+            groups = fab.epctl_run(0, "groups")
+            self.assertNotIn("deep_ep-", groups, "rank 0 deletes the groups it created")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), sys.argv[3])
+    else:
+        fabric.main()

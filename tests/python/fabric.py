@@ -1,0 +1,133 @@
+"""Test support: a fabric of real epfabricd daemons (host backend by default) on Unix sockets and loopback, as
+`scripts/epf demo` starts them, plus helpers to run one function per rank concurrently."""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("EPF_BUILD_DIR", ROOT / "build"))
+sys.path.insert(0, str(ROOT / "python"))
+os.environ.setdefault("EPFABRIC_LIBRARY", str(BUILD / "client" / "libepfabric_client.so"))
+
+SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests
+
+
+def require_torch():
+    """Exits with SKIP (ctest reports 'skipped') when torch is not importable by this Python."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        print(f"SKIPPED: torch is not importable by {sys.executable} ({error}); scripts/epf deps installs Debian's "
+              "python3-torch for /usr/bin/python3")
+        sys.exit(SKIP)
+
+
+class Fabric:
+    """`n` daemons of one fabric; sockets[r] is rank r's client socket. Use as a context manager."""
+
+    def __init__(self, n, backend="host", extra_flags=()):
+        self.n = n
+        self.backend = backend
+        self.extra_flags = list(extra_flags)
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="epf-py-"))
+        self.sockets = [str(self.dir / f"d{r}.sock") for r in range(n)]
+        self.procs = []
+        self.daemon = os.environ.get("EPFABRIC_DAEMON", str(BUILD / "daemon" / "epfabricd"))
+        self.epctl = os.environ.get("EPFABRIC_EPCTL", str(BUILD / "client" / "epctl"))
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        secret = self.dir / "fabric.secret"
+        secret.write_bytes(os.urandom(32).hex().encode())
+        secret.chmod(0o600)
+        coordinator = None
+        for r in range(self.n):
+            flags = [f"--rank={r}", f"--world_size={self.n}", f"--fabric_id=py-{os.getpid()}-{id(self)}",
+                     f"--backend={self.backend}", f"--client_socket={self.sockets[r]}", "--peer_listen=127.0.0.1:0",
+                     "--log_level=warn", f"--fabric_secret_file={secret}"] + self.extra_flags
+            if self.backend == "cuda":
+                flags.append("--device=0")
+            if coordinator:
+                flags.append(f"--coordinator={coordinator}")
+            with open(self.dir / f"d{r}.log", "wb") as log:
+                self.procs.append(subprocess.Popen([self.daemon] + flags, stdout=log, stderr=log))
+            self._wait(lambda: os.path.exists(self.sockets[r]), f"daemon {r}'s socket")
+            if r == 0:
+                topology = json.loads(self.epctl_run(0, "topology", "--json"))
+                coordinator = topology["daemon"]["peer_address"]
+        for r in range(self.n):  # every member's view, so that a CreateGroup right away sees one epoch everywhere
+            self._wait(lambda: self.epctl_run(r, "fabric").count(" UP ") >= self.n, f"{self.n} ranks UP on {r}")
+
+    def epctl_run(self, r, *args):
+        return subprocess.run([self.epctl, f"--socket={self.sockets[r]}"] + list(args), check=True,
+                              capture_output=True, text=True, timeout=30).stdout
+
+    def _wait(self, ready, what, timeout_s=20):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if ready():
+                    return
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.05)
+        logs = "\n".join((self.dir / f"d{r}.log").read_text(errors="replace") for r in range(len(self.procs)))
+        raise TimeoutError(f"waited {timeout_s} s for {what}; daemon logs:\n{logs}")
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_ranks(n, fn, timeout_s=120):
+    """Runs fn(rank) for every rank on its own thread (the library releases the GIL in its calls); returns the
+    results in rank order and re-raises the first failure."""
+    results, errors = [None] * n, [None] * n
+
+    def body(r):
+        try:
+            results[r] = fn(r)
+        except BaseException as error:  # reported below, with the rank
+            errors[r] = error
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    for r, t in enumerate(threads):
+        if t.is_alive():
+            raise TimeoutError(f"rank {r} did not finish within {timeout_s} s")
+    for r, error in enumerate(errors):
+        if error is not None:
+            raise AssertionError(f"rank {r} failed: {error!r}") from error
+    return results
+
+
+def main():
+    require_torch()
+    unittest.main(verbosity=2)

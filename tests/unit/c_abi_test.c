@@ -1,0 +1,41 @@
+/* The C ABI from C (not C++): epfabric.h compiles as C99 and libepfabric_client.so links and answers, with clear
+ * errors for bad arguments and an unreachable daemon. The data path through this ABI is tested from Python
+ * (tests/python), which calls every entry point. */
+#include <stdio.h>
+#include <string.h>
+
+#include "epfabric/epfabric.h"
+
+static int failures = 0;
+#define EXPECT(cond)                                             \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                \
+    }                                                            \
+  } while (0)
+
+int main(void) {
+  EXPECT(epf_abi_version() == EPF_ABI_VERSION);
+  EXPECT(strlen(epf_version()) > 0);
+
+  epf_client* client = NULL;
+  EXPECT(epf_client_connect(NULL, "c", 1.0, &client) == EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "null") != NULL);
+  epf_status status = epf_client_connect("/nonexistent/epfabric.sock", "c", 0.2, &client);
+  EXPECT(status == EPF_NOT_FOUND || status == EPF_UNAVAILABLE);
+  EXPECT(strstr(epf_last_error(), "/nonexistent/epfabric.sock") != NULL);
+  EXPECT(client == NULL);
+
+  epf_buffer_config config = {
+      .max_tokens_per_rank = 128, .hidden = 7168, .max_topk = 8, .num_experts = 288, .low_latency = 1};
+  uint64_t nvl = 0, rdma = 0;
+  EXPECT(epf_required_group_bytes(&config, 1, 8, &nvl, &rdma) == EPF_OK);
+  EXPECT(nvl > 128ull * 7168 && rdma == 0);
+  config.num_experts = 7; /* not a multiple of the ranks */
+  EXPECT(epf_required_group_bytes(&config, 1, 8, &nvl, &rdma) == EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "num_experts") != NULL);
+
+  if (failures == 0) printf("c_abi_test: OK\n");
+  return failures == 0 ? 0 : 1;
+}
