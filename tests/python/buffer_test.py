@@ -11,7 +11,7 @@ import torch  # noqa: E402
 
 import epfabric  # noqa: E402
 
-N = 4
+N = fabric.RANKS
 SEED = int(os.environ.get("EPF_TEST_SEED", random.randrange(1 << 30)))
 print(f"seed {SEED} (EPF_TEST_SEED)", flush=True)
 
@@ -92,20 +92,21 @@ class NormalModeTest(FabricCase):
 
         def rank(r):
             b = bufs[r]
-            x, idx, w = ins[r]
+            x, idx, w = fabric.to_dev(*ins[r])
+            bias = fabric.to_dev(biases[r])
             out = {}
             for round_ in range(2):  # the first layout is torch's, the second the library's
                 per_rank, per_rdma, per_expert, in_rank, event = b.get_dispatch_layout(idx, self.experts)
-                ref = torch_layout(idx, self.experts, N)
+                ref = torch_layout(idx.cpu(), self.experts, N)
                 self.assertIsNone(per_rdma)
                 for got, want, name in zip((per_rank, per_expert, in_rank), ref, ("per rank", "per expert", "in rank")):
-                    self.assertTrue(torch.equal(got, want), f"rank {r} round {round_}: layout {name}")
+                    self.assertTrue(torch.equal(got.cpu(), want), f"rank {r} round {round_}: layout {name}")
                 recv_x, recv_idx, recv_w, counts, handle, _ = b.dispatch(
                     x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
                     topk_idx=idx, topk_weights=w)
                 out.setdefault("recv", []).append((recv_x, recv_idx, recv_w, counts))
                 expert_out = (recv_x.float() * (r + 1)).to(torch.bfloat16)
-                combined, combined_w, _ = b.combine(expert_out, handle, topk_weights=recv_w, bias=(biases[r], None))
+                combined, combined_w, _ = b.combine(expert_out, handle, topk_weights=recv_w, bias=(bias, None))
                 out.setdefault("combined", []).append((combined, combined_w))
             cached_x, cached_idx, cached_w, cached_counts, _, _ = b.dispatch(x, handle=handle)
             out["cached"] = (cached_x, cached_idx, cached_w, cached_counts)
@@ -145,7 +146,8 @@ class NormalModeTest(FabricCase):
             ins.append((data, scales, idx, w))
 
         def rank(r):
-            data, scales, idx, w = ins[r]
+            data, idx, w = fabric.to_dev(ins[r][0], ins[r][2], ins[r][3])
+            scales = ins[r][1].cuda() if fabric.BACKEND == "cuda" else ins[r][1]  # keeps its column-major strides
             per_rank, _, per_expert, in_rank, _ = bufs[r].get_dispatch_layout(idx, self.experts)
             return bufs[r].dispatch((data, scales), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
                                     num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w,
@@ -173,8 +175,8 @@ class LowLatencyTest(FabricCase):
     def run_round(self, bufs, ins, use_fp8, zero_copy=False, hook=False, out=False):
         def rank(r):
             b = bufs[r]
-            x, idx, w = ins[r]
-            stats = torch.zeros(self.experts // N, dtype=torch.int32)
+            x, idx, w = fabric.to_dev(*ins[r])
+            stats = torch.zeros(self.experts // N, dtype=torch.int32, device=x.device)
             recv, count, handle, _, recv_hook = b.low_latency_dispatch(
                 x, idx, self.max_tokens, self.experts, cumulative_local_expert_recv_stats=stats, use_fp8=use_fp8,
                 return_recv_hook=hook)
@@ -185,7 +187,7 @@ class LowLatencyTest(FabricCase):
                 expert_out = _dequant(data, recv[1]).to(torch.bfloat16)
             else:
                 expert_out = data.clone()
-            dst = torch.empty(x.shape[0], self.hidden, dtype=torch.bfloat16) if out else None
+            dst = torch.empty(x.shape[0], self.hidden, dtype=torch.bfloat16, device=x.device) if out else None
             if zero_copy:
                 b.get_next_low_latency_combine_buffer(handle).copy_(expert_out)
             combined, _, combine_hook = b.low_latency_combine(expert_out, idx, w, handle, zero_copy=zero_copy,
@@ -241,6 +243,37 @@ class LowLatencyTest(FabricCase):
             with self.subTest(**kw):
                 ins = self.inputs(SEED + 1000 * i)
                 self.check(ins, self.run_round(bufs, ins, **kw), kw["use_fp8"])
+
+    @unittest.skipUnless(fabric.BACKEND == "cuda", "CUDA graphs need the cuda backend (EPF_PY_BACKEND=cuda)")
+    def test_cuda_graph_capture_and_replay(self):
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        ins = self.inputs(SEED + 7)
+
+        def rank(r):
+            b = bufs[r]
+            x, idx, w = fabric.to_dev(*ins[r])
+            static_x = x.clone()
+            recv, _, handle, _, _ = b.low_latency_dispatch(static_x, idx, self.max_tokens, self.experts, use_fp8=False)
+            b.low_latency_combine(recv, idx, w, handle)  # eager warm-up: the Buffer exists before the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                recv, _, handle, _, _ = b.low_latency_dispatch(static_x, idx, self.max_tokens, self.experts,
+                                                               use_fp8=False)
+                combined, _, _ = b.low_latency_combine(recv, idx, w, handle)
+            outs = []
+            for i in range(5):  # new inputs each replay, written into the captured input tensor
+                static_x.copy_((x.float() * (i + 1)).to(torch.bfloat16))
+                graph.replay()
+                outs.append(combined.clone())
+            return outs
+
+        outs = fabric.run_ranks(N, rank)
+        for r, (x, idx, w) in enumerate(ins):
+            weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
+            for i, combined in enumerate(outs[r]):
+                want = (x.float() * (i + 1)).to(torch.bfloat16).float() * weight
+                torch.testing.assert_close(combined.float(), want, rtol=2 ** -7, atol=2e-2,
+                                           msg=lambda m: f"rank {r} replay {i}: {m}")
 
 
 def _dequant(data, scales):

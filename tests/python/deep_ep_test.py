@@ -9,11 +9,12 @@ import unittest
 
 import fabric
 
-N = 4
+N = fabric.RANKS
 HIDDEN, TOPK, EXPERTS, TOKENS = 256, 4, 16, 24
 
 
 def worker(rank, store):
+    fabric.require_torch()
     import torch
     import torch.distributed as dist
 
@@ -30,17 +31,21 @@ def worker(rank, store):
         ins.append((x, idx, torch.rand(TOKENS, TOPK, generator=gen)))
     x, idx, w = ins[rank]
     L = EXPERTS // N
+    if fabric.BACKEND == "cuda":  # the ranks share GPU 0 (the device machine has one)
+        torch.cuda.set_device(0)
+    dx, didx, dw = fabric.to_dev(x, idx, w)
 
     buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
-    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, EXPERTS)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(didx, EXPERTS)
     recv_x, recv_idx, recv_w, counts, handle, event = buf.dispatch(
-        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx,
-        topk_weights=w)
+        dx, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=didx,
+        topk_weights=dw, async_finish=fabric.BACKEND == "cuda")
     event.current_stream_wait()
+    combined, _, _ = buf.combine(recv_x, handle)
+    recv_x, combined = recv_x.cpu(), combined.cpu()
     want = torch.cat([xs[((ids >= rank * L) & (ids < (rank + 1) * L)).any(1)] for xs, ids, _ in ins])
     assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
     assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
-    combined, _, _ = buf.combine(recv_x, handle)
     ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
     torch.testing.assert_close(combined.float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
     buf.destroy()
@@ -48,12 +53,13 @@ def worker(rank, store):
     M = TOKENS
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, HIDDEN, N, EXPERTS)
     ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
-    recv, count, handle, _, hook = ll.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
+    recv, count, handle, _, hook = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)
     assert hook is None
+    combined = ll.low_latency_combine(recv, didx, dw, handle)[0].cpu()
+    count = count.cpu()
     for l in range(L):
         want_n = sum(int((ids == rank * L + l).any(1).sum()) for _, ids, _ in ins)
         assert int(count[l]) == want_n, f"rank {rank} expert {l}: {int(count[l])} != {want_n}"
-    combined, _, _ = ll.low_latency_combine(recv, idx, w, handle)
     weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
     torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
     ll.destroy()

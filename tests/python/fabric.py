@@ -17,6 +17,9 @@ sys.path.insert(0, str(ROOT / "python"))
 os.environ.setdefault("EPFABRIC_LIBRARY", str(BUILD / "client" / "libepfabric_client.so"))
 
 SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests
+# EPF_PY_BACKEND=cuda (the GPU machine): cuda daemons on GPU 0, CUDA tensors, one stream per rank.
+BACKEND = os.environ.get("EPF_PY_BACKEND", "host")
+RANKS = int(os.environ.get("EPF_PY_RANKS", "4"))
 
 
 def require_torch():
@@ -32,7 +35,7 @@ def require_torch():
 class Fabric:
     """`n` daemons of one fabric; sockets[r] is rank r's client socket. Use as a context manager."""
 
-    def __init__(self, n, backend="host", extra_flags=()):
+    def __init__(self, n, backend=BACKEND, extra_flags=()):
         self.n = n
         self.backend = backend
         self.extra_flags = list(extra_flags)
@@ -103,14 +106,42 @@ class Fabric:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def to_dev(*tensors):
+    """The test's inputs (made on the CPU from seeded generators) on the backend's device."""
+    if BACKEND != "cuda":
+        return tensors if len(tensors) > 1 else tensors[0]
+    moved = tuple(t.cuda() if t is not None else None for t in tensors)
+    return moved if len(moved) > 1 else moved[0]
+
+
+def _to_cpu(value):
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
 def run_ranks(n, fn, timeout_s=120):
     """Runs fn(rank) for every rank on its own thread (the library releases the GIL in its calls); returns the
-    results in rank order and re-raises the first failure."""
+    results in rank order (tensors copied to the CPU) and re-raises the first failure. With CUDA each rank runs on
+    its own stream: ranks sharing a GPU must not queue behind each other."""
     results, errors = [None] * n, [None] * n
 
     def body(r):
         try:
-            results[r] = fn(r)
+            if BACKEND == "cuda":
+                import torch
+                stream = torch.cuda.Stream()
+                with torch.cuda.stream(stream):
+                    value = fn(r)
+                stream.synchronize()
+                results[r] = _to_cpu(value)
+            else:
+                results[r] = fn(r)
         except BaseException as error:  # reported below, with the rank
             errors[r] = error
 
