@@ -14,6 +14,7 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -55,7 +56,6 @@ class CTimer:
 
 
 def threading_id():
-    import threading
     return threading.get_ident()
 
 
@@ -164,9 +164,13 @@ def main():
                 return b.low_latency_combine(expert_out[r], idx, w, handle)[0]
 
             step()
+            stream.synchronize()
+            barrier.wait()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                step()
+            with capture_lock:  # one capture at a time in this process (torch synchronises the device around it)
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    step()
+            barrier.wait()
             times = {"eager": [], "graph": []}
             for kind in ("eager", "graph"):
                 for _ in range(opts.iterations):
@@ -181,6 +185,7 @@ def main():
                     times[kind].append(start.elapsed_time(end) * 1e3)
             return {k: statistics.median(v) for k, v in times.items()}
 
+        barrier, capture_lock = threading.Barrier(N), threading.Lock()
         expert_out = [torch.zeros(EXPERTS // N, N * M, HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in range(N)]
         gv = fabric.run_ranks(N, graph_vs_eager)
         results["ll_dispatch_combine_graph_us"] = max(g["graph"] for g in gv)

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "buffer_internal.h"
@@ -79,16 +80,23 @@ class CudaDataPath final : public DataPath {
   }
 
   absl::Status Init() {
+    // Nothing here may synchronise the device or the legacy default stream: another rank of this process (ranks
+    // sharing a GPU as threads, as tests and single-process launchers do) may have a kernel running that waits for
+    // this rank, and a device-wide wait would then deadlock until that kernel times out. The zeroing runs on a
+    // private non-blocking stream instead.
+    cudaStream_t init_stream = nullptr;
+    EPF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&init_stream, cudaStreamNonBlocking));
+    absl::Cleanup destroy_stream = [init_stream] { cudaStreamDestroy(init_stream); };
     void* status = nullptr;
     EPF_CUDA_RETURN_IF_ERROR(cudaMalloc(&status, sizeof(kernels::KernelStatus)));
     status_ = static_cast<kernels::KernelStatus*>(status);
-    EPF_CUDA_RETURN_IF_ERROR(cudaMemset(status, 0, sizeof(kernels::KernelStatus)));
+    EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status, 0, sizeof(kernels::KernelStatus), init_stream));
     const int world = config_.num_ranks;
     if (config_.config.low_latency) {
       void* mask = nullptr;
       EPF_CUDA_RETURN_IF_ERROR(cudaMalloc(&mask, sizeof(int32_t) * world));
       rank_mask_ = static_cast<int32_t*>(mask);
-      EPF_CUDA_RETURN_IF_ERROR(cudaMemset(mask, 0, sizeof(int32_t) * world));
+      EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(mask, 0, sizeof(int32_t) * world, init_stream));
     } else {
       void* counters = nullptr;
       EPF_CUDA_RETURN_IF_ERROR(
@@ -99,7 +107,7 @@ class CudaDataPath final : public DataPath {
       device_counters_ = static_cast<int32_t*>(device);
       EPF_ASSIGN_OR_RETURN(invalid_topk_words_, MappedWordPool::Create());
     }
-    EPF_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(init_stream));
     // The regions were zeroed by the daemon when the lease started, so no reset is needed here.
     if (config_.layout_only) return absl::OkStatus();
     if (config_.config.low_latency) {

@@ -116,9 +116,11 @@ absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stre
 
 absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream) {
   if (status == nullptr) return MissingPointer("status", "to read it");
-  EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // On the caller's stream, not the legacy default stream, which would also wait for the other streams' work (a
+  // peer rank's kernel in this process may be waiting for this rank).
   KernelStatus host{};
-  EPF_CUDA_RETURN_IF_ERROR(cudaMemcpy(&host, status, sizeof(host), cudaMemcpyDefault));
+  EPF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&host, status, sizeof(host), cudaMemcpyDefault, stream));
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return KernelStatusToStatus(host);
 }
 

@@ -83,6 +83,7 @@ class ApiTest(unittest.TestCase):
             gen = torch.Generator().manual_seed(r)
             x = torch.randn(num_tokens, HIDDEN, generator=gen).to(torch.bfloat16)
             idx = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOPK] for _ in range(num_tokens)])
+            x, idx = fabric.to_dev(x, idx)
             b = self.bufs[r]
             per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, EXPERTS)
             recv_x, _, _, _, handle, _ = b.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
@@ -98,21 +99,22 @@ class ApiTest(unittest.TestCase):
     def test_bad_input_is_refused_before_launch(self):
         self.valid_round()  # sets the Buffer up (hidden, top-k, experts)
         b = self.bufs[0]
-        x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16)
-        idx = torch.zeros(4, TOPK, dtype=torch.int64)
+        dev = b.device
+        x = torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device=dev)
+        idx = torch.zeros(4, TOPK, dtype=torch.int64, device=dev)
         per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, EXPERTS)
         layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
         cases = [
             ("x.dtype", TypeError, lambda: b.dispatch(x.float(), **layout, topk_idx=idx)),
-            ("not contiguous", ValueError, lambda: b.dispatch(torch.zeros(HIDDEN, 4, dtype=torch.bfloat16).t(),
+            ("not contiguous", ValueError, lambda: b.dispatch(torch.zeros(HIDDEN, 4, dtype=torch.bfloat16, device=dev).t(),
                                                               **layout, topk_idx=idx)),
             ("dimensions", ValueError, lambda: b.dispatch(x[0], **layout, topk_idx=idx)),
             ("topk_idx.dtype", TypeError, lambda: b.dispatch(x, **layout, topk_idx=idx.int())),
             ("required unless handle", ValueError, lambda: b.dispatch(x, topk_idx=idx)),
             ("torch.Tensor", TypeError, lambda: b.dispatch([1, 2], **layout, topk_idx=idx)),
-            ("hidden = ", ValueError, lambda: b.dispatch(torch.zeros(4, 2 * HIDDEN, dtype=torch.bfloat16),
+            ("hidden = ", ValueError, lambda: b.dispatch(torch.zeros(4, 2 * HIDDEN, dtype=torch.bfloat16, device=dev),
                                                          **layout, topk_idx=idx)),
-            ("INVALID_ARGUMENT", epfabric.EpfError, lambda: b.dispatch(torch.zeros(3, HIDDEN, dtype=torch.bfloat16),
+            ("INVALID_ARGUMENT", epfabric.EpfError, lambda: b.dispatch(torch.zeros(3, HIDDEN, dtype=torch.bfloat16, device=dev),
                                                                        **layout, topk_idx=idx)),
             ("DispatchHandle", TypeError, lambda: b.combine(x, ("not", "a", "handle"))),
             ("created in normal mode", RuntimeError, lambda: b.low_latency_dispatch(x, idx, 8, EXPERTS)),
@@ -122,8 +124,11 @@ class ApiTest(unittest.TestCase):
                 with self.assertRaises(kind) as caught:
                     fn()
                 self.assertIn(needle, str(caught.exception))
+        bad = idx + 100  # experts out of range: the host layout refuses them, the cuda dispatch before notify
         with self.assertRaises(epfabric.EpfError) as caught:
-            b.get_dispatch_layout(idx + 100, EXPERTS)  # the library's layout refuses out-of-range experts
+            per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(bad, EXPERTS)
+            b.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                       topk_idx=bad)
         self.assertEqual(caught.exception.code_name, "INVALID_ARGUMENT")
         self.valid_round()  # nothing was launched: every rank's next call works
 

@@ -2,6 +2,7 @@
 against references computed with torch from all ranks' inputs (fresh random inputs per run; the seed is printed)."""
 import os
 import random
+import threading
 import unittest
 
 import fabric
@@ -248,6 +249,7 @@ class LowLatencyTest(FabricCase):
     def test_cuda_graph_capture_and_replay(self):
         bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
         ins = self.inputs(SEED + 7)
+        warm, capture = threading.Barrier(N), threading.Lock()
 
         def rank(r):
             b = bufs[r]
@@ -255,11 +257,15 @@ class LowLatencyTest(FabricCase):
             static_x = x.clone()
             recv, _, handle, _, _ = b.low_latency_dispatch(static_x, idx, self.max_tokens, self.experts, use_fp8=False)
             b.low_latency_combine(recv, idx, w, handle)  # eager warm-up: the Buffer exists before the capture
+            torch.cuda.current_stream().synchronize()
+            warm.wait()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                recv, _, handle, _, _ = b.low_latency_dispatch(static_x, idx, self.max_tokens, self.experts,
-                                                               use_fp8=False)
-                combined, _, _ = b.low_latency_combine(recv, idx, w, handle)
+            with capture:  # one capture at a time in this process (torch synchronises the device around them)
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    recv, _, handle, _, _ = b.low_latency_dispatch(static_x, idx, self.max_tokens, self.experts,
+                                                                   use_fp8=False)
+                    combined, _, _ = b.low_latency_combine(recv, idx, w, handle)
+            warm.wait()
             outs = []
             for i in range(5):  # new inputs each replay, written into the captured input tensor
                 static_x.copy_((x.float() * (i + 1)).to(torch.bfloat16))

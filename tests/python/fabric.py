@@ -125,6 +125,9 @@ def _to_cpu(value):
     return value
 
 
+_STREAMS = {}
+
+
 def run_ranks(n, fn, timeout_s=120):
     """Runs fn(rank) for every rank on its own thread (the library releases the GIL in its calls); returns the
     results in rank order (tensors copied to the CPU) and re-raises the first failure. With CUDA each rank runs on
@@ -135,7 +138,8 @@ def run_ranks(n, fn, timeout_s=120):
         try:
             if BACKEND == "cuda":
                 import torch
-                stream = torch.cuda.Stream()
+                # One stream per rank for the whole test (torch caches memory per stream), never the legacy one.
+                stream = _STREAMS.setdefault(r, torch.cuda.Stream())
                 with torch.cuda.stream(stream):
                     value = fn(r)
                 stream.synchronize()
