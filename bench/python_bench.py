@@ -94,7 +94,7 @@ def main():
             def first_ll(r):
                 x, idx, w = data[r]
                 t0 = time.perf_counter()
-                b = epfabric.Buffer.attach(fab.sockets[r], "bench-ll", r, ll_token)
+                b = epfabric.Buffer.attach(fab.sockets[r], "bench-ll", r, ll_token, **fabric.attach_options(N))
                 b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=True)
                 torch.cuda.current_stream().synchronize()
                 t1 = time.perf_counter()
@@ -121,7 +121,8 @@ def main():
         results["warm_attach_to_first_normal_dispatch_ms"] = statistics.median(normal_times)
 
         # Per-call overhead and CUDA graphs on one low-latency Buffer per rank.
-        bufs = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(fab.sockets[r], "bench-ll", r, ll_token))
+        bufs = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(fab.sockets[r], "bench-ll", r, ll_token,
+                                                                    **fabric.attach_options(N)))
 
         def overhead(r):
             b = bufs[r]
@@ -207,7 +208,7 @@ def main():
                    "python": sys.version.split()[0], "torch": torch.__version__,
                    "timing": "warm attach: attach + first dispatch (+ layout in normal mode) until the stream is "
                              "idle, the slower rank, median of trials; overhead: Python method wall time minus the "
-                             "time inside the C ABI call, median per call, the slower rank; graph/eager: CUDA events "
+                             "time inside the C ABI call, median per call, the slower rank (both ranks are threads of this process, so this includes waiting for the GIL while the other rank runs Python: an upper bound of the one-rank-per-process cost); graph/eager: CUDA events "
                              "around one dispatch + combine (fp8), median, the slower rank"},
         "results": results,
     }

@@ -44,6 +44,7 @@ absl::StatusOr<kernels::LowLatencyContext> MakeLowLatencyContext(const DataPathC
   ll.rank_mask = rank_mask;
   ll.status = status;
   ll.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
+  ll.num_blocks = c.config.low_latency_sms;
   ll.remote_ranks = c.remote_ranks;
   ll.remote_inbox = c.remote_inbox;
   ll.remote_put = c.remote_put;

@@ -219,6 +219,7 @@ static epfabric::client::BufferConfig ToConfig(const epf_buffer_config& c) {
   if (c.num_sms > 0) config.num_sms = c.num_sms;
   config.low_latency = c.low_latency != 0;
   if (c.timeout_s > 0) config.timeout = absl::Seconds(c.timeout_s);
+  config.low_latency_sms = c.low_latency_sms;
   return config;
 }
 

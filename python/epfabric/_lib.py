@@ -39,7 +39,7 @@ class Tensor(ctypes.Structure):
 class BufferConfig(ctypes.Structure):
     _fields_ = [("max_tokens_per_rank", ctypes.c_int32), ("hidden", ctypes.c_int32), ("max_topk", ctypes.c_int32),
                 ("num_experts", ctypes.c_int32), ("num_sms", ctypes.c_int32), ("low_latency", ctypes.c_int32),
-                ("timeout_s", ctypes.c_double)]
+                ("timeout_s", ctypes.c_double), ("low_latency_sms", ctypes.c_int32)]
 
 
 class Layout(ctypes.Structure):

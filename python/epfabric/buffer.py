@@ -66,7 +66,7 @@ class Hook:
 class Buffer(LowLatencyMixin):
     num_sms = 20  # DeepEP's class-wide SM count (set_num_sms)
 
-    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None):
+    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None, low_latency_sms=0):
         """Use Buffer.attach (or epfabric.deep_ep.Buffer): this takes an attached lease."""
         self._client = client
         self._lease = lease
@@ -74,6 +74,7 @@ class Buffer(LowLatencyMixin):
         self._cfg = None
         self._timeout_s = float(timeout_s)
         self._num_sms = num_sms
+        self._low_latency_sms = int(low_latency_sms)
         self._last_layout = None
         self.rank = lib.epf_lease_rank(lease)
         self.group_size = lib.epf_lease_world_size(lease)
@@ -89,13 +90,16 @@ class Buffer(LowLatencyMixin):
         self.num_rdma_bytes = self._region_bytes(True)
 
     @classmethod
-    def attach(cls, socket, group, rank, token, *, timeout_s=5.0, num_sms=None, client_name="epfabric-python"):
+    def attach(cls, socket, group, rank, token, *, timeout_s=5.0, num_sms=None, low_latency_sms=0,
+               client_name="epfabric-python"):
         """Attaches group rank `rank` of `group` through the daemon at `socket` (the daemon that serves that rank).
-        On cuda groups the current CUDA device is the one whose kernels use the regions."""
+        On cuda groups the current CUDA device is the one whose kernels use the regions. num_sms: normal mode's SMs
+        (default Buffer.num_sms); low_latency_sms: low-latency blocks per launch (0: every SM; ranks sharing a GPU
+        in one process each need a share)."""
         client = Client(socket, client_name=client_name)
         lease = ctypes.c_void_p()
         call("epf_attach", client.handle, group.encode(), int(rank), token.encode(), -1, ctypes.byref(lease))
-        return cls(client, lease, timeout_s=timeout_s, num_sms=num_sms)
+        return cls(client, lease, timeout_s=timeout_s, num_sms=num_sms, low_latency_sms=low_latency_sms)
 
     # ---- DeepEP's static calls ----
 

@@ -121,4 +121,6 @@ class LowLatencyMixin:
                 raise ValueError(f"low-latency shape {key}: this Buffer was set up by its first call for "
                                  f"{self._cfg}; every rank must create a new Buffer for another shape")
             return
-        self._create(key, _config(max_tokens, hidden, topk, num_experts, 1, True, self._timeout_s))
+        config = _config(max_tokens, hidden, topk, num_experts, 1, True, self._timeout_s)
+        config.low_latency_sms = self._low_latency_sms
+        self._create(key, config)

@@ -57,7 +57,8 @@ class FabricCase(unittest.TestCase):
         nvl, rdma = epfabric.required_group_bytes(max_tokens, hidden, topk, num_experts, low_latency, 1, N)
         token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
         self.addCleanup(self.client.delete_group, name, token)
-        buffers = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token))
+        buffers = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token,
+                                                                                **fabric.attach_options(N)))
         self.addCleanup(lambda: [b.destroy() for b in buffers])
         return buffers
 

@@ -106,6 +106,14 @@ class Fabric:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def attach_options(n):
+    """Buffer.attach options for n ranks sharing GPU 0 as threads of this process (cuda)."""
+    if BACKEND != "cuda":
+        return {}
+    import torch
+    return {"low_latency_sms": torch.cuda.get_device_properties(0).multi_processor_count // n}
+
+
 def to_dev(*tensors):
     """The test's inputs (made on the CPU from seeded generators) on the backend's device."""
     if BACKEND != "cuda":

@@ -111,7 +111,8 @@ typedef struct {
   int32_t num_experts;
   int32_t num_sms; /* normal mode: SMs (= channels); 0: 20 */
   int32_t low_latency;
-  double timeout_s; /* 0: 5 s */
+  double timeout_s;        /* 0: 5 s */
+  int32_t low_latency_sms; /* low latency: blocks per launch, 0: one per SM */
 } epf_buffer_config;
 
 /* CreateGroup's num_nvl_bytes / num_rdma_bytes for `config` on num_hosts x ranks_per_host ranks. */

@@ -79,8 +79,11 @@ struct BufferConfig {
   int max_tokens_per_rank = 0;  // normal: most tokens one rank dispatches per call; low latency: exactly that bound
   int hidden = 0;               // normal: the widest hidden size; low latency: the hidden size
   int max_topk = 0;
-  int num_experts = 0;                        // a multiple of the number of ranks
-  int num_sms = 20;                           // normal mode: SMs (= channels) per dispatch/combine
+  int num_experts = 0;  // a multiple of the number of ranks
+  int num_sms = 20;     // normal mode: SMs (= channels) per dispatch/combine
+  // Low-latency mode: blocks per launch, 0 = one per SM (DeepEP's choice). Ranks that share a GPU inside one
+  // process need a share each (SMs / ranks on that GPU): a kernel that spins on every SM starves its peer's.
+  int low_latency_sms = 0;
   bool low_latency = false;                   // the group's mode (GroupInfo.low_latency)
   absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
   // Normal mode: run a one-host group through the internode path (RDMA stage included; needs num_rdma_bytes of
