@@ -273,7 +273,16 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
   for (int r = 0; r < world; ++r) ranks[r] = r;
   EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, ranks, required));
   allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(backend);
-  return CreateOver(lease, config, lease->rank(), ranks, std::move(allocator));
+  EPF_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer,
+                       CreateOver(lease, config, lease->rank(), ranks, std::move(allocator)));
+  EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
+  return buffer;
+}
+
+absl::Status Buffer::CountInto(Lease* lease) {
+  EPF_ASSIGN_OR_RETURN(state_->stats, internal::DataPathRecorder::Create(lease->datapath_stats(), lease->backend(),
+                                                                         state_->experts_per_rank));
+  return absl::OkStatus();
 }
 
 // A Buffer whose data path runs over `ranks` (group ranks on this host, in their order), as rank `rank` of them.
@@ -327,7 +336,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), outer));
   EPF_ASSIGN_OR_RETURN(state->internode,
                        internal::InternodePath::Create(lease, config, shape, std::move(inner), std::move(allocator)));
-  return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
+  auto buffer = std::unique_ptr<Buffer>(new Buffer(std::move(state)));
+  EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
+  return buffer;
 }
 
 // Low latency across hosts (internode_low_latency.h): the host backend's low-latency path over all ranks, the ranks
@@ -368,7 +379,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
   remote->Configure(&path);
   EPF_ASSIGN_OR_RETURN(auto host_path, internal::DataPath::Create(lease->backend(), path));
   EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(host_path), std::move(remote)));
-  return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
+  auto buffer = std::unique_ptr<Buffer>(new Buffer(std::move(state)));
+  EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
+  return buffer;
 }
 
 TensorView Buffer::NextLowLatencyCombineBuffer() const {
@@ -381,8 +394,11 @@ TensorView Buffer::NextLowLatencyCombineBuffer() const {
 }
 
 absl::Status Buffer::Check(cudaStream_t stream) {
-  if (state_->internode != nullptr) return state_->internode->Check(stream);
-  return state_->path->Check(stream);
+  State& s = *state_;
+  if (s.stats != nullptr) (void)s.stats->Publish(stream);  // counters only: never fails the check
+  absl::Status status = s.internode != nullptr ? s.internode->Check(stream) : s.path->Check(stream);
+  if (s.stats != nullptr) s.stats->Failure(status);
+  return status;
 }
 
 absl::Status Buffer::Reset(cudaStream_t stream) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "buffer_stats.h"
 #include "data_path.h"
 #include "epfabric/client/buffer.h"
 #include "internode_path.h"
@@ -53,6 +54,9 @@ struct Buffer::State {
   // group); `internode` runs the calls.
   std::unique_ptr<internal::DataPath> path;
   std::unique_ptr<internal::InternodePath> internode;
+
+  // The lease's data-path counters (null for inner Buffers and leases without a page).
+  std::unique_ptr<internal::DataPathRecorder> stats;
 
   kernels::LowLatencyBufferCursor cursor;
   bool recv_hook_pending = false;  // a low-latency send phase whose receive hook has not run yet

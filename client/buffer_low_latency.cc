@@ -34,6 +34,20 @@ kernels::LowLatencyPhases FirstPhases(bool return_recv_hook) {
 
 absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatch(const LowLatencyDispatchArgs& args,
                                                                     cudaStream_t stream) {
+  absl::StatusOr<LowLatencyDispatchResult> result = LowLatencyDispatchUncounted(args, stream);
+  if (internal::DataPathRecorder* stats = state_->stats.get(); stats != nullptr) {
+    stats->Call(kernels::kOpLowLatencyDispatch, result.status());
+    if (result.ok()) {
+      stats->Sent(args.x.shape.empty() ? 0 : args.x.shape[0], static_cast<int64_t>(args.x.bytes()));
+      // Counters only: a failure to copy them must not fail the dispatch.
+      (void)stats->AfterLowLatencyDispatch(stream);
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(const LowLatencyDispatchArgs& args,
+                                                                             cudaStream_t stream) {
   State& s = *state_;
   const BufferConfig& c = s.config;
   EPF_RETURN_IF_ERROR(s.RequireMode(true, "LowLatencyDispatch"));
@@ -86,6 +100,7 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatch(const LowLat
   d.round_scale = args.round_scale;
   d.use_ue8m0 = args.use_ue8m0;
   d.cumulative_stats = args.cumulative_stats.empty() ? nullptr : static_cast<int32_t*>(args.cumulative_stats.data);
+  d.expert_load = s.stats != nullptr ? s.stats->expert_load() : nullptr;
   d.packed_recv_x = result.packed_recv_x.view.data;
   d.packed_recv_x_scales = args.use_fp8 ? result.packed_recv_x_scales.view.data : nullptr;
   d.packed_recv_count = static_cast<int32_t*>(result.packed_recv_count.view.data);
@@ -120,6 +135,13 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatch(const LowLat
 
 absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombine(const LowLatencyCombineArgs& args,
                                                                   cudaStream_t stream) {
+  absl::StatusOr<LowLatencyCombineResult> result = LowLatencyCombineUncounted(args, stream);
+  if (state_->stats != nullptr) state_->stats->Call(kernels::kOpLowLatencyCombine, result.status());
+  return result;
+}
+
+absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombineUncounted(const LowLatencyCombineArgs& args,
+                                                                           cudaStream_t stream) {
   State& s = *state_;
   const BufferConfig& c = s.config;
   EPF_RETURN_IF_ERROR(s.RequireMode(true, "LowLatencyCombine"));

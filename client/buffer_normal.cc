@@ -84,6 +84,20 @@ absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_
 }
 
 absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
+  absl::StatusOr<DispatchResult> result = DispatchUncounted(args, stream);
+  if (internal::DataPathRecorder* stats = state_->stats.get(); stats != nullptr) {
+    stats->Call(kernels::kOpDispatch, result.status());
+    if (result.ok()) {
+      const int64_t rows = args.x.shape.empty() ? 0 : args.x.shape[0];
+      stats->Sent(rows, static_cast<int64_t>(args.x.bytes()));
+      stats->Received(result->handle->num_recv_tokens, static_cast<int64_t>(result->recv_x.view.bytes()));
+      stats->AddExpertCounts(result->num_recv_tokens_per_expert);
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& args, cudaStream_t stream) {
   State& s = *state_;
   const BufferConfig& c = s.config;
   EPF_RETURN_IF_ERROR(s.RequireMode(false, "Dispatch"));
@@ -202,6 +216,12 @@ absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaSt
 }
 
 absl::StatusOr<CombineResult> Buffer::Combine(const CombineArgs& args, cudaStream_t stream) {
+  absl::StatusOr<CombineResult> result = CombineUncounted(args, stream);
+  if (state_->stats != nullptr) state_->stats->Call(kernels::kOpCombine, result.status());
+  return result;
+}
+
+absl::StatusOr<CombineResult> Buffer::CombineUncounted(const CombineArgs& args, cudaStream_t stream) {
   State& s = *state_;
   const BufferConfig& c = s.config;
   EPF_RETURN_IF_ERROR(s.RequireMode(false, "Combine"));

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/fd_passing.h"
 #include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/datapath_stats.h"
 #include "epfabric/proto/grpc_status.h"
 #include "epfabric/v1/control.grpc.pb.h"
 #include "epfabric/v1/fdchannel.pb.h"
@@ -131,6 +132,7 @@ struct Lease::State {
   std::vector<v1::RegionDescriptor> nvl_descriptors ABSL_GUARDED_BY(mutex);
   std::optional<MappedRegion> rdma ABSL_GUARDED_BY(mutex);
   std::optional<MappedRegion> commands ABSL_GUARDED_BY(mutex);  // transport rings (groups with an RDMA region)
+  std::optional<MappedRegion> stats ABSL_GUARDED_BY(mutex);     // data-path counters page (datapath_stats.h)
   v1::GroupState group_state ABSL_GUARDED_BY(mutex) = v1::GROUP_STATE_UNSPECIFIED;
   uint64_t epoch ABSL_GUARDED_BY(mutex) = 0;
   absl::Status ended ABSL_GUARDED_BY(mutex);        // not OK once the lease is known to be gone
@@ -204,6 +206,8 @@ absl::Status Lease::Detach() {
     s.rdma.reset();
     if (s.commands.has_value()) unmapping.push_back(std::move(*s.commands));
     s.commands.reset();
+    if (s.stats.has_value()) unmapping.push_back(std::move(*s.stats));
+    s.stats.reset();
   }
   if (s.keep_alive.joinable()) s.keep_alive.join();
   // Unmapped before the daemon zeroes the memory for the next client: nothing here can touch it afterwards.
@@ -295,6 +299,17 @@ void* Lease::commands_region() const {
 void* Lease::commands_region_device() const {
   absl::MutexLock lock(&state_->mutex);
   return state_->commands.has_value() ? state_->commands->device_data() : nullptr;
+}
+
+kernels::DataPathStats* Lease::datapath_stats() const {
+  absl::MutexLock lock(&state_->mutex);
+  if (!state_->stats.has_value() || state_->stats->size() < sizeof(kernels::DataPathStats)) return nullptr;
+  return static_cast<kernels::DataPathStats*>(state_->stats->data());
+}
+
+void* Lease::datapath_stats_device() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->stats.has_value() ? state_->stats->device_data() : nullptr;
 }
 
 uint64_t Lease::commands_region_bytes() const {
@@ -474,6 +489,22 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
       if (descriptor.kind() == v1::RegionDescriptor::KIND_RDMA) {
         EPF_ASSIGN_OR_RETURN(auto rdma, map_own(v1::RegionDescriptor::KIND_RDMA));
         s->rdma = std::move(rdma.second);
+      } else if (descriptor.kind() == v1::RegionDescriptor::KIND_STATS) {
+        // The data-path counters page: host memory this process writes and the daemon reads; registered with CUDA
+        // so that device totals can be copied into it asynchronously.
+        memory::ImportOptions host_options = import_options;
+        host_options.register_with_cuda = attach.backend() == v1::BACKEND_CUDA;
+        v1::FdRequest fd_request;
+        fd_request.set_group(group);
+        fd_request.set_rank(rank);
+        fd_request.set_kind(v1::RegionDescriptor::KIND_STATS);
+        fd_request.set_token(token);
+        fd_request.set_lease_id(attach.lease_id());
+        auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
+        if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel (counters page)"));
+        auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), host_options);
+        if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping the counters page"));
+        s->stats = std::move(*mapped);
       } else if (descriptor.kind() == v1::RegionDescriptor::KIND_COMMANDS) {
         // Host memory the daemon's proxy reads; a cuda client's kernels write it, so it is registered with CUDA.
         memory::ImportOptions host_options = import_options;

@@ -326,6 +326,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       snapshot.transport_groups.push_back(
           {group, counters.executed, counters.refused, counters.failed, counters.skipped});
     }
+    snapshot.datapath_groups = s->groups->DataPathStats();
+    snapshot.expert_series = s->options.metrics_expert_series;
     const transport::SocketWireCounters wire = s->transport->socket_counters();
     snapshot.data_handshakes_refused = wire.handshakes_refused;
     snapshot.data_frames_refused = wire.frames_refused;

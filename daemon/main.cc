@@ -37,6 +37,9 @@ ABSL_FLAG(std::string, log_format, "text",
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port for the Prometheus endpoint (GET /metrics, text format); empty: none. Port 0 picks a free one. "
           "Shows no tokens, lease ids, pids or uids; group names and counts are visible to whoever can reach it.");
+ABSL_FLAG(bool, metrics_expert_series, false,
+          "Export epfabric_expert_tokens_received_total per expert (groups x experts series) besides the load "
+          "imbalance per group.");
 ABSL_FLAG(std::string, host_id, "", "Overrides the machine id that tells hosts apart (e.g. the Kubernetes node).");
 ABSL_FLAG(std::string, system_root, "/", "Root under which /sys and /etc are read (for tests).");
 ABSL_FLAG(std::string, fabric_id, "epfabric", "Fabric id: daemons with another id are refused.");
@@ -88,6 +91,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.log_format = absl::GetFlag(FLAGS_log_format);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics_expert_series = absl::GetFlag(FLAGS_metrics_expert_series);
   o.host_id = absl::GetFlag(FLAGS_host_id);
   o.system_root = absl::GetFlag(FLAGS_system_root);
   o.fabric_id = absl::GetFlag(FLAGS_fabric_id);

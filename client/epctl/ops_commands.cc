@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -65,6 +67,39 @@ std::string FormatLeases(const v1::ListClientsResponse& response, int64_t now_un
   return s;
 }
 
+// Expert load as a small table: per group, the tokens this rank's experts received, max/mean over them, and the
+// busiest experts when the daemon exports per-expert series (--metrics_expert_series).
+std::string FormatExpertLoad(const v1::Stats& stats) {
+  struct Load {
+    double received = 0, imbalance = 0;
+    std::vector<std::pair<double, std::string>> experts;  // (tokens, expert)
+  };
+  std::map<std::string, Load> loads;
+  for (const v1::MetricSample& sample : stats.samples()) {
+    auto group = sample.labels().find("group");
+    if (group == sample.labels().end()) continue;
+    if (sample.name() == "epfabric_expert_tokens_received_rank_total") loads[group->second].received = sample.value();
+    if (sample.name() == "epfabric_expert_load_imbalance") loads[group->second].imbalance = sample.value();
+    if (sample.name() == "epfabric_expert_tokens_received_total") {
+      auto expert = sample.labels().find("expert");
+      if (expert != sample.labels().end()) loads[group->second].experts.emplace_back(sample.value(), expert->second);
+    }
+  }
+  if (loads.empty()) return "";
+  std::string s = absl::StrFormat("expert load (this rank)\n  %-24s %14s %10s  %s\n", "group", "tokens", "max/mean",
+                                  "busiest experts (tokens)");
+  for (auto& [group, load] : loads) {
+    std::sort(load.experts.rbegin(), load.experts.rend());
+    std::vector<std::string> top;
+    for (size_t i = 0; i < load.experts.size() && i < 3; ++i) {
+      top.push_back(absl::StrFormat("%s (%.0f)", load.experts[i].second, load.experts[i].first));
+    }
+    absl::StrAppendFormat(&s, "  %-24s %14.0f %10.2f  %s\n", group, load.received, load.imbalance,
+                          top.empty() ? "-" : absl::StrJoin(top, ", "));
+  }
+  return s;
+}
+
 std::string FormatStats(const v1::Stats& stats) {
   std::string s = absl::StrCat("uptime ", stats.uptime_seconds(), " s\n");
   // Histograms as count and mean: the buckets are for Prometheus.
@@ -93,6 +128,7 @@ std::string FormatStats(const v1::Stats& stats) {
   for (const auto& row : rows) width = std::max(width, row.first.size());
   for (const auto& [key, value] : rows)
     absl::StrAppend(&s, "  ", key, std::string(width - key.size() + 2, ' '), value, "\n");
+  absl::StrAppend(&s, FormatExpertLoad(stats));
   return s;
 }
 

@@ -66,6 +66,7 @@ class GroupManager {
   std::vector<v1::ClientInfo> Clients() const { return leases_.Clients(); }
   // Transport command counters of this daemon's rings, summed per group.
   std::map<std::string, transport::RingCounters> TransportCounters() const { return local_.TransportCounters(); }
+  std::vector<GroupDataPathStats> DataPathStats() const { return local_.DataPathStats(); }
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.
   void ExpireLeases(absl::Time now) { leases_.ExpireLeases(now); }
   // Housekeeping for failed creates: the coordinator retries releases that did not reach a member; every member

@@ -60,6 +60,10 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
     spec.kind = v1::RegionDescriptor::KIND_RDMA;
     EPF_ASSIGN_OR_RETURN(group.rdma, allocator_->Allocate(spec));
   }
+  spec.bytes = kernels::kDataPathStatsBytes;
+  spec.kind = v1::RegionDescriptor::KIND_STATS;
+  spec.sharing = v1::MEMORY_SHARING_UNSPECIFIED;
+  EPF_ASSIGN_OR_RETURN(group.stats, stats_allocator_->Allocate(spec));
   v1::PrepareGroupResponse response;
   *response.add_regions() = group.nvl->descriptor();
   if (group.rdma != nullptr) {
@@ -285,6 +289,12 @@ absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::Atta
       added->set_fd_socket(view.members(group.info.ranks(i)).fd_socket());
     }
   }
+  if (group.stats != nullptr) {
+    v1::RegionDescriptor* stats = response.add_regions();
+    *stats = group.stats->descriptor();
+    stats->set_rank(group.group_rank);
+    stats->set_fd_socket(view.members(self).fd_socket());
+  }
   if (group.transport != nullptr) {
     v1::RegionDescriptor* commands = response.add_regions();
     *commands = group.transport->commands()->descriptor();
@@ -324,6 +334,7 @@ absl::StatusOr<SharedRegion> LocalGroups::ShareRegion(const std::string& group_n
   if (kind == v1::RegionDescriptor::KIND_COMMANDS && group.transport != nullptr) {
     region = group.transport->commands().get();
   }
+  if (kind == v1::RegionDescriptor::KIND_STATS) region = group.stats.get();
   if (region == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("kind: group '", group_name, "' has no ", v1::RegionDescriptor::Kind_Name(kind), " region"));
@@ -340,6 +351,23 @@ absl::StatusOr<SharedRegion> LocalGroups::ShareRegion(const std::string& group_n
     }
   }
   return shared;
+}
+
+std::vector<GroupDataPathStats> LocalGroups::DataPathStats() const {
+  std::vector<GroupDataPathStats> out;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [name, group] : groups_) {
+    if (group.stats == nullptr || group.info.state() == v1::GROUP_STATE_CREATING) continue;
+    auto* page = static_cast<kernels::DataPathStats*>(group.stats->base());
+    kernels::DataPathStats copy{};
+    // Word by word with relaxed loads: the client writes concurrently (kernels/datapath_stats.h).
+    const auto* from = reinterpret_cast<const uint64_t*>(page);
+    auto* to = reinterpret_cast<uint64_t*>(&copy);
+    for (size_t i = 0; i < sizeof(copy) / sizeof(uint64_t); ++i) to[i] = kernels::StatsLoad(from + i);
+    if (copy.magic != kernels::kDataPathStatsMagic) continue;  // no Buffer has written here yet
+    out.push_back({name, group.group_rank, copy});
+  }
+  return out;
 }
 
 }  // namespace epfabric::daemon::groups

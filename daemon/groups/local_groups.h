@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/fd_passing.h"
+#include "epfabric/kernels/datapath_stats.h"
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/peer.pb.h"
 #include "fabric/membership.h"
@@ -40,9 +41,18 @@ struct LocalGroup {
   // Groups with an RDMA region: the command rings and the link to the other members. Declared after the regions so
   // that it goes first (its proxying and connections stop before the memory they use is freed).
   std::unique_ptr<transport::GroupTransport> transport;
+  // The lease holder's data-path counters (kernels/datapath_stats.h), host memory; kept across leases.
+  std::shared_ptr<memory::Region> stats;
   std::vector<v1::PrepareGroupResponse> members;  // by group rank, after Commit
   std::vector<uint64_t> incarnations;             // of the members at Commit
   absl::Time prepared_at;
+};
+
+// One group's data-path counters as its lease holder published them (untrusted numbers).
+struct GroupDataPathStats {
+  std::string group;
+  int group_rank = -1;
+  kernels::DataPathStats stats{};
 };
 
 // A region handed to the fd side channel.
@@ -56,7 +66,11 @@ class LocalGroups {
   // `transport` may be null (then groups with an RDMA region are refused).
   LocalGroups(fabric::Membership* membership, memory::RegionAllocator* allocator, GroupLimits limits = {},
               transport::Transport* transport = nullptr)
-      : membership_(membership), allocator_(allocator), limits_(limits), transport_(transport) {}
+      : membership_(membership),
+        allocator_(allocator),
+        limits_(limits),
+        transport_(transport),
+        stats_allocator_(memory::MakeHostAllocator("stats", 0)) {}
 
   // Peer service, member side. Prepare allocates this daemon's regions (outside the lock) and describes them.
   // `deadline`: the coordinator's (from the call); a Prepare that finishes after it frees what it allocated and
@@ -92,6 +106,9 @@ class LocalGroups {
   transport::GroupTransport* TransportOf(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
   // The command counters of every group's rings, summed per group (groups with a transport only).
   std::map<std::string, transport::RingCounters> TransportCounters() const ABSL_LOCKS_EXCLUDED(mutex_);
+  // A copy of every group's data-path counters page (read word by word: its writer is the client), for groups
+  // whose page a Buffer has written.
+  std::vector<GroupDataPathStats> DataPathStats() const ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Attach's checks of the group: held here (NotFound), token (PermissionDenied), rank in the group
   // (InvalidArgument) and served here (FailedPrecondition), READY (Unavailable). Fills the response's group part:
@@ -117,6 +134,7 @@ class LocalGroups {
   memory::RegionAllocator* const allocator_;
   const GroupLimits limits_;
   transport::Transport* const transport_;
+  const std::unique_ptr<memory::RegionAllocator> stats_allocator_;  // host memfds for the counters pages
 
   mutable absl::Mutex mutex_;
   std::map<std::string, LocalGroup> groups_ ABSL_GUARDED_BY(mutex_);

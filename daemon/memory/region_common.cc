@@ -19,9 +19,9 @@ absl::Status ValidateRegionSpec(const RegionSpec& spec) {
   if (spec.rank < 0) return absl::InvalidArgumentError(absl::StrCat("RegionSpec.rank ", spec.rank, " is negative"));
   if (spec.bytes == 0) return absl::InvalidArgumentError("RegionSpec.bytes must be positive, is 0");
   if (spec.kind != v1::RegionDescriptor::KIND_NVL && spec.kind != v1::RegionDescriptor::KIND_RDMA &&
-      spec.kind != v1::RegionDescriptor::KIND_COMMANDS) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("RegionSpec.kind ", static_cast<int>(spec.kind), " must be KIND_NVL, KIND_RDMA or KIND_COMMANDS"));
+      spec.kind != v1::RegionDescriptor::KIND_COMMANDS && spec.kind != v1::RegionDescriptor::KIND_STATS) {
+    return absl::InvalidArgumentError(absl::StrCat("RegionSpec.kind ", static_cast<int>(spec.kind),
+                                                   " must be KIND_NVL, KIND_RDMA, KIND_COMMANDS or KIND_STATS"));
   }
   return absl::OkStatus();
 }
@@ -41,6 +41,8 @@ absl::string_view KindName(v1::RegionDescriptor::Kind kind) {
       return "rdma";
     case v1::RegionDescriptor::KIND_COMMANDS:
       return "commands";
+    case v1::RegionDescriptor::KIND_STATS:
+      return "stats";
     default:
       return "unspecified";
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "epfabric/v1/common.pb.h"
 #include "epfabric/v1/peer.pb.h"
+#include "metrics/datapath_metrics.h"
 
 namespace epfabric::daemon::metrics {
 namespace {
@@ -235,6 +236,7 @@ std::vector<Family> DaemonMetrics::CollectState() const {
                               MetricType::kCounter)
                     .Add({}, static_cast<double>(s.data_frames_applied))
                     .Build());
+  for (Family& family : DataPathFamilies(s.datapath_groups, s.expert_series)) out.push_back(std::move(family));
   return out;
 }
 

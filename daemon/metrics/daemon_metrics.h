@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "epfabric/v1/ops.pb.h"
+#include "groups/local_groups.h"
 #include "metrics/registry.h"
 
 namespace epfabric::daemon::metrics {
@@ -40,6 +41,9 @@ struct DaemonSnapshot {
     uint64_t executed = 0, refused = 0, failed = 0, skipped = 0;
   };
   std::vector<TransportGroup> transport_groups;
+  // Data path: each group's counters page as its lease holder wrote it (groups whose page was written).
+  std::vector<groups::GroupDataPathStats> datapath_groups;
+  bool expert_series = false;  // --metrics_expert_series: one series per expert as well
   uint64_t data_handshakes_refused = 0;
   uint64_t data_frames_refused = 0;
   uint64_t data_connections_refused = 0;

@@ -267,9 +267,9 @@ FdChannel::Answer FdChannel::Handle(const v1::FdRequest& request, const common::
   if (request.group().empty()) return refuse(absl::InvalidArgumentError("group: empty"));
   if (request.token().empty()) return refuse(absl::InvalidArgumentError("token: empty"));
   if (request.kind() != v1::RegionDescriptor::KIND_NVL && request.kind() != v1::RegionDescriptor::KIND_RDMA &&
-      request.kind() != v1::RegionDescriptor::KIND_COMMANDS) {
+      request.kind() != v1::RegionDescriptor::KIND_COMMANDS && request.kind() != v1::RegionDescriptor::KIND_STATS) {
     return refuse(absl::InvalidArgumentError(
-        absl::StrCat("kind: ", request.kind(), " is not KIND_NVL, KIND_RDMA or KIND_COMMANDS")));
+        absl::StrCat("kind: ", request.kind(), " is not KIND_NVL, KIND_RDMA, KIND_COMMANDS or KIND_STATS")));
   }
   auto shared = groups_->ShareRegion(request.group(), request.rank(), request.kind(), request.token());
   if (!shared.ok()) return refuse(shared.status());

@@ -137,6 +137,7 @@ struct DispatchKernelParams {
   bool use_ue8m0;
   bool message_per_expert;
   int32_t* cumulative_stats;
+  uint64_t* expert_load;
   uint8_t* packed_recv_x;
   void* packed_recv_x_scales;
   int32_t* packed_recv_count;

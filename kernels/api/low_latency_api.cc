@@ -48,6 +48,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   p.use_ue8m0 = args.use_ue8m0;
   p.message_per_expert = args.message_per_expert;
   p.cumulative_stats = args.cumulative_stats;
+  p.expert_load = args.expert_load;
   p.packed_recv_x = static_cast<uint8_t*>(args.packed_recv_x);
   p.packed_recv_x_scales = args.packed_recv_x_scales;
   p.packed_recv_count = args.packed_recv_count;

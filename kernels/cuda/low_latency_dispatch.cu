@@ -261,6 +261,9 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
       p.packed_recv_layout_range[local * R + s] = (static_cast<int64_t>(begin) << 32) | static_cast<uint32_t>(count);
       if (s == 0) p.packed_recv_count[local] = total;
       if (p.cumulative_stats != nullptr && count > 0) atomicAdd(p.cumulative_stats + local, count);
+      if (p.expert_load != nullptr && count > 0) {
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.expert_load) + local, static_cast<unsigned long long>(count));
+      }
     }
     const int32_t* table =
         reinterpret_cast<const int32_t*>(my_half + l.dispatch_table_offset) + (static_cast<size_t>(local) * R + s) * M;

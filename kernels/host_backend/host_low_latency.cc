@@ -236,6 +236,7 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
     }
     a.packed_recv_count[local] = begin;
     if (a.cumulative_stats != nullptr) a.cumulative_stats[local] += begin;
+    if (a.expert_load != nullptr) a.expert_load[local] += static_cast<uint64_t>(begin);
   }
 }
 

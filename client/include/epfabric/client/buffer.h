@@ -241,6 +241,15 @@ class Buffer {
 
  private:
   explicit Buffer(std::unique_ptr<State> state);
+  // The calls without the data-path counters (buffer_stats.h), which the public ones add around them.
+  absl::StatusOr<DispatchResult> DispatchUncounted(const DispatchArgs& args, cudaStream_t stream);
+  absl::StatusOr<CombineResult> CombineUncounted(const CombineArgs& args, cudaStream_t stream);
+  absl::StatusOr<LowLatencyDispatchResult> LowLatencyDispatchUncounted(const LowLatencyDispatchArgs& args,
+                                                                       cudaStream_t stream);
+  absl::StatusOr<LowLatencyCombineResult> LowLatencyCombineUncounted(const LowLatencyCombineArgs& args,
+                                                                     cudaStream_t stream);
+  // Starts counting into the lease's counters page (the outermost Buffer of a lease only).
+  absl::Status CountInto(Lease* lease);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateOver(Lease* lease, const BufferConfig& config, int rank,
                                                             const std::vector<int>& ranks,
                                                             std::shared_ptr<Allocator> allocator);

@@ -26,6 +26,10 @@
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/ops.pb.h"
 
+namespace epfabric::kernels {
+struct DataPathStats;  // epfabric/kernels/datapath_stats.h
+}
+
 namespace epfabric::client {
 
 struct ConnectOptions {
@@ -97,6 +101,10 @@ class Lease {
   void* commands_region() const;
   void* commands_region_device() const;
   uint64_t commands_region_bytes() const;
+  // This rank's data-path counters page (the daemon's metrics read it; kernels/datapath_stats.h), nullptr when the
+  // daemon gave none. The Buffer writes it; the device pointer is the page as CUDA sees it (cuda backend).
+  kernels::DataPathStats* datapath_stats() const;
+  void* datapath_stats_device() const;
   // The descriptor a region was mapped from (nullptr as for region()).
   const v1::RegionDescriptor* region_descriptor(int group_rank) const;
 

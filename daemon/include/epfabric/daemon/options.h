@@ -37,6 +37,9 @@ struct DaemonOptions {
   std::string log_format = "text";
   // host:port of the Prometheus endpoint (GET /metrics); empty: no endpoint. Port 0 picks a free port.
   std::string metrics_listen;
+  // Metrics: one series per expert (tokens received) besides the per-group load imbalance; off by default because
+  // its cardinality is groups x experts.
+  bool metrics_expert_series = false;
   // Overrides the machine id used to tell hosts apart (Kubernetes: the node name).
   std::string host_id;
   // Root of sysfs and of /etc, /proc: tests point it at a fake tree.

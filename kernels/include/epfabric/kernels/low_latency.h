@@ -99,6 +99,9 @@ struct LowLatencyDispatchArgs {
   bool round_scale = false;             // scales rounded up to powers of two
   bool use_ue8m0 = false;               // scales as packed 8-bit exponents (needs round_scale and hidden % 512 == 0)
   int32_t* cumulative_stats = nullptr;  // optional int32 [num_local_experts], received counts are added
+  // Optional uint64 [num_local_experts], received counts are added too: the Buffer's own totals for the daemon's
+  // expert-load metrics (kernels/datapath_stats.h), device memory (cuda) or host memory (host backend).
+  uint64_t* expert_load = nullptr;
 
   // Outputs (device memory, caller-allocated). L = num_local_experts, R = num_ranks, M = max_tokens_per_rank,
   // G = hidden / 128.

@@ -1,0 +1,51 @@
+// The data path's counters, published without any RPC: each rank's lease holder writes them into a small host page
+// that its daemon owns (RegionDescriptor::KIND_STATS, a sealed memfd mapped by both), and the daemon reads them when
+// it is scraped (docs/operations.md, "Data-path metrics"). One writer (the client's Buffer, under its own
+// serialisation), one reader; every field is a 64-bit word updated and read with relaxed atomics, so a scrape sees
+// each counter whole, if not all of them from the same instant. The daemon treats the page as untrusted input: a
+// client can only misreport its own group's numbers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace epfabric::kernels {
+
+inline constexpr uint64_t kDataPathStatsMagic = 0x3153'5441'5453'4645ull;  // "EFSTATS1", little endian
+// Local experts whose received tokens are counted one by one (more are counted in the last slot's total only).
+inline constexpr int kDataPathStatsMaxExperts = 1024;
+
+enum DataPathOp : int {
+  kOpDispatch = 0,
+  kOpCombine = 1,
+  kOpLowLatencyDispatch = 2,
+  kOpLowLatencyCombine = 3,
+  kNumDataPathOps = 4,
+};
+
+struct DataPathStats {
+  uint64_t magic;              // kDataPathStatsMagic once a Buffer wrote here
+  uint64_t num_local_experts;  // of the last Buffer; <= kDataPathStatsMaxExperts
+  uint64_t calls[kNumDataPathOps];
+  uint64_t tokens_sent;      // tokens given to dispatch (normal and low latency)
+  uint64_t tokens_received;  // rows normal dispatch received
+  uint64_t bytes_sent;       // bytes of x given to dispatch
+  uint64_t bytes_received;   // bytes of recv_x normal dispatch returned
+  uint64_t timeouts;         // calls (or Check) that reported DeadlineExceeded
+  uint64_t errors;           // other failed calls: bad input, degraded group, ...
+  // Tokens received per local expert: normal dispatch counts every call; low latency accumulates on the device and
+  // is copied here every kLowLatencyStatsPeriod calls and at Check().
+  uint64_t expert_tokens[kDataPathStatsMaxExperts];
+};
+
+inline constexpr size_t kDataPathStatsBytes = 16384;
+static_assert(sizeof(DataPathStats) <= kDataPathStatsBytes);
+inline constexpr int kLowLatencyStatsPeriod = 64;
+
+inline void StatsAdd(uint64_t* word, uint64_t value) {
+  __atomic_store_n(word, __atomic_load_n(word, __ATOMIC_RELAXED) + value, __ATOMIC_RELAXED);  // one writer
+}
+inline void StatsStore(uint64_t* word, uint64_t value) { __atomic_store_n(word, value, __ATOMIC_RELAXED); }
+inline uint64_t StatsLoad(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_RELAXED); }
+
+}  // namespace epfabric::kernels
