@@ -393,6 +393,13 @@ TensorView Buffer::NextLowLatencyCombineBuffer() const {
       {s.experts_per_rank, static_cast<int64_t>(s.num_ranks) * s.config.max_tokens_per_rank, s.config.hidden}};
 }
 
+TensorView Buffer::LowLatencyRankMask() const {
+  const State& s = *state_;
+  int32_t* mask = s.config.low_latency ? s.path->LowLatencyRankMask() : nullptr;
+  if (mask == nullptr) return {};
+  return TensorView{mask, DType::kInt32, {s.num_ranks}};
+}
+
 absl::Status Buffer::Check(cudaStream_t stream) {
   State& s = *state_;
   if (s.stats != nullptr) (void)s.stats->Publish(stream);  // counters only: never fails the check

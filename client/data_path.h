@@ -73,6 +73,9 @@ class DataPath {
   virtual absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const = 0;
   virtual absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const = 0;
   virtual void* LowLatencyCombineInputBuffer() const = 0;
+  // Low latency: int32 [num_ranks], nonzero = that rank is masked (set by the kernels when a wait on it times out,
+  // or by the caller); device memory on cuda. nullptr in normal mode.
+  virtual int32_t* LowLatencyRankMask() const = 0;
 
   // ---- failures ----
   // Buffer::Check and Buffer::Reset (the region's signals, the status word, the rank mask).

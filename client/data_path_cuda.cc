@@ -205,6 +205,7 @@ class CudaDataPath final : public DataPath {
     return kernels::ValidateLowLatencyCombine(ll_, args);
   }
   void* LowLatencyCombineInputBuffer() const override { return kernels::LowLatencyCombineInputBuffer(ll_); }
+  int32_t* LowLatencyRankMask() const override { return rank_mask_; }
 
   absl::Status Check(cudaStream_t stream) override {
     absl::Status kernel = kernels::ReadKernelStatus(status_, stream);

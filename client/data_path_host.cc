@@ -91,6 +91,9 @@ class HostDataPath final : public DataPath {
     return kernels::ValidateLowLatencyCombine(ll_, args);
   }
   void* LowLatencyCombineInputBuffer() const override { return kernels::LowLatencyCombineInputBuffer(ll_); }
+  int32_t* LowLatencyRankMask() const override {
+    return config_.config.low_latency ? const_cast<int32_t*>(rank_mask_.data()) : nullptr;
+  }
 
   absl::Status Check(cudaStream_t /*stream*/) override { return absl::OkStatus(); }
 

@@ -115,6 +115,7 @@ class LowLatencyInternodePath final : public DataPath {
     return inner_->ValidateLowLatencyCombine(args);
   }
   void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
+  int32_t* LowLatencyRankMask() const override { return inner_->LowLatencyRankMask(); }
   absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
   absl::Status Reset(cudaStream_t stream) override {
     remote_->TakeError().IgnoreError();

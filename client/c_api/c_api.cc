@@ -400,6 +400,14 @@ epf_status epf_hook_run(epf_hook* hook, void* stream) {
 
 void epf_hook_destroy(epf_hook* hook) { delete hook; }
 
+epf_status epf_low_latency_rank_mask(epf_buffer* buffer, epf_tensor* out) {
+  if (buffer == nullptr || out == nullptr) return Fail(Null("buffer or out"));
+  const TensorView view = buffer->buffer->LowLatencyRankMask();
+  if (view.data == nullptr) return Fail(absl::FailedPreconditionError("not a low-latency buffer"));
+  *out = FromView(view);
+  return Report(absl::OkStatus());
+}
+
 epf_status epf_next_low_latency_combine_buffer(epf_buffer* buffer, epf_tensor* out) {
   if (buffer == nullptr || out == nullptr) return Fail(Null("buffer or out"));
   const TensorView view = buffer->buffer->NextLowLatencyCombineBuffer();

@@ -133,6 +133,7 @@ _SIGNATURES = {
     "epf_hook_run": (_S, [_P, _P]),
     "epf_hook_destroy": (None, [_P]),
     "epf_next_low_latency_combine_buffer": (_S, [_P, ctypes.POINTER(Tensor)]),
+    "epf_low_latency_rank_mask": (_S, [_P, ctypes.POINTER(Tensor)]),
 }
 
 

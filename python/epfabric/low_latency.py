@@ -98,6 +98,27 @@ class LowLatencyMixin:
             nbytes *= d.shape[i]
         return _tensors.view_as(_tensors.from_pointer(d.data, nbytes, self.device), d)
 
+    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
+        """Masks (mask=True) or unmasks group rank `rank_to_mask` for the following low-latency calls, in stream
+        order: nothing is sent to a masked rank, nothing awaited from it, its expert outputs count as zero."""
+        table = self._rank_mask()
+        if not 0 <= rank_to_mask < table.numel():
+            raise ValueError(f"rank_to_mask = {rank_to_mask}: not a rank of this group (0..{table.numel() - 1})")
+        table[rank_to_mask] = 1 if mask else 0
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        """Writes 1 for every masked rank (by the caller or after a timeout) and 0 elsewhere into `mask_status`
+        (int32 [num_ranks], on this buffer's device)."""
+        table = self._rank_mask()
+        describe(mask_status, "mask_status", (torch.int32,), 1, self.device)
+        if mask_status.numel() != table.numel():
+            raise ValueError(f"mask_status has {mask_status.numel()} entries: expected {table.numel()} (num_ranks)")
+        mask_status.copy_((table != 0).to(torch.int32))
+
+    def low_latency_clean_mask_buffer(self):
+        """Unmasks every rank."""
+        self._rank_mask().zero_()
+
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
         """epfabric's low-latency buffers need no cleaning between calls (monotonic signals, two halves); this
         resets the Buffer as after a timeout, so every rank must call it with nothing in flight, as DeepEP's."""
@@ -105,6 +126,14 @@ class LowLatencyMixin:
         self.reset()
 
     # ---- internals ----
+
+    def _rank_mask(self):
+        self._low_latency_only("the mask buffer")
+        if self._cbuf is None:
+            raise RuntimeError("the mask buffer exists from the first low_latency_dispatch on (it sets the shape up)")
+        d = _lib.Tensor()
+        call("epf_low_latency_rank_mask", self._cbuf, ctypes.byref(d))
+        return _tensors.view_as(_tensors.from_pointer(d.data, 4 * d.shape[0], self.device), d)
 
     def _low_latency_only(self, what):
         if not self.low_latency_mode:

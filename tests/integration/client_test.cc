@@ -529,7 +529,7 @@ TEST(FdChannel, MalformedRequestsGetErrorsAndTheDaemonKeepsServing) {
       "unknown group", [](auto& r) { r.set_group("nope"); }, Code::kNotFound, "'nope' has no region on this daemon");
   add(
       "kind unspecified", [](auto& r) { r.set_kind(v1::RegionDescriptor::KIND_UNSPECIFIED); }, Code::kInvalidArgument,
-      "kind: 0 is not KIND_NVL, KIND_RDMA or KIND_COMMANDS");
+      "kind: 0 is not KIND_NVL, KIND_RDMA, KIND_COMMANDS or KIND_STATS");
   add(
       "kind out of range", [](auto& r) { r.set_kind(static_cast<v1::RegionDescriptor::Kind>(77)); },
       Code::kInvalidArgument, "kind: 77");

@@ -304,7 +304,10 @@ TEST(Groups, TenantsAreIsolated) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(attached.world_size(), 2);
   EXPECT_THAT(attached.nvl_ranks(), ::testing::ElementsAre(0, 1));
-  ASSERT_EQ(attached.regions_size(), 2);
+  // Both ranks' NVL regions and this rank's data-path counters page (KIND_STATS).
+  ASSERT_EQ(attached.regions_size(), 3);
+  EXPECT_EQ(attached.regions(2).kind(), v1::RegionDescriptor::KIND_STATS);
+  EXPECT_EQ(attached.regions(2).rank(), 0);
   for (const auto& region : attached.regions()) {
     // Host memory is described, not named: the memory itself comes only as an fd from the owner's side channel.
     EXPECT_EQ(region.sharing(), v1::MEMORY_SHARING_POSIX_SHM);
@@ -335,7 +338,7 @@ TEST(Groups, LeaseEndsOnDetachAndExpiryAndCleansTheRegion) {
   ASSERT_TRUE(CreateGroup(**fabric, 0, "leased", {0}, 1 << 20, &group).ok());
   v1::AttachResponse attached;
   ASSERT_TRUE(Attach(**fabric, 0, "leased", 0, group.token(), &attached).ok());
-  ASSERT_EQ(attached.regions_size(), 1);
+  ASSERT_EQ(attached.regions_size(), 2);  // the NVL region and the counters page
   // Dirty the region as a client would, through the fd its daemon hands out.
   auto fd = FetchRegionFd((*fabric)->daemon(0), "leased", 0, group.token());
   ASSERT_TRUE(fd.ok()) << fd.status();

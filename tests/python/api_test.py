@@ -34,6 +34,9 @@ DEEP_EP_METHODS = {
     "clean_low_latency_buffer": ["num_max_dispatch_tokens_per_rank", "hidden", "num_experts"],
     "get_local_buffer_tensor": ["dtype", "size", "offset", "use_rdma_buffer"],
     "get_comm_stream": [],
+    "low_latency_update_mask_buffer": ["rank_to_mask", "mask"],
+    "low_latency_query_mask_buffer": ["mask_status"],
+    "low_latency_clean_mask_buffer": [],
     "destroy": [],
 }
 DEEP_EP_STATIC = {

@@ -246,6 +246,51 @@ class LowLatencyTest(FabricCase):
                 ins = self.inputs(SEED + 1000 * i)
                 self.check(ins, self.run_round(bufs, ins, **kw), kw["use_fp8"])
 
+    def test_mask_a_rank_then_clean(self):
+        """Elastic EP: every other rank masks the last one (as if it were gone) and runs without it; then the masks
+        are cleaned, every rank resets, and the full group works again."""
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        ins = self.inputs(SEED + 11)
+        self.check(ins, self.run_round(bufs, ins, use_fp8=False), False)  # sets the Buffers up
+        gone, L = N - 1, self.experts // N
+
+        def masked(r):
+            if r == gone:
+                return None
+            b = bufs[r]
+            x, idx, w = fabric.to_dev(*ins[r])
+            b.low_latency_update_mask_buffer(gone, True)
+            status = torch.zeros(N, dtype=torch.int32, device=x.device)
+            b.low_latency_query_mask_buffer(status)
+            recv, count, handle, _, _ = b.low_latency_dispatch(x, idx, self.max_tokens, self.experts, use_fp8=False)
+            combined, _, _ = b.low_latency_combine(recv, idx, w, handle)  # experts return their rows unchanged
+            return status, count, combined
+
+        outs = fabric.run_ranks(N, masked)
+        for r in range(N - 1):
+            status, count, combined = outs[r]
+            self.assertEqual(status.tolist(), [1 if q == gone else 0 for q in range(N)], f"rank {r}: mask status")
+            for l in range(L):
+                want = sum(int((idx == r * L + l).any(1).sum()) for s, (_, idx, _) in enumerate(ins) if s != gone)
+                self.assertEqual(int(count[l]), want, f"rank {r} expert {l}: nothing from the masked rank")
+            x, idx, w = ins[r]
+            alive = (idx >= 0) & (idx < gone * L)  # experts on the masked rank count as zero
+            weight = torch.where(alive, w, torch.zeros_like(w)).sum(1, keepdim=True)
+            torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2,
+                                       msg=lambda m: f"rank {r}: combined without the masked rank: {m}")
+
+        def clean(r):
+            bufs[r].low_latency_clean_mask_buffer()
+            bufs[r].clean_low_latency_buffer(self.max_tokens, self.hidden, self.experts)
+            status = torch.ones(N, dtype=torch.int32, device=bufs[r].device)
+            bufs[r].low_latency_query_mask_buffer(status)
+            return status
+
+        for status in fabric.run_ranks(N, clean):
+            self.assertEqual(status.tolist(), [0] * N)
+        ins = self.inputs(SEED + 12)
+        self.check(ins, self.run_round(bufs, ins, use_fp8=False), False)
+
     @unittest.skipUnless(fabric.BACKEND == "cuda", "CUDA graphs need the cuda backend (EPF_PY_BACKEND=cuda)")
     def test_cuda_graph_capture_and_replay(self):
         bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)

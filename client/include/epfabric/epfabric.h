@@ -212,6 +212,9 @@ epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args
                                    epf_ll_combine_result* out);
 epf_status epf_hook_run(epf_hook* hook, void* stream);
 void epf_hook_destroy(epf_hook* hook);
+/* Low latency: the rank mask, int32 [num_ranks] (nonzero = masked), device memory on cuda; callers read and write
+ * it in stream order (DeepEP's mask-buffer calls). */
+epf_status epf_low_latency_rank_mask(epf_buffer* buffer, epf_tensor* out);
 /* Where expert outputs go for a zero-copy low-latency combine: bf16 [L, R*M, hidden] inside the rank's region. */
 epf_status epf_next_low_latency_combine_buffer(epf_buffer* buffer, epf_tensor* out);
 

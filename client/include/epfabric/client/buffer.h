@@ -230,6 +230,11 @@ class Buffer {
   // DeepEP's get_next_low_latency_combine_buffer: where expert outputs go for a zero-copy combine,
   // bf16 [L, R*M, hidden], inside this rank's region.
   TensorView NextLowLatencyCombineBuffer() const;
+  // Low latency: the rank mask, int32 [num_ranks], nonzero = masked: nothing is sent to that rank, nothing awaited
+  // from it, its expert outputs count as zero. A wait that times out sets its rank's entry; callers may set and
+  // clear entries in stream order (DeepEP's mask-buffer calls, elastic EP). Device memory on cuda. Empty in normal
+  // mode.
+  TensorView LowLatencyRankMask() const;
 
   // cuda: synchronises `stream` and turns a kernel's timeout record into DeadlineExceeded naming the rank waited
   // for (then clears it). The asynchronous calls (combine, low latency) report timeouts here. Host: returns OK.
