@@ -1,15 +1,18 @@
-// The chaos test's faults (tests/integration/chaos_test.cc): what to inject, where, and the thread that injects it.
+// The chaos test's faults (tests/integration/chaos_test.cc): what to inject, where, the thread that injects it, and
+// what the test knows of a call's outcome and of the workers' shapes.
 #pragma once
 
 #include <signal.h>
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -103,6 +106,19 @@ class Injector {
   absl::Time fired_at_, resumed_at_;
   std::optional<absl::Duration> detected_;
   std::string last_health_;
+};
+
+inline const char* WorkerBinary() {
+  const char* env = std::getenv("EPF_WORKER_BINARY");
+  return env != nullptr && *env != '\0' ? env : EPF_WORKER_BINARY;
+}
+
+enum class Outcome { kOk, kError, kUnknown, kNotRun };  // kUnknown: the caller was killed before it learned the answer
+
+struct Shape {
+  std::vector<std::string> args;
+  uint64_t region_bytes = 0;
+  bool low_latency = false;
 };
 
 }  // namespace epfabric::testing::chaos

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/report.h"
 #include "epfabric/v1/control.grpc.pb.h"
@@ -120,6 +121,48 @@ std::string Describe(const v1::HealthReport& report) {
   std::vector<std::string> parts = {v1::HealthReport::Verdict_Name(report.overall())};
   for (const auto& incident : report.incidents()) parts.push_back(incident.code() + "(" + incident.entity() + ")");
   return absl::StrJoin(parts, " ");
+}
+
+RunResult ControlInProcess(const std::string& socket, const std::vector<std::string>& args, absl::Duration deadline) {
+  std::map<std::string, std::string> flags;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const size_t eq = args[i].find('=');
+    flags[args[i].substr(2, eq == std::string::npos ? std::string::npos : eq - 2)] =
+        eq == std::string::npos ? "true" : args[i].substr(eq + 1);
+  }
+  auto stub = v1::Control::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(In(deadline));
+  grpc::Status status;
+  RunResult result;
+  if (args[0] == "create-group") {
+    v1::CreateGroupRequest request;
+    request.set_name(flags["group"]);
+    for (absl::string_view rank : absl::StrSplit(flags["ranks"], ',')) {
+      int value = 0;
+      if (absl::SimpleAtoi(rank, &value)) request.add_ranks(value);
+    }
+    uint64_t bytes = 0;
+    (void)absl::SimpleAtoi(flags["nvl_bytes"], &bytes);
+    request.set_num_nvl_bytes(bytes);
+    request.set_low_latency(flags.count("low_latency") != 0);
+    v1::CreateGroupResponse response;
+    status = stub->CreateGroup(&context, request, &response);
+    if (status.ok()) result.out = absl::StrCat("{\"token\": \"", response.token(), "\"}\n");
+  } else {
+    v1::DeleteGroupRequest request;
+    request.set_name(flags["group"]);
+    request.set_token(flags["token"]);
+    v1::DeleteGroupResponse response;
+    status = stub->DeleteGroup(&context, request, &response);
+  }
+  result.exit_code = status.ok() ? 0 : 1;
+  if (!status.ok()) {
+    result.err = absl::StrCat(args[0], " on ", socket,
+                              " failed: ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                              ": ", status.error_message());
+  }
+  return result;
 }
 
 absl::StatusOr<int> Leases(const std::string& socket, const std::string& group) {

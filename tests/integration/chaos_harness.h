@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "epfabric/v1/ops.grpc.pb.h"
 #include "integration/fabric_under_test.h"
+#include "integration/subprocess.h"
 
 namespace epfabric::testing::chaos {
 
@@ -70,6 +71,10 @@ absl::StatusOr<v1::HealthReport> Health(const std::string& socket, absl::Duratio
 // The report says that `rank` is down: PEER_DOWN for it, or COORDINATOR_UNREACHABLE for rank 0.
 bool ShowsDown(const v1::HealthReport& report, int rank);
 std::string Describe(const v1::HealthReport& report);
+
+// What `epctl --json create-group|delete-group ARGS` does, made from this process (no process to start when no fault
+// is meant for the caller): exit code 0 or 1, the token as `"token": "<hex>"` in `out`, the error in `err`.
+RunResult ControlInProcess(const std::string& socket, const std::vector<std::string>& args, absl::Duration deadline);
 
 // Leases the daemon lists for `group` (all groups when empty).
 absl::StatusOr<int> Leases(const std::string& socket, const std::string& group = "");
