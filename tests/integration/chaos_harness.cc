@@ -234,11 +234,11 @@ absl::StatusOr<std::string> WriteReport(const Config& config, const Bounds& boun
   report.SetResult("leaks", tally.leaks);
   report.SetResult("orphan_groups", tally.orphans);
   report.SetResult("registry_disagreements", tally.disagreements);
+  report.SetResult("degraded_health_checks", tally.degraded_health_checks);
   report.SetResult("bound_violations", tally.bound_violations);
   report.SetResult("wrong_results", tally.wrong_results);
   report.SetResult("longest_time_to_error_ms", tally.longest_error_ms);
   report.SetResult("longest_down_detection_ms", tally.longest_detection_ms);
-  report.SetResult("longest_restore_after_sigcont_ms", tally.longest_restore_ms);
   report.SetResult("longest_settle_ms", tally.longest_settle_ms);
   report.SetResult("duration_s", absl::ToDoubleSeconds(tally.elapsed));
   std::filesystem::create_directories(config.json_dir);

@@ -96,11 +96,11 @@ struct Tally {
   int leaks = 0;    // memfds, /dev/shm entries, descriptors or leases left after an iteration's clean-up
   int orphans = 0;  // groups left where the documented recovery says there is none
   int disagreements = 0;
+  int degraded_health_checks = 0;  // DEGRADED groups whose holder's health was checked for GROUP_DEGRADED
   int bound_violations = 0;
   int wrong_results = 0;            // a worker whose outputs differ, or that failed with no fault in its phase
   double longest_error_ms = 0;      // fault -> a call or process reporting the error it caused
   double longest_detection_ms = 0;  // fault -> every survivor's health shows the daemon down
-  double longest_restore_ms = 0;    // SIGCONT of a stopped daemon -> its groups READY everywhere
   double longest_settle_ms = 0;
   absl::Duration elapsed;
   void NoteError(absl::Duration after_fault) {
