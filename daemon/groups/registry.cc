@@ -197,7 +197,10 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
     Logger("groups")->warn("forced delete of group '{}'{}", request.name(),
                            unknown ? " (not registered: asking every member that is up)" : "");
   }
-  // Release on every member that is up; a member that is down lost the memory with its process.
+  // Release on every member that is up. A member that is down may only be paused or cut off (same incarnation, its
+  // regions intact), as may one that does not answer now: both are released when they answer again, like the
+  // members of a rolled-back create (RetryPendingReleases; a restarted member holds nothing and answers OK), and the
+  // name stays taken until then.
   const v1::Membership view = membership_->View();
   std::vector<std::string> addresses;
   for (int rank : info.ranks()) {
@@ -205,14 +208,17 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
     addresses.push_back(member.state() == v1::MEMBER_STATE_UP ? member.peer_address() : std::string());
   }
   const auto released = ReleaseOn(addresses, request.name(), "deleted");
+  std::vector<int> pending;
   for (size_t i = 0; i < released.size(); ++i) {
-    if (!released[i].status.ok()) {
-      Logger("groups")->warn("delete '{}': rank {} did not release: {}", request.name(),
-                             info.ranks(static_cast<int>(i)), released[i].status.error_message());
-    }
+    const int rank = info.ranks(static_cast<int>(i));
+    if (released[i].called && released[i].status.ok()) continue;
+    pending.push_back(rank);
+    Logger("groups")->warn("delete '{}': rank {} did not release ({}); released when it answers", request.name(), rank,
+                           released[i].called ? released[i].status.error_message() : "it is down");
   }
   absl::MutexLock lock(&mutex_);
   entries_.erase(request.name());
+  if (!pending.empty()) pending_releases_[request.name()].insert(pending.begin(), pending.end());
   Logger("groups")->info("group '{}' deleted", request.name());
   return absl::OkStatus();
 }
@@ -304,6 +310,8 @@ void Registry::Adopt(const v1::JoinRequest& request) {
   const int world_size = membership_->config().world_size;
   for (const v1::GroupRecord& record : request.groups()) {
     if (entries_.count(record.group().name()) != 0) continue;
+    // Deleted or rolled back while this member was away: its release is on the way (RetryPendingReleases).
+    if (pending_releases_.count(record.group().name()) != 0) continue;
     // A member reports only groups it belongs to, with valid ranks and a token of the right shape; anything else
     // is dropped, never indexed with.
     const auto& ranks = record.group().ranks();

@@ -38,7 +38,8 @@ class Registry {
   absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request,
                                                   absl::Time deadline = absl::InfiniteFuture())
       ABSL_LOCKS_EXCLUDED(mutex_);
-  // DeleteGroup on the coordinator: checks the token, Release on every live member, forgets the name.
+  // DeleteGroup on the coordinator: checks the token, Release on every live member, forgets the name. Members that are
+  // down or do not answer are released when they answer again (RetryPendingReleases); the name is free once they are.
   absl::Status Retire(const v1::RetireGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
   // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again.
   void Adopt(const v1::JoinRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -74,7 +75,8 @@ class Registry {
 
   mutable absl::Mutex mutex_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mutex_);
-  // Rolled-back creates whose release has not reached these fabric ranks yet; the name stays taken until they have.
+  // Rolled-back creates and deleted groups whose release has not reached these fabric ranks yet; the name stays taken
+  // until they have.
   std::map<std::string, std::set<int>> pending_releases_ ABSL_GUARDED_BY(mutex_);
 };
 
