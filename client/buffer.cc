@@ -225,6 +225,27 @@ absl::StatusOr<GroupBytes> RequiredGroupBytes(const BufferConfig& config, int nu
 
 absl::Status Buffer::State::Usable() const { return GroupUsable(*lease); }
 
+absl::Status Buffer::State::UsableForLowLatency(cudaStream_t stream) {
+  absl::Status usable = Usable();
+  if (usable.ok() || lease->group_state() != v1::GROUP_STATE_DEGRADED) return usable;
+  const std::vector<int> lost = lease->lost_ranks();
+  int32_t* mask = path->LowLatencyRankMask();
+  if (lost.empty() || mask == nullptr || std::find(lost.begin(), lost.end(), rank) != lost.end()) return usable;
+  for (int r : lost) {
+    if (r < 0 || r >= num_ranks) return usable;
+    if (path->backend() == v1::BACKEND_CUDA) {
+      // Any nonzero word masks; stream order keeps it behind the calls already queued.
+      const cudaError_t error = cudaMemsetAsync(mask + r, 1, sizeof(int32_t), stream);
+      if (error != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("masking lost rank ", r, ": ", cudaGetErrorString(error)));
+      }
+    } else {
+      mask[r] = 1;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Buffer::State::RequireMode(bool low_latency, const char* call) const {
   if (config.low_latency != low_latency) {
     return absl::FailedPreconditionError(absl::StrFormat("%s needs a %s buffer; this one has config.low_latency = %s",

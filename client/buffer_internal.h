@@ -63,6 +63,9 @@ struct Buffer::State {
 
   // Unavailable when the lease's group is degraded.
   absl::Status Usable() const;
+  // Low latency: as Usable, except that a DEGRADED group whose lost ranks are known and do not include this one is
+  // usable, with those ranks masked in stream order (elastic EP: the survivors go on without them).
+  absl::Status UsableForLowLatency(cudaStream_t stream);
   // FailedPrecondition when the Buffer is in the other mode, or (low latency) a receive hook is pending.
   absl::Status RequireMode(bool low_latency, const char* call) const;
   absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {

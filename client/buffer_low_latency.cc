@@ -62,7 +62,7 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(con
                                      "[num_local_experts]"));
   }
   EPF_RETURN_IF_ERROR(s.path->CheckExpertIndices(args.topk_idx));
-  EPF_RETURN_IF_ERROR(s.Usable());
+  EPF_RETURN_IF_ERROR(s.UsableForLowLatency(stream));
 
   const int64_t L = s.experts_per_rank, R = s.num_ranks, M = c.max_tokens_per_rank, H = c.hidden, G = H / 128;
   LowLatencyDispatchResult result;
@@ -161,7 +161,7 @@ absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombineUncounted(const
   if (!args.out.empty()) {
     EPF_RETURN_IF_ERROR(ExpectTensor(args.out, "out", DType::kBF16, {num_tokens, H}, "[num_tokens, hidden]"));
   }
-  EPF_RETURN_IF_ERROR(s.Usable());
+  EPF_RETURN_IF_ERROR(s.UsableForLowLatency(stream));
 
   LowLatencyCombineResult result;
   if (args.out.empty()) {

@@ -134,6 +134,7 @@ struct Lease::State {
   std::optional<MappedRegion> commands ABSL_GUARDED_BY(mutex);  // transport rings (groups with an RDMA region)
   std::optional<MappedRegion> stats ABSL_GUARDED_BY(mutex);     // data-path counters page (datapath_stats.h)
   v1::GroupState group_state ABSL_GUARDED_BY(mutex) = v1::GROUP_STATE_UNSPECIFIED;
+  std::vector<int> lost_ranks ABSL_GUARDED_BY(mutex);  // DEGRADED: the group ranks lost
   uint64_t epoch ABSL_GUARDED_BY(mutex) = 0;
   absl::Status ended ABSL_GUARDED_BY(mutex);        // not OK once the lease is known to be gone
   absl::Status unreachable ABSL_GUARDED_BY(mutex);  // the last KeepAlive's transport failure
@@ -170,6 +171,7 @@ void Lease::State::KeepAliveLoop() {
     if (status.ok()) {
       group_state = response.group_state();
       epoch = response.epoch();
+      lost_ranks.assign(response.lost_ranks().begin(), response.lost_ranks().end());
       unreachable = absl::OkStatus();
     } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       ended = absl::FailedPreconditionError(
@@ -258,6 +260,11 @@ absl::Duration Lease::lease_ttl() const { return state_->ttl; }
 v1::GroupState Lease::group_state() const {
   absl::MutexLock lock(&state_->mutex);
   return state_->group_state;
+}
+
+std::vector<int> Lease::lost_ranks() const {
+  absl::MutexLock lock(&state_->mutex);
+  return state_->lost_ranks;
 }
 
 uint64_t Lease::epoch() const {

@@ -161,6 +161,19 @@ bool LostAMember(const v1::GroupInfo& info, const std::vector<uint64_t>& incarna
   return false;
 }
 
+std::vector<int> LostRanks(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations,
+                           const v1::Membership& view) {
+  std::vector<int> lost;
+  for (int i = 0; i < info.ranks_size(); ++i) {
+    const v1::MemberInfo& member = view.members(info.ranks(i));
+    if (member.state() != v1::MEMBER_STATE_UP ||
+        (i < static_cast<int>(incarnations.size()) && member.incarnation() != incarnations[i])) {
+      lost.push_back(i);
+    }
+  }
+  return lost;
+}
+
 bool CanRestore(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations, const v1::Membership& view) {
   // Without the committed incarnations (a group adopted from Join records) a restart cannot be told from a pause.
   return incarnations.size() == static_cast<size_t>(info.ranks_size()) && !LostAMember(info, incarnations, view);

@@ -52,6 +52,9 @@ std::string RandomHex128();
 // A group with a member that is not UP in `view`, or not the incarnation that committed (`incarnations`, by group
 // rank; empty when unknown), has lost memory: it is degraded.
 bool LostAMember(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations, const v1::Membership& view);
+// The group ranks whose member is not UP, or is not the incarnation that committed.
+std::vector<int> LostRanks(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations,
+                           const v1::Membership& view);
 // Whether a DEGRADED group may be READY again: every member is UP with the incarnation that committed it (a paused
 // member came back; a restarted one did not). Never for groups whose committed incarnations are unknown.
 bool CanRestore(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnations, const v1::Membership& view);

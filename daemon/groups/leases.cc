@@ -154,7 +154,8 @@ absl::StatusOr<v1::ClientInfo> Leases::LeaseInfo(const std::string& lease_id) co
 
 absl::StatusOr<v1::KeepAliveResponse> Leases::KeepAlive(const v1::KeepAliveRequest& request,
                                                         std::optional<ClientIdentity> caller) {
-  const uint64_t epoch = membership_->View().epoch();
+  const v1::Membership view = membership_->View();  // before our lock: membership's lock is not nested in it
+  const uint64_t epoch = view.epoch();
   absl::MutexLock lock(&mutex_);
   Lease* lease = FindLiveLocked(request.lease_id());
   if (lease == nullptr) return NotLive(request.lease_id());
@@ -164,6 +165,7 @@ absl::StatusOr<v1::KeepAliveResponse> Leases::KeepAlive(const v1::KeepAliveReque
   v1::KeepAliveResponse response;
   response.set_lease_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(lease->ttl)));
   response.set_group_state(local_->State(lease->info.group()));
+  for (int rank : local_->LostRanks(lease->info.group(), view)) response.add_lost_ranks(rank);
   response.set_epoch(epoch);
   return response;
 }

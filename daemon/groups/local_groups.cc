@@ -201,6 +201,13 @@ v1::GroupState LocalGroups::State(const std::string& name) const {
   return it != groups_.end() ? it->second.info.state() : v1::GROUP_STATE_UNSPECIFIED;
 }
 
+std::vector<int> LocalGroups::LostRanks(const std::string& name, const v1::Membership& view) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  if (it == groups_.end() || it->second.info.state() != v1::GROUP_STATE_DEGRADED) return {};
+  return groups::LostRanks(it->second.info, it->second.incarnations, view);
+}
+
 std::vector<std::shared_ptr<memory::Region>> LocalGroups::Regions(const std::string& name) const {
   std::vector<std::shared_ptr<memory::Region>> regions;
   absl::MutexLock lock(&mutex_);

@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/fd_passing.h"
 #include "epfabric/kernels/datapath_stats.h"
@@ -70,7 +71,9 @@ class LocalGroups {
         allocator_(allocator),
         limits_(limits),
         transport_(transport),
-        stats_allocator_(memory::MakeHostAllocator("stats", 0)) {}
+        // Labelled like the daemon's other memfds ("epf.<fabric>.d<rank>.stats..."), so that leak checks see them.
+        stats_allocator_(memory::MakeHostAllocator(
+            absl::StrCat(membership->config().fabric_id, ".d", membership->config().rank, ".stats"), 0)) {}
 
   // Peer service, member side. Prepare allocates this daemon's regions (outside the lock) and describes them.
   // `deadline`: the coordinator's (from the call); a Prepare that finishes after it frees what it allocated and
@@ -94,6 +97,8 @@ class LocalGroups {
   std::map<std::string, v1::GroupInfo> Groups() const ABSL_LOCKS_EXCLUDED(mutex_);
   // The state of group `name`; UNSPECIFIED when it is not held here.
   v1::GroupState State(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // DEGRADED groups: the group ranks lost (down or restarted); empty otherwise.
+  std::vector<int> LostRanks(const std::string& name, const v1::Membership& view) const ABSL_LOCKS_EXCLUDED(mutex_);
   // This daemon's regions of group `name` (none when it is not held here), the command region included; the caller
   // keeps them alive while it uses them.
   std::vector<std::shared_ptr<memory::Region>> Regions(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);

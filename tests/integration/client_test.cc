@@ -689,8 +689,9 @@ TEST(Isolation, TwoFabricsWithTheSameIdOnOneHostKeepTheirMemoryApart) {
   ASSERT_TRUE(group_a.ok()) << group_a.status();
   auto group_b = CreateGroup(**second, "moe", {0, 1});
   ASSERT_TRUE(group_b.ok()) << group_b.status();
-  EXPECT_EQ((*first)->MemfdRegions(), 2) << "same labels in both fabrics, distinct memory";
-  EXPECT_EQ((*second)->MemfdRegions(), 2);
+  // An NVL region and a counters page per member.
+  EXPECT_EQ((*first)->MemfdRegions(), 4) << "same labels in both fabrics, distinct memory";
+  EXPECT_EQ((*second)->MemfdRegions(), 4);
 
   // Each rank of each tenant writes its own pattern through its own lease's mapping: seed 100 * tenant + rank.
   struct Tenant {

@@ -240,7 +240,8 @@ TEST(Groups, CreateAndDeleteOnEveryMember) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(created.token().size(), 32u);  // 128 bits, hex
   EXPECT_EQ(created.group().state(), v1::GROUP_STATE_READY);
-  EXPECT_EQ((*fabric)->MemfdRegions(), 9) << "an NVL, an RDMA and a command region on each of 3 members";
+  EXPECT_EQ((*fabric)->MemfdRegions(), 12)
+      << "an NVL, an RDMA and a command region and a data-path counters page on each of 3 members";
   for (int rank : {1, 2, 3}) {
     auto view = (*fabric)->Fabric(rank);
     ASSERT_TRUE(view.ok());

@@ -90,9 +90,12 @@ class Fabric:
                     return
             except subprocess.CalledProcessError:
                 pass
+            if any(p.poll() is not None for p in self.procs):
+                timeout_s = 0  # a daemon exited: say why now
+                break
             time.sleep(0.05)
         logs = "\n".join((self.dir / f"d{r}.log").read_text(errors="replace") for r in range(len(self.procs)))
-        raise TimeoutError(f"waited {timeout_s} s for {what}; daemon logs:\n{logs}")
+        raise TimeoutError(f"waited for {what} (a daemon exited, or {timeout_s} s passed); daemon logs:\n{logs}")
 
     def stop(self):
         for p in self.procs:

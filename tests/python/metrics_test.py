@@ -58,6 +58,7 @@ class DataPathMetricsTest(unittest.TestCase):
                 b = epfabric.Buffer.attach(fab.sockets[r], "m-normal", r, normal_token)
                 received = 0
                 for x, idx in rounds[r]:
+                    x, idx = fabric.to_dev(x, idx)
                     per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, EXPERTS)
                     recv_x, _, _, _, handle, _ = b.dispatch(x, num_tokens_per_rank=per_rank,
                                                             is_token_in_rank=in_rank,
@@ -72,10 +73,11 @@ class DataPathMetricsTest(unittest.TestCase):
                 return received
 
             def low_latency(r):
-                b = epfabric.Buffer.attach(fab.sockets[r], "m-ll", r, ll_token)
+                b = epfabric.Buffer.attach(fab.sockets[r], "m-ll", r, ll_token, **fabric.attach_options(N))
                 for x, idx in ll_inputs[r]:
+                    x, idx = fabric.to_dev(x, idx)
                     recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, 16, EXPERTS, use_fp8=False)
-                    b.low_latency_combine(recv, idx, torch.ones(idx.shape), handle)
+                    b.low_latency_combine(recv, idx, torch.ones(idx.shape, device=x.device), handle)
                 b.check()
                 b.destroy()
 

@@ -85,6 +85,8 @@ class Lease {
   absl::Duration lease_ttl() const;
   // The last group state and epoch the daemon reported (Attach, then every KeepAlive).
   v1::GroupState group_state() const;
+  // While the group is DEGRADED: the group ranks whose member is down or restarted (from the last keep-alive).
+  std::vector<int> lost_ranks() const;
   uint64_t epoch() const;
 
   // The NVL region of group rank `group_rank` as mapped in this process (host pointer on the host backend, device
