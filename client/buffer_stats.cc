@@ -4,6 +4,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "epfabric/common/status_macros.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -56,6 +57,12 @@ DataPathRecorder::~DataPathRecorder() {
   if (backend_ == v1::BACKEND_CUDA && expert_load_ != nullptr) cudaFree(expert_load_);
 }
 
+void DataPathRecorder::SetRankMask(const int32_t* mask, int num_ranks) {
+  rank_mask_ = mask;
+  mask_ranks_ = std::clamp(num_ranks, 0, kernels::kDataPathStatsMaxRanks);
+  if (page_ != nullptr) kernels::StatsStore(&page_->num_ranks, static_cast<uint64_t>(mask_ranks_));
+}
+
 void DataPathRecorder::Call(kernels::DataPathOp op, const absl::Status& status) {
   if (page_ == nullptr) return;
   kernels::StatsAdd(&page_->calls[op], 1);
@@ -88,20 +95,34 @@ void DataPathRecorder::AddExpertCounts(const std::vector<int32_t>& per_local_exp
 }
 
 absl::Status DataPathRecorder::AfterLowLatencyDispatch(cudaStream_t stream) {
-  if (page_ == nullptr || expert_load_ == nullptr) return absl::OkStatus();
+  if (page_ == nullptr) return absl::OkStatus();
   if (++low_latency_calls_ % kernels::kLowLatencyStatsPeriod != 0) return absl::OkStatus();
   return Publish(stream);
 }
 
 absl::Status DataPathRecorder::Publish(cudaStream_t stream) {
-  if (page_ == nullptr || expert_load_ == nullptr) return absl::OkStatus();
+  if (page_ == nullptr) return absl::OkStatus();
   if (backend_ == v1::BACKEND_CUDA) {
-    // The page is registered with CUDA (Lease), so this copy is asynchronous; the daemon reads whole words.
-    return CudaError(cudaMemcpyAsync(page_->expert_tokens, expert_load_, sizeof(uint64_t) * counted_experts_,
-                                     cudaMemcpyDeviceToHost, stream),
-                     "cudaMemcpyAsync");
+    // The page is registered with CUDA (Lease), so these copies are asynchronous; the daemon reads whole words.
+    if (expert_load_ != nullptr) {
+      EPF_RETURN_IF_ERROR(
+          CudaError(cudaMemcpyAsync(page_->expert_tokens, expert_load_, sizeof(uint64_t) * counted_experts_,
+                                    cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync"));
+    }
+    if (rank_mask_ != nullptr && mask_ranks_ > 0) {
+      EPF_RETURN_IF_ERROR(CudaError(
+          cudaMemcpyAsync(page_->rank_mask, rank_mask_, sizeof(int32_t) * mask_ranks_, cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync"));
+    }
+    return absl::OkStatus();
   }
-  for (int e = 0; e < counted_experts_; ++e) kernels::StatsStore(&page_->expert_tokens[e], host_totals_[e]);
+  if (expert_load_ != nullptr) {
+    for (int e = 0; e < counted_experts_; ++e) kernels::StatsStore(&page_->expert_tokens[e], host_totals_[e]);
+  }
+  for (int r = 0; rank_mask_ != nullptr && r < mask_ranks_; ++r) {
+    __atomic_store_n(&page_->rank_mask[r], rank_mask_[r], __ATOMIC_RELAXED);
+  }
   return absl::OkStatus();
 }
 

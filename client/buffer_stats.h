@@ -22,6 +22,8 @@ class DataPathRecorder {
   // kDataPathStatsMaxExperts.
   static absl::StatusOr<std::unique_ptr<DataPathRecorder>> Create(kernels::DataPathStats* page, v1::Backend backend,
                                                                   int num_local_experts);
+  // Low latency: the Buffer's rank mask (int32 [num_ranks], device memory on cuda), published with the totals.
+  void SetRankMask(const int32_t* mask, int num_ranks);
   ~DataPathRecorder();
   DataPathRecorder(const DataPathRecorder&) = delete;
   DataPathRecorder& operator=(const DataPathRecorder&) = delete;
@@ -48,6 +50,8 @@ class DataPathRecorder {
   uint64_t* expert_load_ = nullptr;    // device (cuda) or host_totals_.data()
   std::vector<uint64_t> host_totals_;  // host backend
   int low_latency_calls_ = 0;
+  const int32_t* rank_mask_ = nullptr;
+  int mask_ranks_ = 0;
 };
 
 }  // namespace epfabric::client::internal

@@ -50,6 +50,9 @@ std::vector<Family> DataPathFamilies(const std::vector<groups::GroupDataPathStat
                          MetricType::kCounter);
   FamilyBuilder imbalance("epfabric_expert_load_imbalance",
                           "max / mean of the tokens received per local expert of this rank (1 = balanced, 0 = none)");
+  FamilyBuilder masked("epfabric_datapath_masked_ranks",
+                       "Low latency: ranks this rank's Buffer has masked (by the caller, after a timed-out wait, or a "
+                       "lost member), as last published (every 64 dispatches and at Check)");
   FamilyBuilder experts("epfabric_expert_tokens_received_total",
                         "Tokens received per expert (global expert index), with --metrics_expert_series",
                         MetricType::kCounter);
@@ -64,6 +67,10 @@ std::vector<Family> DataPathFamilies(const std::vector<groups::GroupDataPathStat
     bytes.Add({{"group", g.group}, {"direction", "received"}}, static_cast<double>(s.bytes_received));
     failures.Add({{"group", g.group}, {"kind", "timeout"}}, static_cast<double>(s.timeouts));
     failures.Add({{"group", g.group}, {"kind", "error"}}, static_cast<double>(s.errors));
+    int masked_ranks = 0;
+    const uint64_t ranks = std::min<uint64_t>(s.num_ranks, kernels::kDataPathStatsMaxRanks);
+    for (uint64_t r = 0; r < ranks; ++r) masked_ranks += s.rank_mask[r] != 0;
+    masked.Add({{"group", g.group}}, masked_ranks);
     const uint64_t n = LocalExperts(s);
     double total = 0;
     for (uint64_t e = 0; e < n; ++e) total += static_cast<double>(s.expert_tokens[e]);
@@ -80,6 +87,7 @@ std::vector<Family> DataPathFamilies(const std::vector<groups::GroupDataPathStat
   out.push_back(std::move(tokens).Build());
   out.push_back(std::move(bytes).Build());
   out.push_back(std::move(failures).Build());
+  out.push_back(std::move(masked).Build());
   out.push_back(std::move(received).Build());
   out.push_back(std::move(imbalance).Build());
   if (expert_series) out.push_back(std::move(experts).Build());

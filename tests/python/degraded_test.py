@@ -9,10 +9,11 @@ fabric.require_torch()
 import torch  # noqa: E402
 
 import epfabric  # noqa: E402
+from metrics_test import scrape  # noqa: E402
 
 N, M, HIDDEN, TOPK, EXPERTS = 3, 8, 128, 2, 6
 L = EXPERTS // N
-FAST = ["--heartbeat_ms=100", "--heartbeat_misses=5", "--lease_ttl_ms=1000"]
+FAST = ["--heartbeat_ms=100", "--heartbeat_misses=5", "--lease_ttl_ms=1000", "--metrics_listen=127.0.0.1:0"]
 
 
 class DegradedGroupTest(unittest.TestCase):
@@ -67,6 +68,10 @@ class DegradedGroupTest(unittest.TestCase):
                 weight = torch.where(alive, w, torch.zeros_like(w)).sum(1, keepdim=True)
                 torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
 
+            for r in (0, 1):  # check() publishes the mask into the counters page: /metrics shows one masked rank
+                ll[r].check()
+                values, _ = scrape(fab, r)
+                self.assertEqual(values.get('epfabric_datapath_masked_ranks{group="ll"}'), 1, f"rank {r}")
             x, idx, w = fabric.to_dev(*ins[0])
             with self.assertRaises(epfabric.EpfError) as caught:  # normal mode: refused before anything runs
                 per_rank, _, per_expert, in_rank, _ = normal[0].get_dispatch_layout(idx, EXPERTS)

@@ -114,6 +114,8 @@ class DataPathMetricsTest(unittest.TestCase):
                     self.assertEqual(at('epfabric_datapath_failures_total{group="m-normal",kind="error"}'),
                                      1 if r == 0 else 0)
                     self.assertEqual(at('epfabric_datapath_failures_total{group="m-normal",kind="timeout"}'), 0)
+                    self.assertEqual(at('epfabric_datapath_masked_ranks{group="m-ll"}'), 0)
+                    self.assertEqual(types.get("epfabric_datapath_masked_ranks"), "gauge")
                     for group, rounds_of in (("m-normal", rounds), ("m-ll", ll_inputs)):
                         want = [sum(int((idx == r * L + e).sum()) for rr in range(N) for _, idx in rounds_of[rr])
                                 for e in range(L)]

@@ -14,6 +14,8 @@ namespace epfabric::kernels {
 inline constexpr uint64_t kDataPathStatsMagic = 0x3153'5441'5453'4645ull;  // "EFSTATS1", little endian
 // Local experts whose received tokens are counted one by one (more are counted in the last slot's total only).
 inline constexpr int kDataPathStatsMaxExperts = 1024;
+// Ranks whose mask entry is published.
+inline constexpr int kDataPathStatsMaxRanks = 256;
 
 enum DataPathOp : int {
   kOpDispatch = 0,
@@ -36,6 +38,10 @@ struct DataPathStats {
   // Tokens received per local expert: normal dispatch counts every call; low latency accumulates on the device and
   // is copied here every kLowLatencyStatsPeriod calls and at Check().
   uint64_t expert_tokens[kDataPathStatsMaxExperts];
+  // Low latency: the Buffer's rank mask (nonzero = masked: by the caller, after a timed-out wait, or a lost member),
+  // copied with the expert totals; num_ranks entries are meaningful.
+  uint64_t num_ranks;
+  int32_t rank_mask[kDataPathStatsMaxRanks];
 };
 
 inline constexpr size_t kDataPathStatsBytes = 16384;
