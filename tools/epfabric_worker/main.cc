@@ -309,8 +309,8 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
                    "restart_to_first_dispatch_ms=%.2f tokens_total=%d remote_rows_total=%d",
                    static_cast<int>(dispatch_ms.size()), Median(dispatch_ms), Median(combine_ms), bytes,
                    checks.max_rel_err(), checks.max_rel_err_vs_bf16, refused, cases, timeouts,
-                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", RestartToFirstDispatchMs(),
-                   round_tokens, remote_rows)
+                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", RestartToFirstDispatchMs(), round_tokens,
+                   remote_rows)
             << std::endl;
   return 0;
 }

@@ -74,7 +74,7 @@ uint16_t RandomBf16(std::mt19937_64& rng, float range);
 
 struct RoundStats {
   double dispatch_ms = 0, combine_ms = 0;
-  uint64_t bytes = 0;  // payload this rank sent: dispatched rows + combined rows
+  uint64_t bytes = 0;   // payload this rank sent: dispatched rows + combined rows
   int tokens = 0;       // tokens this rank dispatched
   int remote_rows = 0;  // groups across hosts: rows this rank sent to other hosts (one per token and remote host)
 };
