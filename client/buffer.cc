@@ -301,8 +301,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
 }
 
 absl::Status Buffer::CountInto(Lease* lease) {
-  EPF_ASSIGN_OR_RETURN(state_->stats, internal::DataPathRecorder::Create(lease->datapath_stats(), lease->backend(),
-                                                                         state_->experts_per_rank));
+  EPF_ASSIGN_OR_RETURN(state_->stats,
+                       internal::DataPathRecorder::Create(lease->datapath_stats(), lease->backend(),
+                                                          state_->experts_per_rank, state_->config.low_latency));
   if (state_->config.low_latency) state_->stats->SetRankMask(state_->path->LowLatencyRankMask(), state_->num_ranks);
   return absl::OkStatus();
 }

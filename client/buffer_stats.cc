@@ -17,7 +17,8 @@ absl::Status CudaError(cudaError_t error, const char* what) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPathRecorder>> DataPathRecorder::Create(kernels::DataPathStats* page,
-                                                                           v1::Backend backend, int num_local_experts) {
+                                                                           v1::Backend backend, int num_local_experts,
+                                                                           bool low_latency) {
   auto recorder = std::unique_ptr<DataPathRecorder>(new DataPathRecorder());
   recorder->page_ = page;
   recorder->backend_ = backend;
@@ -26,7 +27,7 @@ absl::StatusOr<std::unique_ptr<DataPathRecorder>> DataPathRecorder::Create(kerne
   kernels::StatsStore(&page->num_local_experts, static_cast<uint64_t>(recorder->counted_experts_));
   kernels::StatsStore(&page->magic, kernels::kDataPathStatsMagic);
   const int n = recorder->counted_experts_;
-  if (n == 0) return recorder;
+  if (n == 0 || !low_latency) return recorder;
   // The totals start from the page's values, so that a later Buffer on the same lease keeps counting up.
   if (backend == v1::BACKEND_CUDA) {
     void* device = nullptr;

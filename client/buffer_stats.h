@@ -19,9 +19,10 @@ namespace epfabric::client::internal {
 class DataPathRecorder {
  public:
   // `page`: the lease's counters page (its first Buffer marks it); `num_local_experts` are counted one by one up to
-  // kDataPathStatsMaxExperts.
+  // kDataPathStatsMaxExperts. Low latency keeps its own expert totals (where the kernels run) and publishes them;
+  // normal mode adds the host's per-call counts to the page directly.
   static absl::StatusOr<std::unique_ptr<DataPathRecorder>> Create(kernels::DataPathStats* page, v1::Backend backend,
-                                                                  int num_local_experts);
+                                                                  int num_local_experts, bool low_latency);
   // Low latency: the Buffer's rank mask (int32 [num_ranks], device memory on cuda), published with the totals.
   void SetRankMask(const int32_t* mask, int num_ranks);
   ~DataPathRecorder();
