@@ -67,12 +67,62 @@ def inputs(r, tokens):
     return x, idx, w
 
 
+def child(rank, socket, token, iterations):
+    """One rank per process (how servers run): the Python overhead per call without another rank's GIL."""
+    torch.cuda.init()
+    b = epfabric.Buffer.attach(socket, "bench-ll", rank, token)
+    x, idx, w = inputs(rank, M)
+    for _ in range(10):
+        recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
+        b.low_latency_combine(recv, idx, w, handle)
+    torch.cuda.current_stream().synchronize()
+    me = threading_id()
+    per_call = {"dispatch": [], "combine": []}
+    timer = CTimer()
+    with timer:
+        for i in range(iterations):
+            before = timer.inside.get(me, 0.0)
+            t0 = time.perf_counter()
+            recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
+            t1 = time.perf_counter()
+            mid = timer.inside.get(me, 0.0)
+            b.low_latency_combine(recv, idx, w, handle)
+            t2 = time.perf_counter()
+            after = timer.inside.get(me, 0.0)
+            per_call["dispatch"].append(((t1 - t0) - (mid - before)) * 1e6)
+            per_call["combine"].append(((t2 - t1) - (after - mid)) * 1e6)
+            if i % 16 == 15:
+                torch.cuda.current_stream().synchronize()
+    torch.cuda.current_stream().synchronize()
+    b.destroy()
+    print("EPF_CHILD " + json.dumps({k: statistics.median(v) for k, v in per_call.items()}), flush=True)
+
+
+def overhead_in_processes(fab, token, iterations):
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", str(r), "--socket", fab.sockets[r], "--token",
+                               token, "--iterations", str(iterations)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(N)]
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=300)
+        line = [l for l in text.splitlines() if l.startswith("EPF_CHILD ")]
+        if p.returncode != 0 or not line:
+            raise RuntimeError(f"a child rank failed:\n{text}")
+        out.append(json.loads(line[0].split(" ", 1)[1]))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--child", type=int, default=-1, help=argparse.SUPPRESS)
+    parser.add_argument("--socket", help=argparse.SUPPRESS)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.child >= 0:
+        return child(opts.child, opts.socket, opts.token, opts.iterations)
     if not torch.cuda.is_available():
         print("SKIPPED: python_bench needs a CUDA device")
         return
@@ -193,6 +243,9 @@ def main():
         results["ll_dispatch_combine_eager_python_us"] = max(g["eager"] for g in gv)
         for b in bufs:
             b.destroy()
+        separate = overhead_in_processes(fab, ll_token, opts.iterations)
+        results["python_overhead_dispatch_us_one_rank_per_process"] = max(o["dispatch"] for o in separate)
+        results["python_overhead_combine_us_one_rank_per_process"] = max(o["combine"] for o in separate)
         client.delete_group("bench-ll", ll_token)
         client.delete_group("bench-normal", normal_token)
         client.close()
@@ -208,7 +261,7 @@ def main():
                    "python": sys.version.split()[0], "torch": torch.__version__,
                    "timing": "warm attach: attach + first dispatch (+ layout in normal mode) until the stream is "
                              "idle, the slower rank, median of trials; overhead: Python method wall time minus the "
-                             "time inside the C ABI call, median per call, the slower rank (both ranks are threads of this process, so this includes waiting for the GIL while the other rank runs Python: an upper bound of the one-rank-per-process cost); graph/eager: CUDA events "
+                             "time inside the C ABI call, median per call, the slower rank; python_overhead_*_us: both ranks are threads of this process, so this includes waiting for the GIL while the other rank runs Python; *_one_rank_per_process: each rank in its own process (how servers run); graph/eager: CUDA events "
                              "around one dispatch + combine (fp8), median, the slower rank"},
         "results": results,
     }
