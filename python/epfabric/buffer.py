@@ -439,8 +439,11 @@ def _pad_rows(rows, *tensors):
             continue
         if t.shape[0] > rows:
             raise ValueError(f"num_worst_tokens = {rows}: {t.shape[0]} tokens were received")
-        padded = (torch.full if t.dtype == torch.int64 else lambda s, v, **k: torch.zeros(s, **k))(
-            (rows,) + tuple(t.shape[1:]), -1, dtype=t.dtype, device=t.device)
+        shape = (rows,) + tuple(t.shape[1:])
+        if t.dtype == torch.int64:
+            padded = torch.full(shape, -1, dtype=t.dtype, device=t.device)
+        else:
+            padded = torch.zeros(shape, dtype=t.dtype, device=t.device)
         padded[:t.shape[0]] = t
         out.append(padded)
     return out
