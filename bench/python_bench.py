@@ -67,35 +67,40 @@ def inputs(r, tokens):
     return x, idx, w
 
 
-def child(rank, socket, token, iterations):
-    """One rank per process (how servers run): the Python overhead per call without another rank's GIL."""
-    torch.cuda.init()
-    b = epfabric.Buffer.attach(socket, "bench-ll", rank, token)
-    x, idx, w = inputs(rank, M)
-    for _ in range(10):
+def measure_overhead(b, x, idx, w, timer, iterations):
+    """Median Python time per low-latency dispatch and combine outside the C ABI calls (`timer` must be active)."""
+    for _ in range(10):  # warm-up
         recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
         b.low_latency_combine(recv, idx, w, handle)
     torch.cuda.current_stream().synchronize()
     me = threading_id()
     per_call = {"dispatch": [], "combine": []}
-    timer = CTimer()
-    with timer:
-        for i in range(iterations):
-            before = timer.inside.get(me, 0.0)
-            t0 = time.perf_counter()
-            recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
-            t1 = time.perf_counter()
-            mid = timer.inside.get(me, 0.0)
-            b.low_latency_combine(recv, idx, w, handle)
-            t2 = time.perf_counter()
-            after = timer.inside.get(me, 0.0)
-            per_call["dispatch"].append(((t1 - t0) - (mid - before)) * 1e6)
-            per_call["combine"].append(((t2 - t1) - (after - mid)) * 1e6)
-            if i % 16 == 15:
-                torch.cuda.current_stream().synchronize()
+    for i in range(iterations):
+        before = timer.inside.get(me, 0.0)
+        t0 = time.perf_counter()
+        recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
+        t1 = time.perf_counter()
+        mid = timer.inside.get(me, 0.0)
+        b.low_latency_combine(recv, idx, w, handle)
+        t2 = time.perf_counter()
+        after = timer.inside.get(me, 0.0)
+        per_call["dispatch"].append(((t1 - t0) - (mid - before)) * 1e6)
+        per_call["combine"].append(((t2 - t1) - (after - mid)) * 1e6)
+        if i % 16 == 15:
+            torch.cuda.current_stream().synchronize()
     torch.cuda.current_stream().synchronize()
+    return {k: statistics.median(v) for k, v in per_call.items()}
+
+
+def child(rank, socket, token, iterations):
+    """One rank per process (how servers run): the Python overhead per call without another rank's GIL."""
+    torch.cuda.init()
+    b = epfabric.Buffer.attach(socket, "bench-ll", rank, token)
+    x, idx, w = inputs(rank, M)
+    with CTimer() as timer:
+        result = measure_overhead(b, x, idx, w, timer, iterations)
     b.destroy()
-    print("EPF_CHILD " + json.dumps({k: statistics.median(v) for k, v in per_call.items()}), flush=True)
+    print("EPF_CHILD " + json.dumps(result), flush=True)
 
 
 def overhead_in_processes(fab, token, iterations):
@@ -175,33 +180,11 @@ def main():
                                                                     **fabric.attach_options(N)))
 
         def overhead(r):
-            b = bufs[r]
             x, idx, w = data[r]
-            for _ in range(10):  # warm-up
-                recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
-                b.low_latency_combine(recv, idx, w, handle)
-            torch.cuda.current_stream().synchronize()
-            me = threading_id()
-            per_call = {"dispatch": [], "combine": []}
-            with TIMER:
-                for i in range(opts.iterations):
-                    before = TIMER.inside.get(me, 0.0)
-                    t0 = time.perf_counter()
-                    recv, _, handle, _, _ = b.low_latency_dispatch(x, idx, M, EXPERTS, use_fp8=False)
-                    t1 = time.perf_counter()
-                    mid = TIMER.inside.get(me, 0.0)
-                    b.low_latency_combine(recv, idx, w, handle)
-                    t2 = time.perf_counter()
-                    after = TIMER.inside.get(me, 0.0)
-                    per_call["dispatch"].append(((t1 - t0) - (mid - before)) * 1e6)
-                    per_call["combine"].append(((t2 - t1) - (after - mid)) * 1e6)
-                    if i % 16 == 15:
-                        torch.cuda.current_stream().synchronize()
-            torch.cuda.current_stream().synchronize()
-            return {k: statistics.median(v) for k, v in per_call.items()}
+            return measure_overhead(bufs[r], x, idx, w, timer, opts.iterations)
 
-        TIMER = CTimer()
-        over = fabric.run_ranks(N, overhead)
+        with CTimer() as timer:  # one patch for both ranks' threads, removed when both are done
+            over = fabric.run_ranks(N, overhead)
         results["python_overhead_dispatch_us"] = max(o["dispatch"] for o in over)
         results["python_overhead_combine_us"] = max(o["combine"] for o in over)
 
