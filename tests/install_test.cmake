@@ -18,6 +18,7 @@ set(expected
     ${bin}/epfabricd ${bin}/epctl ${bin}/epfabric_worker
     ${lib}/libepfabric_client.a ${lib}/libepfabric_buffer.a ${lib}/libepfabric_kernels.a
     ${lib}/libepfabric_client.so
+    ${lib}/python3/dist-packages/epfabric/__init__.py ${lib}/python3/dist-packages/epfabric/deep_ep.py
     ${inc}/epfabric/epfabric.h ${inc}/epfabric/client/client.h ${inc}/epfabric/client/buffer.h
     ${inc}/epfabric/kernels/common.h ${inc}/epfabric/kernels/intranode.h ${inc}/epfabric/kernels/low_latency.h
     ${inc}/epfabric/kernels/status_word.h
