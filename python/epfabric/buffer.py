@@ -129,6 +129,10 @@ class Buffer(LowLatencyMixin):
 
     def destroy(self):
         """Releases the Buffer and the lease (the daemon zeroes this rank's region for the next client)."""
+        self._release()
+
+    def _release(self):
+        # Local only (no collective step): also what garbage collection runs, where a barrier could hang.
         if self._cbuf is not None:
             lib.epf_buffer_destroy(self._cbuf)
             self._cbuf = None
@@ -146,7 +150,7 @@ class Buffer(LowLatencyMixin):
     def __del__(self):
         if lib is not None and getattr(self, "_lease", None) is not None:
             try:
-                self.destroy()
+                self._release()
             except Exception:  # a daemon that is gone: the lease ends with the connection anyway
                 pass
 

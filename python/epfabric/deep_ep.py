@@ -117,7 +117,7 @@ class Buffer(_buffer.Buffer):
 def _delete_created_groups():
     for buffer in list(_CREATED):
         try:
-            _buffer.Buffer.destroy(buffer)
+            buffer._release()
             buffer._delete_group()
         except Exception:  # the daemon may be gone already; the group then went with it
             pass
