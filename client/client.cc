@@ -483,6 +483,23 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
     }
     return std::make_pair(std::move(*fetched), std::move(*mapped));
   };
+  // This rank's host-memory regions beside the NVL one (command rings, counters page): registered with CUDA on the
+  // cuda backend, so that kernels and asynchronous copies reach them.
+  auto map_own_host = [&](v1::RegionDescriptor::Kind kind, const char* region) -> absl::StatusOr<MappedRegion> {
+    memory::ImportOptions host_options = import_options;
+    host_options.register_with_cuda = attach.backend() == v1::BACKEND_CUDA;
+    v1::FdRequest fd_request;
+    fd_request.set_group(group);
+    fd_request.set_rank(rank);
+    fd_request.set_kind(kind);
+    fd_request.set_token(token);
+    fd_request.set_lease_id(attach.lease_id());
+    auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
+    if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel (", region, ")"));
+    auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), host_options);
+    if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping ", region));
+    return std::move(*mapped);
+  };
   EPF_ASSIGN_OR_RETURN(auto own, map_own(v1::RegionDescriptor::KIND_NVL));
   s->nvl_descriptors[rank] = std::move(own.first.descriptor);
   s->nvl[rank] = std::move(own.second);
@@ -497,36 +514,11 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
         EPF_ASSIGN_OR_RETURN(auto rdma, map_own(v1::RegionDescriptor::KIND_RDMA));
         s->rdma = std::move(rdma.second);
       } else if (descriptor.kind() == v1::RegionDescriptor::KIND_STATS) {
-        // The data-path counters page: host memory this process writes and the daemon reads; registered with CUDA
-        // so that device totals can be copied into it asynchronously.
-        memory::ImportOptions host_options = import_options;
-        host_options.register_with_cuda = attach.backend() == v1::BACKEND_CUDA;
-        v1::FdRequest fd_request;
-        fd_request.set_group(group);
-        fd_request.set_rank(rank);
-        fd_request.set_kind(v1::RegionDescriptor::KIND_STATS);
-        fd_request.set_token(token);
-        fd_request.set_lease_id(attach.lease_id());
-        auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
-        if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel (counters page)"));
-        auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), host_options);
-        if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping the counters page"));
-        s->stats = std::move(*mapped);
+        // The data-path counters page: written here, read by the daemon; device totals are copied into it.
+        EPF_ASSIGN_OR_RETURN(s->stats, map_own_host(v1::RegionDescriptor::KIND_STATS, "the counters page"));
       } else if (descriptor.kind() == v1::RegionDescriptor::KIND_COMMANDS) {
-        // Host memory the daemon's proxy reads; a cuda client's kernels write it, so it is registered with CUDA.
-        memory::ImportOptions host_options = import_options;
-        host_options.register_with_cuda = attach.backend() == v1::BACKEND_CUDA;
-        v1::FdRequest fd_request;
-        fd_request.set_group(group);
-        fd_request.set_rank(rank);
-        fd_request.set_kind(v1::RegionDescriptor::KIND_COMMANDS);
-        fd_request.set_token(token);
-        fd_request.set_lease_id(attach.lease_id());
-        auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
-        if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel (command rings)"));
-        auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), host_options);
-        if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping the command rings"));
-        s->commands = std::move(*mapped);
+        // Read by the daemon's proxy; a cuda client's kernels write it.
+        EPF_ASSIGN_OR_RETURN(s->commands, map_own_host(v1::RegionDescriptor::KIND_COMMANDS, "the command rings"));
       }
       continue;  // NVL mapped above
     }
