@@ -192,6 +192,7 @@ __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, i
   int32_t* tail = publishes ? section<int32_t>(g, lane, g.channel_tail) + g.rank * g.max_channels + channel : nullptr;
   int complete = token_begin;  // tokens [token_begin, complete) are complete
   int sent = 0;                // lane d: of those, the ones sent to d
+  int published = 0;           // lane d: the last value stored into d's tail
   const uint64_t start = ptx::global_timer_ns();
   for (uint32_t iter = 0; complete < token_end; ++iter) {
     // Lane w: the first token of copy warp w that is not complete.
@@ -203,8 +204,14 @@ __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, i
     if (next >= complete + kPublishBatch || (next == token_end && next > complete)) {
       if (publishes) {
         for (int t = complete; t < next; ++t) sent += p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] >= 0;
-        // Release: orders the copy warps' stores (observed through s_warp_done) before the tail.
-        ptx::st_release_sys_global(tail, sent);
+        // Only a tail that grew is stored: once it reaches the range's count the receiver may consume it and zero the
+        // word, and a repeated store of the same value landing after that zero would leave a stale tail that the
+        // next kernel using these words (combine, or the next dispatch) takes for fresh data.
+        if (sent > published) {
+          // Release: orders the copy warps' stores (observed through s_warp_done) before the tail.
+          ptx::st_release_sys_global(tail, sent);
+          published = sent;
+        }
       }
       complete = next;
     } else if ((iter & 255u) == 255u && ptx::global_timer_ns() - start > g.timeout_ns) {
