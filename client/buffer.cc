@@ -325,7 +325,12 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const B
                                 .num_ranks = world,
                                 .experts_per_rank = state->experts_per_rank,
                                 .allocator = state->allocator};
-  for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(ranks[r]);
+  bool group_order = true;  // the inner path of a group across hosts indexes this host's ranks, not the group's
+  for (int r = 0; r < world; ++r) {
+    path.peer_regions[r] = lease->region(ranks[r]);
+    group_order = group_order && ranks[r] == r;
+  }
+  if (group_order) path.lost_ranks = lease->lost_ranks_words(lease->backend() == v1::BACKEND_CUDA);
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), path));
   return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
 }
@@ -399,6 +404,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
                                 .experts_per_rank = state->experts_per_rank,
                                 .allocator = state->allocator};
   for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(r);
+  path.lost_ranks = lease->lost_ranks_words(/*device=*/false);  // host backend only
   remote->Configure(&path);
   EPF_ASSIGN_OR_RETURN(auto host_path, internal::DataPath::Create(lease->backend(), path));
   EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(host_path), std::move(remote)));

@@ -29,6 +29,7 @@ kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& c, kernels::Ker
   group.rank = c.rank;
   for (int r = 0; r < c.num_ranks; ++r) group.peer_regions[r] = c.peer_regions[r];
   group.status = status;
+  group.lost_ranks = c.lost_ranks;
   group.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
   return group;
 }
@@ -42,6 +43,7 @@ absl::StatusOr<kernels::LowLatencyContext> MakeLowLatencyContext(const DataPathC
   ll.num_ranks = c.num_ranks;
   for (int r = 0; r < c.num_ranks; ++r) ll.peer_regions[r] = c.peer_regions[r];
   ll.rank_mask = rank_mask;
+  ll.lost_ranks = c.lost_ranks;
   ll.status = status;
   ll.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
   ll.num_blocks = c.config.low_latency_sms;

@@ -26,6 +26,9 @@ struct DataPathConfig {
   int num_ranks = 0;
   int experts_per_rank = 0;
   void* peer_regions[kernels::kMaxNvlPeers] = {};  // every rank's region as mapped in this process
+  // The daemon's lost-ranks words for these ranks (Lease::lost_ranks_words; null: not published, or the ranks are
+  // not the group's ranks in order).
+  const uint64_t* lost_ranks = nullptr;
   std::shared_ptr<Allocator> allocator;            // outputs (e.g. the host path's invalid top-k count)
   // The outer path of a group that spans hosts: only Layout and the expert-index checks are used (no regions).
   bool layout_only = false;

@@ -18,6 +18,8 @@ namespace epfabric::daemon::groups {
 
 // How long the coordinator waits for a member's answer, and a forwarding daemon for the coordinator's.
 inline constexpr absl::Duration kPeerCallDeadline = absl::Seconds(30);
+// NotifyLease (fire and forget): a member that does not answer within this time misses one lease change.
+inline constexpr absl::Duration kNotifyLeaseDeadline = absl::Seconds(2);
 // A member releases a group it prepared if no Commit came within this time (the coordinator gave up or died).
 inline constexpr absl::Duration kUncommittedLifetime = absl::Seconds(60);
 

@@ -11,6 +11,14 @@
 #include "logging.h"
 
 namespace epfabric::daemon::groups {
+namespace {
+
+void StartNotifyLease(v1::Peer::Stub* stub, grpc::ClientContext* context, const v1::NotifyLeaseRequest* request,
+                      v1::NotifyLeaseResponse* response, std::function<void(grpc::Status)> done) {
+  stub->async()->NotifyLease(context, request, response, std::move(done));
+}
+
+}  // namespace
 
 GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
                            LeaseLimits lease_limits, GroupLimits group_limits, transport::Transport* transport)
@@ -18,7 +26,63 @@ GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* li
       links_(links),
       registry_(membership, links),
       local_(membership, allocator, group_limits, transport),
-      leases_(membership, &local_, lease_limits) {}
+      leases_(membership, &local_, lease_limits) {
+  leases_.SetObserver([this](const std::string& group, int rank, bool attached) { NotifyMembers(group, rank, attached); });
+}
+
+void GroupManager::NotifyMembers(const std::string& group, int rank, bool attached) {
+  const std::vector<int> others = local_.OtherMembers(group);
+  if (others.empty()) return;
+  const v1::Membership view = membership_->View();
+  v1::NotifyLeaseRequest request;
+  request.set_fabric_id(membership_->config().fabric_id);
+  request.set_sender_rank(membership_->config().rank);
+  request.set_group(group);
+  request.set_group_rank(rank);
+  request.set_attached(attached);
+  request.set_sequence(lease_sequence_.fetch_add(1) + 1);
+  std::vector<std::string> addresses;
+  for (int member : others) {
+    const bool up = member >= 0 && member < view.members_size() && view.members(member).state() == v1::MEMBER_STATE_UP;
+    addresses.push_back(up ? view.members(member).peer_address() : std::string());  // a down one: groups degraded
+  }
+  if (attached) {
+    // Waited for (bounded): when the new client's Attach returns, no member still publishes its rank as lost, so
+    // that the survivors' next waits on it cannot end on a stale bit.
+    const auto replies = CallMembers(*links_, addresses, request, &StartNotifyLease,
+                                     absl::Now() + kNotifyLeaseDeadline);
+    for (size_t i = 0; i < replies.size(); ++i) {
+      if (replies[i].called && !replies[i].status.ok()) {
+        Logger("groups")->warn("NotifyLease (attached) to fabric rank {} for group '{}': {}", others[i], group,
+                               replies[i].status.error_message());
+      }
+    }
+    return;
+  }
+  // A lease that ended: fire and forget, so that the survivors hear of it while this rank's regions are zeroed.
+  struct Call {
+    grpc::ClientContext context;
+    v1::NotifyLeaseRequest request;
+    v1::NotifyLeaseResponse response;
+    std::shared_ptr<v1::Peer::Stub> stub;
+  };
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (addresses[i].empty()) continue;
+    auto call = std::make_shared<Call>();
+    call->request = request;
+    call->context.set_deadline(absl::ToChronoTime(absl::Now() + kNotifyLeaseDeadline));
+    call->stub = links_->Stub(addresses[i]);
+    // The callback owns the call; a member that misses it still sees the rank's silence through its timeouts.
+    call->stub->async()->NotifyLease(&call->context, &call->request, &call->response,
+                                     [call, member = others[i]](grpc::Status status) {
+                                       if (!status.ok()) {
+                                         Logger("groups")->warn("NotifyLease (ended) to fabric rank {} for group "
+                                                                "'{}': {}",
+                                                                member, call->request.group(), status.error_message());
+                                       }
+                                     });
+  }
+}
 
 absl::Status GroupManager::ForwardedStatus(const grpc::ClientContext& context, const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();

@@ -15,6 +15,7 @@
 // no RPC is made under any of these locks.
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/ops.pb.h"
@@ -110,8 +112,16 @@ class GroupManager {
   std::vector<v1::GroupRecord> LocalRecords() const { return local_.LocalRecords(); }
   // Marks groups with a member that is not UP, or not the incarnation that committed, DEGRADED.
   void OnMembership(const v1::Membership& view);
+  // NotifyLease from another member (authenticated as request.sender_rank()): publishes or clears that rank as lost.
+  absl::Status OnPeerLease(const v1::NotifyLeaseRequest& request) {
+    return local_.SetLeaseLost(request.group(), request.group_rank(), request.sender_rank(), !request.attached(),
+                               request.sequence(), membership_->View());
+  }
 
  private:
+  // A lease of this daemon's rank of `group` started or is ending: tells the other members (NotifyLease), fire and
+  // forget, so that their clients' waits on the rank end at once (issue #14).
+  void NotifyMembers(const std::string& group, int rank, bool attached);
   // The status a forwarded call ends with: the coordinator's own error as it is, or UNAVAILABLE naming an
   // unreachable coordinator when the call never got an answer from it.
   absl::Status ForwardedStatus(const grpc::ClientContext& context, const grpc::Status& status) const;
@@ -121,6 +131,9 @@ class GroupManager {
   Registry registry_;
   LocalGroups local_;
   Leases leases_;  // after local_, which it uses
+  // NotifyLeaseRequest.sequence of the last notification sent; starts at the clock so that it also grows across a
+  // restart of this daemon.
+  std::atomic<uint64_t> lease_sequence_{static_cast<uint64_t>(absl::GetCurrentTimeNanos())};
 };
 
 }  // namespace epfabric::daemon::groups

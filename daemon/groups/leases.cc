@@ -36,6 +36,12 @@ bool Leases::EndingLocked(const std::string& group, int rank) const {
 }
 
 absl::StatusOr<v1::AttachResponse> Leases::Attach(const v1::AttachRequest& request, const ClientIdentity& client) {
+  absl::StatusOr<v1::AttachResponse> response = StartLease(request, client);
+  if (response.ok() && observer_) observer_(request.group(), request.rank(), /*attached=*/true);
+  return response;
+}
+
+absl::StatusOr<v1::AttachResponse> Leases::StartLease(const v1::AttachRequest& request, const ClientIdentity& client) {
   if (request.group().empty()) return absl::InvalidArgumentError("group: empty");
   if (request.token().empty()) return absl::InvalidArgumentError("token: empty");
   if (request.client_name().size() > 128) return absl::InvalidArgumentError("client_name: longer than 128 bytes");
@@ -122,6 +128,16 @@ void Leases::ExpireLeases(absl::Time now) {
 }
 
 void Leases::FinishEnding(const std::string& lease_id, const std::string& group, const std::string& why) {
+  if (observer_) {
+    // First, so that the survivors' waits end while this rank's regions are still being zeroed.
+    int rank = -1;
+    {
+      absl::MutexLock lock(&mutex_);
+      auto it = leases_.find(lease_id);
+      if (it != leases_.end()) rank = it->second.info.rank();
+    }
+    if (rank >= 0) observer_(group, rank, /*attached=*/false);
+  }
   {
     // A whole region is zeroed (cudaMemsetAsync + synchronise, or a memset of shared memory): no lock is held. The
     // references are dropped before the lease goes, so that ReleaseGroup (which waits for it) frees the memory.

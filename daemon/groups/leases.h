@@ -8,6 +8,7 @@
 // Attach of the same rank waits for it (and lookups by lease id no longer see it).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -42,6 +43,12 @@ class Leases {
   Leases(fabric::Membership* membership, LocalGroups* local, LeaseLimits limits)
       : membership_(membership), local_(local), limits_(limits) {}
 
+  // Told, outside every lock, when a client attached to a rank of a group (`attached`) or its lease starts ending
+  // (before its regions are zeroed), so that the other members stop waiting for that rank (issue #14). Set it once,
+  // before the first Attach.
+  using Observer = std::function<void(const std::string& group, int rank, bool attached)>;
+  void SetObserver(Observer observer) { observer_ = std::move(observer); }
+
   absl::StatusOr<v1::AttachResponse> Attach(const v1::AttachRequest& request, const ClientIdentity& client)
       ABSL_LOCKS_EXCLUDED(mutex_);
   // Only the holder (the pid and uid that attached, by SO_PEERCRED) may detach or keep alive its lease: a lease id
@@ -68,6 +75,10 @@ class Leases {
   std::optional<LocalGroup> ReleaseGroup(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  // Attach, without telling the observer.
+  absl::StatusOr<v1::AttachResponse> StartLease(const v1::AttachRequest& request, const ClientIdentity& client)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+
   struct Lease {
     v1::ClientInfo info;
     absl::Duration ttl;
@@ -88,6 +99,7 @@ class Leases {
   fabric::Membership* const membership_;
   LocalGroups* const local_;
   const LeaseLimits limits_;
+  Observer observer_;  // set before use, then only read
 
   mutable absl::Mutex mutex_ ABSL_ACQUIRED_BEFORE(local_->mutex_);
   absl::CondVar ended_;                                          // signalled when an ending lease is removed

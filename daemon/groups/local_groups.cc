@@ -3,6 +3,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -174,6 +175,61 @@ std::vector<v1::GroupRecord> LocalGroups::LocalRecords() const {
   return records;
 }
 
+void LocalGroups::PublishLostLocked(LocalGroup& group, const v1::Membership& view) {
+  if (group.stats == nullptr || group.info.state() == v1::GROUP_STATE_CREATING) return;
+  uint64_t words[kernels::kLostRankWords] = {};
+  auto add = [&](int rank) {
+    if (rank >= 0 && rank < kernels::kMaxLostRanks) words[rank / 64] |= uint64_t{1} << (rank % 64);
+  };
+  for (int rank : groups::LostRanks(group.info, group.incarnations, view)) add(rank);
+  for (size_t rank = 0; rank < group.lease_lost.size(); ++rank) {
+    if (group.lease_lost[rank]) add(static_cast<int>(rank));
+  }
+  // The client's waits read these words concurrently (host backend: atomics; CUDA: the page is mapped for the GPU).
+  auto* page = static_cast<char*>(group.stats->base()) + kernels::kLostRanksOffset;
+  for (int i = 0; i < kernels::kLostRankWords; ++i) {
+    std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(page)[i]).store(words[i], std::memory_order_release);
+  }
+}
+
+absl::Status LocalGroups::SetLeaseLost(const std::string& name, int group_rank, int sender, bool lost,
+                                       uint64_t sequence, const v1::Membership& view) {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  if (it == groups_.end()) return absl::NotFoundError(absl::StrCat("no group named '", name, "' here"));
+  LocalGroup& group = it->second;
+  if (group_rank < 0 || group_rank >= group.info.ranks_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("group_rank = ", group_rank, ": group '", name, "' has ",
+                                                   group.info.ranks_size(), " ranks"));
+  }
+  if (group.info.ranks(group_rank) != sender) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", group_rank, " of group '", name, "' is served by fabric rank ",
+                                                    group.info.ranks(group_rank), ", not the caller (", sender, ")"));
+  }
+  group.lease_lost.resize(group.info.ranks_size(), false);
+  group.lease_sequence.resize(group.info.ranks_size(), 0);
+  if (sequence <= group.lease_sequence[group_rank]) return absl::OkStatus();  // older than what was applied
+  group.lease_sequence[group_rank] = sequence;
+  if (group.lease_lost[group_rank] != lost) {
+    group.lease_lost[group_rank] = lost;
+    Logger("groups")->info("group '{}' rank {}: {}", name, group_rank,
+                           lost ? "its client's lease ended (published as lost)" : "a client attached again");
+  }
+  PublishLostLocked(group, view);
+  return absl::OkStatus();
+}
+
+std::vector<int> LocalGroups::OtherMembers(const std::string& name) const {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  if (it == groups_.end() || it->second.info.state() == v1::GROUP_STATE_CREATING) return {};
+  std::vector<int> others;
+  for (int i = 0; i < it->second.info.ranks_size(); ++i) {
+    if (i != it->second.group_rank) others.push_back(it->second.info.ranks(i));
+  }
+  return others;
+}
+
 void LocalGroups::OnMembership(const v1::Membership& view) {
   absl::MutexLock lock(&mutex_);
   for (auto& [name, group] : groups_) {
@@ -185,6 +241,7 @@ void LocalGroups::OnMembership(const v1::Membership& view) {
       group.info.set_state(v1::GROUP_STATE_READY);
       Logger("groups")->info("group '{}' restored: every member is back with the same incarnation", name);
     }
+    PublishLostLocked(group, view);
   }
 }
 

@@ -46,6 +46,10 @@ struct LocalGroup {
   std::shared_ptr<memory::Region> stats;
   std::vector<v1::PrepareGroupResponse> members;  // by group rank, after Commit
   std::vector<uint64_t> incarnations;             // of the members at Commit
+  // By group rank: the member serving it said its client's lease ended (NotifyLease) and no new one started. With
+  // the members that are down or restarted, these ranks are published as lost in `stats` (kLostRanksOffset).
+  std::vector<bool> lease_lost;
+  std::vector<uint64_t> lease_sequence;  // by group rank: the NotifyLease sequence last applied
   absl::Time prepared_at;
 };
 
@@ -91,8 +95,16 @@ class LocalGroups {
 
   // Groups held here, reported when joining.
   std::vector<v1::GroupRecord> LocalRecords() const ABSL_LOCKS_EXCLUDED(mutex_);
-  // Marks READY groups with a member that is not UP, or not the incarnation that committed, DEGRADED.
+  // Marks READY groups with a member that is not UP, or not the incarnation that committed, DEGRADED (and back), and
+  // publishes every group's lost ranks to its lease holder.
   void OnMembership(const v1::Membership& view) ABSL_LOCKS_EXCLUDED(mutex_);
+  // NotifyLease from the member with fabric rank `sender`: the lease of `group_rank` ended (`lost`) or started. Only
+  // the member serving that rank may say so (PermissionDenied otherwise); NotFound for a group not held here.
+  // A notification older than the last one applied for that rank (`sequence`) is ignored.
+  absl::Status SetLeaseLost(const std::string& name, int group_rank, int sender, bool lost, uint64_t sequence,
+                            const v1::Membership& view) ABSL_LOCKS_EXCLUDED(mutex_);
+  // The fabric ranks of the other members of group `name` (empty when it is not held here or not committed).
+  std::vector<int> OtherMembers(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
   // Every group held here, by name.
   std::map<std::string, v1::GroupInfo> Groups() const ABSL_LOCKS_EXCLUDED(mutex_);
   // The state of group `name`; UNSPECIFIED when it is not held here.
@@ -130,6 +142,8 @@ class LocalGroups {
                                            const std::string& token) const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
+  // Writes the group's lost ranks (down, restarted or lease ended) into its counters page for the lease holder.
+  static void PublishLostLocked(LocalGroup& group, const v1::Membership& view);
   // RESOURCE_EXHAUSTED when one more group of `bytes` would pass the limits.
   absl::Status CheckQuotaLocked(uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 

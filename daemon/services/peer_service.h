@@ -26,6 +26,7 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status PrepareGroup(grpc::ServerContext*, const v1::PrepareGroupRequest*, v1::PrepareGroupResponse*) override;
   grpc::Status CommitGroup(grpc::ServerContext*, const v1::CommitGroupRequest*, v1::CommitGroupResponse*) override;
   grpc::Status ReleaseGroup(grpc::ServerContext*, const v1::ReleaseGroupRequest*, v1::ReleaseGroupResponse*) override;
+  grpc::Status NotifyLease(grpc::ServerContext*, const v1::NotifyLeaseRequest*, v1::NotifyLeaseResponse*) override;
   // Barrier answers UNIMPLEMENTED until a control-plane barrier is needed.
 
  private:

@@ -153,6 +153,13 @@ absl::Status KernelStatusToStatus(const KernelStatus& status) {
         absl::StrFormat("rank %d timed out waiting for %s from rank %d (channel %d)", status.waiting_rank,
                         WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel));
   }
+  if (status.code == kKernelStatusPeerLost) {
+    return absl::UnavailableError(absl::StrFormat(
+        "rank %d stopped waiting for %s from rank %d (channel %d): rank %d is lost (its client's lease ended or its "
+        "daemon went down)",
+        status.waiting_rank, WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel,
+        status.peer_rank));
+  }
   if (status.code == kKernelStatusBadPeerData) {
     const PeerDataField field = static_cast<PeerDataField>(status.site);
     return absl::DataLossError(

@@ -32,6 +32,7 @@ intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeR
   v.status = group.status;
   v.timeout_ns = group.timeout_ns;
   v.profile = group.profile_ns;
+  v.lost_ranks = group.lost_ranks;
   v.barrier_arrive = layout.barrier_arrive;
   v.barrier_epoch = layout.barrier_epoch;
   v.dispatch_range = layout.dispatch_range;

@@ -20,6 +20,7 @@ low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, Low
   g.status = ctx.status;
   g.timeout_ns = ctx.timeout_ns;
   g.profile = ctx.profile_ns;
+  g.lost_ranks = ctx.lost_ranks;
   return g;
 }
 

@@ -55,6 +55,28 @@ __device__ __forceinline__ bool check_peer_value(KernelStatus* status, PeerDataF
   return false;
 }
 
+// True when the daemon published group rank `rank` as lost (status_word.h, kMaxLostRanks). `lost_ranks` may be null
+// (nothing published, e.g. kernels run by tests without a daemon) and points to mapped host memory: read it only on
+// the slow path of a wait.
+__device__ __forceinline__ bool peer_lost(const uint64_t* lost_ranks, int rank) {
+  if (lost_ranks == nullptr || rank < 0 || rank >= kMaxLostRanks) return false;
+  const uint64_t word = *reinterpret_cast<const volatile uint64_t*>(lost_ranks + rank / 64);
+  return ((word >> (rank % 64)) & 1u) != 0;
+}
+
+// Records that a wait on `peer_rank` ended because that rank is lost, unless an earlier failure was recorded.
+__device__ __forceinline__ void record_peer_lost(KernelStatus* status, WaitSite site, int waiting_rank, int peer_rank,
+                                                 int channel) {
+  if (status == nullptr) return;
+  if (atomicCAS(&status->code, kKernelStatusOk, kKernelStatusPeerLost) == kKernelStatusOk) {
+    status->site = static_cast<int32_t>(site);
+    status->waiting_rank = waiting_rank;
+    status->peer_rank = peer_rank;
+    status->channel = channel;
+    __threadfence_system();
+  }
+}
+
 // True when some thread (of any block of this launch, or of an earlier launch that was not cleared) already
 // recorded a failure: waits elsewhere can give up early instead of each running into its own timeout.
 __device__ __forceinline__ bool status_failed(const KernelStatus* status) {
@@ -63,16 +85,22 @@ __device__ __forceinline__ bool status_failed(const KernelStatus* status) {
 
 // Spins until `pred()` is true. Returns false (after recording the timeout) if `timeout_ns` passes first, or if
 // another thread already recorded a failure. The timer is %globaltimer, checked every 256 polls to keep the
-// polling loop tight.
+// polling loop tight. With `lost_ranks`, the same slow path also returns false once `peer_rank` is published as
+// lost, recording it (kKernelStatusPeerLost) when `record_loss`; low latency passes false and masks the rank instead.
 template <typename Pred>
 __device__ __forceinline__ bool bounded_wait(Pred pred, uint64_t timeout_ns, KernelStatus* status, WaitSite site,
-                                             int waiting_rank, int peer_rank, int channel) {
+                                             int waiting_rank, int peer_rank, int channel,
+                                             const uint64_t* lost_ranks = nullptr, bool record_loss = true) {
   if (pred()) return true;
   const uint64_t start = ptx::global_timer_ns();
   for (uint32_t iter = 1;; ++iter) {
     if (pred()) return true;
     if ((iter & 255u) == 0) {
       if (status_failed(status)) return false;
+      if (peer_lost(lost_ranks, peer_rank)) {
+        if (record_loss) record_peer_lost(status, site, waiting_rank, peer_rank, channel);
+        return false;
+      }
       if (ptx::global_timer_ns() - start > timeout_ns) {
         record_timeout(status, site, waiting_rank, peer_rank, channel);
         return false;

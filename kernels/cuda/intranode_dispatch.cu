@@ -302,6 +302,11 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
             found = -2;
             break;
           }
+          if (peer_lost(g.lost_ranks, first_pending)) {
+            record_peer_lost(g.status, WaitSite::kDispatchFifoData, me, first_pending, channel);
+            found = -2;
+            break;
+          }
           if (ptx::global_timer_ns() - start > g.timeout_ns) {
             record_timeout(g.status, WaitSite::kDispatchFifoData, me, first_pending, channel);
             found = -2;

@@ -110,7 +110,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
         bool ok = true;
         if (lane == 0) {
           ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag + s) != 0; }, g.timeout_ns, g.status,
-                            WaitSite::kLowLatencyCombineFlag, g.rank, s, t);
+                            WaitSite::kLowLatencyCombineFlag, g.rank, s, t, g.lost_ranks, /*record_loss=*/false);
           if (!ok) mask_rank(g, s);
         }
         ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -192,7 +192,8 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
   if (threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
     const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + threadIdx.x;
     const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
-                                 WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1);
+                                 WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1,
+                                 g.lost_ranks, /*record_loss=*/false);
     if (!ok) {
       atomicOr(&block_masked, 1u << threadIdx.x);
       mask_rank(g, threadIdx.x);

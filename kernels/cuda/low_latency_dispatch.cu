@@ -241,7 +241,8 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
             value = ptx::ld_acquire_sys_global(signal);
             return value != 0;
           },
-          g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local);
+          g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local, g.lost_ranks,
+          /*record_loss=*/false);
       if (ok) {
         // Peer data: at most M tokens per (expert, source), so the compact rows of all sources fit R * M slots. A
         // bad count is recorded and counts as 0.

@@ -23,7 +23,7 @@
 namespace epfabric::kernels::host_backend {
 namespace {
 
-using internal::BoundedWait;
+using internal::WaitForPeer;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelaxed;
@@ -82,13 +82,14 @@ bool Barrier(const View& v, FailureRecord* failure) {
     // at most twice more (its next arrival needs this rank's current one). Anything else is a stale or corrupt
     // counter, which would let this rank through without the peer: reported, never waited on.
     int32_t ahead = 0;
-    if (!BoundedWait(
+    bool lost = false;
+    if (!WaitForPeer(
             [&] {
               ahead = static_cast<int32_t>(static_cast<uint32_t>(LoadAcquire(arrived)) - static_cast<uint32_t>(*epoch));
               return ahead != 0;
             },
-            v.group.timeout_ns)) {
-      failure->Record(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
+            v.group.timeout_ns, v.group.lost_ranks, peer, &lost)) {
+      failure->RecordWait(lost, WaitSite::kBarrier, v.rank, peer, kBarrierLane);
       return false;
     }
     if (!failure->CheckPeerValue(PeerDataField::kBarrierArrivals, v.rank, peer, kBarrierLane, ahead, 1, 2)) {
@@ -355,8 +356,10 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
     for (int ch = 0; ch < C; ++ch) {
       int64_t* range_word = v.DispatchRange(me, src, ch);
       int64_t range = 0;
-      if (!BoundedWait([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns)) {
-        failure.Record(WaitSite::kDispatchFifoData, me, src, ch);
+      bool lost = false;
+      if (!WaitForPeer([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns, group.lost_ranks, src,
+                       &lost)) {
+        failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
         return failure.Finish(group.status);
       }
       const int64_t begin = static_cast<int64_t>(static_cast<uint32_t>(range & 0xffffffff));
@@ -372,8 +375,9 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
       h.recv_channel_prefix[src * C + ch] = static_cast<int>(begin);
       int32_t* tail_word = v.ChannelTail(me, src, ch);
       int32_t tail = 0;
-      if (count > 0 && !BoundedWait([&] { return (tail = LoadAcquire(tail_word)) != 0; }, group.timeout_ns)) {
-        failure.Record(WaitSite::kDispatchFifoData, me, src, ch);
+      if (count > 0 && !WaitForPeer([&] { return (tail = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
+                                    group.lost_ranks, src, &lost)) {
+        failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
         return failure.Finish(group.status);
       }
       if (count > 0 && !failure.CheckPeerValue(PeerDataField::kDispatchTail, me, src, ch, tail, count, count)) {
@@ -502,8 +506,10 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
         } else {
           if (seen_tail[d] <= slot) {
             const int32_t* tail_word = v.ChannelTail(me, d, ch);
-            if (!BoundedWait([&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, group.timeout_ns)) {
-              failure.Record(WaitSite::kCombineFifoData, me, d, ch);
+            bool lost = false;
+            if (!WaitForPeer([&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
+                             group.lost_ranks, d, &lost)) {
+              failure.RecordWait(lost, WaitSite::kCombineFifoData, me, d, ch);
               return failure.Finish(group.status);
             }
             if (!failure.CheckPeerValue(PeerDataField::kCombineTail, me, d, ch, seen_tail[d], channel_end[d],

@@ -25,7 +25,7 @@
 namespace epfabric::kernels::host_backend {
 namespace {
 
-using internal::BoundedWait;
+using internal::WaitForPeer;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelease;
@@ -177,7 +177,9 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
       if (v.Masked(s)) continue;
       const int32_t* signal = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
       int32_t value = 0;
-      if (BoundedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns)) {
+      bool lost = false;
+      if (WaitForPeer([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, s,
+                      &lost)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
         // sources fit the R * M slots). A bad count is reported and counts as 0.
         const int32_t count = -1 - value;  // no overflow for any int32
@@ -185,7 +187,8 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
           counts[s] = count;
         }
       } else {
-        failure->Record(WaitSite::kLowLatencyRecvCount, v.rank, s, local);
+        // A lost rank is masked without failing the call (LowLatencyContext::lost_ranks); a silent one also fails it.
+        if (!lost) failure->Record(WaitSite::kLowLatencyRecvCount, v.rank, s, local);
         v.MaskAfterTimeout(s);
       }
     }
@@ -290,8 +293,9 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
       if (num_present == 0) continue;
       if (((have_weights >> s) & 1u) == 0) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
-        if (!BoundedWait([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns)) {
-          failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
+        bool lost = false;
+        if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, s, &lost)) {
+          if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
           v.MaskAfterTimeout(s);
           break;
         }
@@ -325,8 +329,9 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
   for (int r = 0; r < R; ++r) {
     if (v.Masked(r)) continue;
     const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
-    if (!BoundedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns)) {
-      failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
+    bool lost = false;
+    if (!WaitForPeer([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, r, &lost)) {
+      if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }
   }

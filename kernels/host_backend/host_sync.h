@@ -72,6 +72,20 @@ class FailureRecord {
     record_.peer_rank = peer_rank;
     record_.channel = channel;
   }
+  // A wait on `peer_rank` that ended because the daemon published that rank as lost (kKernelStatusPeerLost).
+  void RecordPeerLost(WaitSite site, int waiting_rank, int peer_rank, int channel) {
+    if (failed()) return;
+    Record(site, waiting_rank, peer_rank, channel);
+    record_.code = kKernelStatusPeerLost;
+  }
+  // A wait's outcome as the call records it: a timeout or a lost peer (see WaitForPeer).
+  void RecordWait(bool lost, WaitSite site, int waiting_rank, int peer_rank, int channel) {
+    if (lost) {
+      RecordPeerLost(site, waiting_rank, peer_rank, channel);
+    } else {
+      Record(site, waiting_rank, peer_rank, channel);
+    }
+  }
   void RecordBadPeerData(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value,
                          int64_t min_value, int64_t max_value) {
     if (failed()) return;
@@ -108,11 +122,18 @@ class FailureRecord {
   KernelStatus record_{};
 };
 
+// True when the daemon published group rank `rank` as lost (status_word.h, kMaxLostRanks); `lost_ranks` may be null.
+inline bool RankLost(const uint64_t* lost_ranks, int rank) {
+  if (lost_ranks == nullptr || rank < 0 || rank >= kMaxLostRanks) return false;
+  return ((LoadAcquire(lost_ranks + rank / 64) >> (rank % 64)) & 1u) != 0;
+}
+
 // Spins until `ready()` is true or `timeout_ns` passed. Backoff: a short pause loop (a peer on another core usually
 // answers within microseconds), then yields (ranks may outnumber cores: CI has 2), then sleeps of up to 50 us so
-// that a long wait does not burn a core. Returns false on timeout (ready() was false at the last check).
-template <typename Ready>
-bool BoundedWait(Ready&& ready, uint64_t timeout_ns) {
+// that a long wait does not burn a core. Returns false on timeout (ready() was false at the last check), or as soon
+// as `give_up()` is true (checked with the timer).
+template <typename Ready, typename GiveUp>
+bool BoundedWait(Ready&& ready, uint64_t timeout_ns, GiveUp&& give_up) {
   for (int i = 0; i < 128; ++i) {
     if (ready()) return true;
     CpuRelax();
@@ -121,7 +142,7 @@ bool BoundedWait(Ready&& ready, uint64_t timeout_ns) {
   const auto timeout = std::chrono::nanoseconds(timeout_ns);
   for (uint32_t iter = 0;; ++iter) {
     if (ready()) return true;
-    if (std::chrono::steady_clock::now() - start > timeout) return ready();
+    if (give_up() || std::chrono::steady_clock::now() - start > timeout) return ready();
     if (iter < 256) {
       std::this_thread::yield();
     } else {
@@ -129,6 +150,19 @@ bool BoundedWait(Ready&& ready, uint64_t timeout_ns) {
       std::this_thread::sleep_for(std::chrono::microseconds(std::min(1 << shift, 50)));
     }
   }
+}
+
+template <typename Ready>
+bool BoundedWait(Ready&& ready, uint64_t timeout_ns) {
+  return BoundedWait(ready, timeout_ns, [] { return false; });
+}
+
+// BoundedWait on a signal of group rank `peer`, ending early when the daemon publishes that rank as lost. Returns
+// true when ready; otherwise `*lost` says why it ended (lost, or timed out).
+template <typename Ready>
+bool WaitForPeer(Ready&& ready, uint64_t timeout_ns, const uint64_t* lost_ranks, int peer, bool* lost) {
+  *lost = false;
+  return BoundedWait(ready, timeout_ns, [&] { return *lost = RankLost(lost_ranks, peer); });
 }
 
 }  // namespace epfabric::kernels::host_backend::internal

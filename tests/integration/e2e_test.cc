@@ -4,7 +4,9 @@
 // asserts on each worker's exit code and result line.
 //
 // Failure recovery (E2eKill.*): after a peer is SIGKILLed (from outside at a random point, or by itself 100 us into
-// a normal or low-latency dispatch) the survivors get DeadlineExceeded naming it; they stop, every survivor calls
+// a normal or low-latency dispatch) its daemon sees the lease end and tells the other daemons, which publish the rank
+// as lost to their clients' waits (issue #14): within 100 ms the survivors' normal calls fail with UNAVAILABLE naming
+// it, and their low-latency calls mask it (the round reports that); they stop, every survivor calls
 // Buffer::Reset() (as buffer.h documents), the new process of the dead rank attaches, calls Reset() too, and all
 // four continue on the SAME group (not a fresh one) with correct results. The worker and the test rendezvous through
 // files in a directory (timedout.<r>, reset, reset.<r>, ready.<r>, go), so that no rank resets while a peer's call
@@ -13,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -365,9 +368,25 @@ bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names,
 
 void Touch(const std::string& path) { std::ofstream(path).put('\n'); }
 
-// kill -9 of one worker in the middle of its calls: the other workers' calls fail with DeadlineExceeded naming the
-// dead rank (short Buffer timeout, no hang); every survivor resets, a new process takes the dead rank, and the same
-// group gives correct results again. `self_kill`: the victim SIGKILLs itself 100 us into its third dispatch call
+// The unix_ns of rank `rank`'s first "EPF_EVENT rank=<rank> <what> unix_ns=N" line in `out` (0 when absent).
+int64_t EventNanos(const std::string& out, int rank, const std::string& what) {
+  const std::string key = absl::StrCat("EPF_EVENT rank=", rank, " ", what, " unix_ns=");
+  const size_t at = out.find(key);
+  if (at == std::string::npos) return 0;
+  int64_t ns = 0;
+  const size_t begin = at + key.size();
+  return absl::SimpleAtoi(out.substr(begin, out.find_first_of(" \n", begin) - begin), &ns) ? ns : 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kLossDetectionBoundMs = 500;
+#else
+constexpr double kLossDetectionBoundMs = 100;
+#endif
+
+// kill -9 of one worker in the middle of its calls: the other workers' calls fail with UNAVAILABLE naming the dead
+// rank as lost (normal) or run with it masked (low latency), long before their Buffer timeout; every survivor resets,
+// a new process takes the dead rank, and the same group gives correct results again. `self_kill`: the victim SIGKILLs itself 100 us into its third dispatch call
 // (from a second thread while the call runs; the survivors' messages, printed, show where they were waiting);
 // otherwise the test kills it from outside at a random point of its loop of calls.
 class E2eKill : public E2e {
@@ -390,6 +409,7 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     ASSERT_TRUE(worker.ok()) << worker.status();
     workers.push_back(std::move(*worker));
   }
+  int64_t killed_ns = 0;  // when the victim died: its own last line, or the test's signal
   absl::Time killed;
   if (self_kill) {
     // Generous: three checked rounds (host references included) take 10-30 s under ASan on 2 busy cores.
@@ -398,6 +418,7 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 128 + SIGKILL) << workers[kVictim].Stdout() << workers[kVictim].Stderr();
     EXPECT_THAT(workers[kVictim].Stdout(), HasSubstr("dying in dispatch 3"));
+    killed_ns = EventNanos(workers[kVictim].Stdout(), kVictim, "sigkill");
   } else {
     // Every worker is in its loop of calls, then the victim dies without any clean-up.
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -409,23 +430,32 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     absl::SleepFor(absl::Milliseconds(50 + std::random_device()() % 200));
     ASSERT_TRUE(workers[kVictim].running()) << Finish(workers[kVictim], kVictim).Describe();
     killed = absl::Now();
+    killed_ns = absl::ToUnixNanos(killed);
     workers[kVictim].Signal(SIGKILL);
   }
   ASSERT_TRUE(WaitForFiles(dir, {"timedout.0", "timedout.1", "timedout.2"}, absl::Seconds(15)))
       << "survivors did not time out";
-  const double detect_ms = absl::ToDoubleMilliseconds(absl::Now() - killed);
-  std::cout << "survivors timed out within " << detect_ms << " ms of the kill\n";
-  EXPECT_LT(detect_ms, 10000);
+  std::cout << "survivors stopped within " << absl::ToDoubleMilliseconds(absl::Now() - killed)
+            << " ms of the kill as the test saw it\n";
+  ASSERT_GT(killed_ns, 0);
+  double slowest_ms = 0;
   for (int r = 0; r < kRanks; ++r) {
     if (r == kVictim) continue;
     const std::string out = workers[r].Stdout();
-    const size_t at = out.find("EPF_EVENT rank=" + std::to_string(r) + " timeout status=");
+    const size_t at = out.find("EPF_EVENT rank=" + std::to_string(r) + " timeout ");
     ASSERT_NE(at, std::string::npos) << out;
     const std::string event = out.substr(at, out.find('\n', at) - at);
     std::cout << event << "\n";
-    EXPECT_THAT(event, HasSubstr("DEADLINE_EXCEEDED"));
-    EXPECT_THAT(event, HasSubstr(absl::StrCat("from rank ", kVictim))) << "the timeout does not name the dead rank";
+    // Not the Buffer's timeout: the daemons published the rank as lost.
+    EXPECT_THAT(event, HasSubstr("UNAVAILABLE"));
+    EXPECT_THAT(event, ::testing::AnyOf(HasSubstr(absl::StrCat("rank ", kVictim, " is lost")),
+                                        HasSubstr(absl::StrCat("rank(s) ", kVictim, " masked"))))
+        << "the error does not name the dead rank";
+    slowest_ms = std::max(slowest_ms, (EventNanos(out, r, "timeout") - killed_ns) / 1e6);
   }
+  // Issue #14: waits on a lost rank end within 100 ms (sanitizer builds run several times slower on CI's 2 cores).
+  std::cout << "survivors stopped waiting " << slowest_ms << " ms after the victim died (slowest survivor)\n";
+  EXPECT_LT(slowest_ms, kLossDetectionBoundMs);
 
   // Recovery: every survivor resets (none has a call in flight any more), then the new rank 3 joins.
   Touch(dir + "/reset");

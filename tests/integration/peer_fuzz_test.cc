@@ -88,12 +88,18 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   v1::ReleaseGroupRequest release;
   release.set_fabric_id(fabric_id);
   release.set_name("p");
+  v1::NotifyLeaseRequest notify;
+  notify.set_fabric_id(fabric_id);
+  notify.set_sender_rank(1);
+  notify.set_group("g");
+  notify.set_group_rank(1);
+  notify.set_sequence(1);
 
   Mutator mutator(0x5eed ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
   std::map<std::string, int> sent;
   const absl::Time deadline = absl::Now() + budget;
   while (absl::Now() < deadline) {
-    const int method = mutator.Pick(9);
+    const int method = mutator.Pick(10);
     const int target = mutator.Pick(3);
     auto call = [&](auto seed, int claimed_rank, auto invoke, const char* name) {
       auto request = seed;
@@ -181,6 +187,15 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
               (void)s->ReleaseGroup(c, r, &o);
             },
             "ReleaseGroup");
+        break;
+      case 8:
+        call(
+            notify, 1,
+            [](auto* s, auto* c, const auto& r) {
+              v1::NotifyLeaseResponse o;
+              (void)s->NotifyLease(c, r, &o);
+            },
+            "NotifyLease");
         break;
       default:
         call(

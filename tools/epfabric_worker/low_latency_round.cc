@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checks.h"
 #include "memory.h"
 #include "worker.h"
@@ -130,6 +131,27 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->dispatch_ms = MsSince(start);
   NoteDispatchCompleted();
+  // A rank masked now (its daemon published it as lost, or a wait on it timed out) is missing from this round's
+  // outputs: nothing is compared, but the combine still runs (the other survivors wait for it), and the round reports
+  // the masked ranks.
+  std::vector<int> masked;
+  {
+    const auto mask = mem.Download<int32_t>(buffer.LowLatencyRankMask(), R);
+    for (int r = 0; r < static_cast<int>(mask.size()); ++r) {
+      if (mask[r] != 0) masked.push_back(r);
+    }
+  }
+  if (!masked.empty()) {
+    const std::vector<uint16_t> zeros(static_cast<size_t>(L) * slots * H, 0);
+    auto expert_view = mem.Upload(zeros, DType::kBF16, {L, static_cast<int64_t>(slots), H});
+    if (!expert_view.ok()) return expert_view.status();
+    auto combined = buffer.LowLatencyCombine(
+        {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
+    if (!combined.ok()) return combined.status();
+    if (absl::Status done = buffer.Check(); !done.ok()) return done;
+    return absl::UnavailableError(absl::StrCat("low-latency round ", round, " ran with rank(s) ",
+                                               absl::StrJoin(masked, ","), " masked (lost or silent)"));
+  }
 
   const auto count = mem.Download<int32_t>(recv->packed_recv_count.view, L);
   checks.Exact("packed_recv_count", count, want.packed_recv_count);

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -75,6 +76,10 @@ void MaybeDieDuringThisDispatch() {
   std::cout << "EPF_EVENT rank=" << absl::GetFlag(FLAGS_rank) << " dying in dispatch " << calls << std::endl;
   std::thread([] {
     std::this_thread::sleep_for(std::chrono::microseconds(absl::GetFlag(FLAGS_sigkill_delay_us)));
+    // When it dies, for the tests that measure how long the survivors take to notice (stdout is not flushed by a
+    // SIGKILL: written before it).
+    std::cout << "EPF_EVENT rank=" << absl::GetFlag(FLAGS_rank) << " sigkill unix_ns=" << absl::GetCurrentTimeNanos()
+              << std::endl;
     raise(SIGKILL);
   }).detach();
 }

@@ -107,6 +107,9 @@ class Lease {
   // daemon gave none. The Buffer writes it; the device pointer is the page as CUDA sees it (cuda backend).
   kernels::DataPathStats* datapath_stats() const;
   void* datapath_stats_device() const;
+  // The lost-ranks words the daemon publishes in that page (kernels/status_word.h, kMaxLostRanks): the address the
+  // host backend reads (`device` false) or the kernels read (`device` true); nullptr when the daemon gave no page.
+  const uint64_t* lost_ranks_words(bool device) const;
   // The descriptor a region was mapped from (nullptr as for region()).
   const v1::RegionDescriptor* region_descriptor(int group_rank) const;
 

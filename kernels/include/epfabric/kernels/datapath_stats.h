@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "epfabric/kernels/status_word.h"
+
 namespace epfabric::kernels {
 
 inline constexpr uint64_t kDataPathStatsMagic = 0x3153'5441'5453'4645ull;  // "EFSTATS1", little endian
@@ -46,6 +48,13 @@ struct DataPathStats {
 
 inline constexpr size_t kDataPathStatsBytes = 16384;
 static_assert(sizeof(DataPathStats) <= kDataPathStatsBytes);
+
+// The one part of the page the daemon writes and the client reads: the group's lost ranks (status_word.h,
+// kLostRankWords words, bit r = group rank r), set when a rank's lease ends or its daemon goes down and cleared
+// when it is back. The Buffer hands their address to the kernels and host waits (device address for cuda).
+inline constexpr size_t kLostRanksOffset = 12288;
+static_assert(sizeof(DataPathStats) <= kLostRanksOffset);
+static_assert(kLostRanksOffset + kLostRankWords * sizeof(uint64_t) <= kDataPathStatsBytes);
 inline constexpr int kLowLatencyStatsPeriod = 64;
 
 inline void StatsAdd(uint64_t* word, uint64_t value) {

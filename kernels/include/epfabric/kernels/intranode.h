@@ -81,6 +81,9 @@ struct IntranodeGroup {
   KernelStatus* status = nullptr;         // device-writable (device or mapped host memory); required
   uint64_t timeout_ns = kDefaultWaitTimeoutNs;
   uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in status_word.h)
+  // Optional kLostRankWords words the daemon writes (status_word.h): a wait on a rank published as lost ends at once
+  // with an error naming it (UNAVAILABLE) instead of at the timeout. Device-readable (mapped host memory) for CUDA.
+  const uint64_t* lost_ranks = nullptr;
 };
 
 // Zeroes the signal sections of this rank's region (stream-ordered). Needed after a timeout (and before first use

@@ -46,6 +46,9 @@ struct LowLatencyContext {
   // Blocks per launch; 0 = the device's SM count.
   int num_blocks = 0;
   uint64_t* profile_ns = nullptr;  // benchmarks only: kernel timeline (see kProfileSlotsPerBlock in status_word.h)
+  // Optional kLostRankWords words the daemon writes (status_word.h): a wait on a rank published as lost ends at once
+  // and masks the rank (as a timeout does, but without failing the call). Device-readable for CUDA.
+  const uint64_t* lost_ranks = nullptr;
   // Across hosts (host backend): bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging
   // copy (halves only) in this rank's RDMA region, every write into it is followed by remote_put, and what r sends
   // this rank is read from remote_inbox (the same layout, halves only) instead of peer_regions[rank].

@@ -76,6 +76,17 @@ static_assert(sizeof(KernelStatus) == 32);
 inline constexpr int32_t kKernelStatusOk = 0;
 inline constexpr int32_t kKernelStatusTimeout = 1;
 inline constexpr int32_t kKernelStatusBadPeerData = 2;
+// A bounded wait ended because the daemon published the awaited rank as lost (its lease ended or its daemon went
+// down; see kMaxLostRanks): site, waiting_rank, peer_rank and channel as for a timeout.
+inline constexpr int32_t kKernelStatusPeerLost = 3;
+
+// The lost-ranks words (optional `lost_ranks` of IntranodeGroup and LowLatencyContext): bit r of word r / 64 set =
+// group rank r is lost. The daemon writes them into memory the client maps (the rank's counters page, see
+// datapath_stats.h) as soon as it learns of the loss, and clears the bit when the rank is back; bounded waits on a
+// rank poll its bit alongside their timer, so a survivor stops waiting within about a millisecond of the daemon
+// knowing instead of at its timeout. Ranks >= kMaxLostRanks are never reported.
+inline constexpr int kMaxLostRanks = 256;
+inline constexpr int kLostRankWords = kMaxLostRanks / 64;
 
 // What notify writes into its mapped host counter (host_num_recv_tokens) instead of a count when it read a bad count
 // from a peer: the host's wait (IntranodeWaitRecvCounts) ends at once, and the status word names the peer.
