@@ -90,8 +90,11 @@ absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaSt
     if (result.ok()) {
       const int64_t rows = args.x.shape.empty() ? 0 : args.x.shape[0];
       stats->Sent(rows, static_cast<int64_t>(args.x.bytes()));
-      stats->Received(result->handle->num_recv_tokens, static_cast<int64_t>(result->recv_x.view.bytes()));
-      stats->AddExpertCounts(result->num_recv_tokens_per_expert);
+      // A worst-case dispatch does not know what it received (that would need the wait it exists to avoid).
+      if (!result->handle->worst_case) {
+        stats->Received(result->handle->num_recv_tokens, static_cast<int64_t>(result->recv_x.view.bytes()));
+        stats->AddExpertCounts(result->num_recv_tokens_per_expert);
+      }
     }
   }
   return result;
@@ -131,12 +134,26 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   if (args.expert_alignment < 1) {
     return kernels::InvalidValue("expert_alignment", args.expert_alignment, "must be >= 1");
   }
+  if (args.num_worst_tokens < 0) {
+    return kernels::InvalidValue("num_worst_tokens", args.num_worst_tokens, "must be >= 0 (0: wait for the count)");
+  }
+  const bool worst_case = args.num_worst_tokens > 0;
+  if (worst_case && s.internode != nullptr) {
+    return absl::UnimplementedError(absl::StrCat("num_worst_tokens = ", args.num_worst_tokens,
+                                                 ": not available for groups that span hosts (the internode path "
+                                                 "waits for its counts)"));
+  }
   const bool cached = args.cached != nullptr;
   if (cached) {
     if (args.cached->num_tokens != num_tokens) {
       return kernels::InvalidValue(
           "x.shape[0] (num_tokens)", num_tokens,
           absl::StrCat("must equal the cached handle's num_tokens = ", args.cached->num_tokens));
+    }
+    if (worst_case && !args.cached->worst_case && args.num_worst_tokens < args.cached->num_recv_tokens) {
+      return kernels::InvalidValue(
+          "num_worst_tokens", args.num_worst_tokens,
+          absl::StrCat("is less than the cached handle's num_recv_tokens = ", args.cached->num_recv_tokens));
     }
   } else {
     if (args.layout == nullptr) return absl::InvalidArgumentError("layout is null: required unless cached");
@@ -154,7 +171,8 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   if (cached) {
     handle->is_token_in_rank = args.cached->is_token_in_rank;
     handle->rank_prefix_matrix = args.cached->rank_prefix_matrix;
-    handle->num_recv_tokens = args.cached->num_recv_tokens;
+    handle->num_recv_tokens = worst_case ? args.num_worst_tokens : args.cached->num_recv_tokens;
+    handle->worst_case = worst_case || args.cached->worst_case;
   } else {
     handle->is_token_in_rank = args.layout->is_token_in_rank;
     EPF_ASSIGN_OR_RETURN(handle->rank_prefix_matrix, s.NewTensor(DType::kInt32, {s.num_ranks, s.num_ranks}, stream));
@@ -165,9 +183,16 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
     np.num_experts = c.num_experts;
     np.expert_alignment = args.expert_alignment;
     np.rank_prefix_matrix = static_cast<int32_t*>(handle->rank_prefix_matrix.view.data);
-    EPF_ASSIGN_OR_RETURN(handle->num_recv_tokens, s.path->Notify(np, &result.num_recv_tokens_per_expert, stream));
-    EPF_RETURN_IF_ERROR(CheckRecvCounts(handle->num_recv_tokens, result.num_recv_tokens_per_expert, s.num_ranks, c,
-                                        args.expert_alignment));
+    if (worst_case) {
+      // No wait: the dispatch kernel reads the count from the prefix matrix and checks it against the rows.
+      EPF_RETURN_IF_ERROR(s.path->NotifyNoWait(np, stream));
+      handle->num_recv_tokens = args.num_worst_tokens;
+      handle->worst_case = true;
+    } else {
+      EPF_ASSIGN_OR_RETURN(handle->num_recv_tokens, s.path->Notify(np, &result.num_recv_tokens_per_expert, stream));
+      EPF_RETURN_IF_ERROR(CheckRecvCounts(handle->num_recv_tokens, result.num_recv_tokens_per_expert, s.num_ranks, c,
+                                          args.expert_alignment));
+    }
   }
   const int64_t num_recv = handle->num_recv_tokens;
 
@@ -210,6 +235,7 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   dp.recv_x_scales = fp8 ? static_cast<float*>(result.recv_x_scales.view.data) : nullptr;
   dp.recv_topk_idx = num_topk > 0 ? static_cast<int64_t*>(result.recv_topk_idx.view.data) : nullptr;
   dp.recv_topk_weights = !args.topk_weights.empty() ? static_cast<float*>(result.recv_topk_weights.view.data) : nullptr;
+  dp.pad_recv_topk = handle->worst_case;
   EPF_RETURN_IF_ERROR(s.path->Dispatch(dp, &raw, stream));
   result.handle = std::move(handle);
   return result;

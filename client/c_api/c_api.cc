@@ -107,12 +107,23 @@ class CallbackAllocator final : public epfabric::client::Allocator {
 
 cudaStream_t Stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// Whether an options struct of the caller's size (struct_size) holds `field`: older callers pass shorter structs.
+template <typename Options, typename Field>
+bool HasOption(const Options* options, Field Options::*field) {
+  if (options == nullptr) return false;
+  const size_t end =
+      static_cast<size_t>(reinterpret_cast<const char*>(&(options->*field)) - reinterpret_cast<const char*>(options)) +
+      sizeof(Field);
+  return options->struct_size >= end;
+}
+
 }  // namespace
 
 extern "C" {
 
 const char* epf_version(void) { return EPF_VERSION; }
 int epf_abi_version(void) { return EPF_ABI_VERSION; }
+int epf_abi_minor_version(void) { return EPF_ABI_MINOR_VERSION; }
 const char* epf_last_error(void) { return last_error.c_str(); }
 
 // ---- control ----
@@ -273,6 +284,11 @@ void epf_layout_release(epf_layout* layout) {
 }
 
 epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void* stream, epf_dispatch_result* out) {
+  return epf_dispatch_ex(buffer, args, nullptr, stream, out);
+}
+
+epf_status epf_dispatch_ex(epf_buffer* buffer, const epf_dispatch_args* args, const epf_dispatch_options* options,
+                           void* stream, epf_dispatch_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   epfabric::client::DispatchArgs a;
   epfabric::client::DispatchLayout layout;
@@ -298,6 +314,7 @@ epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void*
   }
   if (args->cached != nullptr) a.cached = args->cached->handle;
   a.expert_alignment = args->expert_alignment > 0 ? args->expert_alignment : 1;
+  if (HasOption(options, &epf_dispatch_options::num_worst_tokens)) a.num_worst_tokens = options->num_worst_tokens;
   auto result = buffer->buffer->Dispatch(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->recv_x = FromView(result->recv_x.view);

@@ -203,6 +203,8 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.recv_src_idx = h.recv_src_idx;
   k.recv_channel_prefix = h.recv_channel_prefix;
   k.send_slot = h.send_slot;
+  k.recv_capacity = p.recv_capacity;
+  k.pad_recv_topk = p.pad_recv_topk && p.recv_topk_idx != nullptr;
   handle->num_channels = p.num_sms;
   return LaunchError(intranode::LaunchDispatch(k, stream), "dispatch launch");
 }
@@ -224,6 +226,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.hidden = p.hidden;
   k.num_topk = p.topk_weights != nullptr ? p.num_topk : 0;
   k.num_channels = h.num_channels;
+  k.x_rows = h.num_recv_tokens;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;
   return LaunchError(intranode::LaunchCombine(k, stream), "combine launch");

@@ -95,9 +95,8 @@ absl::Status CheckDispatch(const IntranodeGroup& group, const IntranodeDispatchP
   if (p.num_sms < 1 || p.num_sms > c.max_channels) {
     return InvalidValue("num_sms", p.num_sms, "must be in [1, config.max_channels]");
   }
-  if (p.recv_capacity < 0 || p.recv_capacity > IntranodeWorstCaseRecvTokens(c)) {
-    return InvalidValue("recv_capacity", p.recv_capacity, "must be in [0, num_ranks * max_tokens_per_rank]");
-  }
+  // Worst-case mode may allocate more rows than any rank can receive (DeepEP's num_worst_tokens is the caller's).
+  if (p.recv_capacity < 0) return InvalidValue("recv_capacity", p.recv_capacity, "must be >= 0");
   if (h.num_recv_tokens > p.recv_capacity) {
     return InvalidValue("handle.num_recv_tokens", h.num_recv_tokens, "exceeds recv_capacity");
   }
@@ -120,9 +119,9 @@ absl::Status CheckCombine(const IntranodeGroup& group, const IntranodeCombinePar
   if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
     return InvalidValue("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
   }
-  if (h.num_recv_tokens < 0 || h.num_recv_tokens > IntranodeWorstCaseRecvTokens(c)) {
-    return InvalidValue("handle.num_recv_tokens", h.num_recv_tokens, "must be in [0, num_ranks * max_tokens_per_rank]");
-  }
+  // The rows of x: the received count, or after a worst-case dispatch the rows it allocated (possibly more than any
+  // rank can receive); the kernels read only the rows the prefix matrix gives.
+  if (h.num_recv_tokens < 0) return InvalidValue("handle.num_recv_tokens", h.num_recv_tokens, "must be >= 0");
   if (h.num_channels < 1 || h.num_channels > c.max_channels) {
     return InvalidValue("handle.num_channels", h.num_channels,
                         "must be in [1, config.max_channels] (run dispatch first)");

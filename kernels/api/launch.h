@@ -84,6 +84,8 @@ struct DispatchKernelParams {
   int32_t* recv_src_idx;
   int32_t* recv_channel_prefix;
   int32_t* send_slot;
+  int recv_capacity;   // rows of the recv tensors: a rank that receives more moves nothing (worst-case mode)
+  bool pad_recv_topk;  // rows [received, recv_capacity) of recv_topk_idx get -1, of recv_topk_weights 0
 };
 
 struct CombineKernelParams {
@@ -99,6 +101,7 @@ struct CombineKernelParams {
   int hidden;
   int num_topk;  // 0 without weights
   int num_channels;
+  int x_rows;  // rows of x: a rank that received more (a worst-case dispatch that overflowed) combines nothing
   char* combined_x;
   float* combined_topk_weights;
 };

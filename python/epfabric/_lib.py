@@ -9,6 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
+ABI_MINOR_VERSION = 1  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -50,6 +51,10 @@ class Layout(ctypes.Structure):
 class DispatchArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("x_scales", Tensor), ("topk_idx", Tensor), ("topk_weights", Tensor),
                 ("layout", ctypes.POINTER(Layout)), ("cached", ctypes.c_void_p), ("expert_alignment", ctypes.c_int32)]
+
+
+class DispatchOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("num_worst_tokens", ctypes.c_int32)]
 
 
 class DispatchResult(ctypes.Structure):
@@ -99,6 +104,7 @@ _S = ctypes.c_int32
 _SIGNATURES = {
     "epf_version": (ctypes.c_char_p, []),
     "epf_abi_version": (_I, []),
+    "epf_abi_minor_version": (_I, []),
     "epf_last_error": (ctypes.c_char_p, []),
     "epf_client_connect": (_S, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double, _PP]),
     "epf_client_destroy": (None, [_P]),
@@ -125,6 +131,8 @@ _SIGNATURES = {
     "epf_get_dispatch_layout": (_S, [_P, ctypes.POINTER(Tensor), _P, ctypes.POINTER(Layout)]),
     "epf_layout_release": (None, [ctypes.POINTER(Layout)]),
     "epf_dispatch": (_S, [_P, ctypes.POINTER(DispatchArgs), _P, ctypes.POINTER(DispatchResult)]),
+    "epf_dispatch_ex": (_S, [_P, ctypes.POINTER(DispatchArgs), ctypes.POINTER(DispatchOptions), _P,
+                             ctypes.POINTER(DispatchResult)]),
     "epf_dispatch_handle_destroy": (None, [_P]),
     "epf_combine": (_S, [_P, ctypes.POINTER(CombineArgs), _P, ctypes.POINTER(CombineResult)]),
     "epf_low_latency_dispatch": (_S, [_P, ctypes.POINTER(LLDispatchArgs), _P, ctypes.POINTER(LLDispatchResult)]),
@@ -163,12 +171,15 @@ def _load():
         except OSError as error:
             raise ImportError(f"libepfabric_client.so not found (tried {', '.join(tried)} and the loader's path; "
                               f"set EPFABRIC_LIBRARY): {error}") from None
+    abi = lib.epf_abi_version()
+    minor = lib.epf_abi_minor_version() if hasattr(lib, "epf_abi_minor_version") else 0
+    if abi != ABI_VERSION or minor < ABI_MINOR_VERSION:
+        raise ImportError(f"libepfabric_client.so has C ABI {abi}.{minor}, this package needs "
+                          f"{ABI_VERSION}.{ABI_MINOR_VERSION} or a later {ABI_VERSION}.x")
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    if lib.epf_abi_version() != ABI_VERSION:
-        raise ImportError(f"libepfabric_client.so has C ABI {lib.epf_abi_version()}, this package needs {ABI_VERSION}")
     return lib
 
 

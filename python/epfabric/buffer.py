@@ -11,6 +11,7 @@ Kernels run on the caller's current CUDA stream (cuda groups) or on the calling 
 tensors); outputs are torch tensors allocated by torch. docs/python.md lists where behaviour differs from DeepEP.
 """
 import ctypes
+import operator
 
 import torch
 
@@ -207,8 +208,11 @@ class Buffer(LowLatencyMixin):
                  expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
         """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event);
-        recv_x is (data, scales) when x is (fp8 data, scales)."""
+        recv_x is (data, scales) when x is (fp8 data, scales). With num_worst_tokens > 0 nothing waits on the host
+        (CUDA-graph capturable): every output has num_worst_tokens rows, rows past the received ones have top-k index
+        -1 and weight 0, and num_recv_tokens_per_expert_list is [] (as DeepEP)."""
         self._normal_only("dispatch")
+        num_worst_tokens = _count("num_worst_tokens", num_worst_tokens)
         fp8 = isinstance(x, tuple)
         data, scales = x if fp8 else (x, None)
         args = _lib.DispatchArgs()
@@ -249,8 +253,10 @@ class Buffer(LowLatencyMixin):
         result = _lib.DispatchResult()
         result.num_recv_tokens_per_expert = counts
         result.num_local_experts_capacity = len(counts)
+        options = _lib.DispatchOptions(ctypes.sizeof(_lib.DispatchOptions), num_worst_tokens)
         try:
-            call("epf_dispatch", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            call("epf_dispatch_ex", self._cbuf, ctypes.byref(args), ctypes.byref(options), self._stream(),
+                 ctypes.byref(result))
             recv_x = self._alloc.wrap(result.recv_x)
             recv_scales = self._alloc.wrap(result.recv_x_scales)
             recv_topk_idx = self._alloc.wrap(result.recv_topk_idx)
@@ -262,10 +268,6 @@ class Buffer(LowLatencyMixin):
         if handle is not None:
             lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))  # the cached one stays the handle
         per_expert = list(counts[:min(result.num_local_experts, len(counts))]) if handle is None else []
-        if num_worst_tokens:
-            recv_x, recv_scales, recv_topk_idx, recv_topk_weights = _pad_rows(
-                num_worst_tokens, recv_x, recv_scales, recv_topk_idx, recv_topk_weights)
-            per_expert = []
         out_x = (recv_x, recv_scales) if fp8 else recv_x
         return out_x, recv_topk_idx, recv_topk_weights, per_expert, new_handle, self._event(async_finish)
 
@@ -368,6 +370,17 @@ class Buffer(LowLatencyMixin):
                                  "must create a new Buffer for another shape")
 
 
+def _count(name, value):
+    """An int >= 0 (a Python or numpy int): ValueError/TypeError naming `name` otherwise."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} = {value}: must be >= 0")
+    return value
+
+
 def _config(max_tokens, hidden, topk, num_experts, num_sms, low_latency, timeout_s):
     c = _lib.BufferConfig()
     c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts = max_tokens, hidden, topk, num_experts
@@ -433,21 +446,3 @@ def _torch_layout(topk_idx, num_experts, num_ranks):
     in_rank = in_rank[:, :num_ranks].contiguous()
     return in_rank.sum(0, dtype=torch.int32), per_expert, in_rank
 
-
-def _pad_rows(rows, *tensors):
-    """num_worst_tokens: every output has `rows` rows; rows past the received ones are 0 (top-k indices -1)."""
-    out = []
-    for t in tensors:
-        if t is None:
-            out.append(None)
-            continue
-        if t.shape[0] > rows:
-            raise ValueError(f"num_worst_tokens = {rows}: {t.shape[0]} tokens were received")
-        shape = (rows,) + tuple(t.shape[1:])
-        if t.dtype == torch.int64:
-            padded = torch.full(shape, -1, dtype=t.dtype, device=t.device)
-        else:
-            padded = torch.zeros(shape, dtype=t.dtype, device=t.device)
-        padded[:t.shape[0]] = t
-        out.append(padded)
-    return out

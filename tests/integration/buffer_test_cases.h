@@ -65,8 +65,38 @@ void CompareTensor(TestMemory& memory, hbt::Mismatches* m, const char* what, int
 // ---------------------------------------------------------------------------------------------------------------
 // Normal mode: layout, dispatch, cached dispatch, combine of one case on this rank.
 
+// `rows` rows of `width` elements: `v` (its first rows) and then `fill` (padding that must not matter).
+template <typename T>
+std::vector<T> PadRows(const std::vector<T>& v, size_t width, int64_t rows, T fill) {
+  std::vector<T> out(v);
+  out.resize(static_cast<size_t>(rows) * width, fill);
+  return out;
+}
+
+// Worst-case mode (num_worst_tokens): the padding rows past the `n` received ones have top-k -1 and weight 0.
+inline void CheckWorstCasePadding(TestMemory& mem, hbt::Mismatches* m, int rank, const client::DispatchResult& got,
+                                  int n, int rows, int K, bool weights) {
+  if (got.recv_x.view.shape.empty() || got.recv_x.view.shape[0] != rows) {
+    m->Add(absl::StrCat("rank ", rank, ": worst-case recv_x does not have num_worst_tokens = ", rows, " rows"));
+  }
+  if (!got.num_recv_tokens_per_expert.empty()) m->Add(absl::StrCat("rank ", rank, ": worst-case per-expert counts"));
+  if (K == 0 || n > rows) return;
+  const size_t pad = static_cast<size_t>(rows - n) * K;
+  const std::vector<int64_t> idx = Get<int64_t>(mem, got.recv_topk_idx.view, static_cast<size_t>(rows) * K);
+  m->CompareArrays("padding recv_topk_idx", rank, idx.data() + static_cast<size_t>(n) * K,
+                   std::vector<int64_t>(pad, -1).data(), pad);
+  if (weights) {
+    const std::vector<float> w = Get<float>(mem, got.recv_topk_weights.view, static_cast<size_t>(rows) * K);
+    m->CompareArrays("padding recv_topk_weights", rank, w.data() + static_cast<size_t>(n) * K,
+                     std::vector<float>(pad, 0.0f).data(), pad);
+  }
+}
+
+// num_worst_tokens > 0: both dispatches in worst-case mode (the cached one through the worst-case handle), outputs
+// of num_worst_tokens rows whose first rows equal the reference, and a combine whose x has num_worst_tokens rows
+// (the padding rows hold garbage that must be ignored).
 inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, const hbt::IntranodeExpected& x,
-                          hbt::Mismatches* m, cudaStream_t stream = nullptr) {
+                          hbt::Mismatches* m, cudaStream_t stream = nullptr, int num_worst_tokens = 0) {
   using kernels::DType;
   const hbt::IntranodeCase& c = x.c;
   const int R = c.num_ranks();
@@ -90,20 +120,28 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
   if (x.config.has_weights) args.topk_weights = Put(mem, in.topk_weights, DType::kFloat32, {T, K});
   args.layout = &*layout;
   args.expert_alignment = c.expert_alignment;
+  args.num_worst_tokens = num_worst_tokens;
+  const bool worst = num_worst_tokens > 0;
+  const int rows = worst ? num_worst_tokens : want.num_recv_tokens;
   std::shared_ptr<const client::DispatchHandle> handle;
   for (int pass = 0; pass < 2; ++pass) {
     const char* what = pass == 0 ? "Dispatch" : "cached Dispatch";
     if (pass == 1) {
       args.cached = handle;
       args.layout = nullptr;
+      args.num_worst_tokens = 0;  // the worst-case handle keeps its rows
     }
     auto got = buffer.Dispatch(args, stream);
     if (!got.ok()) return m->Status(what, rank, got.status());
+    if (worst) m->Status("Check after worst-case dispatch", rank, buffer.Check(stream));
     const int N = want.num_recv_tokens;
-    if (got->handle->num_recv_tokens != N) m->Add(absl::StrCat("rank ", rank, ": ", what, " num_recv_tokens"));
-    if (got->recv_x.view.shape != std::vector<int64_t>{N, c.hidden}) {
+    if (got->handle->num_recv_tokens != rows || got->handle->worst_case != worst) {
+      m->Add(absl::StrCat("rank ", rank, ": ", what, " num_recv_tokens ", got->handle->num_recv_tokens));
+    }
+    if (got->recv_x.view.shape != std::vector<int64_t>{rows, c.hidden}) {
       m->Add(absl::StrCat("rank ", rank, ": ", what, " recv_x shape"));
     }
+    if (worst) CheckWorstCasePadding(mem, m, rank, *got, N, rows, K, x.config.has_weights);
     CompareTensor(mem, m, "recv_x", rank, got->recv_x, want.recv_x, want.recv_x.size());
     if (c.fp8) {
       CompareTensor(mem, m, "recv_x_scales", rank, got->recv_x_scales, want.recv_x_scales, want.recv_x_scales.size());
@@ -116,7 +154,7 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
                     want.recv_topk_weights.size());
     }
     // Cached mode does not exchange counts, so it returns no per-expert counts (as DeepEP).
-    if (pass == 0 && got->num_recv_tokens_per_expert != want.num_recv_tokens_per_expert) {
+    if (pass == 0 && !worst && got->num_recv_tokens_per_expert != want.num_recv_tokens_per_expert) {
       m->Add(absl::StrCat("rank ", rank, ": num_recv_tokens_per_expert"));
     }
     const client::DispatchHandle& h = *got->handle;
@@ -133,9 +171,12 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
   const int combine_topk = x.config.has_weights ? c.num_topk : 0;
   client::CombineArgs cargs;
   cargs.handle = handle;
-  cargs.x = Put(mem, cin.x, DType::kBF16, {handle->num_recv_tokens, c.hidden});
+  // Worst case: x has the handle's rows; the padding is NaN (0x7fc0) and 1e30 weights, which must be ignored.
+  const std::vector<uint16_t> combine_x = PadRows<uint16_t>(cin.x, c.hidden, rows, 0x7fc0);
+  const std::vector<float> combine_w = PadRows<float>(cin.topk_weights, combine_topk, rows, 1e30f);
+  cargs.x = Put(mem, combine_x, DType::kBF16, {handle->num_recv_tokens, c.hidden});
   if (combine_topk > 0) {
-    cargs.topk_weights = Put(mem, cin.topk_weights, DType::kFloat32, {handle->num_recv_tokens, combine_topk});
+    cargs.topk_weights = Put(mem, combine_w, DType::kFloat32, {handle->num_recv_tokens, combine_topk});
   }
   if (c.bias) {
     cargs.bias_0 = Put(mem, cin.bias_0, DType::kBF16, {T, c.hidden});

@@ -18,6 +18,14 @@ static int failures = 0;
 int main(void) {
   EXPECT(epf_abi_version() == EPF_ABI_VERSION);
   EXPECT(strlen(epf_version()) > 0);
+  EXPECT(epf_abi_minor_version() == EPF_ABI_MINOR_VERSION);
+
+  /* The additions to ABI 1 check their arguments as the first calls do. */
+  epf_dispatch_options options = {.struct_size = sizeof(options), .num_worst_tokens = 64};
+  epf_dispatch_result result;
+  memset(&result, 0, sizeof(result));
+  EXPECT(epf_dispatch_ex(NULL, NULL, &options, NULL, &result) == EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "null") != NULL);
 
   epf_client* client = NULL;
   EXPECT(epf_client_connect(NULL, "c", 1.0, &client) == EPF_INVALID_ARGUMENT);

@@ -23,6 +23,9 @@ extern "C" {
 #endif
 
 #define EPF_ABI_VERSION 1
+/* Additions to ABI 1 (new calls and option structs; no field of an existing struct ever changes):
+ *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens). */
+#define EPF_ABI_MINOR_VERSION 1
 
 typedef int32_t epf_status;
 enum {
@@ -71,6 +74,8 @@ typedef void (*epf_free_fn)(void* ctx, void* ptr, void* stream);
 
 const char* epf_version(void);
 int epf_abi_version(void);
+/* The additions to ABI 1 this library has (EPF_ABI_MINOR_VERSION when it was built). */
+int epf_abi_minor_version(void);
 /* The message of this thread's last failed call ("" when none). Valid until the thread's next call. */
 const char* epf_last_error(void);
 
@@ -159,6 +164,22 @@ typedef struct {
 } epf_dispatch_result;
 
 epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void* stream, epf_dispatch_result* out);
+
+/* Options added after the args structs were fixed. struct_size = sizeof(the struct) as the caller compiled it: the
+ * library reads only the fields that fit in it, so a caller built against an older header keeps working. A zeroed
+ * field (or NULL options) is the default. */
+typedef struct {
+  uint32_t struct_size;
+  /* > 0 (DeepEP's num_worst_tokens): no host wait for the received count, so the call is CUDA-graph capturable;
+   * every output has exactly this many rows, rows past the received ones have top-k index -1 and weight 0, the
+   * per-expert counts are empty (num_local_experts = 0) and num_recv_tokens is this. A rank that receives more rows
+   * moves nothing: EPF_RESOURCE_EXHAUSTED (host backend: from this call; cuda: from epf_buffer_check), its peers
+   * EPF_DEADLINE_EXCEEDED, then every rank resets. Groups within one host only. */
+  int32_t num_worst_tokens;
+} epf_dispatch_options;
+
+epf_status epf_dispatch_ex(epf_buffer* buffer, const epf_dispatch_args* args, const epf_dispatch_options* options,
+                           void* stream, epf_dispatch_result* out);
 void epf_dispatch_handle_destroy(epf_dispatch_handle* handle);
 int epf_dispatch_handle_num_recv_tokens(const epf_dispatch_handle* handle);
 int epf_dispatch_handle_num_tokens(const epf_dispatch_handle* handle);

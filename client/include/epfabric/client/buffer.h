@@ -120,8 +120,10 @@ struct DispatchHandle {
   kernels::IntranodeHandle raw;  // points into the tensors below
   Tensor is_token_in_rank, rank_prefix_matrix, recv_channel_prefix, send_slot, recv_src_idx;
   int num_tokens = 0;
-  int num_recv_tokens = 0;
+  int num_recv_tokens = 0;  // rows of the dispatch's outputs: the received count, or num_worst_tokens (worst_case)
   int hidden = 0;
+  // The outputs were sized without waiting for the count (num_worst_tokens): rows past the received ones are padding.
+  bool worst_case = false;
   // Groups that span hosts: the RDMA stage's record (the fields above are then the NVLink stage's, except
   // num_tokens, hidden and is_token_in_rank, which are this rank's).
   std::shared_ptr<const internal::InternodeHandle> internode;
@@ -135,6 +137,14 @@ struct DispatchArgs {
   const DispatchLayout* layout = nullptr;        // from GetDispatchLayout; required unless `cached`
   std::shared_ptr<const DispatchHandle> cached;  // cached mode: reuse a handle, no notify
   int expert_alignment = 1;                      // per-expert receive counts rounded up to a multiple of this
+  // > 0: DeepEP's num_worst_tokens. The host does not wait for the received count, so the call is CUDA-graph
+  // capturable: every output has exactly this many rows, rows past the received ones have recv_topk_idx -1 and
+  // recv_topk_weights 0 (recv_x and its scales there are unspecified), num_recv_tokens_per_expert is empty and the
+  // handle's num_recv_tokens is this (combine's x has this many rows; the padding rows are ignored). On cuda, top-k
+  // entries outside [-1, num_experts) are not refused (that needs a wait): they count as -1. A rank that receives
+  // more rows moves nothing: ResourceExhausted (host: from Dispatch; cuda: from Check), its peers DeadlineExceeded,
+  // then every rank calls Reset. Groups within one host only.
+  int num_worst_tokens = 0;
 };
 
 struct DispatchResult {
@@ -219,7 +229,7 @@ class Buffer {
   const BufferConfig& config() const;
 
   absl::StatusOr<DispatchLayout> GetDispatchLayout(const TensorView& topk_idx, cudaStream_t stream = nullptr);
-  // Normal dispatch waits on the host for the received size (as DeepEP does), unless `cached`.
+  // Normal dispatch waits on the host for the received size (as DeepEP does), unless `cached` or num_worst_tokens.
   absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream = nullptr);
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream = nullptr);
 
