@@ -117,6 +117,12 @@ bool HasOption(const Options* options, Field Options::*field) {
   return options->struct_size >= end;
 }
 
+// The wait-cost statistics of epf_ll_options, when the caller's struct has them.
+absl::StatusOr<TensorView> WaitCostStats(const epf_ll_options* options) {
+  if (!HasOption(options, &epf_ll_options::wait_recv_cost_stats)) return TensorView{};
+  return ToView(options->wait_recv_cost_stats, "wait_recv_cost_stats");
+}
+
 }  // namespace
 
 extern "C" {
@@ -359,6 +365,11 @@ epf_status epf_combine(epf_buffer* buffer, const epf_combine_args* args, void* s
 
 epf_status epf_low_latency_dispatch(epf_buffer* buffer, const epf_ll_dispatch_args* args, void* stream,
                                     epf_ll_dispatch_result* out) {
+  return epf_low_latency_dispatch_ex(buffer, args, nullptr, stream, out);
+}
+
+epf_status epf_low_latency_dispatch_ex(epf_buffer* buffer, const epf_ll_dispatch_args* args,
+                                       const epf_ll_options* options, void* stream, epf_ll_dispatch_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   epfabric::client::LowLatencyDispatchArgs a;
   for (auto [src, dst, name] : {std::tuple{&args->x, &a.x, "x"}, std::tuple{&args->topk_idx, &a.topk_idx, "topk_idx"},
@@ -371,6 +382,9 @@ epf_status epf_low_latency_dispatch(epf_buffer* buffer, const epf_ll_dispatch_ar
   a.round_scale = args->round_scale != 0;
   a.use_ue8m0 = args->use_ue8m0 != 0;
   a.return_recv_hook = args->return_recv_hook != 0;
+  auto wait_cost = WaitCostStats(options);
+  if (!wait_cost.ok()) return Fail(wait_cost.status());
+  a.wait_recv_cost_stats = *wait_cost;
   auto result = buffer->buffer->LowLatencyDispatch(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->packed_recv_x = FromView(result->packed_recv_x.view);
@@ -387,6 +401,11 @@ void epf_ll_handle_destroy(epf_ll_handle* handle) { delete handle; }
 
 epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args* args, void* stream,
                                    epf_ll_combine_result* out) {
+  return epf_low_latency_combine_ex(buffer, args, nullptr, stream, out);
+}
+
+epf_status epf_low_latency_combine_ex(epf_buffer* buffer, const epf_ll_combine_args* args,
+                                      const epf_ll_options* options, void* stream, epf_ll_combine_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   if (args->handle == nullptr) return Fail(Null("handle"));
   epfabric::client::LowLatencyCombineArgs a;
@@ -400,6 +419,9 @@ epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args
   a.handle = args->handle->handle;
   a.zero_copy = args->zero_copy != 0;
   a.return_recv_hook = args->return_recv_hook != 0;
+  auto wait_cost = WaitCostStats(options);
+  if (!wait_cost.ok()) return Fail(wait_cost.status());
+  a.wait_recv_cost_stats = *wait_cost;
   auto result = buffer->buffer->LowLatencyCombine(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->combined_x = FromView(result->combined_x.view);

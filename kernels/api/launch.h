@@ -141,6 +141,7 @@ struct DispatchKernelParams {
   bool message_per_expert;
   int32_t* cumulative_stats;
   uint64_t* expert_load;
+  int64_t* wait_recv_cost_ns;  // optional [num_ranks], added to
   uint8_t* packed_recv_x;
   void* packed_recv_x_scales;
   int32_t* packed_recv_count;
@@ -159,6 +160,7 @@ struct CombineKernelParams {
   int num_topk;
   const int32_t* token_map;
   uint16_t* combined_x;
+  int64_t* wait_recv_cost_ns;  // optional [num_ranks], added to
 };
 
 // One cooperative grid of `num_blocks` blocks (every block must be resident: blocks wait for each other's work).

@@ -11,6 +11,8 @@
 //  - combine receive: acquire every rank's combine flag, add the partial rows in rank order.
 // Signals are released only after the other half was cleaned, so a peer that reaches the next call (it must have
 // seen this call's signals) never writes into a half that is still being cleaned.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -29,6 +31,19 @@ using internal::BoundedWait;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelease;
+
+// A bounded wait (BoundedWait) whose duration in ns, at least 1, is added to `*cost` when it is given (DeepEP's
+// wait-cost statistics; the kernels measure the same wait with %globaltimer).
+template <typename Ready>
+bool TimedWait(Ready&& ready, uint64_t timeout_ns, int64_t* cost) {
+  if (cost == nullptr) return BoundedWait(ready, timeout_ns);
+  const auto start = std::chrono::steady_clock::now();
+  const bool reached = BoundedWait(ready, timeout_ns);
+  const int64_t waited =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  *cost += std::max<int64_t>(waited, 1);
+  return reached;
+}
 
 // The regions of the group for one call: this rank, its half, the masked ranks.
 struct View {
@@ -177,7 +192,8 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
       if (v.Masked(s)) continue;
       const int32_t* signal = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
       int32_t value = 0;
-      if (BoundedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns)) {
+      if (TimedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns,
+                    a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
         // sources fit the R * M slots). A bad count is reported and counts as 0.
         const int32_t count = -1 - value;  // no overflow for any int32
@@ -325,7 +341,8 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
   for (int r = 0; r < R; ++r) {
     if (v.Masked(r)) continue;
     const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
-    if (!BoundedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns)) {
+    if (!TimedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns,
+                   a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr)) {
       failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }

@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 1  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 2  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -89,6 +89,10 @@ class LLCombineArgs(ctypes.Structure):
                 ("zero_copy", ctypes.c_int32), ("return_recv_hook", ctypes.c_int32), ("out", Tensor)]
 
 
+class LLOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("wait_recv_cost_stats", Tensor)]
+
+
 class LLCombineResult(ctypes.Structure):
     _fields_ = [("combined_x", Tensor), ("hook", ctypes.c_void_p)]
 
@@ -138,6 +142,10 @@ _SIGNATURES = {
     "epf_low_latency_dispatch": (_S, [_P, ctypes.POINTER(LLDispatchArgs), _P, ctypes.POINTER(LLDispatchResult)]),
     "epf_ll_handle_destroy": (None, [_P]),
     "epf_low_latency_combine": (_S, [_P, ctypes.POINTER(LLCombineArgs), _P, ctypes.POINTER(LLCombineResult)]),
+    "epf_low_latency_dispatch_ex": (_S, [_P, ctypes.POINTER(LLDispatchArgs), ctypes.POINTER(LLOptions), _P,
+                                         ctypes.POINTER(LLDispatchResult)]),
+    "epf_low_latency_combine_ex": (_S, [_P, ctypes.POINTER(LLCombineArgs), ctypes.POINTER(LLOptions), _P,
+                                        ctypes.POINTER(LLCombineResult)]),
     "epf_hook_run": (_S, [_P, _P]),
     "epf_hook_destroy": (None, [_P]),
     "epf_next_low_latency_combine_buffer": (_S, [_P, ctypes.POINTER(Tensor)]),

@@ -30,11 +30,12 @@ class LowLatencyMixin:
                              use_fp8=True, round_scale=False, use_ue8m0=False, async_finish=False,
                              return_recv_hook=False):
         """Returns (recv_x, recv_count, handle, event, hook): recv_x is packed_recv_x [L, R*M, hidden] or, with
-        use_fp8, (packed_recv_x, packed_recv_x_scales [L, R*M, hidden/128], token-minor as DeepEP's)."""
+        use_fp8, (packed_recv_x, packed_recv_x_scales [L, R*M, hidden/128], token-minor as DeepEP's).
+        dispatch_wait_recv_cost_stats (int64 [num_ranks]) is added to: per source rank, the nanoseconds the receive
+        phase waited for its data (DeepEP counts clock cycles)."""
         from .buffer import Hook
         self._low_latency_only("low_latency_dispatch")
-        if dispatch_wait_recv_cost_stats is not None:
-            raise NotImplementedError("dispatch_wait_recv_cost_stats is not supported yet (docs/python.md)")
+        options = self._wait_cost_options(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats")
         args = _lib.LLDispatchArgs()
         args.x = describe(x, "x", (torch.bfloat16,), 2, self.device)
         args.topk_idx = describe(topk_idx, "topk_idx", (torch.int64,), 2, self.device)
@@ -46,7 +47,8 @@ class LowLatencyMixin:
         self._ensure_low_latency(num_max_dispatch_tokens_per_rank, hidden, topk_idx.shape[1], num_experts)
         result = _lib.LLDispatchResult()
         try:
-            call("epf_low_latency_dispatch", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            call("epf_low_latency_dispatch_ex", self._cbuf, ctypes.byref(args), ctypes.byref(options), self._stream(),
+                 ctypes.byref(result))
             recv_x, scales, count, src_info, layout_range = (self._alloc.wrap(t) for t in (
                 result.packed_recv_x, result.packed_recv_x_scales, result.packed_recv_count,
                 result.packed_recv_src_info, result.packed_recv_layout_range))
@@ -62,13 +64,13 @@ class LowLatencyMixin:
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
                             async_finish=False, return_recv_hook=False, out=None,
                             combine_wait_recv_cost_stats=None):
-        """Returns (combined_x, event, hook)."""
+        """Returns (combined_x, event, hook). combine_wait_recv_cost_stats (int64 [num_ranks]) is added to: per rank,
+        the nanoseconds the receive phase waited for its partial rows."""
         from .buffer import Hook
         self._low_latency_only("low_latency_combine")
         if use_logfmt:
             raise NotImplementedError("use_logfmt (LogFMT-compressed combine) is not supported (docs/python.md)")
-        if combine_wait_recv_cost_stats is not None:
-            raise NotImplementedError("combine_wait_recv_cost_stats is not supported yet (docs/python.md)")
+        options = self._wait_cost_options(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats")
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("handle must be the handle that low_latency_dispatch returned")
         args = _lib.LLCombineArgs()
@@ -81,7 +83,8 @@ class LowLatencyMixin:
         args.zero_copy, args.return_recv_hook = int(zero_copy), int(return_recv_hook)
         result = _lib.LLCombineResult()
         try:
-            call("epf_low_latency_combine", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
+            call("epf_low_latency_combine_ex", self._cbuf, ctypes.byref(args), ctypes.byref(options), self._stream(),
+                 ctypes.byref(result))
             combined = out if out is not None else self._alloc.wrap(result.combined_x)
         finally:
             self._alloc.end_call()
@@ -126,6 +129,15 @@ class LowLatencyMixin:
         self.reset()
 
     # ---- internals ----
+
+    def _wait_cost_options(self, stats, name):
+        """The library's options with DeepEP's wait-cost statistics (int64 [num_ranks], added to) or none."""
+        options = _lib.LLOptions(ctypes.sizeof(_lib.LLOptions))
+        if stats is not None:
+            options.wait_recv_cost_stats = describe(stats, name, (torch.int64,), 1, self.device)
+            if stats.numel() != self.group_size:
+                raise ValueError(f"{name} has {stats.numel()} entries: expected {self.group_size} (num_ranks)")
+        return options
 
     def _rank_mask(self):
         self._low_latency_only("the mask buffer")

@@ -132,6 +132,14 @@ TEST_F(BufferHostTest, LowLatencyBadInputIsRefusedAndTheNextCallWorks) {
   d.topk_idx = View(bad, DType::kInt64, {4, 4});
   status = b.LowLatencyDispatch(d).status();
   EXPECT_NE(status.message().find("topk_idx[0][2] = 8"), std::string::npos) << status;
+  d.topk_idx = View(topk, DType::kInt64, {4, 4});
+  const std::vector<int64_t> cost(3, 0);
+  d.wait_recv_cost_stats = View(cost, DType::kInt64, {3});
+  status = b.LowLatencyDispatch(d).status();
+  EXPECT_NE(status.message().find("wait_recv_cost_stats.shape = [3]"), std::string::npos) << status;
+  d.wait_recv_cost_stats = View(cost, DType::kInt32, {2});
+  status = b.LowLatencyDispatch(d).status();
+  EXPECT_NE(status.message().find("wait_recv_cost_stats.dtype = int32"), std::string::npos) << status;
   EXPECT_TRUE(absl::IsFailedPrecondition(b.Dispatch({}).status()));
   // Nothing ran, so both ranks' cursors still agree: a valid sequence works.
   hbt::LowLatencyCase c = LowLatencyCaseFor(config, 2, 902);

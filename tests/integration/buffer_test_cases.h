@@ -195,6 +195,20 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
 // ---------------------------------------------------------------------------------------------------------------
 // Low latency: `its` dispatch + combine pairs back to back (the halves alternate), each checked.
 
+// Wait-cost statistics (int64 [R], ns, added to): every call adds at least `min_per_call` to every rank's entry
+// (each wait counts at least 1 ns, and no rank is masked here); `last` holds the values after the previous call.
+inline void CheckWaitCost(TestMemory& mem, hbt::Mismatches* m, int rank, const char* what,
+                          const client::TensorView& cost, std::vector<int64_t>* last, int64_t min_per_call) {
+  const std::vector<int64_t> now = Get<int64_t>(mem, cost, last->size());
+  for (size_t r = 0; r < now.size(); ++r) {
+    if (now[r] - (*last)[r] < min_per_call) {
+      m->Add(absl::StrCat("rank ", rank, ": ", what, " wait_recv_cost_stats[", r, "] went from ", (*last)[r], " to ",
+                          now[r], ": expected an increase of at least ", min_per_call));
+    }
+  }
+  *last = now;
+}
+
 inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& buffer, const hbt::LowLatencyCase& c,
                                     const std::vector<hbt::LowLatencyIteration>& its, hbt::Mismatches* m,
                                     cudaStream_t stream = nullptr) {
@@ -205,6 +219,10 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
   const std::vector<int32_t> zero_stats(L, 0);
   std::vector<int32_t> want_stats(L, 0);
   const client::TensorView stats = Put(mem, zero_stats, DType::kInt32, {L});
+  // The wait costs go with the cumulative statistics (separate vectors: the host memory is used in place).
+  std::vector<int64_t> dispatch_cost_init(R, 0), combine_cost_init(R, 0), last_dispatch(R, 0), last_combine(R, 0);
+  const client::TensorView dispatch_cost = Put(mem, dispatch_cost_init, DType::kInt64, {R});
+  const client::TensorView combine_cost = Put(mem, combine_cost_init, DType::kInt64, {R});
   for (size_t i = 0; i < its.size(); ++i) {
     const hbt::LowLatencyIteration& it = its[i];
     const kernels::host::LowLatencyRankInput& in = it.inputs[rank];
@@ -216,7 +234,10 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
     d.use_fp8 = c.fp8;
     d.round_scale = c.round_scale;
     d.use_ue8m0 = c.ue8m0;
-    if (c.cumulative_stats) d.cumulative_stats = stats;
+    if (c.cumulative_stats) {
+      d.cumulative_stats = stats;
+      d.wait_recv_cost_stats = dispatch_cost;
+    }
     d.return_recv_hook = c.hook;
     auto got = buffer.LowLatencyDispatch(d, stream);
     if (!got.ok()) return m->Status("LowLatencyDispatch", rank, got.status());
@@ -226,6 +247,7 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
       if (got->recv_hook(stream).ok()) m->Add("a recv_hook ran twice");
     }
     m->Status("Check after low-latency dispatch", rank, buffer.Check(stream));
+    if (c.cumulative_stats) CheckWaitCost(mem, m, rank, "dispatch", dispatch_cost, &last_dispatch, L);
     CompareTensor(mem, m, "packed_recv_count", rank, got->packed_recv_count, want.packed_recv_count, L);
     CompareTensor(mem, m, "layout_range", rank, got->packed_recv_layout_range, want.layout_range,
                   want.layout_range.size());
@@ -270,10 +292,12 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
     cb.handle = got->handle;
     cb.zero_copy = c.zero_copy;
     cb.return_recv_hook = c.hook;
+    if (c.cumulative_stats) cb.wait_recv_cost_stats = combine_cost;
     auto combined = buffer.LowLatencyCombine(cb, stream);
     if (!combined.ok()) return m->Status("LowLatencyCombine", rank, combined.status());
     if (c.hook) m->Status("combine recv_hook", rank, combined->recv_hook(stream));
     m->Status("Check after low-latency combine", rank, buffer.Check(stream));
+    if (c.cumulative_stats) CheckWaitCost(mem, m, rank, "combine", combine_cost, &last_combine, 1);
     CompareTensor(mem, m, "combined_x", rank, combined->combined_x, it.combined[rank], it.combined[rank].size());
   }
   if (c.cumulative_stats) {

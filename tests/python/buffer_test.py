@@ -347,6 +347,37 @@ class LowLatencyTest(FabricCase):
                 ins = self.inputs(SEED + 1000 * i)
                 self.check(ins, self.run_round(bufs, ins, **kw), kw["use_fp8"])
 
+    def test_wait_recv_cost_stats(self):
+        """DeepEP's wait-cost statistics: int64 [num_ranks], only added to (ns here); every call adds at least 1 per
+        wait to every rank that sent (dispatch: one wait per local expert and source, combine: one per call)."""
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        L = self.experts // N
+
+        def rank(r, ins, costs):
+            x, idx, w = fabric.to_dev(*ins[r])
+            recv, _, handle, _, _ = bufs[r].low_latency_dispatch(x, idx, self.max_tokens, self.experts, use_fp8=False,
+                                                                 dispatch_wait_recv_cost_stats=costs[r][0])
+            combined, _, _ = bufs[r].low_latency_combine(recv, idx, w, handle, combine_wait_recv_cost_stats=costs[r][1])
+            bufs[r].check()
+            return costs[r][0].clone().cpu(), costs[r][1].clone().cpu()
+
+        costs = [(torch.zeros(N, dtype=torch.int64, device=b.device), torch.zeros(N, dtype=torch.int64, device=b.device))
+                 for b in bufs]
+        last = [(torch.zeros(N, dtype=torch.int64), torch.zeros(N, dtype=torch.int64)) for _ in range(N)]
+        for i in range(2):
+            ins = self.inputs(SEED + 40 + i)
+            for r, (dispatch_cost, combine_cost) in enumerate(fabric.run_ranks(N, lambda r: rank(r, ins, costs))):
+                self.assertTrue(bool((dispatch_cost - last[r][0] >= L).all()),
+                                f"call {i} rank {r}: dispatch wait costs {last[r][0].tolist()} -> {dispatch_cost.tolist()}")
+                self.assertTrue(bool((combine_cost - last[r][1] >= 1).all()),
+                                f"call {i} rank {r}: combine wait costs {last[r][1].tolist()} -> {combine_cost.tolist()}")
+                last[r] = (dispatch_cost, combine_cost)
+        x, idx, _ = fabric.to_dev(*self.inputs(SEED)[0])
+        for bad, kind, needle in ((costs[0][0].int(), TypeError, "dtype"), (costs[0][0][:1], ValueError, "entries")):
+            with self.assertRaises(kind) as caught:  # refused before anything reaches the library
+                bufs[0].low_latency_dispatch(x, idx, self.max_tokens, self.experts, dispatch_wait_recv_cost_stats=bad)
+            self.assertIn(needle, str(caught.exception))
+
     def test_mask_a_rank_then_clean(self):
         """Elastic EP: every other rank masks the last one (as if it were gone) and runs without it; then the masks
         are cleaned, every rank resets, and the full group works again."""

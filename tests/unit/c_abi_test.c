@@ -26,6 +26,13 @@ int main(void) {
   memset(&result, 0, sizeof(result));
   EXPECT(epf_dispatch_ex(NULL, NULL, &options, NULL, &result) == EPF_INVALID_ARGUMENT);
   EXPECT(strstr(epf_last_error(), "null") != NULL);
+  epf_ll_options ll_options = {.struct_size = sizeof(ll_options)};
+  epf_ll_dispatch_result ll_result;
+  memset(&ll_result, 0, sizeof(ll_result));
+  EXPECT(epf_low_latency_dispatch_ex(NULL, NULL, &ll_options, NULL, &ll_result) == EPF_INVALID_ARGUMENT);
+  epf_ll_combine_result ll_combined;
+  memset(&ll_combined, 0, sizeof(ll_combined));
+  EXPECT(epf_low_latency_combine_ex(NULL, NULL, &ll_options, NULL, &ll_combined) == EPF_INVALID_ARGUMENT);
 
   epf_client* client = NULL;
   EXPECT(epf_client_connect(NULL, "c", 1.0, &client) == EPF_INVALID_ARGUMENT);

@@ -24,8 +24,9 @@ extern "C" {
 
 #define EPF_ABI_VERSION 1
 /* Additions to ABI 1 (new calls and option structs; no field of an existing struct ever changes):
- *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens). */
-#define EPF_ABI_MINOR_VERSION 1
+ *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens);
+ *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics). */
+#define EPF_ABI_MINOR_VERSION 2
 
 typedef int32_t epf_status;
 enum {
@@ -231,6 +232,19 @@ typedef struct {
 
 epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args* args, void* stream,
                                    epf_ll_combine_result* out);
+/* Options of the low-latency calls (see epf_dispatch_options for struct_size). */
+typedef struct {
+  uint32_t struct_size;
+  /* int64 [num_ranks], added to; optional (DeepEP's dispatch_wait_recv_cost_stats / combine_wait_recv_cost_stats):
+   * per rank, the nanoseconds the receive phase waited for that rank's data, at least 1 per wait (dispatch: one
+   * wait per local expert and source rank; combine: one per call). */
+  epf_tensor wait_recv_cost_stats;
+} epf_ll_options;
+
+epf_status epf_low_latency_dispatch_ex(epf_buffer* buffer, const epf_ll_dispatch_args* args,
+                                       const epf_ll_options* options, void* stream, epf_ll_dispatch_result* out);
+epf_status epf_low_latency_combine_ex(epf_buffer* buffer, const epf_ll_combine_args* args,
+                                      const epf_ll_options* options, void* stream, epf_ll_combine_result* out);
 epf_status epf_hook_run(epf_hook* hook, void* stream);
 void epf_hook_destroy(epf_hook* hook);
 /* Low latency: the rank mask, int32 [num_ranks] (nonzero = masked), device memory on cuda; callers read and write

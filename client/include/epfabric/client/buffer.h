@@ -181,6 +181,9 @@ struct LowLatencyDispatchArgs {
   bool use_ue8m0 = false;
   TensorView cumulative_stats;  // int32 [num_local_experts], added to; optional
   bool return_recv_hook = false;
+  // int64 [num_ranks], added to; optional (DeepEP's dispatch_wait_recv_cost_stats): per source rank, the nanoseconds
+  // the receive phase waited for its data, at least 1 per wait (one wait per local expert and source).
+  TensorView wait_recv_cost_stats;
 };
 
 struct LowLatencyDispatchResult {
@@ -207,6 +210,9 @@ struct LowLatencyCombineArgs {
   bool return_recv_hook = false;
   // bf16 [num_tokens, hidden]: write the combined rows here (DeepEP's `out=`) instead of a new tensor; optional.
   TensorView out;
+  // int64 [num_ranks], added to; optional (DeepEP's combine_wait_recv_cost_stats): per rank, the nanoseconds the
+  // receive phase waited for its partial rows, at least 1 per wait (one wait per call).
+  TensorView wait_recv_cost_stats;
 };
 
 struct LowLatencyCombineResult {
