@@ -112,10 +112,29 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   EPF_RETURN_IF_ERROR(kernels::CheckNumTokens("x.shape[0] (num_tokens)", num_tokens, c.max_tokens_per_rank));
   EPF_RETURN_IF_ERROR(kernels::CheckDispatchHidden("x.shape[1] (hidden)", hidden, x.dtype, c.hidden));
+  // Scale words per token: float per 128 channels, or DeepEP's packed UE8M0 int32 (4 exponents of 128 channels each).
+  int64_t num_scales = 0;
   if (fp8) {
     if (args.x_scales.empty()) return absl::InvalidArgumentError("x_scales is not given: required for fp8_e4m3 x");
-    EPF_RETURN_IF_ERROR(ExpectTensor(args.x_scales, "x_scales", DType::kFloat32, {num_tokens, hidden / 128},
-                                     "[num_tokens, hidden / 128]"));
+    if (args.x_scales.dtype == DType::kInt32) {
+      if (hidden % 512 != 0) {
+        return kernels::InvalidValue("x.shape[1] (hidden)", hidden,
+                                     "must be a multiple of 512 with int32 (packed UE8M0) x_scales");
+      }
+      num_scales = hidden / 512;
+      EPF_RETURN_IF_ERROR(
+          ExpectShape(args.x_scales, "x_scales", {num_tokens, num_scales}, "[num_tokens, hidden / 512], int32"));
+    } else {
+      if (args.x_scales.dtype != DType::kFloat32) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("x_scales.dtype = ", kernels::DTypeName(args.x_scales.dtype),
+                         ": expected float32 [num_tokens, hidden / 128] or int32 (packed UE8M0) [num_tokens, "
+                         "hidden / 512]"));
+      }
+      num_scales = hidden / 128;
+      EPF_RETURN_IF_ERROR(
+          ExpectShape(args.x_scales, "x_scales", {num_tokens, num_scales}, "[num_tokens, hidden / 128]"));
+    }
   } else if (!args.x_scales.empty()) {
     return absl::InvalidArgumentError("x_scales is given for bf16 x: only fp8_e4m3 x has scales");
   }
@@ -138,6 +157,11 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
     return kernels::InvalidValue("num_worst_tokens", args.num_worst_tokens, "must be >= 0 (0: wait for the count)");
   }
   const bool worst_case = args.num_worst_tokens > 0;
+  if (fp8 && args.x_scales.dtype == DType::kInt32 && s.internode != nullptr) {
+    return absl::UnimplementedError(
+        "int32 (packed UE8M0) x_scales: not available for groups that span hosts (the internode path forwards float "
+        "scales)");
+  }
   if (worst_case && s.internode != nullptr) {
     return absl::UnimplementedError(absl::StrCat("num_worst_tokens = ", args.num_worst_tokens,
                                                  ": not available for groups that span hosts (the internode path "
@@ -199,7 +223,7 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   // ---- outputs ----
   EPF_ASSIGN_OR_RETURN(result.recv_x, s.NewTensor(x.dtype, {num_recv, hidden}, stream));
   if (fp8) {
-    EPF_ASSIGN_OR_RETURN(result.recv_x_scales, s.NewTensor(DType::kFloat32, {num_recv, hidden / 128}, stream));
+    EPF_ASSIGN_OR_RETURN(result.recv_x_scales, s.NewTensor(args.x_scales.dtype, {num_recv, num_scales}, stream));
   }
   if (num_topk > 0) {
     EPF_ASSIGN_OR_RETURN(result.recv_topk_idx, s.NewTensor(DType::kInt64, {num_recv, num_topk}, stream));
@@ -223,7 +247,8 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   kernels::IntranodeDispatchParams dp;
   dp.x = GivenPointer<void>(x);
   dp.x_dtype = x.dtype;
-  dp.x_scales = fp8 ? GivenPointer<float>(args.x_scales) : nullptr;
+  dp.x_scales = fp8 ? GivenPointer<float>(args.x_scales) : nullptr;  // the words, float or int32
+  dp.num_scales = static_cast<int>(num_scales);
   dp.hidden = static_cast<int>(hidden);
   dp.topk_idx = GivenPointer<int64_t>(args.topk_idx);
   dp.topk_weights = GivenPointer<float>(args.topk_weights);

@@ -192,7 +192,7 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.rank_prefix_matrix = h.rank_prefix_matrix;
   k.num_tokens = h.num_tokens;
   k.row_bytes = fp8 ? p.hidden : p.hidden * 2;
-  k.num_scales = fp8 ? p.hidden / kFp8ScaleBlock : 0;
+  k.num_scales = !fp8 ? 0 : p.num_scales > 0 ? p.num_scales : p.hidden / kFp8ScaleBlock;
   k.num_topk = p.topk_idx != nullptr ? p.num_topk : 0;
   k.has_weights = p.topk_weights != nullptr;
   k.num_channels = p.num_sms;

@@ -76,6 +76,10 @@ absl::Status CheckDispatch(const IntranodeGroup& group, const IntranodeDispatchP
   EPF_RETURN_IF_ERROR(CheckDispatchHidden("hidden", p.hidden, p.x_dtype, c.max_hidden));
   if (fp8 && h.num_tokens > 0 && p.x_scales == nullptr) return MissingPointer("x_scales", "for fp8 x");
   if (!fp8 && p.x_scales != nullptr) return absl::InvalidArgumentError("x_scales given for bf16 x");
+  // The staging pools hold hidden / 128 words per token (ComputeIntranodeRegionLayout).
+  if (fp8 && (p.num_scales < 0 || p.num_scales > p.hidden / kFp8ScaleBlock)) {
+    return InvalidValue("num_scales", p.num_scales, "must be in [0, hidden / 128] (0: hidden / 128)");
+  }
   if (h.num_tokens > 0 && p.x == nullptr) return MissingPointer("x", "when num_tokens > 0");
   if (backend == Backend::kCuda && (!Aligned16(p.x) || !Aligned16(p.recv_x))) {
     return absl::InvalidArgumentError("x and recv_x must be 16-byte aligned");

@@ -73,7 +73,7 @@ struct DispatchKernelParams {
   const int32_t* rank_prefix_matrix;
   int num_tokens;
   int row_bytes;   // bytes of one x row (hidden * element size); a multiple of 16
-  int num_scales;  // floats per row of x_scales (0 for BF16)
+  int num_scales;  // 4-byte words per row of x_scales, float or packed UE8M0 (0 for BF16)
   int num_topk;    // 0 without topk_idx
   bool has_weights;
   int num_channels;

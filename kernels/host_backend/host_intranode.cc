@@ -274,7 +274,7 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
 
   const int T = h.num_tokens;
   const size_t row_bytes = fp8 ? p.hidden : static_cast<size_t>(p.hidden) * 2;
-  const int num_scales = fp8 ? p.hidden / kFp8ScaleBlock : 0;
+  const int num_scales = !fp8 ? 0 : p.num_scales > 0 ? p.num_scales : p.hidden / kFp8ScaleBlock;
   const int K = p.topk_idx != nullptr ? p.num_topk : 0;
   const bool has_weights = p.topk_weights != nullptr;
   const int epr = v.experts_per_rank;

@@ -23,6 +23,7 @@ from .low_latency import LowLatencyMixin
 from .utils import Config, EventOverlap
 
 _I64, _I32, _F32, _BF16, _BOOL = (torch.int64,), (torch.int32,), (torch.float32,), (torch.bfloat16,), (torch.bool,)
+_SCALES = (torch.float32, torch.int32)
 _FP8_DATA = tuple(d for d in (_tensors.FP8, torch.uint8) if d is not None)
 
 
@@ -208,7 +209,8 @@ class Buffer(LowLatencyMixin):
                  expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
         """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event);
-        recv_x is (data, scales) when x is (fp8 data, scales). With num_worst_tokens > 0 nothing waits on the host
+        recv_x is (data, scales) when x is (fp8 data, scales), the received scales of the input's dtype (float32, or
+        int32 packed UE8M0). With num_worst_tokens > 0 nothing waits on the host
         (CUDA-graph capturable): every output has num_worst_tokens rows, rows past the received ones have top-k index
         -1 and weight 0, and num_recv_tokens_per_expert_list is [] (as DeepEP)."""
         self._normal_only("dispatch")
@@ -218,11 +220,10 @@ class Buffer(LowLatencyMixin):
         args = _lib.DispatchArgs()
         args.x = describe(data, "x[0]" if fp8 else "x", _FP8_DATA if fp8 else _BF16, 2, self.device)
         if fp8:
-            if scales is not None and scales.dtype != torch.float32:
-                raise TypeError(f"x[1] (scales).dtype = {scales.dtype}: epfabric takes float32 scales")
             if scales is not None and scales.dim() == 2 and not scales.is_contiguous():
                 scales = scales.contiguous()  # DeepEP accepts column-major scales; the kernels read row-major
-            args.x_scales = describe(scales, "x[1] (scales)", _F32, 2, self.device)
+            # float32 [tokens, hidden / 128], or DeepEP's packed UE8M0 int32 [tokens, hidden / 512]
+            args.x_scales = describe(scales, "x[1] (scales)", _SCALES, 2, self.device)
         args.topk_idx = describe(topk_idx, "topk_idx", _I64, 2, self.device, optional=True)
         args.topk_weights = describe(topk_weights, "topk_weights", _F32, 2, self.device, optional=True)
         args.expert_alignment = int(expert_alignment)

@@ -60,6 +60,10 @@ std::vector<hbt::IntranodeCase> NormalCases(uint64_t seed) {
   fp8.fp8 = true;
   fp8.topk = hbt::TopkMode::kIdsOnly;
   cases.push_back(fp8);
+  hbt::IntranodeCase packed = make({200, 77}, 7168);  // DeepEP's packed UE8M0 int32 scales
+  packed.fp8 = true;
+  packed.packed_scales = true;
+  cases.push_back(packed);
   hbt::IntranodeCase none = make({100, 1}, 256);
   none.topk = hbt::TopkMode::kNone;
   cases.push_back(none);

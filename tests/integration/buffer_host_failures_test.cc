@@ -88,6 +88,13 @@ TEST_F(BufferHostTest, NormalFp8UnalignedHiddenAndBadExpertIndexInDispatch) {
   args.x_scales = {};
   status = b.Dispatch(args).status();
   EXPECT_NE(status.message().find("x_scales is not given"), std::string::npos) << status;
+  const std::vector<int32_t> words(4 * 4, 0x7f7f7f7f);
+  args.x_scales = View(words, DType::kInt32, {4, 4});  // packed UE8M0: [4, 512 / 512]
+  status = b.Dispatch(args).status();
+  EXPECT_NE(status.message().find("x_scales.shape = [4, 4]: expected [4, 1]"), std::string::npos) << status;
+  args.x_scales = View(words, DType::kInt64, {4, 2});
+  status = b.Dispatch(args).status();
+  EXPECT_NE(status.message().find("x_scales.dtype = int64"), std::string::npos) << status;
   std::vector<int64_t> bad = topk;
   bad[3] = 99;
   args.x_scales = View(scales, DType::kFloat32, {4, 4});

@@ -55,6 +55,12 @@ TEST_F(BufferHostTest, NormalFourRanksEdgeCases) {
   hbt::IntranodeCase wide_fp8 = CaseFor(config, {20, 48, 0, 5}, ++salt);
   wide_fp8.fp8 = true;
   cases.push_back(wide_fp8);
+  // DeepEP's packed UE8M0 int32 scales (hidden / 512 words per token), returned in kind.
+  hbt::IntranodeCase packed = CaseFor(config, {33, 7, 48, 0}, ++salt);
+  packed.hidden = 1536;
+  packed.fp8 = true;
+  packed.packed_scales = true;
+  cases.push_back(packed);
   // Every token to expert 0 (rank 0 receives everything), the rest of each row -1.
   hbt::IntranodeCase one_expert = CaseFor(config, {48, 48, 48, 48}, ++salt);
   one_expert.hidden = 512;

@@ -115,7 +115,9 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
 
   client::DispatchArgs args;
   args.x = Put(mem, in.x, c.fp8 ? DType::kFP8E4M3 : DType::kBF16, {T, c.hidden});
-  if (c.fp8) args.x_scales = Put(mem, in.x_scales, DType::kFloat32, {T, c.hidden / 128});
+  if (c.fp8) {
+    args.x_scales = Put(mem, in.x_scales, c.packed_scales ? DType::kInt32 : DType::kFloat32, {T, x.config.num_scales});
+  }
   if (K > 0) args.topk_idx = topk_idx;
   if (x.config.has_weights) args.topk_weights = Put(mem, in.topk_weights, DType::kFloat32, {T, K});
   args.layout = &*layout;
@@ -144,6 +146,10 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
     if (worst) CheckWorstCasePadding(mem, m, rank, *got, N, rows, K, x.config.has_weights);
     CompareTensor(mem, m, "recv_x", rank, got->recv_x, want.recv_x, want.recv_x.size());
     if (c.fp8) {
+      if (got->recv_x_scales.view.dtype != args.x_scales.dtype ||
+          got->recv_x_scales.view.shape != std::vector<int64_t>{rows, x.config.num_scales}) {
+        m->Add(absl::StrCat("rank ", rank, ": ", what, " recv_x_scales dtype or shape"));
+      }
       CompareTensor(mem, m, "recv_x_scales", rank, got->recv_x_scales, want.recv_x_scales, want.recv_x_scales.size());
     }
     if (K > 0) {

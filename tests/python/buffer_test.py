@@ -173,6 +173,47 @@ class NormalModeTest(FabricCase):
             self.assertEqual(counts, [])
 
 
+    def test_fp8_packed_ue8m0_scales(self):
+        """DeepEP's int scales: packed UE8M0 int32 [tokens, hidden / 512] (column-major here, as DeepGEMM makes them)
+        travel with their tokens and come back as int32 [received, hidden / 512]."""
+        hidden = 1024
+        bufs = self.group(False, 64, hidden, self.topk, self.experts)
+        ins = []
+        for r in range(N):
+            gen = torch.Generator().manual_seed(SEED + 500 + r)
+            _, idx, w = self.inputs(gen, r)
+            n = idx.shape[0]
+            data = torch.randint(0, 0x7f, (n, hidden), dtype=torch.uint8, generator=gen)
+            words = torch.randint(-(1 << 31), (1 << 31) - 1, (hidden // 512, n), dtype=torch.int32, generator=gen).t()
+            ins.append((data, words, idx, w))
+
+        def rank(r):
+            data, idx, w = fabric.to_dev(ins[r][0], ins[r][2], ins[r][3])
+            words = ins[r][1].cuda() if fabric.BACKEND == "cuda" else ins[r][1]  # keeps its column-major strides
+            per_rank, _, per_expert, in_rank, _ = bufs[r].get_dispatch_layout(idx, self.experts)
+            return bufs[r].dispatch((data, words), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                    num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+
+        outs = fabric.run_ranks(N, rank)
+        L = self.experts // N
+        for r in range(N):
+            (recv_data, recv_words), recv_idx, _, _, _, _ = outs[r]
+            sel = [((idx >= r * L) & (idx < (r + 1) * L)).any(1) for _, _, idx, _ in ins]
+            want_words = torch.cat([words[s] for (_, words, _, _), s in zip(ins, sel)])
+            self.assertEqual(recv_words.dtype, torch.int32, f"rank {r}: received scales keep their dtype")
+            self.assertEqual(tuple(recv_words.shape), (want_words.shape[0], hidden // 512))
+            self.assertTrue(torch.equal(recv_words.cpu(), want_words), f"rank {r}: packed scale words")
+            want_data = torch.cat([d[s] for (d, _, _, _), s in zip(ins, sel)])
+            self.assertTrue(torch.equal(recv_data.view(torch.uint8).cpu(), want_data), f"rank {r}: fp8 bytes")
+        data, words, idx, _ = fabric.to_dev(*ins[0])
+        per_rank, _, per_expert, in_rank, _ = bufs[0].get_dispatch_layout(idx, self.experts)
+        layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+        for bad, kind, needle in (((data, words.long()), TypeError, "x[1] (scales).dtype"),
+                                  ((data[:, :640].contiguous(), words[:, :1]), epfabric.EpfError, "multiple of 512")):
+            with self.assertRaises(kind) as caught:  # refused before anything is launched
+                bufs[0].dispatch(bad, **layout, topk_idx=idx)
+            self.assertIn(needle, str(caught.exception))
+
     def test_worst_tokens_equals_the_waiting_path(self):
         """num_worst_tokens (no host wait): the received rows equal the normal path's, the padding rows have top-k
         -1 and weight 0, and a combine through the worst-case handle (padding rows of NaN) equals the normal one."""

@@ -147,7 +147,7 @@ epf_status epf_get_dispatch_layout(epf_buffer* buffer, const epf_tensor* topk_id
 
 typedef struct {
   epf_tensor x;                      /* bf16 or fp8_e4m3 [num_tokens, hidden] */
-  epf_tensor x_scales;               /* float [num_tokens, hidden / 128] with fp8 */
+  epf_tensor x_scales;               /* fp8: float [num_tokens, hidden / 128] or int32 [num_tokens, hidden / 512] */
   epf_tensor topk_idx;               /* int64 [num_tokens, num_topk], optional */
   epf_tensor topk_weights;           /* float [num_tokens, num_topk], optional */
   const epf_layout* layout;          /* required unless cached */

@@ -130,8 +130,10 @@ struct DispatchHandle {
 };
 
 struct DispatchArgs {
-  TensorView x;                                  // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
-  TensorView x_scales;                           // float [num_tokens, hidden / 128], fp8 only
+  TensorView x;  // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
+  // fp8 only: float [num_tokens, hidden / 128], or DeepEP's packed UE8M0 int32 [num_tokens, hidden / 512] (4
+  // exponent bytes per word); recv_x_scales has the same dtype and width.
+  TensorView x_scales;
   TensorView topk_idx;                           // int64 [num_tokens, num_topk], -1 = none; optional (no recv_topk_*)
   TensorView topk_weights;                       // float [num_tokens, num_topk]; optional
   const DispatchLayout* layout = nullptr;        // from GetDispatchLayout; required unless `cached`

@@ -156,7 +156,10 @@ struct IntranodeHandle {
 struct IntranodeDispatchParams {
   const void* x = nullptr;  // [num_tokens, hidden], BF16 or FP8 e4m3
   DType x_dtype = DType::kBF16;
-  const float* x_scales = nullptr;  // FP8 only: [num_tokens, hidden / 128]
+  // FP8 only: [num_tokens, num_scales] 4-byte scale words, copied as they are: float scales per 128 channels, or
+  // DeepEP's packed UE8M0 int32 words (4 exponents each, hidden / 512 per token) read through this pointer.
+  const float* x_scales = nullptr;
+  int num_scales = 0;  // FP8 only: scale words per token, 1..hidden / 128; 0 = hidden / 128
   int hidden = 0;
   const int64_t* topk_idx = nullptr;    // optional [num_tokens, num_topk]
   const float* topk_weights = nullptr;  // optional [num_tokens, num_topk] (needs topk_idx)
@@ -171,7 +174,7 @@ struct IntranodeDispatchParams {
   bool pad_recv_topk = false;
   // Outputs.
   void* recv_x = nullptr;              // [recv_capacity, hidden]
-  float* recv_x_scales = nullptr;      // FP8 only: [recv_capacity, hidden / 128]
+  float* recv_x_scales = nullptr;      // FP8 only: [recv_capacity, num_scales], the words of x_scales
   int64_t* recv_topk_idx = nullptr;    // with topk_idx: [recv_capacity, num_topk], local expert ids or -1
   float* recv_topk_weights = nullptr;  // with topk_weights: [recv_capacity, num_topk], 0 where idx is -1
 };
