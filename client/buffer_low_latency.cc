@@ -85,8 +85,12 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(con
   EPF_ASSIGN_OR_RETURN(result.packed_recv_count, s.NewTensor(DType::kInt32, {L}, stream));
   EPF_ASSIGN_OR_RETURN(result.packed_recv_src_info, s.NewTensor(DType::kInt32, {L, R * M}, stream));
   EPF_ASSIGN_OR_RETURN(result.packed_recv_layout_range, s.NewTensor(DType::kInt64, {L, R}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->topk_slot, s.NewTensor(DType::kInt32, {L, R * M}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->token_map, s.NewTensor(DType::kInt32, {R, M, kernels::kLowLatencyMaxTopk}, stream));
+  // The handle's own tensors in one allocation.
+  EPF_ASSIGN_OR_RETURN(
+      std::vector<Tensor> own,
+      s.NewTensors({{DType::kInt32, {L, R * M}}, {DType::kInt32, {R, M, kernels::kLowLatencyMaxTopk}}}, stream));
+  handle->topk_slot = std::move(own[0]);
+  handle->token_map = std::move(own[1]);
   // The handle shares src_info and layout_range with the result (views of the same allocations).
   handle->src_info = result.packed_recv_src_info;
   handle->layout_range = result.packed_recv_layout_range;

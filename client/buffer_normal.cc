@@ -231,9 +231,14 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
       EPF_ASSIGN_OR_RETURN(result.recv_topk_weights, s.NewTensor(DType::kFloat32, {num_recv, num_topk}, stream));
     }
   }
-  EPF_ASSIGN_OR_RETURN(handle->recv_channel_prefix, s.NewTensor(DType::kInt32, {s.num_ranks, c.num_sms}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->send_slot, s.NewTensor(DType::kInt32, {num_tokens, s.num_ranks}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->recv_src_idx, s.NewTensor(DType::kInt32, {num_recv}, stream));
+  // The handle's own tensors (the prefix matrix came with notify) in one allocation.
+  EPF_ASSIGN_OR_RETURN(std::vector<Tensor> own, s.NewTensors({{DType::kInt32, {s.num_ranks, c.num_sms}},
+                                                              {DType::kInt32, {num_tokens, s.num_ranks}},
+                                                              {DType::kInt32, {num_recv}}},
+                                                             stream));
+  handle->recv_channel_prefix = std::move(own[0]);
+  handle->send_slot = std::move(own[1]);
+  handle->recv_src_idx = std::move(own[2]);
 
   kernels::IntranodeHandle& raw = handle->raw;
   raw.num_tokens = handle->num_tokens;

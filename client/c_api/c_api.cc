@@ -3,6 +3,7 @@
 // message.
 #include "epfabric/epfabric.h"
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -88,11 +89,26 @@ epf_tensor FromView(const TensorView& v) {
 // Outputs come from the caller's allocator: a framework binding hands out its own tensors.
 class CallbackAllocator final : public epfabric::client::Allocator {
  public:
-  CallbackAllocator(epf_alloc_fn alloc, epf_free_fn free_fn, void* ctx) : alloc_(alloc), free_(free_fn), ctx_(ctx) {}
+  CallbackAllocator(epf_alloc_fn alloc, epf_free_fn free_fn, void* ctx, epf_alloc_tensor_fn alloc_tensor = nullptr)
+      : alloc_(alloc), free_(free_fn), ctx_(ctx), alloc_tensor_(alloc_tensor) {}
   absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) override {
-    void* ptr = alloc_(ctx_, bytes, stream);
+    void* ptr = alloc_ != nullptr ? alloc_(ctx_, bytes, stream) : nullptr;
     if (ptr == nullptr)
       return absl::ResourceExhaustedError(absl::StrCat("the allocator returned no memory for ", bytes, " bytes"));
+    return ptr;
+  }
+  absl::StatusOr<void*> AllocateTensor(DType dtype, const std::vector<int64_t>& shape, size_t bytes,
+                                       cudaStream_t stream) override {
+    if (alloc_tensor_ == nullptr || shape.size() > EPF_MAX_DIMS) {
+      return Allocator::AllocateTensor(dtype, shape, bytes, stream);
+    }
+    void* ptr = alloc_tensor_(ctx_, static_cast<int32_t>(dtype), static_cast<int32_t>(shape.size()), shape.data(),
+                              bytes, stream);
+    if (ptr == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("the allocator returned no memory for a ",
+                                                       epfabric::kernels::DTypeName(dtype), " tensor of ", bytes,
+                                                       " bytes"));
+    }
     return ptr;
   }
   void Free(void* ptr, cudaStream_t stream) override {
@@ -103,6 +119,7 @@ class CallbackAllocator final : public epfabric::client::Allocator {
   epf_alloc_fn alloc_;
   epf_free_fn free_;
   void* ctx_;
+  epf_alloc_tensor_fn alloc_tensor_;
 };
 
 cudaStream_t Stream(void* stream) { return static_cast<cudaStream_t>(stream); }
@@ -256,6 +273,28 @@ epf_status epf_buffer_create(epf_lease* lease, const epf_buffer_config* config, 
   std::shared_ptr<epfabric::client::Allocator> allocator;
   if (alloc != nullptr) allocator = std::make_shared<CallbackAllocator>(alloc, free_fn, alloc_ctx);
   auto buffer = epfabric::client::Buffer::Create(lease->lease.get(), ToConfig(*config), std::move(allocator));
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new epf_buffer{std::move(*buffer)};
+  return Report(absl::OkStatus());
+}
+
+epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
+                                epf_buffer** out) {
+  if (lease == nullptr || config == nullptr || out == nullptr) return Fail(Null("lease, config or out"));
+  std::shared_ptr<epfabric::client::Allocator> callbacks;
+  if (allocator != nullptr) {
+    if (allocator->struct_size < offsetof(epf_allocator, alloc_tensor)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("allocator->struct_size = ", allocator->struct_size, ": too small for epf_allocator")));
+    }
+    const epf_alloc_tensor_fn alloc_tensor =
+        HasOption(allocator, &epf_allocator::alloc_tensor) ? allocator->alloc_tensor : nullptr;
+    if (allocator->alloc != nullptr || alloc_tensor != nullptr) {
+      callbacks =
+          std::make_shared<CallbackAllocator>(allocator->alloc, allocator->free_fn, allocator->ctx, alloc_tensor);
+    }
+  }
+  auto buffer = epfabric::client::Buffer::Create(lease->lease.get(), ToConfig(*config), std::move(callbacks));
   if (!buffer.ok()) return Fail(buffer.status());
   *out = new epf_buffer{std::move(*buffer)};
   return Report(absl::OkStatus());

@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 2  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 3  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -99,6 +99,13 @@ class LLCombineResult(ctypes.Structure):
 
 ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+ALLOC_TENSOR_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                                   ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
+
+
+class AllocatorCallbacks(ctypes.Structure):  # epf_allocator
+    _fields_ = [("struct_size", ctypes.c_uint32), ("alloc", ALLOC_FN), ("free_fn", FREE_FN), ("ctx", ctypes.c_void_p),
+                ("alloc_tensor", ALLOC_TENSOR_FN)]
 
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
@@ -129,6 +136,7 @@ _SIGNATURES = {
     "epf_required_group_bytes": (_S, [ctypes.POINTER(BufferConfig), _I, _I, ctypes.POINTER(ctypes.c_uint64),
                                       ctypes.POINTER(ctypes.c_uint64)]),
     "epf_buffer_create": (_S, [_P, ctypes.POINTER(BufferConfig), ALLOC_FN, FREE_FN, _P, _PP]),
+    "epf_buffer_create_ex": (_S, [_P, ctypes.POINTER(BufferConfig), ctypes.POINTER(AllocatorCallbacks), _PP]),
     "epf_buffer_destroy": (None, [_P]),
     "epf_buffer_check": (_S, [_P, _P]),
     "epf_buffer_reset": (_S, [_P, _P]),
@@ -199,6 +207,12 @@ def call(name, *args):
     status = getattr(lib, name)(*args)
     if status != 0:
         raise EpfError(status, lib.epf_last_error().decode(errors="replace"), name)
+
+
+def fail(status, name):
+    """The EpfError of a failed call whose status the caller checked itself (the hot paths call the functions
+    directly)."""
+    return EpfError(status, lib.epf_last_error().decode(errors="replace"), name)
 
 
 def version():

@@ -33,6 +33,10 @@ int main(void) {
   epf_ll_combine_result ll_combined;
   memset(&ll_combined, 0, sizeof(ll_combined));
   EXPECT(epf_low_latency_combine_ex(NULL, NULL, &ll_options, NULL, &ll_combined) == EPF_INVALID_ARGUMENT);
+  epf_allocator allocator = {.struct_size = sizeof(allocator)};
+  epf_buffer* buffer = NULL;
+  EXPECT(epf_buffer_create_ex(NULL, NULL, &allocator, &buffer) == EPF_INVALID_ARGUMENT);
+  EXPECT(buffer == NULL);
 
   epf_client* client = NULL;
   EXPECT(epf_client_connect(NULL, "c", 1.0, &client) == EPF_INVALID_ARGUMENT);

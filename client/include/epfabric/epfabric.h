@@ -25,8 +25,9 @@ extern "C" {
 #define EPF_ABI_VERSION 1
 /* Additions to ABI 1 (new calls and option structs; no field of an existing struct ever changes):
  *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens);
- *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics). */
-#define EPF_ABI_MINOR_VERSION 2
+ *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics);
+ *   3: epf_buffer_create_ex with epf_allocator (typed output allocation). */
+#define EPF_ABI_MINOR_VERSION 3
 
 typedef int32_t epf_status;
 enum {
@@ -126,6 +127,23 @@ epf_status epf_required_group_bytes(const epf_buffer_config* config, int num_hos
                                     uint64_t* nvl_bytes, uint64_t* rdma_bytes);
 epf_status epf_buffer_create(epf_lease* lease, const epf_buffer_config* config, epf_alloc_fn alloc, epf_free_fn free_fn,
                              void* alloc_ctx, epf_buffer** out);
+
+/* The memory of one output tensor: `dtype` (EPF_*), `ndim` dims of `shape`, `bytes` its size (0 when it has no
+ * elements: return a non-null, 16-byte aligned pointer all the same). A framework returns its own tensor of that
+ * type and shape, so that every output is one allocation it can hand out as is. NULL on failure. */
+typedef void* (*epf_alloc_tensor_fn)(void* ctx, int32_t dtype, int32_t ndim, const int64_t* shape, size_t bytes,
+                                     void* stream);
+typedef struct {
+  uint32_t struct_size;             /* sizeof(epf_allocator) as the caller compiled it */
+  epf_alloc_fn alloc;               /* blocks of bytes; used for outputs when alloc_tensor is NULL */
+  epf_free_fn free_fn;              /* every block or tensor the library got from this allocator */
+  void* ctx;                        /* passed to the three functions */
+  epf_alloc_tensor_fn alloc_tensor; /* optional: one call per output tensor, with its type and shape */
+} epf_allocator;
+
+/* As epf_buffer_create; allocator NULL, or with neither alloc nor alloc_tensor: the library's own allocator. */
+epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
+                                epf_buffer** out);
 void epf_buffer_destroy(epf_buffer* buffer);
 int epf_buffer_rank(const epf_buffer* buffer);
 int epf_buffer_num_ranks(const epf_buffer* buffer);

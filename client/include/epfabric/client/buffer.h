@@ -67,6 +67,12 @@ class Allocator {
   virtual ~Allocator() = default;
   // `bytes` of memory usable in stream order on `stream` (cuda) or by the host (host backend).
   virtual absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) = 0;
+  // The memory of one output tensor of `dtype` and `shape` (`bytes` = its size, 0 when it has no elements; the
+  // pointer must still be non-null and 16-byte aligned then), freed with Free. A framework binding returns its own
+  // tensor of that type and shape, so that each output is one allocation and needs no view. Default: Allocate of at
+  // least 256 bytes.
+  virtual absl::StatusOr<void*> AllocateTensor(kernels::DType dtype, const std::vector<int64_t>& shape, size_t bytes,
+                                               cudaStream_t stream);
   virtual void Free(void* ptr, cudaStream_t stream) = 0;
 };
 
