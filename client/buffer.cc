@@ -90,11 +90,33 @@ absl::StatusOr<Tensor> NewTensor(const std::shared_ptr<Allocator>& allocator, DT
   Tensor t;
   t.view.dtype = dtype;
   t.view.shape = std::move(shape);
-  const size_t bytes = std::max(t.view.bytes(), kMinAllocationBytes);
-  EPF_ASSIGN_OR_RETURN(t.view.data, allocator->Allocate(bytes, stream));
+  EPF_ASSIGN_OR_RETURN(t.view.data, allocator->AllocateTensor(dtype, t.view.shape, t.view.bytes(), stream));
+  if (t.view.data == nullptr) return absl::ResourceExhaustedError("the allocator returned a null pointer");
   std::shared_ptr<Allocator> owner = allocator;
   t.storage = std::shared_ptr<void>(t.view.data, [owner, stream](void* p) { owner->Free(p, stream); });
   return t;
+}
+
+absl::StatusOr<std::vector<Tensor>> NewTensors(const std::shared_ptr<Allocator>& allocator,
+                                               const std::vector<TensorSpec>& specs, cudaStream_t stream) {
+  std::vector<Tensor> tensors(specs.size());
+  std::vector<size_t> offsets(specs.size());
+  size_t total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors[i].view.dtype = specs[i].dtype;
+    tensors[i].view.shape = specs[i].shape;
+    offsets[i] = total;
+    total += (std::max<size_t>(tensors[i].view.bytes(), 1) + kMinAllocationBytes - 1) / kMinAllocationBytes *
+             kMinAllocationBytes;
+  }
+  // One int32 tensor of the block's size, so that a typed allocator (AllocateTensor) can serve it too.
+  EPF_ASSIGN_OR_RETURN(Tensor block,
+                       NewTensor(allocator, DType::kInt32, {static_cast<int64_t>(total / sizeof(int32_t))}, stream));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors[i].view.data = static_cast<char*>(block.view.data) + offsets[i];
+    tensors[i].storage = std::shared_ptr<void>(block.storage, tensors[i].view.data);  // aliases the block
+  }
+  return tensors;
 }
 
 absl::Status ExpectDType(const TensorView& t, const char* name, DType want) {
@@ -135,6 +157,11 @@ const void* GivenData(const TensorView& t) {
 }  // namespace internal
 
 // ---- TensorView, allocators, sizes ----
+
+absl::StatusOr<void*> Allocator::AllocateTensor(DType /*dtype*/, const std::vector<int64_t>& /*shape*/, size_t bytes,
+                                                cudaStream_t stream) {
+  return Allocate(std::max(bytes, kMinAllocationBytes), stream);
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;

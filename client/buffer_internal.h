@@ -25,6 +25,16 @@ inline constexpr uint64_t kNotifyGraceNs = 1000ull * 1000 * 1000;
 absl::StatusOr<Tensor> NewTensor(const std::shared_ptr<Allocator>& allocator, kernels::DType dtype,
                                  std::vector<int64_t> shape, cudaStream_t stream);
 
+// Tensors that callers never see as tensors of their own (a handle's) in one allocation, each at a 256-byte boundary:
+// one allocator call instead of one per tensor (a framework's allocator is a callback into an interpreter). They
+// share the block's lifetime.
+struct TensorSpec {
+  kernels::DType dtype;
+  std::vector<int64_t> shape;
+};
+absl::StatusOr<std::vector<Tensor>> NewTensors(const std::shared_ptr<Allocator>& allocator,
+                                               const std::vector<TensorSpec>& specs, cudaStream_t stream);
+
 // Every message names the field and its value. `want` holds the expected sizes (-1: any), `meaning` names the
 // dimensions for the message.
 absl::Status ExpectDType(const TensorView& t, const char* name, kernels::DType want);
@@ -70,6 +80,9 @@ struct Buffer::State {
   absl::Status RequireMode(bool low_latency, const char* call) const;
   absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {
     return internal::NewTensor(allocator, dtype, std::move(shape), stream);
+  }
+  absl::StatusOr<std::vector<Tensor>> NewTensors(const std::vector<internal::TensorSpec>& specs, cudaStream_t stream) {
+    return internal::NewTensors(allocator, specs, stream);
   }
 };
 

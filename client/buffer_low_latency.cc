@@ -26,6 +26,13 @@ absl::StatusOr<int64_t> CheckTopk(Buffer::State& s, const TensorView& topk_idx, 
   return num_topk;
 }
 
+// The wait-cost statistics: int64 [num_ranks], added to (nullptr when not given).
+absl::StatusOr<int64_t*> WaitCostStats(const Buffer::State& s, const TensorView& stats) {
+  if (stats.empty()) return nullptr;
+  EPF_RETURN_IF_ERROR(ExpectTensor(stats, "wait_recv_cost_stats", DType::kInt64, {s.num_ranks}, "[num_ranks]"));
+  return static_cast<int64_t*>(const_cast<void*>(GivenPointer<void>(stats)));
+}
+
 kernels::LowLatencyPhases FirstPhases(bool return_recv_hook) {
   return return_recv_hook ? kernels::LowLatencyPhases::kSend : kernels::LowLatencyPhases::kSendAndRecv;
 }
@@ -61,6 +68,7 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(con
     EPF_RETURN_IF_ERROR(ExpectTensor(args.cumulative_stats, "cumulative_stats", DType::kInt32, {s.experts_per_rank},
                                      "[num_local_experts]"));
   }
+  EPF_ASSIGN_OR_RETURN(int64_t* const wait_cost, WaitCostStats(s, args.wait_recv_cost_stats));
   EPF_RETURN_IF_ERROR(s.path->CheckExpertIndices(args.topk_idx));
   EPF_RETURN_IF_ERROR(s.UsableForLowLatency(stream));
 
@@ -77,8 +85,12 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(con
   EPF_ASSIGN_OR_RETURN(result.packed_recv_count, s.NewTensor(DType::kInt32, {L}, stream));
   EPF_ASSIGN_OR_RETURN(result.packed_recv_src_info, s.NewTensor(DType::kInt32, {L, R * M}, stream));
   EPF_ASSIGN_OR_RETURN(result.packed_recv_layout_range, s.NewTensor(DType::kInt64, {L, R}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->topk_slot, s.NewTensor(DType::kInt32, {L, R * M}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->token_map, s.NewTensor(DType::kInt32, {R, M, kernels::kLowLatencyMaxTopk}, stream));
+  // The handle's own tensors in one allocation.
+  EPF_ASSIGN_OR_RETURN(
+      std::vector<Tensor> own,
+      s.NewTensors({{DType::kInt32, {L, R * M}}, {DType::kInt32, {R, M, kernels::kLowLatencyMaxTopk}}}, stream));
+  handle->topk_slot = std::move(own[0]);
+  handle->token_map = std::move(own[1]);
   // The handle shares src_info and layout_range with the result (views of the same allocations).
   handle->src_info = result.packed_recv_src_info;
   handle->layout_range = result.packed_recv_layout_range;
@@ -101,6 +113,7 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(con
   d.use_ue8m0 = args.use_ue8m0;
   d.cumulative_stats = args.cumulative_stats.empty() ? nullptr : static_cast<int32_t*>(args.cumulative_stats.data);
   d.expert_load = s.stats != nullptr ? s.stats->expert_load() : nullptr;
+  d.wait_recv_cost_ns = wait_cost;
   d.packed_recv_x = result.packed_recv_x.view.data;
   d.packed_recv_x_scales = args.use_fp8 ? result.packed_recv_x_scales.view.data : nullptr;
   d.packed_recv_count = static_cast<int32_t*>(result.packed_recv_count.view.data);
@@ -161,6 +174,7 @@ absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombineUncounted(const
   if (!args.out.empty()) {
     EPF_RETURN_IF_ERROR(ExpectTensor(args.out, "out", DType::kBF16, {num_tokens, H}, "[num_tokens, hidden]"));
   }
+  EPF_ASSIGN_OR_RETURN(int64_t* const wait_cost, WaitCostStats(s, args.wait_recv_cost_stats));
   EPF_RETURN_IF_ERROR(s.UsableForLowLatency(stream));
 
   LowLatencyCombineResult result;
@@ -181,6 +195,7 @@ absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombineUncounted(const
   cb.handle = h.raw;
   cb.zero_copy = args.zero_copy;
   cb.combined_x = result.combined_x.view.data;
+  cb.wait_recv_cost_ns = wait_cost;
   EPF_RETURN_IF_ERROR(s.path->ValidateLowLatencyCombine(cb));
   cb.buffer_half = s.cursor.Next();
   cb.phases = FirstPhases(args.return_recv_hook);

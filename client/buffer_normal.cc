@@ -90,8 +90,11 @@ absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaSt
     if (result.ok()) {
       const int64_t rows = args.x.shape.empty() ? 0 : args.x.shape[0];
       stats->Sent(rows, static_cast<int64_t>(args.x.bytes()));
-      stats->Received(result->handle->num_recv_tokens, static_cast<int64_t>(result->recv_x.view.bytes()));
-      stats->AddExpertCounts(result->num_recv_tokens_per_expert);
+      // A worst-case dispatch does not know what it received (that would need the wait it exists to avoid).
+      if (!result->handle->worst_case) {
+        stats->Received(result->handle->num_recv_tokens, static_cast<int64_t>(result->recv_x.view.bytes()));
+        stats->AddExpertCounts(result->num_recv_tokens_per_expert);
+      }
     }
   }
   return result;
@@ -109,10 +112,29 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   const int64_t num_tokens = x.shape[0], hidden = x.shape[1];
   EPF_RETURN_IF_ERROR(kernels::CheckNumTokens("x.shape[0] (num_tokens)", num_tokens, c.max_tokens_per_rank));
   EPF_RETURN_IF_ERROR(kernels::CheckDispatchHidden("x.shape[1] (hidden)", hidden, x.dtype, c.hidden));
+  // Scale words per token: float per 128 channels, or DeepEP's packed UE8M0 int32 (4 exponents of 128 channels each).
+  int64_t num_scales = 0;
   if (fp8) {
     if (args.x_scales.empty()) return absl::InvalidArgumentError("x_scales is not given: required for fp8_e4m3 x");
-    EPF_RETURN_IF_ERROR(ExpectTensor(args.x_scales, "x_scales", DType::kFloat32, {num_tokens, hidden / 128},
-                                     "[num_tokens, hidden / 128]"));
+    if (args.x_scales.dtype == DType::kInt32) {
+      if (hidden % 512 != 0) {
+        return kernels::InvalidValue("x.shape[1] (hidden)", hidden,
+                                     "must be a multiple of 512 with int32 (packed UE8M0) x_scales");
+      }
+      num_scales = hidden / 512;
+      EPF_RETURN_IF_ERROR(
+          ExpectShape(args.x_scales, "x_scales", {num_tokens, num_scales}, "[num_tokens, hidden / 512], int32"));
+    } else {
+      if (args.x_scales.dtype != DType::kFloat32) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("x_scales.dtype = ", kernels::DTypeName(args.x_scales.dtype),
+                         ": expected float32 [num_tokens, hidden / 128] or int32 (packed UE8M0) [num_tokens, "
+                         "hidden / 512]"));
+      }
+      num_scales = hidden / 128;
+      EPF_RETURN_IF_ERROR(
+          ExpectShape(args.x_scales, "x_scales", {num_tokens, num_scales}, "[num_tokens, hidden / 128]"));
+    }
   } else if (!args.x_scales.empty()) {
     return absl::InvalidArgumentError("x_scales is given for bf16 x: only fp8_e4m3 x has scales");
   }
@@ -131,12 +153,31 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   if (args.expert_alignment < 1) {
     return kernels::InvalidValue("expert_alignment", args.expert_alignment, "must be >= 1");
   }
+  if (args.num_worst_tokens < 0) {
+    return kernels::InvalidValue("num_worst_tokens", args.num_worst_tokens, "must be >= 0 (0: wait for the count)");
+  }
+  const bool worst_case = args.num_worst_tokens > 0;
+  if (fp8 && args.x_scales.dtype == DType::kInt32 && s.internode != nullptr) {
+    return absl::UnimplementedError(
+        "int32 (packed UE8M0) x_scales: not available for groups that span hosts (the internode path forwards float "
+        "scales)");
+  }
+  if (worst_case && s.internode != nullptr) {
+    return absl::UnimplementedError(absl::StrCat("num_worst_tokens = ", args.num_worst_tokens,
+                                                 ": not available for groups that span hosts (the internode path "
+                                                 "waits for its counts)"));
+  }
   const bool cached = args.cached != nullptr;
   if (cached) {
     if (args.cached->num_tokens != num_tokens) {
       return kernels::InvalidValue(
           "x.shape[0] (num_tokens)", num_tokens,
           absl::StrCat("must equal the cached handle's num_tokens = ", args.cached->num_tokens));
+    }
+    if (worst_case && !args.cached->worst_case && args.num_worst_tokens < args.cached->num_recv_tokens) {
+      return kernels::InvalidValue(
+          "num_worst_tokens", args.num_worst_tokens,
+          absl::StrCat("is less than the cached handle's num_recv_tokens = ", args.cached->num_recv_tokens));
     }
   } else {
     if (args.layout == nullptr) return absl::InvalidArgumentError("layout is null: required unless cached");
@@ -154,7 +195,8 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   if (cached) {
     handle->is_token_in_rank = args.cached->is_token_in_rank;
     handle->rank_prefix_matrix = args.cached->rank_prefix_matrix;
-    handle->num_recv_tokens = args.cached->num_recv_tokens;
+    handle->num_recv_tokens = worst_case ? args.num_worst_tokens : args.cached->num_recv_tokens;
+    handle->worst_case = worst_case || args.cached->worst_case;
   } else {
     handle->is_token_in_rank = args.layout->is_token_in_rank;
     EPF_ASSIGN_OR_RETURN(handle->rank_prefix_matrix, s.NewTensor(DType::kInt32, {s.num_ranks, s.num_ranks}, stream));
@@ -165,16 +207,23 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
     np.num_experts = c.num_experts;
     np.expert_alignment = args.expert_alignment;
     np.rank_prefix_matrix = static_cast<int32_t*>(handle->rank_prefix_matrix.view.data);
-    EPF_ASSIGN_OR_RETURN(handle->num_recv_tokens, s.path->Notify(np, &result.num_recv_tokens_per_expert, stream));
-    EPF_RETURN_IF_ERROR(CheckRecvCounts(handle->num_recv_tokens, result.num_recv_tokens_per_expert, s.num_ranks, c,
-                                        args.expert_alignment));
+    if (worst_case) {
+      // No wait: the dispatch kernel reads the count from the prefix matrix and checks it against the rows.
+      EPF_RETURN_IF_ERROR(s.path->NotifyNoWait(np, stream));
+      handle->num_recv_tokens = args.num_worst_tokens;
+      handle->worst_case = true;
+    } else {
+      EPF_ASSIGN_OR_RETURN(handle->num_recv_tokens, s.path->Notify(np, &result.num_recv_tokens_per_expert, stream));
+      EPF_RETURN_IF_ERROR(CheckRecvCounts(handle->num_recv_tokens, result.num_recv_tokens_per_expert, s.num_ranks, c,
+                                          args.expert_alignment));
+    }
   }
   const int64_t num_recv = handle->num_recv_tokens;
 
   // ---- outputs ----
   EPF_ASSIGN_OR_RETURN(result.recv_x, s.NewTensor(x.dtype, {num_recv, hidden}, stream));
   if (fp8) {
-    EPF_ASSIGN_OR_RETURN(result.recv_x_scales, s.NewTensor(DType::kFloat32, {num_recv, hidden / 128}, stream));
+    EPF_ASSIGN_OR_RETURN(result.recv_x_scales, s.NewTensor(args.x_scales.dtype, {num_recv, num_scales}, stream));
   }
   if (num_topk > 0) {
     EPF_ASSIGN_OR_RETURN(result.recv_topk_idx, s.NewTensor(DType::kInt64, {num_recv, num_topk}, stream));
@@ -182,9 +231,14 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
       EPF_ASSIGN_OR_RETURN(result.recv_topk_weights, s.NewTensor(DType::kFloat32, {num_recv, num_topk}, stream));
     }
   }
-  EPF_ASSIGN_OR_RETURN(handle->recv_channel_prefix, s.NewTensor(DType::kInt32, {s.num_ranks, c.num_sms}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->send_slot, s.NewTensor(DType::kInt32, {num_tokens, s.num_ranks}, stream));
-  EPF_ASSIGN_OR_RETURN(handle->recv_src_idx, s.NewTensor(DType::kInt32, {num_recv}, stream));
+  // The handle's own tensors (the prefix matrix came with notify) in one allocation.
+  EPF_ASSIGN_OR_RETURN(std::vector<Tensor> own, s.NewTensors({{DType::kInt32, {s.num_ranks, c.num_sms}},
+                                                              {DType::kInt32, {num_tokens, s.num_ranks}},
+                                                              {DType::kInt32, {num_recv}}},
+                                                             stream));
+  handle->recv_channel_prefix = std::move(own[0]);
+  handle->send_slot = std::move(own[1]);
+  handle->recv_src_idx = std::move(own[2]);
 
   kernels::IntranodeHandle& raw = handle->raw;
   raw.num_tokens = handle->num_tokens;
@@ -198,7 +252,8 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   kernels::IntranodeDispatchParams dp;
   dp.x = GivenPointer<void>(x);
   dp.x_dtype = x.dtype;
-  dp.x_scales = fp8 ? GivenPointer<float>(args.x_scales) : nullptr;
+  dp.x_scales = fp8 ? GivenPointer<float>(args.x_scales) : nullptr;  // the words, float or int32
+  dp.num_scales = static_cast<int>(num_scales);
   dp.hidden = static_cast<int>(hidden);
   dp.topk_idx = GivenPointer<int64_t>(args.topk_idx);
   dp.topk_weights = GivenPointer<float>(args.topk_weights);
@@ -210,6 +265,7 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
   dp.recv_x_scales = fp8 ? static_cast<float*>(result.recv_x_scales.view.data) : nullptr;
   dp.recv_topk_idx = num_topk > 0 ? static_cast<int64_t*>(result.recv_topk_idx.view.data) : nullptr;
   dp.recv_topk_weights = !args.topk_weights.empty() ? static_cast<float*>(result.recv_topk_weights.view.data) : nullptr;
+  dp.pad_recv_topk = handle->worst_case;
   EPF_RETURN_IF_ERROR(s.path->Dispatch(dp, &raw, stream));
   result.handle = std::move(handle);
   return result;

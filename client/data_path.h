@@ -54,7 +54,7 @@ class DataPath {
   virtual absl::Status CheckExpertIndices(const TensorView& topk_idx) = 0;
   // Normal dispatch (not cached), after every other check passed: refuses the call when its layout counted invalid
   // top-k entries (cuda: waits, bounded, for the layout kernel's count, or scans a host copy of topk_idx when the
-  // caller built the layout itself).
+  // caller built the layout itself; not in worst-case mode, which must not wait).
   virtual absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) = 0;
 
   // ---- normal mode ----
@@ -64,6 +64,8 @@ class DataPath {
   // the number of received tokens and sets the per-local-expert counts.
   virtual absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams params, std::vector<int32_t>* per_expert,
                                      cudaStream_t stream) = 0;
+  // Worst-case mode: exchanges the counts without waiting for them (the dispatch kernel reads the prefix matrix).
+  virtual absl::Status NotifyNoWait(kernels::IntranodeNotifyParams params, cudaStream_t stream) = 0;
   virtual absl::Status Dispatch(const kernels::IntranodeDispatchParams& params, kernels::IntranodeHandle* handle,
                                 cudaStream_t stream) = 0;
   virtual absl::Status Combine(const kernels::IntranodeCombineParams& params, const kernels::IntranodeHandle& handle,

@@ -125,7 +125,9 @@ class CudaDataPath final : public DataPath {
   // The number of invalid top-k entries, from the layout's mapped word (bounded wait) or, for a layout the caller
   // built, from a host copy of topk_idx.
   absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
-    if (args.cached != nullptr) return absl::OkStatus();
+    // Worst-case mode must not wait (it may be captured in a CUDA graph, where the layout kernel has not run): the
+    // kernels treat entries outside [-1, num_experts) as -1, as the layout counted them.
+    if (args.cached != nullptr || args.num_worst_tokens > 0) return absl::OkStatus();
     const int num_experts = config_.config.num_experts;
     if (args.layout != nullptr && !args.layout->num_invalid_topk.view.empty() &&
         args.layout->num_invalid_topk.view.data != nullptr) {
@@ -182,6 +184,12 @@ class CudaDataPath final : public DataPath {
     return *num_recv;
   }
 
+  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams p, cudaStream_t stream) override {
+    p.host_num_recv_tokens = nullptr;
+    p.host_num_recv_tokens_per_expert = nullptr;
+    return kernels::IntranodeNotify(group_, p, stream);
+  }
+
   absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
                         cudaStream_t stream) override {
     return kernels::IntranodeDispatch(group_, p, handle, stream);
@@ -209,7 +217,8 @@ class CudaDataPath final : public DataPath {
 
   absl::Status Check(cudaStream_t stream) override {
     absl::Status kernel = kernels::ReadKernelStatus(status_, stream);
-    if (!kernel.ok() && (absl::IsDeadlineExceeded(kernel) || absl::IsDataLoss(kernel))) {
+    if (!kernel.ok() &&
+        (absl::IsDeadlineExceeded(kernel) || absl::IsDataLoss(kernel) || absl::IsResourceExhausted(kernel))) {
       EPF_RETURN_IF_ERROR(kernels::ClearKernelStatus(status_, stream));
       EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     }

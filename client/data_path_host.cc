@@ -68,6 +68,12 @@ class HostDataPath final : public DataPath {
     return num_recv;
   }
 
+  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams p, cudaStream_t /*stream*/) override {
+    p.host_num_recv_tokens = nullptr;
+    p.host_num_recv_tokens_per_expert = nullptr;
+    return hb::IntranodeNotify(group_, p);
+  }
+
   absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
                         cudaStream_t /*stream*/) override {
     return hb::IntranodeDispatch(group_, p, handle);

@@ -96,6 +96,9 @@ class LowLatencyInternodePath final : public DataPath {
   absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams, std::vector<int32_t>*, cudaStream_t) override {
     return absl::FailedPreconditionError("normal mode on a low-latency buffer");
   }
+  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
   absl::Status Dispatch(const kernels::IntranodeDispatchParams&, kernels::IntranodeHandle*, cudaStream_t) override {
     return absl::FailedPreconditionError("normal mode on a low-latency buffer");
   }

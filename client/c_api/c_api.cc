@@ -3,6 +3,7 @@
 // message.
 #include "epfabric/epfabric.h"
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -88,11 +89,26 @@ epf_tensor FromView(const TensorView& v) {
 // Outputs come from the caller's allocator: a framework binding hands out its own tensors.
 class CallbackAllocator final : public epfabric::client::Allocator {
  public:
-  CallbackAllocator(epf_alloc_fn alloc, epf_free_fn free_fn, void* ctx) : alloc_(alloc), free_(free_fn), ctx_(ctx) {}
+  CallbackAllocator(epf_alloc_fn alloc, epf_free_fn free_fn, void* ctx, epf_alloc_tensor_fn alloc_tensor = nullptr)
+      : alloc_(alloc), free_(free_fn), ctx_(ctx), alloc_tensor_(alloc_tensor) {}
   absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) override {
-    void* ptr = alloc_(ctx_, bytes, stream);
+    void* ptr = alloc_ != nullptr ? alloc_(ctx_, bytes, stream) : nullptr;
     if (ptr == nullptr)
       return absl::ResourceExhaustedError(absl::StrCat("the allocator returned no memory for ", bytes, " bytes"));
+    return ptr;
+  }
+  absl::StatusOr<void*> AllocateTensor(DType dtype, const std::vector<int64_t>& shape, size_t bytes,
+                                       cudaStream_t stream) override {
+    if (alloc_tensor_ == nullptr || shape.size() > EPF_MAX_DIMS) {
+      return Allocator::AllocateTensor(dtype, shape, bytes, stream);
+    }
+    void* ptr = alloc_tensor_(ctx_, static_cast<int32_t>(dtype), static_cast<int32_t>(shape.size()), shape.data(),
+                              bytes, stream);
+    if (ptr == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("the allocator returned no memory for a ",
+                                                       epfabric::kernels::DTypeName(dtype), " tensor of ", bytes,
+                                                       " bytes"));
+    }
     return ptr;
   }
   void Free(void* ptr, cudaStream_t stream) override {
@@ -103,9 +119,26 @@ class CallbackAllocator final : public epfabric::client::Allocator {
   epf_alloc_fn alloc_;
   epf_free_fn free_;
   void* ctx_;
+  epf_alloc_tensor_fn alloc_tensor_;
 };
 
 cudaStream_t Stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Whether an options struct of the caller's size (struct_size) holds `field`: older callers pass shorter structs.
+template <typename Options, typename Field>
+bool HasOption(const Options* options, Field Options::*field) {
+  if (options == nullptr) return false;
+  const size_t end =
+      static_cast<size_t>(reinterpret_cast<const char*>(&(options->*field)) - reinterpret_cast<const char*>(options)) +
+      sizeof(Field);
+  return options->struct_size >= end;
+}
+
+// The wait-cost statistics of epf_ll_options, when the caller's struct has them.
+absl::StatusOr<TensorView> WaitCostStats(const epf_ll_options* options) {
+  if (!HasOption(options, &epf_ll_options::wait_recv_cost_stats)) return TensorView{};
+  return ToView(options->wait_recv_cost_stats, "wait_recv_cost_stats");
+}
 
 }  // namespace
 
@@ -113,6 +146,7 @@ extern "C" {
 
 const char* epf_version(void) { return EPF_VERSION; }
 int epf_abi_version(void) { return EPF_ABI_VERSION; }
+int epf_abi_minor_version(void) { return EPF_ABI_MINOR_VERSION; }
 const char* epf_last_error(void) { return last_error.c_str(); }
 
 // ---- control ----
@@ -244,6 +278,28 @@ epf_status epf_buffer_create(epf_lease* lease, const epf_buffer_config* config, 
   return Report(absl::OkStatus());
 }
 
+epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
+                                epf_buffer** out) {
+  if (lease == nullptr || config == nullptr || out == nullptr) return Fail(Null("lease, config or out"));
+  std::shared_ptr<epfabric::client::Allocator> callbacks;
+  if (allocator != nullptr) {
+    if (allocator->struct_size < offsetof(epf_allocator, alloc_tensor)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("allocator->struct_size = ", allocator->struct_size, ": too small for epf_allocator")));
+    }
+    const epf_alloc_tensor_fn alloc_tensor =
+        HasOption(allocator, &epf_allocator::alloc_tensor) ? allocator->alloc_tensor : nullptr;
+    if (allocator->alloc != nullptr || alloc_tensor != nullptr) {
+      callbacks =
+          std::make_shared<CallbackAllocator>(allocator->alloc, allocator->free_fn, allocator->ctx, alloc_tensor);
+    }
+  }
+  auto buffer = epfabric::client::Buffer::Create(lease->lease.get(), ToConfig(*config), std::move(callbacks));
+  if (!buffer.ok()) return Fail(buffer.status());
+  *out = new epf_buffer{std::move(*buffer)};
+  return Report(absl::OkStatus());
+}
+
 void epf_buffer_destroy(epf_buffer* buffer) { delete buffer; }
 int epf_buffer_rank(const epf_buffer* buffer) { return buffer->buffer->rank(); }
 int epf_buffer_num_ranks(const epf_buffer* buffer) { return buffer->buffer->num_ranks(); }
@@ -273,6 +329,11 @@ void epf_layout_release(epf_layout* layout) {
 }
 
 epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void* stream, epf_dispatch_result* out) {
+  return epf_dispatch_ex(buffer, args, nullptr, stream, out);
+}
+
+epf_status epf_dispatch_ex(epf_buffer* buffer, const epf_dispatch_args* args, const epf_dispatch_options* options,
+                           void* stream, epf_dispatch_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   epfabric::client::DispatchArgs a;
   epfabric::client::DispatchLayout layout;
@@ -298,6 +359,7 @@ epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void*
   }
   if (args->cached != nullptr) a.cached = args->cached->handle;
   a.expert_alignment = args->expert_alignment > 0 ? args->expert_alignment : 1;
+  if (HasOption(options, &epf_dispatch_options::num_worst_tokens)) a.num_worst_tokens = options->num_worst_tokens;
   auto result = buffer->buffer->Dispatch(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->recv_x = FromView(result->recv_x.view);
@@ -342,6 +404,11 @@ epf_status epf_combine(epf_buffer* buffer, const epf_combine_args* args, void* s
 
 epf_status epf_low_latency_dispatch(epf_buffer* buffer, const epf_ll_dispatch_args* args, void* stream,
                                     epf_ll_dispatch_result* out) {
+  return epf_low_latency_dispatch_ex(buffer, args, nullptr, stream, out);
+}
+
+epf_status epf_low_latency_dispatch_ex(epf_buffer* buffer, const epf_ll_dispatch_args* args,
+                                       const epf_ll_options* options, void* stream, epf_ll_dispatch_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   epfabric::client::LowLatencyDispatchArgs a;
   for (auto [src, dst, name] : {std::tuple{&args->x, &a.x, "x"}, std::tuple{&args->topk_idx, &a.topk_idx, "topk_idx"},
@@ -354,6 +421,9 @@ epf_status epf_low_latency_dispatch(epf_buffer* buffer, const epf_ll_dispatch_ar
   a.round_scale = args->round_scale != 0;
   a.use_ue8m0 = args->use_ue8m0 != 0;
   a.return_recv_hook = args->return_recv_hook != 0;
+  auto wait_cost = WaitCostStats(options);
+  if (!wait_cost.ok()) return Fail(wait_cost.status());
+  a.wait_recv_cost_stats = *wait_cost;
   auto result = buffer->buffer->LowLatencyDispatch(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->packed_recv_x = FromView(result->packed_recv_x.view);
@@ -370,6 +440,11 @@ void epf_ll_handle_destroy(epf_ll_handle* handle) { delete handle; }
 
 epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args* args, void* stream,
                                    epf_ll_combine_result* out) {
+  return epf_low_latency_combine_ex(buffer, args, nullptr, stream, out);
+}
+
+epf_status epf_low_latency_combine_ex(epf_buffer* buffer, const epf_ll_combine_args* args,
+                                      const epf_ll_options* options, void* stream, epf_ll_combine_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   if (args->handle == nullptr) return Fail(Null("handle"));
   epfabric::client::LowLatencyCombineArgs a;
@@ -383,6 +458,9 @@ epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args
   a.handle = args->handle->handle;
   a.zero_copy = args->zero_copy != 0;
   a.return_recv_hook = args->return_recv_hook != 0;
+  auto wait_cost = WaitCostStats(options);
+  if (!wait_cost.ok()) return Fail(wait_cost.status());
+  a.wait_recv_cost_stats = *wait_cost;
   auto result = buffer->buffer->LowLatencyCombine(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->combined_x = FromView(result->combined_x.view);

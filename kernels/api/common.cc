@@ -146,6 +146,18 @@ KernelStatus BadPeerDataRecord(PeerDataField field, int reading_rank, int peer_r
   return record;
 }
 
+KernelStatus RecvCapacityRecord(CapacitySite site, int rank, int64_t num_recv, int64_t capacity) {
+  KernelStatus record{};
+  record.code = kKernelStatusRecvCapacity;
+  record.site = static_cast<int32_t>(site);
+  record.waiting_rank = rank;
+  record.peer_rank = -1;
+  record.channel = -1;
+  record.value = SaturateInt32(num_recv);
+  record.max_value = SaturateInt32(capacity);
+  return record;
+}
+
 absl::Status KernelStatusToStatus(const KernelStatus& status) {
   if (status.code == kKernelStatusOk) return absl::OkStatus();
   if (status.code == kKernelStatusTimeout) {
@@ -166,6 +178,14 @@ absl::Status KernelStatusToStatus(const KernelStatus& status) {
         absl::StrFormat("rank %d read %s = %d from rank %d (%s %d; valid [%d, %d]): stale or corrupt peer data",
                         status.waiting_rank, PeerDataFieldName(field), status.value, status.peer_rank,
                         PeerDataIndexName(field), status.channel, status.min_value, status.max_value));
+  }
+  if (status.code == kKernelStatusRecvCapacity) {
+    const bool combine = static_cast<CapacitySite>(status.site) == CapacitySite::kCombine;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "rank %d receives %d tokens but its %s %d rows (num_worst_tokens too small): nothing was %s; every rank "
+        "calls Reset",
+        status.waiting_rank, status.value, combine ? "combine input x has" : "dispatch outputs have room for",
+        status.max_value, combine ? "combined" : "dispatched"));
   }
   return absl::InternalError(absl::StrFormat("kernel status word holds unknown code %d", status.code));
 }

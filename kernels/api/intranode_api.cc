@@ -193,7 +193,7 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.rank_prefix_matrix = h.rank_prefix_matrix;
   k.num_tokens = h.num_tokens;
   k.row_bytes = fp8 ? p.hidden : p.hidden * 2;
-  k.num_scales = fp8 ? p.hidden / kFp8ScaleBlock : 0;
+  k.num_scales = !fp8 ? 0 : p.num_scales > 0 ? p.num_scales : p.hidden / kFp8ScaleBlock;
   k.num_topk = p.topk_idx != nullptr ? p.num_topk : 0;
   k.has_weights = p.topk_weights != nullptr;
   k.num_channels = p.num_sms;
@@ -204,6 +204,8 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.recv_src_idx = h.recv_src_idx;
   k.recv_channel_prefix = h.recv_channel_prefix;
   k.send_slot = h.send_slot;
+  k.recv_capacity = p.recv_capacity;
+  k.pad_recv_topk = p.pad_recv_topk && p.recv_topk_idx != nullptr;
   handle->num_channels = p.num_sms;
   return LaunchError(intranode::LaunchDispatch(k, stream), "dispatch launch");
 }
@@ -225,6 +227,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.hidden = p.hidden;
   k.num_topk = p.topk_weights != nullptr ? p.num_topk : 0;
   k.num_channels = h.num_channels;
+  k.x_rows = h.num_recv_tokens;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;
   return LaunchError(intranode::LaunchCombine(k, stream), "combine launch");

@@ -76,6 +76,10 @@ absl::Status CheckDispatch(const IntranodeGroup& group, const IntranodeDispatchP
   EPF_RETURN_IF_ERROR(CheckDispatchHidden("hidden", p.hidden, p.x_dtype, c.max_hidden));
   if (fp8 && h.num_tokens > 0 && p.x_scales == nullptr) return MissingPointer("x_scales", "for fp8 x");
   if (!fp8 && p.x_scales != nullptr) return absl::InvalidArgumentError("x_scales given for bf16 x");
+  // The staging pools hold hidden / 128 words per token (ComputeIntranodeRegionLayout).
+  if (fp8 && (p.num_scales < 0 || p.num_scales > p.hidden / kFp8ScaleBlock)) {
+    return InvalidValue("num_scales", p.num_scales, "must be in [0, hidden / 128] (0: hidden / 128)");
+  }
   if (h.num_tokens > 0 && p.x == nullptr) return MissingPointer("x", "when num_tokens > 0");
   if (backend == Backend::kCuda && (!Aligned16(p.x) || !Aligned16(p.recv_x))) {
     return absl::InvalidArgumentError("x and recv_x must be 16-byte aligned");
@@ -95,9 +99,8 @@ absl::Status CheckDispatch(const IntranodeGroup& group, const IntranodeDispatchP
   if (p.num_sms < 1 || p.num_sms > c.max_channels) {
     return InvalidValue("num_sms", p.num_sms, "must be in [1, config.max_channels]");
   }
-  if (p.recv_capacity < 0 || p.recv_capacity > IntranodeWorstCaseRecvTokens(c)) {
-    return InvalidValue("recv_capacity", p.recv_capacity, "must be in [0, num_ranks * max_tokens_per_rank]");
-  }
+  // Worst-case mode may allocate more rows than any rank can receive (DeepEP's num_worst_tokens is the caller's).
+  if (p.recv_capacity < 0) return InvalidValue("recv_capacity", p.recv_capacity, "must be >= 0");
   if (h.num_recv_tokens > p.recv_capacity) {
     return InvalidValue("handle.num_recv_tokens", h.num_recv_tokens, "exceeds recv_capacity");
   }
@@ -120,9 +123,9 @@ absl::Status CheckCombine(const IntranodeGroup& group, const IntranodeCombinePar
   if (h.num_tokens < 0 || h.num_tokens > c.max_tokens_per_rank) {
     return InvalidValue("handle.num_tokens", h.num_tokens, "must be in [0, config.max_tokens_per_rank]");
   }
-  if (h.num_recv_tokens < 0 || h.num_recv_tokens > IntranodeWorstCaseRecvTokens(c)) {
-    return InvalidValue("handle.num_recv_tokens", h.num_recv_tokens, "must be in [0, num_ranks * max_tokens_per_rank]");
-  }
+  // The rows of x: the received count, or after a worst-case dispatch the rows it allocated (possibly more than any
+  // rank can receive); the kernels read only the rows the prefix matrix gives.
+  if (h.num_recv_tokens < 0) return InvalidValue("handle.num_recv_tokens", h.num_recv_tokens, "must be >= 0");
   if (h.num_channels < 1 || h.num_channels > c.max_channels) {
     return InvalidValue("handle.num_channels", h.num_channels,
                         "must be in [1, config.max_channels] (run dispatch first)");

@@ -74,7 +74,7 @@ struct DispatchKernelParams {
   const int32_t* rank_prefix_matrix;
   int num_tokens;
   int row_bytes;   // bytes of one x row (hidden * element size); a multiple of 16
-  int num_scales;  // floats per row of x_scales (0 for BF16)
+  int num_scales;  // 4-byte words per row of x_scales, float or packed UE8M0 (0 for BF16)
   int num_topk;    // 0 without topk_idx
   bool has_weights;
   int num_channels;
@@ -85,6 +85,8 @@ struct DispatchKernelParams {
   int32_t* recv_src_idx;
   int32_t* recv_channel_prefix;
   int32_t* send_slot;
+  int recv_capacity;   // rows of the recv tensors: a rank that receives more moves nothing (worst-case mode)
+  bool pad_recv_topk;  // rows [received, recv_capacity) of recv_topk_idx get -1, of recv_topk_weights 0
 };
 
 struct CombineKernelParams {
@@ -100,6 +102,7 @@ struct CombineKernelParams {
   int hidden;
   int num_topk;  // 0 without weights
   int num_channels;
+  int x_rows;  // rows of x: a rank that received more (a worst-case dispatch that overflowed) combines nothing
   char* combined_x;
   float* combined_topk_weights;
 };
@@ -140,6 +143,7 @@ struct DispatchKernelParams {
   bool message_per_expert;
   int32_t* cumulative_stats;
   uint64_t* expert_load;
+  int64_t* wait_recv_cost_ns;  // optional [num_ranks], added to
   uint8_t* packed_recv_x;
   void* packed_recv_x_scales;
   int32_t* packed_recv_count;
@@ -158,6 +162,7 @@ struct CombineKernelParams {
   int num_topk;
   const int32_t* token_map;
   uint16_t* combined_x;
+  int64_t* wait_recv_cost_ns;  // optional [num_ranks], added to
 };
 
 // One cooperative grid of `num_blocks` blocks (every block must be resident: blocks wait for each other's work).

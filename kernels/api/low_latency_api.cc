@@ -50,6 +50,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   p.message_per_expert = args.message_per_expert;
   p.cumulative_stats = args.cumulative_stats;
   p.expert_load = args.expert_load;
+  p.wait_recv_cost_ns = args.wait_recv_cost_ns;
   p.packed_recv_x = static_cast<uint8_t*>(args.packed_recv_x);
   p.packed_recv_x_scales = args.packed_recv_x_scales;
   p.packed_recv_count = args.packed_recv_count;
@@ -72,6 +73,7 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   p.num_topk = args.num_topk;
   p.token_map = args.handle.packed_recv_token_map;
   p.combined_x = static_cast<uint16_t*>(args.combined_x);
+  p.wait_recv_cost_ns = args.wait_recv_cost_ns;
   return LaunchError(low_latency::LaunchCombine(p, blocks, stream), "low-latency combine launch");
 }
 

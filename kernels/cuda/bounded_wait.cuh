@@ -46,6 +46,23 @@ __device__ __forceinline__ void record_bad_peer_data(KernelStatus* status, PeerD
   }
 }
 
+// Records that this rank receives `num_recv` rows with room for `capacity` (kKernelStatusRecvCapacity: worst-case mode
+// with too small a num_worst_tokens) unless an earlier failure was recorded.
+__device__ __forceinline__ void record_recv_capacity(KernelStatus* status, CapacitySite site, int rank, int num_recv,
+                                                     int capacity) {
+  if (status == nullptr) return;
+  if (atomicCAS(&status->code, kKernelStatusOk, kKernelStatusRecvCapacity) == kKernelStatusOk) {
+    status->site = static_cast<int32_t>(site);
+    status->waiting_rank = rank;
+    status->peer_rank = -1;
+    status->channel = -1;
+    status->value = num_recv;
+    status->min_value = 0;
+    status->max_value = capacity;
+    __threadfence_system();
+  }
+}
+
 // True when `min_value <= value <= max_value`; otherwise records the value (record_bad_peer_data) and returns false.
 __device__ __forceinline__ bool check_peer_value(KernelStatus* status, PeerDataField field, int reading_rank,
                                                  int peer_rank, int index, int64_t value, int64_t min_value,

@@ -312,6 +312,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   __shared__ __align__(8) uint64_t s_bars[kSendStages];
   __shared__ int s_chunks_done[kMaxNvlPeers];  // per destination: the sender's chunks whose stores completed
   const int channel = blockIdx.x;
+  // After a worst-case dispatch that overflowed (it moved nothing), x holds fewer rows than the prefix matrix gives
+  // this rank: combine nothing rather than read past x (the peers time out naming this rank).
+  const int num_recv = p.rank_prefix_matrix[(p.group.num_ranks - 1) * p.group.num_ranks + p.group.rank];
+  if (num_recv > p.x_rows) {
+    if (channel == 0 && threadIdx.x == 0) {
+      record_recv_capacity(p.group.status, CapacitySite::kCombine, p.group.rank, num_recv, p.x_rows);
+    }
+    return;
+  }
   if (threadIdx.x < kMaxNvlPeers) s_chunks_done[threadIdx.x] = 0;
   if (threadIdx.x == 0) profile_mark(p.group.profile, 0);
   if (!block_barrier(p.group, channel)) return;

@@ -11,7 +11,8 @@
 //     slots of one channel are consecutive) from the own staging pool into recv_x, then zero the signals they
 //     consumed so that the region is clean for the next call.
 // The staging pools hold max_tokens_per_rank rows per peer, so a sender never waits for space: the only waits are
-// the barrier and the receivers' waits on tails.
+// the barrier and the receivers' waits on tails. In worst-case mode (outputs sized without a host wait for the count)
+// the kernel also pads the top-k rows past the received ones, and refuses to run when more rows arrive than fit.
 #include <cstdint>
 
 #include "intranode_common.cuh"
@@ -385,9 +386,34 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
   }
 }
 
+// Worst-case mode: the rows past the received ones have no expert (-1) and weight 0, as DeepEP's num_worst_tokens
+// outputs, so that callers can treat every row alike. Every thread of the grid takes a share: the rows are disjoint
+// from everything else the kernel writes.
+__device__ void pad_recv_topk(const DispatchKernelParams& p, int num_recv) {
+  const int64_t end = static_cast<int64_t>(p.recv_capacity) * p.num_topk;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i =
+           static_cast<int64_t>(num_recv) * p.num_topk + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < end; i += stride) {
+    p.recv_topk_idx[i] = -1;
+    if (p.has_weights) p.recv_topk_weights[i] = 0.0f;
+  }
+}
+
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __grid_constant__ DispatchKernelParams p) {
   const GroupView& g = p.group;
   const int channel = blockIdx.x;
+  // The rows this rank receives (stream order: notify, or the cached handle, wrote the prefix matrix). Without a host
+  // wait for the count (worst-case mode) only the kernel can compare it with the rows allocated: a rank with too
+  // little room moves nothing and never arrives at the barrier, so nothing is written out of bounds and its peers
+  // time out naming it, as for any failed rank.
+  const int num_recv = p.rank_prefix_matrix[(g.num_ranks - 1) * g.num_ranks + g.rank];
+  if (num_recv > p.recv_capacity) {
+    if (channel == 0 && threadIdx.x == 0) {
+      record_recv_capacity(g.status, CapacitySite::kDispatch, g.rank, num_recv, p.recv_capacity);
+    }
+    return;
+  }
   const int token_begin = channel_token_begin(p.num_tokens, p.num_channels, channel);
   const int token_end = channel_token_begin(p.num_tokens, p.num_channels, channel + 1);
   __shared__ int s_begin[kMaxNvlPeers], s_count[kMaxNvlPeers];
@@ -400,6 +426,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   __syncthreads();
   block_barrier_arrive(g, channel);
   compute_send_slots(p, token_begin, token_end, s_begin, s_count);
+  if (p.pad_recv_topk && p.num_topk > 0) pad_recv_topk(p, num_recv);
   if (!block_barrier_wait(g, channel)) return;
 
   // Tell every peer which of its staging rows this channel will fill; record the own share's range directly.

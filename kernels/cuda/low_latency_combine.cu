@@ -191,9 +191,12 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
   __syncthreads();
   if (threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
     const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + threadIdx.x;
+    const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
     const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
                                  WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1,
                                  g.lost_ranks, /*record_loss=*/false);
+    // Every block waits for every flag; block 0's wait is the one counted.
+    if (p.wait_recv_cost_ns != nullptr && blockIdx.x == 0) add_wait_cost(p.wait_recv_cost_ns + threadIdx.x, wait_start);
     if (!ok) {
       atomicOr(&block_masked, 1u << threadIdx.x);
       mask_rank(g, threadIdx.x);

@@ -82,6 +82,13 @@ __device__ __forceinline__ int wait_local_done(const GroupView& g, const int32_t
              : -1;
 }
 
+// DeepEP's wait-cost statistics: adds the nanoseconds since `start` (%globaltimer), at least 1 so that every wait on
+// a rank shows even when its data was already there (the timer may tick coarser than a short wait).
+__device__ __forceinline__ void add_wait_cost(int64_t* cost, uint64_t start) {
+  const uint64_t waited = ptx::global_timer_ns() - start;
+  atomicAdd(reinterpret_cast<unsigned long long*>(cost), static_cast<unsigned long long>(waited > 0 ? waited : 1));
+}
+
 // Copies `num_int4` 16-byte words from local memory that peers wrote (volatile: never a stale L1 line), with
 // kBatch loads in flight per lane.
 template <int kBatch = 16>

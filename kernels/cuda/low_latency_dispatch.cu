@@ -236,6 +236,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
     if (lane < R && ((masked >> lane) & 1u) == 0) {
       const int32_t* signal = reinterpret_cast<const int32_t*>(my_half + l.dispatch_count_offset) + local * R + lane;
       int32_t value = 0;
+      const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
       const bool ok = bounded_wait(
           [&] {
             value = ptx::ld_acquire_sys_global(signal);
@@ -243,6 +244,8 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
           },
           g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local, g.lost_ranks,
           /*record_loss=*/false);
+      // Every warp of the item waits on every source (for `begin`); the item's own (local, s) wait is counted once.
+      if (p.wait_recv_cost_ns != nullptr && sub == 0 && lane == s) add_wait_cost(p.wait_recv_cost_ns + s, wait_start);
       if (ok) {
         // Peer data: at most M tokens per (expert, source), so the compact rows of all sources fit R * M slots. A
         // bad count is recorded and counts as 0.

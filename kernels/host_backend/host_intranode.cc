@@ -123,6 +123,26 @@ absl::Status CheckReceivedRows(const int32_t* src_idx, const int64_t* topk_idx, 
   return absl::OkStatus();
 }
 
+// This rank's column of a prefix matrix (inclusive over sources) must not decrease: every source's rows then lie in
+// [0, column's last value).
+absl::Status CheckPrefixColumn(const int32_t* rank_prefix_matrix, int num_ranks, int me) {
+  for (int s = 0; s < num_ranks; ++s) {
+    const int32_t at = rank_prefix_matrix[s * num_ranks + me];
+    if (at < RecvBase(rank_prefix_matrix, num_ranks, s, me)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("handle.rank_prefix_matrix[%d][%d] = %d: this rank's column must not decrease", s, me, at));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A failure found before any wait: recorded in the status word (when clear), as the kernel would, and returned.
+absl::Status FinishWith(const KernelStatus& record, KernelStatus* status_word) {
+  FailureRecord failure;
+  failure.Adopt(record);
+  return failure.Finish(status_word);
+}
+
 int64_t PackRange(int begin, int end) { return (static_cast<int64_t>(end + 1) << 32) | static_cast<uint32_t>(begin); }
 
 }  // namespace
@@ -243,21 +263,19 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   const IntranodeHandle& h = *handle;
   const bool fp8 = p.x_dtype == DType::kFP8E4M3;
   // The receive side is checked against the prefix matrix (the GPU trusts it; the host can afford the check): this
-  // rank's column must rise from 0 to at most recv_capacity, so that every source's rows lie inside the outputs.
+  // rank's column must rise from 0, so that every source's rows lie inside [0, received).
   const int R = v.num_ranks, me = v.rank, C = p.num_sms;
-  for (int s = 0; s < R; ++s) {
-    const int32_t at = h.rank_prefix_matrix[s * R + me];
-    if (at < RecvBase(h.rank_prefix_matrix, R, s, me) || at > p.recv_capacity) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "handle.rank_prefix_matrix[%d][%d] = %d: this rank's column must not decrease and must stay within "
-          "recv_capacity = %d",
-          s, me, at, p.recv_capacity));
-    }
+  EPF_RETURN_IF_ERROR(CheckPrefixColumn(h.rank_prefix_matrix, R, me));
+  // Then received <= recv_capacity. Worst-case callers (outputs sized without waiting for the count) learn of too
+  // little room only here: as the kernel does, this rank moves nothing and never arrives at the barrier, so its peers
+  // time out naming it.
+  if (const int32_t num_recv = h.rank_prefix_matrix[(R - 1) * R + me]; num_recv > p.recv_capacity) {
+    return FinishWith(RecvCapacityRecord(CapacitySite::kDispatch, me, num_recv, p.recv_capacity), group.status);
   }
 
   const int T = h.num_tokens;
   const size_t row_bytes = fp8 ? p.hidden : static_cast<size_t>(p.hidden) * 2;
-  const int num_scales = fp8 ? p.hidden / kFp8ScaleBlock : 0;
+  const int num_scales = !fp8 ? 0 : p.num_scales > 0 ? p.num_scales : p.hidden / kFp8ScaleBlock;
   const int K = p.topk_idx != nullptr ? p.num_topk : 0;
   const bool has_weights = p.topk_weights != nullptr;
   const int epr = v.experts_per_rank;
@@ -265,6 +283,12 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   const char* x = static_cast<const char*>(p.x);
   char* recv_x = static_cast<char*>(p.recv_x);
   handle->num_channels = C;
+  if (p.pad_recv_topk && K > 0) {  // worst-case mode: the rows past the received ones (see IntranodeDispatchParams)
+    const size_t from = static_cast<size_t>(h.rank_prefix_matrix[(R - 1) * R + me]) * K;
+    const size_t to = static_cast<size_t>(p.recv_capacity) * K;
+    std::fill(p.recv_topk_idx + from, p.recv_topk_idx + to, int64_t{-1});
+    if (has_weights) std::fill(p.recv_topk_weights + from, p.recv_topk_weights + to, 0.0f);
+  }
 
   FailureRecord failure;
   if (!Barrier(v, &failure)) return failure.Finish(group.status);
@@ -433,15 +457,10 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   const uint16_t* x = static_cast<const uint16_t*>(p.x);
 
   // The prefix matrix's column for this rank decides which rows of x go back to whom: it must rise from 0 and stay
-  // within handle.num_recv_tokens (the rows of x).
-  for (int s = 0; s < R; ++s) {
-    const int32_t at = h.rank_prefix_matrix[s * R + me];
-    if (at < RecvBase(h.rank_prefix_matrix, R, s, me) || at > h.num_recv_tokens) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "handle.rank_prefix_matrix[%d][%d] = %d: this rank's column must not decrease and must stay within "
-          "handle.num_recv_tokens = %d",
-          s, me, at, h.num_recv_tokens));
-    }
+  // within handle.num_recv_tokens (the rows of x; less only after a worst-case dispatch that moved nothing).
+  EPF_RETURN_IF_ERROR(CheckPrefixColumn(h.rank_prefix_matrix, R, me));
+  if (const int32_t num_recv = h.rank_prefix_matrix[(R - 1) * R + me]; num_recv > h.num_recv_tokens) {
+    return FinishWith(RecvCapacityRecord(CapacitySite::kCombine, me, num_recv, h.num_recv_tokens), group.status);
   }
 
   FailureRecord failure;

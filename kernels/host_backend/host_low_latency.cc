@@ -11,6 +11,8 @@
 //  - combine receive: acquire every rank's combine flag, add the partial rows in rank order.
 // Signals are released only after the other half was cleaned, so a peer that reaches the next call (it must have
 // seen this call's signals) never writes into a half that is still being cleaned.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -29,6 +31,20 @@ using internal::WaitForPeer;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelease;
+
+// A wait on peer `peer` (WaitForPeer: ends early, with `*lost`, when the daemon publishes it as lost) whose duration
+// in ns, at least 1, is added to `*cost` when it is given (DeepEP's wait-cost statistics; the kernels measure the same
+// wait with %globaltimer).
+template <typename Ready>
+bool TimedWait(Ready&& ready, uint64_t timeout_ns, int64_t* cost, const uint64_t* lost_ranks, int peer, bool* lost) {
+  if (cost == nullptr) return WaitForPeer(ready, timeout_ns, lost_ranks, peer, lost);
+  const auto start = std::chrono::steady_clock::now();
+  const bool reached = WaitForPeer(ready, timeout_ns, lost_ranks, peer, lost);
+  const int64_t waited =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  *cost += std::max<int64_t>(waited, 1);
+  return reached;
+}
 
 // The regions of the group for one call: this rank, its half, the masked ranks.
 struct View {
@@ -178,8 +194,8 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
       const int32_t* signal = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
       int32_t value = 0;
       bool lost = false;
-      if (WaitForPeer([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, s,
-                      &lost)) {
+      if (TimedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns,
+                    a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr, v.ctx.lost_ranks, s, &lost)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
         // sources fit the R * M slots). A bad count is reported and counts as 0.
         const int32_t count = -1 - value;  // no overflow for any int32
@@ -330,7 +346,8 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
     if (v.Masked(r)) continue;
     const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
     bool lost = false;
-    if (!WaitForPeer([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, r, &lost)) {
+    if (!TimedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns,
+                   a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr, v.ctx.lost_ranks, r, &lost)) {
       if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }

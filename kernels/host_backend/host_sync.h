@@ -91,6 +91,10 @@ class FailureRecord {
     if (failed()) return;
     record_ = BadPeerDataRecord(field, reading_rank, peer_rank, index, value, min_value, max_value);
   }
+  // Any other record (kKernelStatusRecvCapacity) found by the caller.
+  void Adopt(const KernelStatus& record) {
+    if (!failed()) record_ = record;
+  }
   // Checks `min_value <= value <= max_value` for a value read from `peer_rank`'s writes; records it when outside.
   bool CheckPeerValue(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value, int64_t min_value,
                       int64_t max_value) {

@@ -9,6 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
+ABI_MINOR_VERSION = 3  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -52,6 +53,10 @@ class DispatchArgs(ctypes.Structure):
                 ("layout", ctypes.POINTER(Layout)), ("cached", ctypes.c_void_p), ("expert_alignment", ctypes.c_int32)]
 
 
+class DispatchOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("num_worst_tokens", ctypes.c_int32)]
+
+
 class DispatchResult(ctypes.Structure):
     _fields_ = [("recv_x", Tensor), ("recv_x_scales", Tensor), ("recv_topk_idx", Tensor),
                 ("recv_topk_weights", Tensor), ("num_recv_tokens", ctypes.c_int32),
@@ -84,12 +89,23 @@ class LLCombineArgs(ctypes.Structure):
                 ("zero_copy", ctypes.c_int32), ("return_recv_hook", ctypes.c_int32), ("out", Tensor)]
 
 
+class LLOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("wait_recv_cost_stats", Tensor)]
+
+
 class LLCombineResult(ctypes.Structure):
     _fields_ = [("combined_x", Tensor), ("hook", ctypes.c_void_p)]
 
 
 ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+ALLOC_TENSOR_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                                   ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t, ctypes.c_void_p)
+
+
+class AllocatorCallbacks(ctypes.Structure):  # epf_allocator
+    _fields_ = [("struct_size", ctypes.c_uint32), ("alloc", ALLOC_FN), ("free_fn", FREE_FN), ("ctx", ctypes.c_void_p),
+                ("alloc_tensor", ALLOC_TENSOR_FN)]
 
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
@@ -99,6 +115,7 @@ _S = ctypes.c_int32
 _SIGNATURES = {
     "epf_version": (ctypes.c_char_p, []),
     "epf_abi_version": (_I, []),
+    "epf_abi_minor_version": (_I, []),
     "epf_last_error": (ctypes.c_char_p, []),
     "epf_client_connect": (_S, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double, _PP]),
     "epf_client_destroy": (None, [_P]),
@@ -119,17 +136,24 @@ _SIGNATURES = {
     "epf_required_group_bytes": (_S, [ctypes.POINTER(BufferConfig), _I, _I, ctypes.POINTER(ctypes.c_uint64),
                                       ctypes.POINTER(ctypes.c_uint64)]),
     "epf_buffer_create": (_S, [_P, ctypes.POINTER(BufferConfig), ALLOC_FN, FREE_FN, _P, _PP]),
+    "epf_buffer_create_ex": (_S, [_P, ctypes.POINTER(BufferConfig), ctypes.POINTER(AllocatorCallbacks), _PP]),
     "epf_buffer_destroy": (None, [_P]),
     "epf_buffer_check": (_S, [_P, _P]),
     "epf_buffer_reset": (_S, [_P, _P]),
     "epf_get_dispatch_layout": (_S, [_P, ctypes.POINTER(Tensor), _P, ctypes.POINTER(Layout)]),
     "epf_layout_release": (None, [ctypes.POINTER(Layout)]),
     "epf_dispatch": (_S, [_P, ctypes.POINTER(DispatchArgs), _P, ctypes.POINTER(DispatchResult)]),
+    "epf_dispatch_ex": (_S, [_P, ctypes.POINTER(DispatchArgs), ctypes.POINTER(DispatchOptions), _P,
+                             ctypes.POINTER(DispatchResult)]),
     "epf_dispatch_handle_destroy": (None, [_P]),
     "epf_combine": (_S, [_P, ctypes.POINTER(CombineArgs), _P, ctypes.POINTER(CombineResult)]),
     "epf_low_latency_dispatch": (_S, [_P, ctypes.POINTER(LLDispatchArgs), _P, ctypes.POINTER(LLDispatchResult)]),
     "epf_ll_handle_destroy": (None, [_P]),
     "epf_low_latency_combine": (_S, [_P, ctypes.POINTER(LLCombineArgs), _P, ctypes.POINTER(LLCombineResult)]),
+    "epf_low_latency_dispatch_ex": (_S, [_P, ctypes.POINTER(LLDispatchArgs), ctypes.POINTER(LLOptions), _P,
+                                         ctypes.POINTER(LLDispatchResult)]),
+    "epf_low_latency_combine_ex": (_S, [_P, ctypes.POINTER(LLCombineArgs), ctypes.POINTER(LLOptions), _P,
+                                        ctypes.POINTER(LLCombineResult)]),
     "epf_hook_run": (_S, [_P, _P]),
     "epf_hook_destroy": (None, [_P]),
     "epf_next_low_latency_combine_buffer": (_S, [_P, ctypes.POINTER(Tensor)]),
@@ -163,12 +187,15 @@ def _load():
         except OSError as error:
             raise ImportError(f"libepfabric_client.so not found (tried {', '.join(tried)} and the loader's path; "
                               f"set EPFABRIC_LIBRARY): {error}") from None
+    abi = lib.epf_abi_version()
+    minor = lib.epf_abi_minor_version() if hasattr(lib, "epf_abi_minor_version") else 0
+    if abi != ABI_VERSION or minor < ABI_MINOR_VERSION:
+        raise ImportError(f"libepfabric_client.so has C ABI {abi}.{minor}, this package needs "
+                          f"{ABI_VERSION}.{ABI_MINOR_VERSION} or a later {ABI_VERSION}.x")
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    if lib.epf_abi_version() != ABI_VERSION:
-        raise ImportError(f"libepfabric_client.so has C ABI {lib.epf_abi_version()}, this package needs {ABI_VERSION}")
     return lib
 
 
@@ -180,6 +207,12 @@ def call(name, *args):
     status = getattr(lib, name)(*args)
     if status != 0:
         raise EpfError(status, lib.epf_last_error().decode(errors="replace"), name)
+
+
+def fail(status, name):
+    """The EpfError of a failed call whose status the caller checked itself (the hot paths call the functions
+    directly)."""
+    return EpfError(status, lib.epf_last_error().decode(errors="replace"), name)
 
 
 def version():

@@ -2,6 +2,7 @@
 tensors allocated by torch on the caller's device and stream (no copies)."""
 import ctypes
 import math
+import struct
 
 import torch
 
@@ -18,17 +19,28 @@ _FROM_EPF = {_lib.BF16: torch.bfloat16, _lib.FP8_E4M3: FP8 if FP8 is not None el
 
 NOT_GIVEN = _lib.Tensor()
 
+# A descriptor (epf_tensor) as raw bytes: the hot paths write and read them in place in the ctypes argument and result
+# structs, one struct call per tensor instead of a ctypes object and a field assignment each.
+_DESC = struct.Struct("@Pii4q")
+_PACK = _DESC.pack_into
+_HEAD = struct.Struct("@Pii")
+assert _DESC.size == ctypes.sizeof(_lib.Tensor)
+_PAD = ((0, 0, 0, 0), (0, 0, 0), (0, 0), (0,), ())
+_ELEMENT_SIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in _FROM_EPF.values()}
+
 
 def _name(dtypes):
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
-def describe(t, name, dtypes, ndim, device, optional=False):
-    """Checks `t` (dtype, rank, device, contiguity) and returns its descriptor. Raises TypeError/ValueError naming
-    `name`: nothing reaches the library, nothing is launched."""
+def device_index(device):
+    """What Tensor.get_device() returns for tensors on `device` (-1 for the CPU)."""
+    return device.index if device.type == "cuda" else -1
+
+
+def _refuse(t, name, dtypes, ndim, device):
+    """Raises the TypeError/ValueError that describes what is wrong with `t`."""
     if t is None:
-        if optional:
-            return _lib.Tensor()
         raise ValueError(f"{name} is required")
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
@@ -41,12 +53,30 @@ def describe(t, name, dtypes, ndim, device, optional=False):
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous (strides {t.stride()} for shape {tuple(t.shape)}): "
                          f"pass {name}.contiguous()")
+    raise AssertionError(f"{name}: no reason to refuse it")
+
+
+def put(dst, offset, t, name, dtypes, ndim, device, index, optional=False):
+    """Checks `t` (dtype, rank, device `device` whose get_device() is `index`, contiguity) and writes its descriptor
+    at byte `offset` of the ctypes struct `dst` (an optional None: "not given"). Raises TypeError/ValueError naming
+    `name`: nothing reaches the library, nothing is launched."""
+    try:
+        dtype = t.dtype
+        if dtype in dtypes and t.dim() == ndim and t.get_device() == index and t.is_contiguous():
+            _PACK(dst, offset, t.data_ptr() if t.numel() else 0, _TO_EPF[dtype], ndim, *t.shape, *_PAD[ndim])
+            return
+    except AttributeError:  # not a tensor (None included)
+        pass
+    if t is None and optional:
+        _PACK(dst, offset, 0, 0, 0, 0, 0, 0, 0)
+        return
+    _refuse(t, name, dtypes, ndim, device)
+
+
+def describe(t, name, dtypes, ndim, device, optional=False):
+    """Checks `t` as put() does and returns its descriptor (a new epf_tensor)."""
     d = _lib.Tensor()
-    d.data = t.data_ptr() if t.numel() > 0 else None
-    d.dtype = _TO_EPF[t.dtype]
-    d.ndim = t.dim()
-    for i, n in enumerate(t.shape):
-        d.shape[i] = n
+    put(d, 0, t, name, dtypes, ndim, device, device_index(device), optional)
     return d
 
 
@@ -55,9 +85,10 @@ def shape_of(d):
 
 
 class Allocator:
-    """The library's epf_alloc_fn/epf_free_fn: every block is a torch uint8 tensor on `device` (on the current
-    stream, which is the stream the library launches on). Blocks the library still needs (handles, pending hooks)
-    stay in `live`; blocks it let go of during a call stay in `released` until the call's outputs were wrapped."""
+    """The library's allocator callbacks (epf_allocator): every output is one torch tensor of its dtype and shape on
+    `device` (on the current stream, which is the stream the library launches on), made by alloc_tensor; blocks of
+    bytes (alloc) only where the library asks for them. Tensors the library still needs (handles, pending hooks) stay
+    in `live`; those it let go of during a call stay in `released` until the call's outputs were wrapped."""
 
     def __init__(self, device):
         self.device = device
@@ -65,11 +96,23 @@ class Allocator:
         self.released = {}
         self.alloc_fn = _lib.ALLOC_FN(self._alloc)
         self.free_fn = _lib.FREE_FN(self._free)
+        self.alloc_tensor_fn = _lib.ALLOC_TENSOR_FN(self._alloc_tensor)
+        self.callbacks = _lib.AllocatorCallbacks(ctypes.sizeof(_lib.AllocatorCallbacks), self.alloc_fn, self.free_fn,
+                                                 None, self.alloc_tensor_fn)
 
     def _alloc(self, _ctx, nbytes, _stream):
         block = torch.empty(max(16, (nbytes + 15) // 16 * 16), dtype=torch.uint8, device=self.device)
         ptr = block.data_ptr()
         self.live[ptr] = block
+        return ptr
+
+    def _alloc_tensor(self, _ctx, dtype, ndim, shape, nbytes, _stream):
+        if nbytes:
+            t = torch.empty(shape[:ndim], dtype=_FROM_EPF[dtype], device=self.device)
+        else:  # no elements: the library still wants a non-null pointer (it never reads or writes through it)
+            t = torch.empty(16, dtype=torch.uint8, device=self.device)
+        ptr = t.data_ptr()
+        self.live[ptr] = t
         return ptr
 
     def _free(self, _ctx, ptr, _stream):
@@ -88,9 +131,23 @@ class Allocator:
             return block, 0
         for table in (self.live, self.released):  # a view into a larger block
             for base, block in table.items():
-                if base <= ptr < base + block.numel():
+                if base <= ptr < base + block.numel() * block.element_size():
                     return block, ptr - base
         return None, 0
+
+    def wrap_at(self, src, offset):
+        """The torch tensor behind the output descriptor at byte `offset` of ctypes struct `src` (None when the
+        output was not produced): the very tensor alloc_tensor made for it."""
+        ptr, dtype, ndim = _HEAD.unpack_from(src, offset)
+        if not ptr and not ndim:  # not produced
+            return None
+        if ptr:
+            t = self.live.get(ptr)
+            if t is None:
+                t = self.released.get(ptr)
+            if t is not None and t.dtype is _FROM_EPF[dtype] and t.dim() == ndim:
+                return t
+        return self.wrap(_lib.Tensor.from_buffer(src, offset))
 
     def wrap(self, d):
         """The torch tensor behind an output descriptor (None when the output was not produced)."""
@@ -104,8 +161,10 @@ class Allocator:
         block, offset = self._block(d.data)
         if block is None:
             raise RuntimeError(f"epfabric returned memory it did not allocate through torch ({d.data:#x})")
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        return block[offset:offset + nbytes].view(dtype).view(shape)
+        if block.dtype is dtype and offset == 0 and list(block.shape) == shape:
+            return block
+        nbytes = numel * _ELEMENT_SIZE[dtype]
+        return block.view(torch.uint8).view(-1)[offset:offset + nbytes].view(dtype).view(shape)
 
 
 class _CudaArray:

@@ -11,18 +11,63 @@ Kernels run on the caller's current CUDA stream (cuda groups) or on the calling 
 tensors); outputs are torch tensors allocated by torch. docs/python.md lists where behaviour differs from DeepEP.
 """
 import ctypes
+import operator
 
 import torch
 
 from . import _lib, _tensors
 from ._lib import call, lib
-from ._tensors import describe
+from ._tensors import put
 from .client import Client
 from .low_latency import LowLatencyMixin
 from .utils import Config, EventOverlap
 
 _I64, _I32, _F32, _BF16, _BOOL = (torch.int64,), (torch.int32,), (torch.float32,), (torch.bfloat16,), (torch.bool,)
+_SCALES = (torch.float32, torch.int32)
 _FP8_DATA = tuple(d for d in (_tensors.FP8, torch.uint8) if d is not None)
+_MAX_LOCAL_EXPERTS = 1024  # per-expert counts a dispatch returns at most
+
+
+def _offsets(cls, *names):
+    """Byte offsets of descriptor fields: the hot paths write and read them in place (_tensors.put, wrap_at)."""
+    return tuple(getattr(cls, name).offset for name in names)
+
+
+_DA_X, _DA_SCALES, _DA_IDX, _DA_W = _offsets(_lib.DispatchArgs, "x", "x_scales", "topk_idx", "topk_weights")
+_LAYOUT_OFFSETS = _offsets(_lib.Layout, "num_tokens_per_rank", "num_tokens_per_expert", "is_token_in_rank",
+                           "num_invalid_topk")
+_LA_PER_RANK, _LA_PER_EXPERT, _LA_IN_RANK, _LA_INVALID = _LAYOUT_OFFSETS
+_DISPATCH_OUTPUTS = _offsets(_lib.DispatchResult, "recv_x", "recv_x_scales", "recv_topk_idx", "recv_topk_weights")
+_CA_X, _CA_W, _CA_BIAS_0, _CA_BIAS_1 = _offsets(_lib.CombineArgs, "x", "topk_weights", "bias_0", "bias_1")
+_CR_X, _CR_W = _offsets(_lib.CombineResult, "combined_x", "combined_topk_weights")
+# The C functions of the hot paths, called directly (their status checked by the caller).
+_GET_LAYOUT, _DISPATCH, _COMBINE = lib.epf_get_dispatch_layout, lib.epf_dispatch_ex, lib.epf_combine
+_NO_EVENT = EventOverlap()  # what calls without async_finish return: it holds nothing, so one serves every call
+
+
+class _Calls:
+    """The argument and result structs of one Buffer's calls, made once and refilled by every call (a Buffer's calls
+    are not concurrent: its kernels share one region), with their byref()s."""
+
+    def __init__(self):
+        self.dispatch_args = _lib.DispatchArgs()
+        self.layout = _lib.Layout()
+        self.layout_pointer = ctypes.pointer(self.layout)
+        self.dispatch_options = _lib.DispatchOptions(ctypes.sizeof(_lib.DispatchOptions), 0)
+        self.counts = (ctypes.c_int32 * _MAX_LOCAL_EXPERTS)()
+        self.dispatch_result = _lib.DispatchResult()
+        self.dispatch_result.num_recv_tokens_per_expert = self.counts
+        self.dispatch_result.num_local_experts_capacity = _MAX_LOCAL_EXPERTS
+        self.combine_args = _lib.CombineArgs()
+        self.combine_result = _lib.CombineResult()
+        self.ll_dispatch_args = _lib.LLDispatchArgs()
+        self.ll_dispatch_result = _lib.LLDispatchResult()
+        self.ll_combine_args = _lib.LLCombineArgs()
+        self.ll_combine_result = _lib.LLCombineResult()
+        self.ll_options = _lib.LLOptions(ctypes.sizeof(_lib.LLOptions))
+        for name in ("dispatch_args", "dispatch_options", "dispatch_result", "combine_args", "combine_result",
+                     "ll_dispatch_args", "ll_dispatch_result", "ll_combine_args", "ll_combine_result", "ll_options"):
+            setattr(self, name + "_ref", ctypes.byref(getattr(self, name)))
 
 
 class DispatchHandle(tuple):
@@ -85,7 +130,11 @@ class Buffer(LowLatencyMixin):
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             self.device = torch.device("cpu")
+        self._dev_index = _tensors.device_index(self.device)
         self._alloc = _tensors.Allocator(self.device)
+        self._calls = _Calls()
+        self._normal_key = None  # the last (hidden, topk, num_experts, num_sms) that _ensure_normal accepted
+        self._ll_key = None  # the low-latency (max_tokens, hidden, topk, num_experts) this Buffer was set up for
         self.num_nvl_bytes = self._region_bytes(False)
         self.num_rdma_bytes = self._region_bytes(True)
 
@@ -183,44 +232,49 @@ class Buffer(LowLatencyMixin):
         """Returns (num_tokens_per_rank, num_tokens_per_rdma_rank (None), num_tokens_per_expert, is_token_in_rank,
         event)."""
         self._normal_only("get_dispatch_layout")
-        describe(topk_idx, "topk_idx", _I64, 2, self.device)
+        d = _lib.Tensor()
+        put(d, 0, topk_idx, "topk_idx", _I64, 2, self.device, self._dev_index)
         self._wait(previous_event)
         if self._cbuf is None:  # the buffer's hidden size is known at the first dispatch: compute this one here
             per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts, self.group_size)
             return per_rank, None, per_expert, in_rank, self._event(async_finish)
         self._check_config(num_experts=num_experts, topk=topk_idx.shape[1])
         layout = _lib.Layout()
+        status = _GET_LAYOUT(self._cbuf, ctypes.byref(d), self._stream(), ctypes.byref(layout))
         try:
-            call("epf_get_dispatch_layout", self._cbuf, ctypes.byref(describe(topk_idx, "topk_idx", _I64, 2,
-                                                                              self.device)),
-                 self._stream(), ctypes.byref(layout))
-            outs = [self._alloc.wrap(layout.num_tokens_per_rank), self._alloc.wrap(layout.num_tokens_per_expert),
-                    self._alloc.wrap(layout.is_token_in_rank)]
+            if status:
+                raise _lib.fail(status, "epf_get_dispatch_layout")
+            wrap = self._alloc.wrap_at
+            per_rank, per_expert, in_rank = (wrap(layout, o) for o in _LAYOUT_OFFSETS[:3])
         finally:
             self._alloc.end_call()
         self._release_layout()
-        self._last_layout = (layout, outs[2].data_ptr() if outs[2].numel() else None)
-        return outs[0], None, outs[1], outs[2], self._event(async_finish)
+        self._last_layout = (layout, in_rank.data_ptr() if in_rank.numel() else None)
+        return per_rank, None, per_expert, in_rank, self._event(async_finish)
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
                  expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
         """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event);
-        recv_x is (data, scales) when x is (fp8 data, scales)."""
+        recv_x is (data, scales) when x is (fp8 data, scales), the received scales of the input's dtype (float32, or
+        int32 packed UE8M0). With num_worst_tokens > 0 nothing waits on the host
+        (CUDA-graph capturable): every output has num_worst_tokens rows, rows past the received ones have top-k index
+        -1 and weight 0, and num_recv_tokens_per_expert_list is [] (as DeepEP)."""
         self._normal_only("dispatch")
+        if type(num_worst_tokens) is not int or num_worst_tokens < 0:
+            num_worst_tokens = _count("num_worst_tokens", num_worst_tokens)
+        calls, dev, index = self._calls, self.device, self._dev_index
+        args = calls.dispatch_args
         fp8 = isinstance(x, tuple)
         data, scales = x if fp8 else (x, None)
-        args = _lib.DispatchArgs()
-        args.x = describe(data, "x[0]" if fp8 else "x", _FP8_DATA if fp8 else _BF16, 2, self.device)
-        if fp8:
-            if scales is not None and scales.dtype != torch.float32:
-                raise TypeError(f"x[1] (scales).dtype = {scales.dtype}: epfabric takes float32 scales")
-            if scales is not None and scales.dim() == 2 and not scales.is_contiguous():
-                scales = scales.contiguous()  # DeepEP accepts column-major scales; the kernels read row-major
-            args.x_scales = describe(scales, "x[1] (scales)", _F32, 2, self.device)
-        args.topk_idx = describe(topk_idx, "topk_idx", _I64, 2, self.device, optional=True)
-        args.topk_weights = describe(topk_weights, "topk_weights", _F32, 2, self.device, optional=True)
+        put(args, _DA_X, data, "x[0]" if fp8 else "x", _FP8_DATA if fp8 else _BF16, 2, dev, index)
+        if fp8 and scales is not None and scales.dim() == 2 and not scales.is_contiguous():
+            scales = scales.contiguous()  # DeepEP accepts column-major scales; the kernels read row-major
+        # float32 [tokens, hidden / 128], or DeepEP's packed UE8M0 int32 [tokens, hidden / 512]
+        put(args, _DA_SCALES, scales, "x[1] (scales)", _SCALES, 2, dev, index, optional=not fp8)
+        put(args, _DA_IDX, topk_idx, "topk_idx", _I64, 2, dev, index, optional=True)
+        put(args, _DA_W, topk_weights, "topk_weights", _F32, 2, dev, index, optional=True)
         args.expert_alignment = int(expert_alignment)
         num_tokens, hidden = data.shape
         if handle is not None:
@@ -228,6 +282,7 @@ class Buffer(LowLatencyMixin):
                 raise TypeError("handle must be the DispatchHandle an earlier dispatch of this Buffer returned")
             self._check_config(hidden=hidden)
             args.cached = handle._c
+            args.layout = None
             topk = handle.topk
         else:
             for name, t in (("num_tokens_per_rank", num_tokens_per_rank), ("is_token_in_rank", is_token_in_rank),
@@ -236,36 +291,36 @@ class Buffer(LowLatencyMixin):
                     raise ValueError(f"{name} is required unless handle is given (cached dispatch)")
             topk = topk_idx.shape[1] if topk_idx is not None else 1
             self._ensure_normal(hidden, topk, num_tokens_per_expert.numel(), config)
-            layout = _lib.Layout()
-            layout.num_tokens_per_rank = describe(num_tokens_per_rank, "num_tokens_per_rank", _I32, 1, self.device)
-            layout.num_tokens_per_expert = describe(num_tokens_per_expert, "num_tokens_per_expert", _I32, 1,
-                                                    self.device)
-            layout.is_token_in_rank = describe(is_token_in_rank, "is_token_in_rank", _BOOL, 2, self.device)
-            if self._last_layout is not None and self._last_layout[1] == layout.is_token_in_rank.data:
-                layout.num_invalid_topk = self._last_layout[0].num_invalid_topk
-            args.layout = ctypes.pointer(layout)
+            layout = calls.layout
+            put(layout, _LA_PER_RANK, num_tokens_per_rank, "num_tokens_per_rank", _I32, 1, dev, index)
+            put(layout, _LA_PER_EXPERT, num_tokens_per_expert, "num_tokens_per_expert", _I32, 1, dev, index)
+            put(layout, _LA_IN_RANK, is_token_in_rank, "is_token_in_rank", _BOOL, 2, dev, index)
+            last = self._last_layout
+            if last is not None and last[1] == is_token_in_rank.data_ptr():
+                layout.num_invalid_topk = last[0].num_invalid_topk
+            else:
+                put(layout, _LA_INVALID, None, "", (), 0, dev, index, optional=True)
+            args.cached = None
+            args.layout = calls.layout_pointer
         self._wait(previous_event)
-        counts = (ctypes.c_int32 * 1024)()
-        result = _lib.DispatchResult()
-        result.num_recv_tokens_per_expert = counts
-        result.num_local_experts_capacity = len(counts)
+        calls.dispatch_options.num_worst_tokens = num_worst_tokens
+        result = calls.dispatch_result
+        status = _DISPATCH(self._cbuf, calls.dispatch_args_ref, calls.dispatch_options_ref, self._stream(),
+                           calls.dispatch_result_ref)
         try:
-            call("epf_dispatch", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
-            recv_x = self._alloc.wrap(result.recv_x)
-            recv_scales = self._alloc.wrap(result.recv_x_scales)
-            recv_topk_idx = self._alloc.wrap(result.recv_topk_idx)
-            recv_topk_weights = self._alloc.wrap(result.recv_topk_weights)
+            if status:
+                raise _lib.fail(status, "epf_dispatch_ex")
+            wrap = self._alloc.wrap_at
+            recv_x, recv_scales, recv_topk_idx, recv_topk_weights = (wrap(result, o) for o in _DISPATCH_OUTPUTS)
         finally:
             self._alloc.end_call()
-        new_handle = handle or DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens,
-                                              hidden, topk)
-        if handle is not None:
-            lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))  # the cached one stays the handle
-        per_expert = list(counts[:min(result.num_local_experts, len(counts))]) if handle is None else []
-        if num_worst_tokens:
-            recv_x, recv_scales, recv_topk_idx, recv_topk_weights = _pad_rows(
-                num_worst_tokens, recv_x, recv_scales, recv_topk_idx, recv_topk_weights)
-            per_expert = []
+        if handle is None:
+            new_handle = DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens, hidden,
+                                        topk)
+            per_expert = calls.counts[:min(result.num_local_experts, _MAX_LOCAL_EXPERTS)]
+        else:  # the cached handle stays the handle
+            lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))
+            new_handle, per_expert = handle, []
         out_x = (recv_x, recv_scales) if fp8 else recv_x
         return out_x, recv_topk_idx, recv_topk_weights, per_expert, new_handle, self._event(async_finish)
 
@@ -275,19 +330,22 @@ class Buffer(LowLatencyMixin):
         self._normal_only("combine")
         if not isinstance(handle, DispatchHandle):
             raise TypeError("handle must be the DispatchHandle that dispatch returned")
-        args = _lib.CombineArgs()
-        args.x = describe(x, "x", _BF16, 2, self.device)
-        args.topk_weights = describe(topk_weights, "topk_weights", _F32, 2, self.device, optional=True)
+        calls, dev, index = self._calls, self.device, self._dev_index
+        args = calls.combine_args
+        put(args, _CA_X, x, "x", _BF16, 2, dev, index)
+        put(args, _CA_W, topk_weights, "topk_weights", _F32, 2, dev, index, optional=True)
         bias_0, bias_1 = bias if isinstance(bias, tuple) else (bias, None)
-        args.bias_0 = describe(bias_0, "bias[0]", _BF16, 2, self.device, optional=True)
-        args.bias_1 = describe(bias_1, "bias[1]", _BF16, 2, self.device, optional=True)
+        put(args, _CA_BIAS_0, bias_0, "bias[0]", _BF16, 2, dev, index, optional=True)
+        put(args, _CA_BIAS_1, bias_1, "bias[1]", _BF16, 2, dev, index, optional=True)
         args.handle = handle._c
         self._wait(previous_event)
-        result = _lib.CombineResult()
+        result = calls.combine_result
+        status = _COMBINE(self._cbuf, calls.combine_args_ref, self._stream(), calls.combine_result_ref)
         try:
-            call("epf_combine", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
-            combined_x = self._alloc.wrap(result.combined_x)
-            combined_w = self._alloc.wrap(result.combined_topk_weights)
+            if status:
+                raise _lib.fail(status, "epf_combine")
+            combined_x = self._alloc.wrap_at(result, _CR_X)
+            combined_w = self._alloc.wrap_at(result, _CR_W)
         finally:
             self._alloc.end_call()
         return combined_x, combined_w, self._event(async_finish)
@@ -317,8 +375,8 @@ class Buffer(LowLatencyMixin):
                                                     ctypes.byref(nbytes)) == 0 else 0
 
     def _stream(self):
-        if self.device.type == "cuda":
-            return ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+        if self._dev_index >= 0:
+            return torch.cuda.current_stream(self.device).cuda_stream
         return None
 
     def _wait(self, previous_event):
@@ -326,7 +384,7 @@ class Buffer(LowLatencyMixin):
             previous_event.current_stream_wait()
 
     def _event(self, async_finish):
-        return EventOverlap(_record_event() if async_finish and self.device.type == "cuda" else None)
+        return EventOverlap(_record_event()) if async_finish and self._dev_index >= 0 else _NO_EVENT
 
     def _release_layout(self):
         if self._last_layout is not None:
@@ -342,15 +400,20 @@ class Buffer(LowLatencyMixin):
         if self._cbuf is not None:
             lib.epf_buffer_destroy(self._cbuf)
             self._cbuf = None
+        self._normal_key = None
         cbuf = ctypes.c_void_p()
-        call("epf_buffer_create", self._live_lease(), ctypes.byref(config), self._alloc.alloc_fn,
-             self._alloc.free_fn, None, ctypes.byref(cbuf))
+        call("epf_buffer_create_ex", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
+             ctypes.byref(cbuf))
         self._cbuf, self._cfg = cbuf, key
 
     def _ensure_normal(self, hidden, topk, num_experts, config):
         num_sms = config.num_sms if config is not None else (self._num_sms or Buffer.num_sms)
+        key = (hidden, topk, num_experts, num_sms)
+        if key == self._normal_key:  # as the last call: checked then
+            return
         if self._cfg is not None:
             self._check_config(hidden=hidden, topk=topk, num_experts=num_experts, num_sms=num_sms)
+            self._normal_key = key
             return
         hosts = self.group_size // self.num_nvl_ranks
         c = _config(1, hidden, max(topk, 1), num_experts, num_sms, False, self._timeout_s)
@@ -366,6 +429,17 @@ class Buffer(LowLatencyMixin):
                 raise ValueError(f"{key} = {value}: this Buffer was set up by its first call for {key} "
                                  f"{'<= ' if key in ('hidden', 'topk') else ''}{have} ({self._cfg}); every rank "
                                  "must create a new Buffer for another shape")
+
+
+def _count(name, value):
+    """An int >= 0 (a Python or numpy int): ValueError/TypeError naming `name` otherwise."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} = {value}: must be >= 0")
+    return value
 
 
 def _config(max_tokens, hidden, topk, num_experts, num_sms, low_latency, timeout_s):
@@ -433,21 +507,3 @@ def _torch_layout(topk_idx, num_experts, num_ranks):
     in_rank = in_rank[:, :num_ranks].contiguous()
     return in_rank.sum(0, dtype=torch.int32), per_expert, in_rank
 
-
-def _pad_rows(rows, *tensors):
-    """num_worst_tokens: every output has `rows` rows; rows past the received ones are 0 (top-k indices -1)."""
-    out = []
-    for t in tensors:
-        if t is None:
-            out.append(None)
-            continue
-        if t.shape[0] > rows:
-            raise ValueError(f"num_worst_tokens = {rows}: {t.shape[0]} tokens were received")
-        shape = (rows,) + tuple(t.shape[1:])
-        if t.dtype == torch.int64:
-            padded = torch.full(shape, -1, dtype=t.dtype, device=t.device)
-        else:
-            padded = torch.zeros(shape, dtype=t.dtype, device=t.device)
-        padded[:t.shape[0]] = t
-        out.append(padded)
-    return out

@@ -5,7 +5,23 @@ import torch
 
 from . import _lib, _tensors
 from ._lib import call, lib
-from ._tensors import describe
+from ._tensors import describe, put
+
+_BF16, _I64, _I32, _F32 = (torch.bfloat16,), (torch.int64,), (torch.int32,), (torch.float32,)
+# Byte offsets of the descriptors in the argument and result structs (written and read in place, see buffer.py).
+_LD_X, _LD_IDX, _LD_STATS = (getattr(_lib.LLDispatchArgs, n).offset for n in ("x", "topk_idx", "cumulative_stats"))
+_LD_OUTPUTS = tuple(getattr(_lib.LLDispatchResult, n).offset for n in (
+    "packed_recv_x", "packed_recv_x_scales", "packed_recv_count", "packed_recv_src_info", "packed_recv_layout_range"))
+_LC_X, _LC_IDX, _LC_W, _LC_OUT = (getattr(_lib.LLCombineArgs, n).offset for n in ("x", "topk_idx", "topk_weights",
+                                                                                  "out"))
+_LCR_X = _lib.LLCombineResult.combined_x.offset
+_LO_STATS = _lib.LLOptions.wait_recv_cost_stats.offset
+_LL_DISPATCH, _LL_COMBINE = lib.epf_low_latency_dispatch_ex, lib.epf_low_latency_combine_ex
+
+
+def _hook(buffer, c_hook):
+    from .buffer import Hook  # buffer.py imports this module
+    return Hook(buffer, c_hook)
 
 
 class LowLatencyHandle(tuple):
@@ -30,31 +46,37 @@ class LowLatencyMixin:
                              use_fp8=True, round_scale=False, use_ue8m0=False, async_finish=False,
                              return_recv_hook=False):
         """Returns (recv_x, recv_count, handle, event, hook): recv_x is packed_recv_x [L, R*M, hidden] or, with
-        use_fp8, (packed_recv_x, packed_recv_x_scales [L, R*M, hidden/128], token-minor as DeepEP's)."""
-        from .buffer import Hook
-        self._low_latency_only("low_latency_dispatch")
-        if dispatch_wait_recv_cost_stats is not None:
-            raise NotImplementedError("dispatch_wait_recv_cost_stats is not supported yet (docs/python.md)")
-        args = _lib.LLDispatchArgs()
-        args.x = describe(x, "x", (torch.bfloat16,), 2, self.device)
-        args.topk_idx = describe(topk_idx, "topk_idx", (torch.int64,), 2, self.device)
-        args.cumulative_stats = describe(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats",
-                                         (torch.int32,), 1, self.device, optional=True)
-        args.use_fp8, args.round_scale, args.use_ue8m0 = int(use_fp8), int(round_scale), int(use_ue8m0)
-        args.return_recv_hook = int(return_recv_hook)
+        use_fp8, (packed_recv_x, packed_recv_x_scales [L, R*M, hidden/128], token-minor as DeepEP's).
+        dispatch_wait_recv_cost_stats (int64 [num_ranks]) is added to: per source rank, the nanoseconds the receive
+        phase waited for its data (DeepEP counts clock cycles)."""
+        if not self.low_latency_mode or self._lease is None:
+            self._low_latency_only("low_latency_dispatch")
+        calls, dev, index = self._calls, self.device, self._dev_index
+        args = calls.ll_dispatch_args
+        put(args, _LD_X, x, "x", _BF16, 2, dev, index)
+        put(args, _LD_IDX, topk_idx, "topk_idx", _I64, 2, dev, index)
+        put(args, _LD_STATS, cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats", _I32, 1, dev,
+            index, optional=True)
+        self._put_wait_cost(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats")
+        args.use_fp8, args.round_scale, args.use_ue8m0 = bool(use_fp8), bool(round_scale), bool(use_ue8m0)
+        args.return_recv_hook = bool(return_recv_hook)
         hidden = x.shape[1]
-        self._ensure_low_latency(num_max_dispatch_tokens_per_rank, hidden, topk_idx.shape[1], num_experts)
-        result = _lib.LLDispatchResult()
+        key = (num_max_dispatch_tokens_per_rank, hidden, topk_idx.shape[1], num_experts)
+        if key != self._ll_key:
+            self._ensure_low_latency(*key)
+        result = calls.ll_dispatch_result
+        status = _LL_DISPATCH(self._cbuf, calls.ll_dispatch_args_ref, calls.ll_options_ref, self._stream(),
+                              calls.ll_dispatch_result_ref)
         try:
-            call("epf_low_latency_dispatch", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
-            recv_x, scales, count, src_info, layout_range = (self._alloc.wrap(t) for t in (
-                result.packed_recv_x, result.packed_recv_x_scales, result.packed_recv_count,
-                result.packed_recv_src_info, result.packed_recv_layout_range))
+            if status:
+                raise _lib.fail(status, "epf_low_latency_dispatch_ex")
+            wrap = self._alloc.wrap_at
+            recv_x, scales, count, src_info, layout_range = (wrap(result, o) for o in _LD_OUTPUTS)
         finally:
             self._alloc.end_call()
         handle = LowLatencyHandle(ctypes.c_void_p(result.handle), src_info, layout_range,
                                   num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0])
-        hook = Hook(self, result.hook) if result.hook else None
+        hook = _hook(self, result.hook) if result.hook else None
         if use_fp8:
             recv_x = (recv_x, scales.transpose(1, 2))  # stored [L, G, R*M]; DeepEP's [L, R*M, G] view of it
         return recv_x, count, handle, self._event(async_finish), hook
@@ -62,30 +84,33 @@ class LowLatencyMixin:
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
                             async_finish=False, return_recv_hook=False, out=None,
                             combine_wait_recv_cost_stats=None):
-        """Returns (combined_x, event, hook)."""
-        from .buffer import Hook
-        self._low_latency_only("low_latency_combine")
+        """Returns (combined_x, event, hook). combine_wait_recv_cost_stats (int64 [num_ranks]) is added to: per rank,
+        the nanoseconds the receive phase waited for its partial rows."""
+        if not self.low_latency_mode or self._lease is None:
+            self._low_latency_only("low_latency_combine")
         if use_logfmt:
             raise NotImplementedError("use_logfmt (LogFMT-compressed combine) is not supported (docs/python.md)")
-        if combine_wait_recv_cost_stats is not None:
-            raise NotImplementedError("combine_wait_recv_cost_stats is not supported yet (docs/python.md)")
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("handle must be the handle that low_latency_dispatch returned")
-        args = _lib.LLCombineArgs()
-        if not zero_copy:
-            args.x = describe(x, "x", (torch.bfloat16,), 3, self.device)
-        args.topk_idx = describe(topk_idx, "topk_idx", (torch.int64,), 2, self.device)
-        args.topk_weights = describe(topk_weights, "topk_weights", (torch.float32,), 2, self.device)
-        args.out = describe(out, "out", (torch.bfloat16,), 2, self.device, optional=True)
+        calls, dev, index = self._calls, self.device, self._dev_index
+        args = calls.ll_combine_args
+        put(args, _LC_X, None if zero_copy else x, "x", _BF16, 3, dev, index, optional=zero_copy)
+        put(args, _LC_IDX, topk_idx, "topk_idx", _I64, 2, dev, index)
+        put(args, _LC_W, topk_weights, "topk_weights", _F32, 2, dev, index)
+        put(args, _LC_OUT, out, "out", _BF16, 2, dev, index, optional=True)
+        self._put_wait_cost(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats")
         args.handle = handle._c
-        args.zero_copy, args.return_recv_hook = int(zero_copy), int(return_recv_hook)
-        result = _lib.LLCombineResult()
+        args.zero_copy, args.return_recv_hook = bool(zero_copy), bool(return_recv_hook)
+        result = calls.ll_combine_result
+        status = _LL_COMBINE(self._cbuf, calls.ll_combine_args_ref, calls.ll_options_ref, self._stream(),
+                             calls.ll_combine_result_ref)
         try:
-            call("epf_low_latency_combine", self._cbuf, ctypes.byref(args), self._stream(), ctypes.byref(result))
-            combined = out if out is not None else self._alloc.wrap(result.combined_x)
+            if status:
+                raise _lib.fail(status, "epf_low_latency_combine_ex")
+            combined = out if out is not None else self._alloc.wrap_at(result, _LCR_X)
         finally:
             self._alloc.end_call()
-        hook = Hook(self, result.hook) if result.hook else None
+        hook = _hook(self, result.hook) if result.hook else None
         return combined, self._event(async_finish), hook
 
     def get_next_low_latency_combine_buffer(self, handle):
@@ -127,6 +152,12 @@ class LowLatencyMixin:
 
     # ---- internals ----
 
+    def _put_wait_cost(self, stats, name):
+        """DeepEP's wait-cost statistics (int64 [num_ranks], added to) into the options, or "not given"."""
+        put(self._calls.ll_options, _LO_STATS, stats, name, _I64, 1, self.device, self._dev_index, optional=True)
+        if stats is not None and stats.numel() != self.group_size:
+            raise ValueError(f"{name} has {stats.numel()} entries: expected {self.group_size} (num_ranks)")
+
     def _rank_mask(self):
         self._low_latency_only("the mask buffer")
         if self._cbuf is None:
@@ -149,7 +180,9 @@ class LowLatencyMixin:
             if self._cfg != key:
                 raise ValueError(f"low-latency shape {key}: this Buffer was set up by its first call for "
                                  f"{self._cfg}; every rank must create a new Buffer for another shape")
+            self._ll_key = (max_tokens, hidden, topk, num_experts)
             return
         config = _config(max_tokens, hidden, topk, num_experts, 1, True, self._timeout_s)
         config.low_latency_sms = self._low_latency_sms
         self._create(key, config)
+        self._ll_key = (max_tokens, hidden, topk, num_experts)

@@ -14,10 +14,12 @@
 #include <random>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/client/client.h"
+#include "epfabric/common/status_macros.h"
 #include "gpu_env.h"
 #include "integration/buffer_test_cases.h"
 #include "integration/client_test_util.h"
@@ -58,6 +60,10 @@ std::vector<hbt::IntranodeCase> NormalCases(uint64_t seed) {
   fp8.fp8 = true;
   fp8.topk = hbt::TopkMode::kIdsOnly;
   cases.push_back(fp8);
+  hbt::IntranodeCase packed = make({200, 77}, 7168);  // DeepEP's packed UE8M0 int32 scales
+  packed.fp8 = true;
+  packed.packed_scales = true;
+  cases.push_back(packed);
   hbt::IntranodeCase none = make({100, 1}, 256);
   none.topk = hbt::TopkMode::kNone;
   cases.push_back(none);
@@ -128,6 +134,127 @@ class DeviceTestMemory final : public TestMemory {
  private:
   std::vector<void*> owned_;
 };
+
+// A bump allocator over one cudaMalloc'd arena, as a CUDA graph needs: outputs stay at the addresses captured, and
+// nothing is allocated or freed in stream order while capturing.
+class ArenaAllocator final : public client::Allocator {
+ public:
+  explicit ArenaAllocator(size_t bytes) {
+    if (cudaMalloc(&base_, bytes) == cudaSuccess) size_ = bytes;
+  }
+  ~ArenaAllocator() override { cudaFree(base_); }
+  absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t /*stream*/) override {
+    const size_t at = (used_ + 255) / 256 * 256;
+    if (at + bytes > size_) return absl::ResourceExhaustedError("the test arena is full");
+    used_ = at + bytes;
+    return static_cast<char*>(base_) + at;
+  }
+  void Free(void* /*ptr*/, cudaStream_t /*stream*/) override {}
+
+ private:
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  size_t used_ = 0;
+};
+
+// DeepEP's num_worst_tokens path: layout + worst-case dispatch + combine captured in one CUDA graph on a stream of
+// its own, then replayed with new inputs written into the captured input tensors, routing included (so the counts
+// each rank receives change between replays, which only the kernels see). Every replay is checked against the
+// references: the received rows, the padding rows (top-k -1, weight 0), the combined rows. A second Buffer on the
+// lease takes its outputs from an arena, so that the captured addresses stay valid.
+void RunWorstCaseGraph(client::Lease* lease, int rank, uint64_t seed, hbt::Mismatches* m) {
+  using kernels::DType;
+  const BufferConfig config = ConfigFor(false);
+  auto buffer = client::Buffer::Create(lease, config, std::make_shared<ArenaAllocator>(512ull << 20));
+  if (!buffer.ok()) return m->Status("Buffer::Create (arena)", rank, buffer.status());
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return m->Add("stream");
+  std::vector<hbt::IntranodeExpected> xs;
+  for (int i = 0; i < 4; ++i) {
+    hbt::IntranodeCase c;
+    c.num_tokens = {192, 160};
+    c.hidden = 2048;
+    c.num_topk = 8;
+    c.num_experts = config.num_experts;
+    c.num_channels = config.num_sms;
+    c.routing.empty_fraction = 0.1 * i;  // different receive counts per replay
+    c.seed = seed * 41 + i;
+    xs.push_back(hbt::MakeIntranodeExpected(c));
+  }
+  const int W = 2 * config.max_tokens_per_rank, H = 2048, K = 8;
+  const int64_t T = xs[0].inputs[rank].num_tokens;
+  DeviceTestMemory mem;
+  // Padding rows of the expert outputs hold NaN and 1e30 weights: the combine must never read them.
+  const std::vector<uint16_t> nan_rows(static_cast<size_t>(W) * H, 0x7fc0);
+  const std::vector<float> huge_weights(static_cast<size_t>(W) * K, 1e30f);
+  const client::TensorView x = Put(mem, xs[0].inputs[rank].x, DType::kBF16, {T, H});
+  const client::TensorView topk = Put(mem, xs[0].inputs[rank].topk_idx, DType::kInt64, {T, K});
+  const client::TensorView weights = Put(mem, xs[0].inputs[rank].topk_weights, DType::kFloat32, {T, K});
+  const client::TensorView expert_out = Put(mem, nan_rows, DType::kBF16, {W, H});
+  const client::TensorView expert_w = Put(mem, huge_weights, DType::kFloat32, {W, K});
+  struct Outputs {
+    client::DispatchLayout layout;
+    client::DispatchResult dispatched;
+    client::CombineResult combined;
+  };
+  auto run = [&](Outputs* o) -> absl::Status {
+    EPF_ASSIGN_OR_RETURN(o->layout, (*buffer)->GetDispatchLayout(topk, stream));
+    EPF_ASSIGN_OR_RETURN(
+        o->dispatched,
+        (*buffer)->Dispatch(
+            {.x = x, .topk_idx = topk, .topk_weights = weights, .layout = &o->layout, .num_worst_tokens = W}, stream));
+    EPF_ASSIGN_OR_RETURN(
+        o->combined,
+        (*buffer)->Combine({.x = expert_out, .topk_weights = expert_w, .handle = o->dispatched.handle}, stream));
+    return absl::OkStatus();
+  };
+  auto load = [&](const hbt::IntranodeExpected& e) {  // case e's inputs into the captured tensors
+    const ref::RankInput& in = e.inputs[rank];
+    mem.Write(x.data, in.x.data(), in.x.size());
+    mem.Write(topk.data, in.topk_idx.data(), in.topk_idx.size() * sizeof(int64_t));
+    mem.Write(weights.data, in.topk_weights.data(), in.topk_weights.size() * sizeof(float));
+    const ref::CombineInput& cin = e.combine_inputs[rank];
+    mem.Write(expert_out.data, nan_rows.data(), nan_rows.size() * 2);
+    mem.Write(expert_out.data, cin.x.data(), cin.x.size() * 2);
+    mem.Write(expert_w.data, huge_weights.data(), huge_weights.size() * sizeof(float));
+    mem.Write(expert_w.data, cin.topk_weights.data(), cin.topk_weights.size() * sizeof(float));
+  };
+  auto check = [&](const Outputs& o, const hbt::IntranodeExpected& e, const char* what) {
+    m->Status(what, rank, (*buffer)->Check(stream));
+    const ref::RankOutput& want = e.dispatched[rank];
+    CheckWorstCasePadding(mem, m, rank, o.dispatched, want.num_recv_tokens, W, K, true);
+    CompareTensor(mem, m, "graph recv_x", rank, o.dispatched.recv_x, want.recv_x, want.recv_x.size());
+    CompareTensor(mem, m, "graph recv_topk_idx", rank, o.dispatched.recv_topk_idx, want.recv_topk_idx,
+                  want.recv_topk_idx.size());
+    CompareTensor(mem, m, "graph recv_topk_weights", rank, o.dispatched.recv_topk_weights, want.recv_topk_weights,
+                  want.recv_topk_weights.size());
+    const ref::CombineOutput& cwant = e.combined[rank];
+    CompareTensor(mem, m, "graph combined_x", rank, o.combined.combined_x, cwant.combined_x, cwant.combined_x.size());
+    CompareTensor(mem, m, "graph combined_topk_weights", rank, o.combined.combined_topk_weights,
+                  cwant.combined_topk_weights, cwant.combined_topk_weights.size());
+  };
+  Outputs eager, captured;
+  load(xs[0]);
+  if (absl::Status s = run(&eager); !s.ok()) return m->Status("eager worst-case sequence", rank, s);
+  check(eager, xs[0], "eager worst-case sequence");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return m->Add("begin capture");
+  const absl::Status in_capture = run(&captured);
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!in_capture.ok()) return m->Status("capture", rank, in_capture);
+  if (ended != cudaSuccess || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+    return m->Add(absl::StrCat("rank ", rank, ": capture failed: ", cudaGetErrorString(ended)));
+  }
+  for (int i = 0; i < static_cast<int>(xs.size()); ++i) {
+    load(xs[i]);
+    if (cudaGraphLaunch(exec, stream) != cudaSuccess) return m->Add("graph launch");
+    check(captured, xs[i], "graph replay");
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
 
 void RunMode(bool low_latency) {
   EPF_REQUIRE_GPUS(1);
@@ -239,6 +366,12 @@ int RunBufferCudaHelper(int argc, char** argv) {
           RunNormalCase(memory, rank, **buffer, hbt::MakeIntranodeExpected(c), &found);
           ++cases;
         }
+        // Worst-case mode eagerly (exactly the most a rank can receive, and more), then in a CUDA graph.
+        const std::vector<hbt::IntranodeCase> worst = NormalCases(seed + 1);
+        RunNormalCase(memory, rank, **buffer, hbt::MakeIntranodeExpected(worst[0]), &found, nullptr, 1024);
+        RunNormalCase(memory, rank, **buffer, hbt::MakeIntranodeExpected(worst[1]), &found, nullptr, 1500);
+        RunWorstCaseGraph(lease->get(), rank, seed, &found);
+        cases += 3;
       }
       if (!found.empty()) std::cerr << "rank " << rank << " mismatches:\n" << found.str();
       const int mismatches = found.empty() ? 0 : 1;

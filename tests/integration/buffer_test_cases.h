@@ -65,8 +65,38 @@ void CompareTensor(TestMemory& memory, hbt::Mismatches* m, const char* what, int
 // ---------------------------------------------------------------------------------------------------------------
 // Normal mode: layout, dispatch, cached dispatch, combine of one case on this rank.
 
+// `rows` rows of `width` elements: `v` (its first rows) and then `fill` (padding that must not matter).
+template <typename T>
+std::vector<T> PadRows(const std::vector<T>& v, size_t width, int64_t rows, T fill) {
+  std::vector<T> out(v);
+  out.resize(static_cast<size_t>(rows) * width, fill);
+  return out;
+}
+
+// Worst-case mode (num_worst_tokens): the padding rows past the `n` received ones have top-k -1 and weight 0.
+inline void CheckWorstCasePadding(TestMemory& mem, hbt::Mismatches* m, int rank, const client::DispatchResult& got,
+                                  int n, int rows, int K, bool weights) {
+  if (got.recv_x.view.shape.empty() || got.recv_x.view.shape[0] != rows) {
+    m->Add(absl::StrCat("rank ", rank, ": worst-case recv_x does not have num_worst_tokens = ", rows, " rows"));
+  }
+  if (!got.num_recv_tokens_per_expert.empty()) m->Add(absl::StrCat("rank ", rank, ": worst-case per-expert counts"));
+  if (K == 0 || n > rows) return;
+  const size_t pad = static_cast<size_t>(rows - n) * K;
+  const std::vector<int64_t> idx = Get<int64_t>(mem, got.recv_topk_idx.view, static_cast<size_t>(rows) * K);
+  m->CompareArrays("padding recv_topk_idx", rank, idx.data() + static_cast<size_t>(n) * K,
+                   std::vector<int64_t>(pad, -1).data(), pad);
+  if (weights) {
+    const std::vector<float> w = Get<float>(mem, got.recv_topk_weights.view, static_cast<size_t>(rows) * K);
+    m->CompareArrays("padding recv_topk_weights", rank, w.data() + static_cast<size_t>(n) * K,
+                     std::vector<float>(pad, 0.0f).data(), pad);
+  }
+}
+
+// num_worst_tokens > 0: both dispatches in worst-case mode (the cached one through the worst-case handle), outputs
+// of num_worst_tokens rows whose first rows equal the reference, and a combine whose x has num_worst_tokens rows
+// (the padding rows hold garbage that must be ignored).
 inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, const hbt::IntranodeExpected& x,
-                          hbt::Mismatches* m, cudaStream_t stream = nullptr) {
+                          hbt::Mismatches* m, cudaStream_t stream = nullptr, int num_worst_tokens = 0) {
   using kernels::DType;
   const hbt::IntranodeCase& c = x.c;
   const int R = c.num_ranks();
@@ -85,27 +115,41 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
 
   client::DispatchArgs args;
   args.x = Put(mem, in.x, c.fp8 ? DType::kFP8E4M3 : DType::kBF16, {T, c.hidden});
-  if (c.fp8) args.x_scales = Put(mem, in.x_scales, DType::kFloat32, {T, c.hidden / 128});
+  if (c.fp8) {
+    args.x_scales = Put(mem, in.x_scales, c.packed_scales ? DType::kInt32 : DType::kFloat32, {T, x.config.num_scales});
+  }
   if (K > 0) args.topk_idx = topk_idx;
   if (x.config.has_weights) args.topk_weights = Put(mem, in.topk_weights, DType::kFloat32, {T, K});
   args.layout = &*layout;
   args.expert_alignment = c.expert_alignment;
+  args.num_worst_tokens = num_worst_tokens;
+  const bool worst = num_worst_tokens > 0;
+  const int rows = worst ? num_worst_tokens : want.num_recv_tokens;
   std::shared_ptr<const client::DispatchHandle> handle;
   for (int pass = 0; pass < 2; ++pass) {
     const char* what = pass == 0 ? "Dispatch" : "cached Dispatch";
     if (pass == 1) {
       args.cached = handle;
       args.layout = nullptr;
+      args.num_worst_tokens = 0;  // the worst-case handle keeps its rows
     }
     auto got = buffer.Dispatch(args, stream);
     if (!got.ok()) return m->Status(what, rank, got.status());
+    if (worst) m->Status("Check after worst-case dispatch", rank, buffer.Check(stream));
     const int N = want.num_recv_tokens;
-    if (got->handle->num_recv_tokens != N) m->Add(absl::StrCat("rank ", rank, ": ", what, " num_recv_tokens"));
-    if (got->recv_x.view.shape != std::vector<int64_t>{N, c.hidden}) {
+    if (got->handle->num_recv_tokens != rows || got->handle->worst_case != worst) {
+      m->Add(absl::StrCat("rank ", rank, ": ", what, " num_recv_tokens ", got->handle->num_recv_tokens));
+    }
+    if (got->recv_x.view.shape != std::vector<int64_t>{rows, c.hidden}) {
       m->Add(absl::StrCat("rank ", rank, ": ", what, " recv_x shape"));
     }
+    if (worst) CheckWorstCasePadding(mem, m, rank, *got, N, rows, K, x.config.has_weights);
     CompareTensor(mem, m, "recv_x", rank, got->recv_x, want.recv_x, want.recv_x.size());
     if (c.fp8) {
+      if (got->recv_x_scales.view.dtype != args.x_scales.dtype ||
+          got->recv_x_scales.view.shape != std::vector<int64_t>{rows, x.config.num_scales}) {
+        m->Add(absl::StrCat("rank ", rank, ": ", what, " recv_x_scales dtype or shape"));
+      }
       CompareTensor(mem, m, "recv_x_scales", rank, got->recv_x_scales, want.recv_x_scales, want.recv_x_scales.size());
     }
     if (K > 0) {
@@ -116,7 +160,7 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
                     want.recv_topk_weights.size());
     }
     // Cached mode does not exchange counts, so it returns no per-expert counts (as DeepEP).
-    if (pass == 0 && got->num_recv_tokens_per_expert != want.num_recv_tokens_per_expert) {
+    if (pass == 0 && !worst && got->num_recv_tokens_per_expert != want.num_recv_tokens_per_expert) {
       m->Add(absl::StrCat("rank ", rank, ": num_recv_tokens_per_expert"));
     }
     const client::DispatchHandle& h = *got->handle;
@@ -133,9 +177,12 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
   const int combine_topk = x.config.has_weights ? c.num_topk : 0;
   client::CombineArgs cargs;
   cargs.handle = handle;
-  cargs.x = Put(mem, cin.x, DType::kBF16, {handle->num_recv_tokens, c.hidden});
+  // Worst case: x has the handle's rows; the padding is NaN (0x7fc0) and 1e30 weights, which must be ignored.
+  const std::vector<uint16_t> combine_x = PadRows<uint16_t>(cin.x, c.hidden, rows, 0x7fc0);
+  const std::vector<float> combine_w = PadRows<float>(cin.topk_weights, combine_topk, rows, 1e30f);
+  cargs.x = Put(mem, combine_x, DType::kBF16, {handle->num_recv_tokens, c.hidden});
   if (combine_topk > 0) {
-    cargs.topk_weights = Put(mem, cin.topk_weights, DType::kFloat32, {handle->num_recv_tokens, combine_topk});
+    cargs.topk_weights = Put(mem, combine_w, DType::kFloat32, {handle->num_recv_tokens, combine_topk});
   }
   if (c.bias) {
     cargs.bias_0 = Put(mem, cin.bias_0, DType::kBF16, {T, c.hidden});
@@ -154,6 +201,20 @@ inline void RunNormalCase(TestMemory& mem, int rank, client::Buffer& buffer, con
 // ---------------------------------------------------------------------------------------------------------------
 // Low latency: `its` dispatch + combine pairs back to back (the halves alternate), each checked.
 
+// Wait-cost statistics (int64 [R], ns, added to): every call adds at least `min_per_call` to every rank's entry
+// (each wait counts at least 1 ns, and no rank is masked here); `last` holds the values after the previous call.
+inline void CheckWaitCost(TestMemory& mem, hbt::Mismatches* m, int rank, const char* what,
+                          const client::TensorView& cost, std::vector<int64_t>* last, int64_t min_per_call) {
+  const std::vector<int64_t> now = Get<int64_t>(mem, cost, last->size());
+  for (size_t r = 0; r < now.size(); ++r) {
+    if (now[r] - (*last)[r] < min_per_call) {
+      m->Add(absl::StrCat("rank ", rank, ": ", what, " wait_recv_cost_stats[", r, "] went from ", (*last)[r], " to ",
+                          now[r], ": expected an increase of at least ", min_per_call));
+    }
+  }
+  *last = now;
+}
+
 inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& buffer, const hbt::LowLatencyCase& c,
                                     const std::vector<hbt::LowLatencyIteration>& its, hbt::Mismatches* m,
                                     cudaStream_t stream = nullptr) {
@@ -164,6 +225,10 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
   const std::vector<int32_t> zero_stats(L, 0);
   std::vector<int32_t> want_stats(L, 0);
   const client::TensorView stats = Put(mem, zero_stats, DType::kInt32, {L});
+  // The wait costs go with the cumulative statistics (separate vectors: the host memory is used in place).
+  std::vector<int64_t> dispatch_cost_init(R, 0), combine_cost_init(R, 0), last_dispatch(R, 0), last_combine(R, 0);
+  const client::TensorView dispatch_cost = Put(mem, dispatch_cost_init, DType::kInt64, {R});
+  const client::TensorView combine_cost = Put(mem, combine_cost_init, DType::kInt64, {R});
   for (size_t i = 0; i < its.size(); ++i) {
     const hbt::LowLatencyIteration& it = its[i];
     const kernels::host::LowLatencyRankInput& in = it.inputs[rank];
@@ -175,7 +240,10 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
     d.use_fp8 = c.fp8;
     d.round_scale = c.round_scale;
     d.use_ue8m0 = c.ue8m0;
-    if (c.cumulative_stats) d.cumulative_stats = stats;
+    if (c.cumulative_stats) {
+      d.cumulative_stats = stats;
+      d.wait_recv_cost_stats = dispatch_cost;
+    }
     d.return_recv_hook = c.hook;
     auto got = buffer.LowLatencyDispatch(d, stream);
     if (!got.ok()) return m->Status("LowLatencyDispatch", rank, got.status());
@@ -185,6 +253,7 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
       if (got->recv_hook(stream).ok()) m->Add("a recv_hook ran twice");
     }
     m->Status("Check after low-latency dispatch", rank, buffer.Check(stream));
+    if (c.cumulative_stats) CheckWaitCost(mem, m, rank, "dispatch", dispatch_cost, &last_dispatch, L);
     CompareTensor(mem, m, "packed_recv_count", rank, got->packed_recv_count, want.packed_recv_count, L);
     CompareTensor(mem, m, "layout_range", rank, got->packed_recv_layout_range, want.layout_range,
                   want.layout_range.size());
@@ -229,10 +298,12 @@ inline void RunLowLatencyIterations(TestMemory& mem, int rank, client::Buffer& b
     cb.handle = got->handle;
     cb.zero_copy = c.zero_copy;
     cb.return_recv_hook = c.hook;
+    if (c.cumulative_stats) cb.wait_recv_cost_stats = combine_cost;
     auto combined = buffer.LowLatencyCombine(cb, stream);
     if (!combined.ok()) return m->Status("LowLatencyCombine", rank, combined.status());
     if (c.hook) m->Status("combine recv_hook", rank, combined->recv_hook(stream));
     m->Status("Check after low-latency combine", rank, buffer.Check(stream));
+    if (c.cumulative_stats) CheckWaitCost(mem, m, rank, "combine", combine_cost, &last_combine, 1);
     CompareTensor(mem, m, "combined_x", rank, combined->combined_x, it.combined[rank], it.combined[rank].size());
   }
   if (c.cumulative_stats) {

@@ -83,8 +83,9 @@ class NormalModeTest(FabricCase):
         self.assertTrue(torch.equal(recv_x, torch.cat(rows)), f"rank {r}: recv_x differs from the reference")
         self.assertTrue(torch.equal(recv_idx, torch.cat(idx_rows)), f"rank {r}: recv_topk_idx differs")
         self.assertTrue(torch.equal(recv_w, torch.cat(w_rows)), f"rank {r}: recv_topk_weights differ")
-        want = [sum(int((idx == r * L + e).sum()) for _, idx, _ in ins) for e in range(L)]
-        self.assertEqual(counts, want, f"rank {r}: num_recv_tokens_per_expert_list")
+        if counts is not None:  # None: not returned (worst-case mode)
+            want = [sum(int((idx == r * L + e).sum()) for _, idx, _ in ins) for e in range(L)]
+            self.assertEqual(counts, want, f"rank {r}: num_recv_tokens_per_expert_list")
 
     def test_dispatch_combine_layout_cached_bias(self):
         bufs = self.group(False, 64, self.hidden, self.topk, self.experts)
@@ -164,11 +165,152 @@ class NormalModeTest(FabricCase):
             want_scales = torch.cat([sc[s] for (_, sc, _, _), s in zip(ins, sel)])
             n = want_data.shape[0]
             self.assertEqual(recv_data.shape[0], N * self.tokens, "num_worst_tokens rows")
-            self.assertEqual(handle.num_recv_tokens, n)
+            self.assertEqual(recv_scales.shape[0], N * self.tokens, "num_worst_tokens rows")
+            self.assertEqual(handle.num_recv_tokens, N * self.tokens, "the handle's rows are num_worst_tokens")
             self.assertTrue(torch.equal(recv_data[:n].view(torch.uint8), want_data), f"rank {r}: fp8 bytes")
             self.assertTrue(torch.equal(recv_scales[:n], want_scales), f"rank {r}: scales")
             self.assertTrue(bool((recv_idx[n:] == -1).all()), "padded rows have top-k -1")
             self.assertEqual(counts, [])
+
+
+    def test_fp8_packed_ue8m0_scales(self):
+        """DeepEP's int scales: packed UE8M0 int32 [tokens, hidden / 512] (column-major here, as DeepGEMM makes them)
+        travel with their tokens and come back as int32 [received, hidden / 512]."""
+        hidden = 1024
+        bufs = self.group(False, 64, hidden, self.topk, self.experts)
+        ins = []
+        for r in range(N):
+            gen = torch.Generator().manual_seed(SEED + 500 + r)
+            _, idx, w = self.inputs(gen, r)
+            n = idx.shape[0]
+            data = torch.randint(0, 0x7f, (n, hidden), dtype=torch.uint8, generator=gen)
+            words = torch.randint(-(1 << 31), (1 << 31) - 1, (hidden // 512, n), dtype=torch.int32, generator=gen).t()
+            ins.append((data, words, idx, w))
+
+        def rank(r):
+            data, idx, w = fabric.to_dev(ins[r][0], ins[r][2], ins[r][3])
+            words = ins[r][1].cuda() if fabric.BACKEND == "cuda" else ins[r][1]  # keeps its column-major strides
+            per_rank, _, per_expert, in_rank, _ = bufs[r].get_dispatch_layout(idx, self.experts)
+            return bufs[r].dispatch((data, words), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                    num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+
+        outs = fabric.run_ranks(N, rank)
+        L = self.experts // N
+        for r in range(N):
+            (recv_data, recv_words), recv_idx, _, _, _, _ = outs[r]
+            sel = [((idx >= r * L) & (idx < (r + 1) * L)).any(1) for _, _, idx, _ in ins]
+            want_words = torch.cat([words[s] for (_, words, _, _), s in zip(ins, sel)])
+            self.assertEqual(recv_words.dtype, torch.int32, f"rank {r}: received scales keep their dtype")
+            self.assertEqual(tuple(recv_words.shape), (want_words.shape[0], hidden // 512))
+            self.assertTrue(torch.equal(recv_words.cpu(), want_words), f"rank {r}: packed scale words")
+            want_data = torch.cat([d[s] for (d, _, _, _), s in zip(ins, sel)])
+            self.assertTrue(torch.equal(recv_data.view(torch.uint8).cpu(), want_data), f"rank {r}: fp8 bytes")
+        data, words, idx, _ = fabric.to_dev(*ins[0])
+        per_rank, _, per_expert, in_rank, _ = bufs[0].get_dispatch_layout(idx, self.experts)
+        layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+        for bad, kind, needle in (((data, words.long()), TypeError, "x[1] (scales).dtype"),
+                                  ((data[:, :640].contiguous(), words[:, :1]), epfabric.EpfError, "multiple of 512")):
+            with self.assertRaises(kind) as caught:  # refused before anything is launched
+                bufs[0].dispatch(bad, **layout, topk_idx=idx)
+            self.assertIn(needle, str(caught.exception))
+
+    def test_worst_tokens_equals_the_waiting_path(self):
+        """num_worst_tokens (no host wait): the received rows equal the normal path's, the padding rows have top-k
+        -1 and weight 0, and a combine through the worst-case handle (padding rows of NaN) equals the normal one."""
+        bufs = self.group(False, 64, self.hidden, self.topk, self.experts)
+        gens = [torch.Generator().manual_seed(SEED + 200 + r) for r in range(N)]
+        ins = [self.inputs(gens[r], r) for r in range(N)]
+        worst = N * self.tokens + 5  # more than any rank can receive
+
+        def rank(r):
+            b = bufs[r]
+            x, idx, w = fabric.to_dev(*ins[r])
+            per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, self.experts)
+            layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+            want = b.dispatch(x, **layout, topk_idx=idx, topk_weights=w)
+            got = b.dispatch(x, **layout, topk_idx=idx, topk_weights=w, num_worst_tokens=worst)
+            n = want[0].shape[0]
+            expert_out = (want[0].float() * (r + 2)).to(torch.bfloat16)
+            padded = torch.full((worst, self.hidden), float("nan"), dtype=torch.bfloat16, device=x.device)
+            padded[:n] = expert_out
+            padded_w = torch.full((worst, self.topk), 1e30, device=x.device)
+            padded_w[:n] = want[2]
+            combined_want = b.combine(expert_out, want[4], topk_weights=want[2])
+            combined_got = b.combine(padded, got[4], topk_weights=padded_w)
+            cached = b.dispatch(x, handle=got[4])  # through the worst-case handle: worst rows again
+            return want, got, combined_want, combined_got, cached
+
+        for r, (want, got, combined_want, combined_got, cached) in enumerate(fabric.run_ranks(N, rank)):
+            n = want[0].shape[0]
+            self.check_dispatch(r, ins, *[t.cpu() if t is not None else t for t in want[:3]], want[3])
+            for i, name in enumerate(("recv_x", "recv_topk_idx", "recv_topk_weights")):
+                self.assertEqual(got[i].shape[0], worst, f"rank {r}: {name} has num_worst_tokens rows")
+                self.assertTrue(torch.equal(got[i][:n], want[i]), f"rank {r}: {name} differs from the waiting path")
+            self.assertTrue(bool((got[1][n:] == -1).all()), f"rank {r}: padding top-k indices are -1")
+            self.assertTrue(bool((got[2][n:] == 0).all()), f"rank {r}: padding top-k weights are 0")
+            self.assertEqual(got[3], [], f"rank {r}: num_recv_tokens_per_expert_list is empty")
+            self.assertEqual(got[4].num_recv_tokens, worst)
+            self.assertTrue(torch.equal(combined_got[0], combined_want[0]), f"rank {r}: combined_x")
+            self.assertTrue(torch.equal(combined_got[1], combined_want[1]), f"rank {r}: combined_topk_weights")
+            self.assertEqual(cached[0].shape[0], worst, f"rank {r}: cached dispatch through the worst-case handle")
+            self.assertTrue(torch.equal(cached[0][:n], want[0]), f"rank {r}: cached recv_x")
+        with self.assertRaises(ValueError) as caught:  # refused before anything reaches the library
+            bufs[0].dispatch(fabric.to_dev(ins[0][0])[0], num_worst_tokens=-1)
+        self.assertIn("num_worst_tokens = -1", str(caught.exception))
+
+    @unittest.skipUnless(fabric.BACKEND == "cuda", "CUDA graphs need the cuda backend (EPF_PY_BACKEND=cuda)")
+    def test_worst_tokens_cuda_graph_capture_and_replay(self):
+        """Layout + worst-case dispatch + combine captured in a CUDA graph, replayed with new routing each time."""
+        bufs = self.group(False, 64, self.hidden, self.topk, self.experts)
+        worst = N * 64
+        warm, capture = threading.Barrier(N), threading.Lock()
+        rounds = [[self.inputs(torch.Generator().manual_seed(SEED + 300 + 10 * i + r), r, self.tokens)
+                   for r in range(N)] for i in range(4)]
+
+        def rank(r):
+            b = bufs[r]
+            x, idx, w = fabric.to_dev(*rounds[0][r])
+            static = [x.clone(), idx.clone(), w.clone()]
+
+            def step():
+                per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(static[1], self.experts)
+                recv_x, recv_idx, recv_w, _, handle, _ = b.dispatch(
+                    static[0], num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                    num_tokens_per_expert=per_expert, topk_idx=static[1], topk_weights=static[2],
+                    num_worst_tokens=worst)
+                combined, combined_w, _ = b.combine(recv_x, handle, topk_weights=recv_w)
+                return recv_x, recv_idx, recv_w, combined, combined_w
+
+            step()  # eager warm-up: the Buffer exists before the capture
+            torch.cuda.current_stream().synchronize()
+            warm.wait()
+            graph = torch.cuda.CUDAGraph()
+            with capture:
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    outs = step()
+            warm.wait()
+            got = []
+            for i in range(len(rounds)):
+                for t, v in zip(static, fabric.to_dev(*rounds[i][r])):
+                    t.copy_(v)
+                graph.replay()
+                b.check()
+                got.append([t.clone().cpu() for t in outs])
+            return got
+
+        got = fabric.run_ranks(N, rank)
+        L = self.experts // N
+        for i, ins in enumerate(rounds):
+            for r in range(N):
+                recv_x, recv_idx, recv_w, combined, combined_w = got[r][i]
+                n = sum(int(((idx >= r * L) & (idx < (r + 1) * L)).any(1).sum()) for _, idx, _ in ins)
+                self.check_dispatch(r, ins, recv_x[:n], recv_idx[:n], recv_w[:n], None)
+                self.assertTrue(bool((recv_idx[n:] == -1).all()), f"replay {i} rank {r}: padding top-k")
+                x, idx, w = ins[r]
+                ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1)
+                want = x.float() * ranks.sum(1, keepdim=True)
+                torch.testing.assert_close(combined.float(), want, rtol=2 ** -7, atol=2e-2,
+                                           msg=lambda m: f"replay {i} rank {r}: combined_x: {m}")
 
 
 class LowLatencyTest(FabricCase):
@@ -245,6 +387,37 @@ class LowLatencyTest(FabricCase):
             with self.subTest(**kw):
                 ins = self.inputs(SEED + 1000 * i)
                 self.check(ins, self.run_round(bufs, ins, **kw), kw["use_fp8"])
+
+    def test_wait_recv_cost_stats(self):
+        """DeepEP's wait-cost statistics: int64 [num_ranks], only added to (ns here); every call adds at least 1 per
+        wait to every rank that sent (dispatch: one wait per local expert and source, combine: one per call)."""
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        L = self.experts // N
+
+        def rank(r, ins, costs):
+            x, idx, w = fabric.to_dev(*ins[r])
+            recv, _, handle, _, _ = bufs[r].low_latency_dispatch(x, idx, self.max_tokens, self.experts, use_fp8=False,
+                                                                 dispatch_wait_recv_cost_stats=costs[r][0])
+            combined, _, _ = bufs[r].low_latency_combine(recv, idx, w, handle, combine_wait_recv_cost_stats=costs[r][1])
+            bufs[r].check()
+            return costs[r][0].clone().cpu(), costs[r][1].clone().cpu()
+
+        costs = [(torch.zeros(N, dtype=torch.int64, device=b.device), torch.zeros(N, dtype=torch.int64, device=b.device))
+                 for b in bufs]
+        last = [(torch.zeros(N, dtype=torch.int64), torch.zeros(N, dtype=torch.int64)) for _ in range(N)]
+        for i in range(2):
+            ins = self.inputs(SEED + 40 + i)
+            for r, (dispatch_cost, combine_cost) in enumerate(fabric.run_ranks(N, lambda r: rank(r, ins, costs))):
+                self.assertTrue(bool((dispatch_cost - last[r][0] >= L).all()),
+                                f"call {i} rank {r}: dispatch wait costs {last[r][0].tolist()} -> {dispatch_cost.tolist()}")
+                self.assertTrue(bool((combine_cost - last[r][1] >= 1).all()),
+                                f"call {i} rank {r}: combine wait costs {last[r][1].tolist()} -> {combine_cost.tolist()}")
+                last[r] = (dispatch_cost, combine_cost)
+        x, idx, _ = fabric.to_dev(*self.inputs(SEED)[0])
+        for bad, kind, needle in ((costs[0][0].int(), TypeError, "dtype"), (costs[0][0][:1], ValueError, "entries")):
+            with self.assertRaises(kind) as caught:  # refused before anything reaches the library
+                bufs[0].low_latency_dispatch(x, idx, self.max_tokens, self.experts, dispatch_wait_recv_cost_stats=bad)
+            self.assertIn(needle, str(caught.exception))
 
     def test_mask_a_rank_then_clean(self):
         """Elastic EP: every other rank masks the last one (as if it were gone) and runs without it; then the masks

@@ -18,6 +18,25 @@ static int failures = 0;
 int main(void) {
   EXPECT(epf_abi_version() == EPF_ABI_VERSION);
   EXPECT(strlen(epf_version()) > 0);
+  EXPECT(epf_abi_minor_version() == EPF_ABI_MINOR_VERSION);
+
+  /* The additions to ABI 1 check their arguments as the first calls do. */
+  epf_dispatch_options options = {.struct_size = sizeof(options), .num_worst_tokens = 64};
+  epf_dispatch_result result;
+  memset(&result, 0, sizeof(result));
+  EXPECT(epf_dispatch_ex(NULL, NULL, &options, NULL, &result) == EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "null") != NULL);
+  epf_ll_options ll_options = {.struct_size = sizeof(ll_options)};
+  epf_ll_dispatch_result ll_result;
+  memset(&ll_result, 0, sizeof(ll_result));
+  EXPECT(epf_low_latency_dispatch_ex(NULL, NULL, &ll_options, NULL, &ll_result) == EPF_INVALID_ARGUMENT);
+  epf_ll_combine_result ll_combined;
+  memset(&ll_combined, 0, sizeof(ll_combined));
+  EXPECT(epf_low_latency_combine_ex(NULL, NULL, &ll_options, NULL, &ll_combined) == EPF_INVALID_ARGUMENT);
+  epf_allocator allocator = {.struct_size = sizeof(allocator)};
+  epf_buffer* buffer = NULL;
+  EXPECT(epf_buffer_create_ex(NULL, NULL, &allocator, &buffer) == EPF_INVALID_ARGUMENT);
+  EXPECT(buffer == NULL);
 
   epf_client* client = NULL;
   EXPECT(epf_client_connect(NULL, "c", 1.0, &client) == EPF_INVALID_ARGUMENT);

@@ -148,6 +148,9 @@ struct IntranodeCase {
   int num_channels = 3;
   int expert_alignment = 1;
   bool worst_case_capacity = false;  // recv tensors sized for the worst case (no wait for the count), not the count
+  // fp8: x_scales as DeepEP's packed UE8M0 int32 words [T, hidden / 512] (4 exponent bytes each; the float vectors
+  // then hold the words' bits) instead of float scales [T, hidden / 128]. hidden must be a multiple of 512.
+  bool packed_scales = false;
   Routing routing;
   uint64_t seed = 1;
   int num_ranks() const { return static_cast<int>(num_tokens.size()); }
@@ -168,7 +171,7 @@ inline IntranodeExpected MakeIntranodeExpected(const IntranodeCase& c) {
   const int R = c.num_ranks();
   x.config.num_ranks = R;
   x.config.row_bytes = c.fp8 ? c.hidden : c.hidden * 2;
-  x.config.num_scales = c.fp8 ? c.hidden / 128 : 0;
+  x.config.num_scales = !c.fp8 ? 0 : c.packed_scales ? c.hidden / 512 : c.hidden / 128;
   x.config.num_topk = c.topk == TopkMode::kNone ? 0 : c.num_topk;
   x.config.has_weights = c.topk == TopkMode::kIdsAndWeights;
   x.config.num_experts = c.num_experts;
@@ -186,7 +189,15 @@ inline IntranodeExpected MakeIntranodeExpected(const IntranodeCase& c) {
     if (c.fp8) {
       for (uint8_t& b : in.x) b = static_cast<uint8_t>(rng());
       in.x_scales.resize(static_cast<size_t>(in.num_tokens) * x.config.num_scales);
-      for (float& s : in.x_scales) s = weight(rng) + 0.01f;
+      for (float& s : in.x_scales) {
+        if (c.packed_scales) {  // exponent bytes around 127 (scales near 1): never a NaN pattern as a float
+          const uint32_t word =
+              (100u + rng() % 41) | (100u + rng() % 41) << 8 | (100u + rng() % 41) << 16 | (100u + rng() % 41) << 24;
+          std::memcpy(&s, &word, sizeof(word));
+        } else {
+          s = weight(rng) + 0.01f;
+        }
+      }
     } else {
       for (size_t i = 0; i < in.x.size(); i += 2) {
         const uint16_t v = RandomBf16(rng);
@@ -322,6 +333,7 @@ inline void RunIntranodeCase(const IntranodeGroup& group, const IntranodeExpecte
   dp.x = DataOrDummy(in.x);
   dp.x_dtype = c.fp8 ? DType::kFP8E4M3 : DType::kBF16;
   dp.x_scales = c.fp8 ? DataOrDummy(in.x_scales) : nullptr;
+  dp.num_scales = x.config.num_scales;
   dp.hidden = c.hidden;
   dp.topk_idx = K > 0 ? DataOrDummy(in.topk_idx) : nullptr;
   dp.topk_weights = x.config.has_weights ? DataOrDummy(in.topk_weights) : nullptr;

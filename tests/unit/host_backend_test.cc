@@ -62,7 +62,9 @@ TEST(HostIntranode, FourRanksHidden7168) {
   a.num_channels = 5;
   IntranodeCase b = Case({20, 64, 17, 1}, 7168, 8, 64, true, 7);
   b.routing.invalid_fraction = 0.05;
-  EXPECT_EQ(RunIntranodeSequence({a, b}), "");
+  IntranodeCase packed = Case({9, 64, 30, 0}, 7168, 8, 64, true, 11);
+  packed.packed_scales = true;  // DeepEP's UE8M0 int32 scale words, 14 per token
+  EXPECT_EQ(RunIntranodeSequence({a, b, packed}), "");
 }
 
 TEST(HostIntranode, EdgeCases) {

@@ -361,9 +361,9 @@ TEST(IntranodeValidationTest, DispatchRefusesBadInputBeforeLaunch) {
   }
   {
     FakeGroup f;
-    f.params.recv_capacity = 8193;
+    f.params.recv_capacity = -1;
     f.handle.num_recv_tokens = 0;
-    EXPECT_THAT(f.DispatchError(), HasSubstr("recv_capacity = 8193"));
+    EXPECT_THAT(f.DispatchError(), HasSubstr("recv_capacity = -1"));
   }
   {
     FakeGroup f;

@@ -23,6 +23,11 @@ extern "C" {
 #endif
 
 #define EPF_ABI_VERSION 1
+/* Additions to ABI 1 (new calls and option structs; no field of an existing struct ever changes):
+ *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens);
+ *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics);
+ *   3: epf_buffer_create_ex with epf_allocator (typed output allocation). */
+#define EPF_ABI_MINOR_VERSION 3
 
 typedef int32_t epf_status;
 enum {
@@ -71,6 +76,8 @@ typedef void (*epf_free_fn)(void* ctx, void* ptr, void* stream);
 
 const char* epf_version(void);
 int epf_abi_version(void);
+/* The additions to ABI 1 this library has (EPF_ABI_MINOR_VERSION when it was built). */
+int epf_abi_minor_version(void);
 /* The message of this thread's last failed call ("" when none). Valid until the thread's next call. */
 const char* epf_last_error(void);
 
@@ -120,6 +127,23 @@ epf_status epf_required_group_bytes(const epf_buffer_config* config, int num_hos
                                     uint64_t* nvl_bytes, uint64_t* rdma_bytes);
 epf_status epf_buffer_create(epf_lease* lease, const epf_buffer_config* config, epf_alloc_fn alloc, epf_free_fn free_fn,
                              void* alloc_ctx, epf_buffer** out);
+
+/* The memory of one output tensor: `dtype` (EPF_*), `ndim` dims of `shape`, `bytes` its size (0 when it has no
+ * elements: return a non-null, 16-byte aligned pointer all the same). A framework returns its own tensor of that
+ * type and shape, so that every output is one allocation it can hand out as is. NULL on failure. */
+typedef void* (*epf_alloc_tensor_fn)(void* ctx, int32_t dtype, int32_t ndim, const int64_t* shape, size_t bytes,
+                                     void* stream);
+typedef struct {
+  uint32_t struct_size;             /* sizeof(epf_allocator) as the caller compiled it */
+  epf_alloc_fn alloc;               /* blocks of bytes; used for outputs when alloc_tensor is NULL */
+  epf_free_fn free_fn;              /* every block or tensor the library got from this allocator */
+  void* ctx;                        /* passed to the three functions */
+  epf_alloc_tensor_fn alloc_tensor; /* optional: one call per output tensor, with its type and shape */
+} epf_allocator;
+
+/* As epf_buffer_create; allocator NULL, or with neither alloc nor alloc_tensor: the library's own allocator. */
+epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
+                                epf_buffer** out);
 void epf_buffer_destroy(epf_buffer* buffer);
 int epf_buffer_rank(const epf_buffer* buffer);
 int epf_buffer_num_ranks(const epf_buffer* buffer);
@@ -141,7 +165,7 @@ epf_status epf_get_dispatch_layout(epf_buffer* buffer, const epf_tensor* topk_id
 
 typedef struct {
   epf_tensor x;                      /* bf16 or fp8_e4m3 [num_tokens, hidden] */
-  epf_tensor x_scales;               /* float [num_tokens, hidden / 128] with fp8 */
+  epf_tensor x_scales;               /* fp8: float [num_tokens, hidden / 128] or int32 [num_tokens, hidden / 512] */
   epf_tensor topk_idx;               /* int64 [num_tokens, num_topk], optional */
   epf_tensor topk_weights;           /* float [num_tokens, num_topk], optional */
   const epf_layout* layout;          /* required unless cached */
@@ -159,6 +183,22 @@ typedef struct {
 } epf_dispatch_result;
 
 epf_status epf_dispatch(epf_buffer* buffer, const epf_dispatch_args* args, void* stream, epf_dispatch_result* out);
+
+/* Options added after the args structs were fixed. struct_size = sizeof(the struct) as the caller compiled it: the
+ * library reads only the fields that fit in it, so a caller built against an older header keeps working. A zeroed
+ * field (or NULL options) is the default. */
+typedef struct {
+  uint32_t struct_size;
+  /* > 0 (DeepEP's num_worst_tokens): no host wait for the received count, so the call is CUDA-graph capturable;
+   * every output has exactly this many rows, rows past the received ones have top-k index -1 and weight 0, the
+   * per-expert counts are empty (num_local_experts = 0) and num_recv_tokens is this. A rank that receives more rows
+   * moves nothing: EPF_RESOURCE_EXHAUSTED (host backend: from this call; cuda: from epf_buffer_check), its peers
+   * EPF_DEADLINE_EXCEEDED, then every rank resets. Groups within one host only. */
+  int32_t num_worst_tokens;
+} epf_dispatch_options;
+
+epf_status epf_dispatch_ex(epf_buffer* buffer, const epf_dispatch_args* args, const epf_dispatch_options* options,
+                           void* stream, epf_dispatch_result* out);
 void epf_dispatch_handle_destroy(epf_dispatch_handle* handle);
 int epf_dispatch_handle_num_recv_tokens(const epf_dispatch_handle* handle);
 int epf_dispatch_handle_num_tokens(const epf_dispatch_handle* handle);
@@ -210,6 +250,19 @@ typedef struct {
 
 epf_status epf_low_latency_combine(epf_buffer* buffer, const epf_ll_combine_args* args, void* stream,
                                    epf_ll_combine_result* out);
+/* Options of the low-latency calls (see epf_dispatch_options for struct_size). */
+typedef struct {
+  uint32_t struct_size;
+  /* int64 [num_ranks], added to; optional (DeepEP's dispatch_wait_recv_cost_stats / combine_wait_recv_cost_stats):
+   * per rank, the nanoseconds the receive phase waited for that rank's data, at least 1 per wait (dispatch: one
+   * wait per local expert and source rank; combine: one per call). */
+  epf_tensor wait_recv_cost_stats;
+} epf_ll_options;
+
+epf_status epf_low_latency_dispatch_ex(epf_buffer* buffer, const epf_ll_dispatch_args* args,
+                                       const epf_ll_options* options, void* stream, epf_ll_dispatch_result* out);
+epf_status epf_low_latency_combine_ex(epf_buffer* buffer, const epf_ll_combine_args* args,
+                                      const epf_ll_options* options, void* stream, epf_ll_combine_result* out);
 epf_status epf_hook_run(epf_hook* hook, void* stream);
 void epf_hook_destroy(epf_hook* hook);
 /* Low latency: the rank mask, int32 [num_ranks] (nonzero = masked), device memory on cuda; callers read and write

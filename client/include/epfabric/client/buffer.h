@@ -67,6 +67,12 @@ class Allocator {
   virtual ~Allocator() = default;
   // `bytes` of memory usable in stream order on `stream` (cuda) or by the host (host backend).
   virtual absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) = 0;
+  // The memory of one output tensor of `dtype` and `shape` (`bytes` = its size, 0 when it has no elements; the
+  // pointer must still be non-null and 16-byte aligned then), freed with Free. A framework binding returns its own
+  // tensor of that type and shape, so that each output is one allocation and needs no view. Default: Allocate of at
+  // least 256 bytes.
+  virtual absl::StatusOr<void*> AllocateTensor(kernels::DType dtype, const std::vector<int64_t>& shape, size_t bytes,
+                                               cudaStream_t stream);
   virtual void Free(void* ptr, cudaStream_t stream) = 0;
 };
 
@@ -120,21 +126,33 @@ struct DispatchHandle {
   kernels::IntranodeHandle raw;  // points into the tensors below
   Tensor is_token_in_rank, rank_prefix_matrix, recv_channel_prefix, send_slot, recv_src_idx;
   int num_tokens = 0;
-  int num_recv_tokens = 0;
+  int num_recv_tokens = 0;  // rows of the dispatch's outputs: the received count, or num_worst_tokens (worst_case)
   int hidden = 0;
+  // The outputs were sized without waiting for the count (num_worst_tokens): rows past the received ones are padding.
+  bool worst_case = false;
   // Groups that span hosts: the RDMA stage's record (the fields above are then the NVLink stage's, except
   // num_tokens, hidden and is_token_in_rank, which are this rank's).
   std::shared_ptr<const internal::InternodeHandle> internode;
 };
 
 struct DispatchArgs {
-  TensorView x;                                  // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
-  TensorView x_scales;                           // float [num_tokens, hidden / 128], fp8 only
+  TensorView x;  // bf16 [num_tokens, hidden], or fp8_e4m3 with x_scales
+  // fp8 only: float [num_tokens, hidden / 128], or DeepEP's packed UE8M0 int32 [num_tokens, hidden / 512] (4
+  // exponent bytes per word); recv_x_scales has the same dtype and width.
+  TensorView x_scales;
   TensorView topk_idx;                           // int64 [num_tokens, num_topk], -1 = none; optional (no recv_topk_*)
   TensorView topk_weights;                       // float [num_tokens, num_topk]; optional
   const DispatchLayout* layout = nullptr;        // from GetDispatchLayout; required unless `cached`
   std::shared_ptr<const DispatchHandle> cached;  // cached mode: reuse a handle, no notify
   int expert_alignment = 1;                      // per-expert receive counts rounded up to a multiple of this
+  // > 0: DeepEP's num_worst_tokens. The host does not wait for the received count, so the call is CUDA-graph
+  // capturable: every output has exactly this many rows, rows past the received ones have recv_topk_idx -1 and
+  // recv_topk_weights 0 (recv_x and its scales there are unspecified), num_recv_tokens_per_expert is empty and the
+  // handle's num_recv_tokens is this (combine's x has this many rows; the padding rows are ignored). On cuda, top-k
+  // entries outside [-1, num_experts) are not refused (that needs a wait): they count as -1. A rank that receives
+  // more rows moves nothing: ResourceExhausted (host: from Dispatch; cuda: from Check), its peers DeadlineExceeded,
+  // then every rank calls Reset. Groups within one host only.
+  int num_worst_tokens = 0;
 };
 
 struct DispatchResult {
@@ -171,6 +189,9 @@ struct LowLatencyDispatchArgs {
   bool use_ue8m0 = false;
   TensorView cumulative_stats;  // int32 [num_local_experts], added to; optional
   bool return_recv_hook = false;
+  // int64 [num_ranks], added to; optional (DeepEP's dispatch_wait_recv_cost_stats): per source rank, the nanoseconds
+  // the receive phase waited for its data, at least 1 per wait (one wait per local expert and source).
+  TensorView wait_recv_cost_stats;
 };
 
 struct LowLatencyDispatchResult {
@@ -197,6 +218,9 @@ struct LowLatencyCombineArgs {
   bool return_recv_hook = false;
   // bf16 [num_tokens, hidden]: write the combined rows here (DeepEP's `out=`) instead of a new tensor; optional.
   TensorView out;
+  // int64 [num_ranks], added to; optional (DeepEP's combine_wait_recv_cost_stats): per rank, the nanoseconds the
+  // receive phase waited for its partial rows, at least 1 per wait (one wait per call).
+  TensorView wait_recv_cost_stats;
 };
 
 struct LowLatencyCombineResult {
@@ -219,7 +243,7 @@ class Buffer {
   const BufferConfig& config() const;
 
   absl::StatusOr<DispatchLayout> GetDispatchLayout(const TensorView& topk_idx, cudaStream_t stream = nullptr);
-  // Normal dispatch waits on the host for the received size (as DeepEP does), unless `cached`.
+  // Normal dispatch waits on the host for the received size (as DeepEP does), unless `cached` or num_worst_tokens.
   absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream = nullptr);
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream = nullptr);
 

@@ -26,13 +26,16 @@ const char* PeerDataFieldName(PeerDataField field);
 // Turns a status word read back from the device into an absl::Status naming the peer: DeadlineExceededError for a
 // timeout ("rank 0 timed out waiting for barrier from rank 1 (channel 0)"), DataLossError for bad peer data
 // ("rank 0 read notify token count = 2147483000 from rank 1 (destination rank 0; valid [0, 4096]): stale or corrupt
-// peer data").
+// peer data"), ResourceExhaustedError for too little room in worst-case mode (kKernelStatusRecvCapacity).
 absl::Status KernelStatusToStatus(const KernelStatus& status);
 
 // The record a kernel writes for a bad value read from peer-writable memory (values saturated to int32); the host
 // backend reports through it too, so that both backends word the error the same way.
 KernelStatus BadPeerDataRecord(PeerDataField field, int reading_rank, int peer_rank, int index, int64_t value,
                                int64_t min_value, int64_t max_value);
+// The record of a rank that receives `num_recv` rows with room for `capacity` (kKernelStatusRecvCapacity); written by
+// the kernels and the host backend alike.
+KernelStatus RecvCapacityRecord(CapacitySite site, int rank, int64_t num_recv, int64_t capacity);
 
 // InvalidArgumentError "<field> = <value>: <requirement>": the one form of the data path's out-of-range input errors
 // (kernels and client alike), so that every message names the field and its value.

@@ -144,8 +144,10 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
 
 // The handle: what dispatch records for combine and for cached dispatch. Device memory owned by the caller.
 struct IntranodeHandle {
-  int num_tokens = 0;                      // tokens this rank dispatched
-  int num_recv_tokens = 0;                 // rows received (rank_prefix_matrix[num_ranks - 1][rank])
+  int num_tokens = 0;  // tokens this rank dispatched
+  // Rows received (rank_prefix_matrix[num_ranks - 1][rank]); after a worst-case dispatch, the rows its outputs have
+  // (at least the rows received), which is what combine's x has.
+  int num_recv_tokens = 0;
   int num_channels = 0;                    // = num_sms of the dispatch that filled it; combine uses the same
   const bool* is_token_in_rank = nullptr;  // [num_tokens, num_ranks]
   int32_t* rank_prefix_matrix = nullptr;   // [num_ranks][num_ranks]
@@ -157,17 +159,25 @@ struct IntranodeHandle {
 struct IntranodeDispatchParams {
   const void* x = nullptr;  // [num_tokens, hidden], BF16 or FP8 e4m3
   DType x_dtype = DType::kBF16;
-  const float* x_scales = nullptr;  // FP8 only: [num_tokens, hidden / 128]
+  // FP8 only: [num_tokens, num_scales] 4-byte scale words, copied as they are: float scales per 128 channels, or
+  // DeepEP's packed UE8M0 int32 words (4 exponents each, hidden / 512 per token) read through this pointer.
+  const float* x_scales = nullptr;
+  int num_scales = 0;  // FP8 only: scale words per token, 1..hidden / 128; 0 = hidden / 128
   int hidden = 0;
   const int64_t* topk_idx = nullptr;    // optional [num_tokens, num_topk]
   const float* topk_weights = nullptr;  // optional [num_tokens, num_topk] (needs topk_idx)
   int num_topk = 0;
   int num_experts = 0;
-  int num_sms = 20;       // blocks = channels
-  int recv_capacity = 0;  // rows allocated in the recv tensors (>= num_recv_tokens)
+  int num_sms = 20;  // blocks = channels
+  // Rows allocated in the recv tensors. Without a host wait for the count (worst-case mode) the kernel compares it
+  // with the rows that arrive: a rank with too little room moves nothing and records kKernelStatusRecvCapacity.
+  int recv_capacity = 0;
+  // Worst-case mode: rows [received, recv_capacity) of recv_topk_idx are set to -1 and of recv_topk_weights to 0
+  // (DeepEP's num_worst_tokens outputs); recv_x, recv_x_scales and recv_src_idx rows there are left as they are.
+  bool pad_recv_topk = false;
   // Outputs.
   void* recv_x = nullptr;              // [recv_capacity, hidden]
-  float* recv_x_scales = nullptr;      // FP8 only: [recv_capacity, hidden / 128]
+  float* recv_x_scales = nullptr;      // FP8 only: [recv_capacity, num_scales], the words of x_scales
   int64_t* recv_topk_idx = nullptr;    // with topk_idx: [recv_capacity, num_topk], local expert ids or -1
   float* recv_topk_weights = nullptr;  // with topk_weights: [recv_capacity, num_topk], 0 where idx is -1
 };

@@ -105,6 +105,10 @@ struct LowLatencyDispatchArgs {
   // Optional uint64 [num_local_experts], received counts are added too: the Buffer's own totals for the daemon's
   // expert-load metrics (kernels/datapath_stats.h), device memory (cuda) or host memory (host backend).
   uint64_t* expert_load = nullptr;
+  // Optional int64 [num_ranks] (DeepEP's dispatch_wait_recv_cost_stats), added to: per source rank, the nanoseconds
+  // (%globaltimer; steady_clock on the host backend) the receive phase waited for that rank's count, one wait per
+  // (local expert, source rank), each at least 1 ns. Masked ranks add nothing; a timed-out wait adds its duration.
+  int64_t* wait_recv_cost_ns = nullptr;
 
   // Outputs (device memory, caller-allocated). L = num_local_experts, R = num_ranks, M = max_tokens_per_rank,
   // G = hidden / 128.
@@ -140,6 +144,9 @@ struct LowLatencyCombineArgs {
   // The expert outputs were written into LowLatencyCombineInputBuffer() instead of x.
   bool zero_copy = false;
   void* combined_x = nullptr;  // bf16 [num_tokens, hidden]
+  // Optional int64 [num_ranks] (DeepEP's combine_wait_recv_cost_stats), added to: per rank, the nanoseconds the
+  // receive phase waited for that rank's partial rows (its combine flag), one wait per call, at least 1 ns.
+  int64_t* wait_recv_cost_ns = nullptr;
   int buffer_half = 0;
   LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
 };

@@ -62,14 +62,14 @@ enum class PeerDataField : int32_t {
 // memory). All fields are written by the first thread that fails (it claims `code` with an atomic
 // compare-and-swap); later failures leave the record alone so that the root cause is reported, not its consequences.
 struct KernelStatus {
-  int32_t code;          // kKernelStatusOk, kKernelStatusTimeout or kKernelStatusBadPeerData
-  int32_t site;          // WaitSite (timeout) or PeerDataField (bad peer data)
-  int32_t waiting_rank;  // the rank whose kernel timed out / read the bad value
+  int32_t code;          // kKernelStatusOk, kKernelStatusTimeout, kKernelStatusBadPeerData, kKernelStatusRecvCapacity
+  int32_t site;          // WaitSite (timeout), PeerDataField (bad peer data) or CapacitySite (recv capacity)
+  int32_t waiting_rank;  // the rank whose kernel timed out / read the bad value / had too little room
   int32_t peer_rank;     // the rank it waited for / that wrote the value (-1 when not one rank)
   int32_t channel;       // channel / expert / block index, -1 when not meaningful (see PeerDataField)
-  int32_t value;         // bad peer data: the value read (saturated to int32)
+  int32_t value;         // bad peer data: the value read (saturated to int32); recv capacity: rows received
   int32_t min_value;     // bad peer data: the valid range, inclusive
-  int32_t max_value;
+  int32_t max_value;     // recv capacity: the rows there is room for
 };
 static_assert(sizeof(KernelStatus) == 32);
 
@@ -87,6 +87,16 @@ inline constexpr int32_t kKernelStatusPeerLost = 3;
 // knowing instead of at its timeout. Ranks >= kMaxLostRanks are never reported.
 inline constexpr int kMaxLostRanks = 256;
 inline constexpr int kLostRankWords = kMaxLostRanks / 64;
+// Worst-case (num_worst_tokens) mode: this rank receives more rows than its outputs were allocated for. The host did
+// not wait for the count, so only the kernel can tell; it then moves nothing (absl::ResourceExhaustedError; its peers
+// time out waiting for it, and every rank calls Reset, as after a timeout).
+inline constexpr int32_t kKernelStatusRecvCapacity = 4;
+
+// Which call found too little room (KernelStatus.site with kKernelStatusRecvCapacity).
+enum class CapacitySite : int32_t {
+  kDispatch = 1,  // the recv tensors (recv_capacity rows)
+  kCombine = 2,   // x (the handle's num_recv_tokens rows)
+};
 
 // What notify writes into its mapped host counter (host_num_recv_tokens) instead of a count when it read a bad count
 // from a peer: the host's wait (IntranodeWaitRecvCounts) ends at once, and the status word names the peer.
