@@ -29,7 +29,7 @@ struct DataPathConfig {
   // The daemon's lost-ranks words for these ranks (Lease::lost_ranks_words; null: not published, or the ranks are
   // not the group's ranks in order).
   const uint64_t* lost_ranks = nullptr;
-  std::shared_ptr<Allocator> allocator;            // outputs (e.g. the host path's invalid top-k count)
+  std::shared_ptr<Allocator> allocator;  // outputs (e.g. the host path's invalid top-k count)
   // The outer path of a group that spans hosts: only Layout and the expert-index checks are used (no regions).
   bool layout_only = false;
   // Low latency across hosts (host backend): see LowLatencyContext::remote_ranks.

@@ -27,7 +27,8 @@ GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* li
       registry_(membership, links),
       local_(membership, allocator, group_limits, transport),
       leases_(membership, &local_, lease_limits) {
-  leases_.SetObserver([this](const std::string& group, int rank, bool attached) { NotifyMembers(group, rank, attached); });
+  leases_.SetObserver(
+      [this](const std::string& group, int rank, bool attached) { NotifyMembers(group, rank, attached); });
 }
 
 void GroupManager::NotifyMembers(const std::string& group, int rank, bool attached) {
@@ -49,8 +50,8 @@ void GroupManager::NotifyMembers(const std::string& group, int rank, bool attach
   if (attached) {
     // Waited for (bounded): when the new client's Attach returns, no member still publishes its rank as lost, so
     // that the survivors' next waits on it cannot end on a stale bit.
-    const auto replies = CallMembers(*links_, addresses, request, &StartNotifyLease,
-                                     absl::Now() + kNotifyLeaseDeadline);
+    const auto replies =
+        CallMembers(*links_, addresses, request, &StartNotifyLease, absl::Now() + kNotifyLeaseDeadline);
     for (size_t i = 0; i < replies.size(); ++i) {
       if (replies[i].called && !replies[i].status.ok()) {
         Logger("groups")->warn("NotifyLease (attached) to fabric rank {} for group '{}': {}", others[i], group,
@@ -76,9 +77,10 @@ void GroupManager::NotifyMembers(const std::string& group, int rank, bool attach
     call->stub->async()->NotifyLease(&call->context, &call->request, &call->response,
                                      [call, member = others[i]](grpc::Status status) {
                                        if (!status.ok()) {
-                                         Logger("groups")->warn("NotifyLease (ended) to fabric rank {} for group "
-                                                                "'{}': {}",
-                                                                member, call->request.group(), status.error_message());
+                                         Logger("groups")->warn(
+                                             "NotifyLease (ended) to fabric rank {} for group "
+                                             "'{}': {}",
+                                             member, call->request.group(), status.error_message());
                                        }
                                      });
   }

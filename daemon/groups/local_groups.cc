@@ -199,12 +199,13 @@ absl::Status LocalGroups::SetLeaseLost(const std::string& name, int group_rank, 
   if (it == groups_.end()) return absl::NotFoundError(absl::StrCat("no group named '", name, "' here"));
   LocalGroup& group = it->second;
   if (group_rank < 0 || group_rank >= group.info.ranks_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("group_rank = ", group_rank, ": group '", name, "' has ",
-                                                   group.info.ranks_size(), " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group_rank = ", group_rank, ": group '", name, "' has ", group.info.ranks_size(), " ranks"));
   }
   if (group.info.ranks(group_rank) != sender) {
-    return absl::PermissionDeniedError(absl::StrCat("rank ", group_rank, " of group '", name, "' is served by fabric rank ",
-                                                    group.info.ranks(group_rank), ", not the caller (", sender, ")"));
+    return absl::PermissionDeniedError(absl::StrCat("rank ", group_rank, " of group '", name,
+                                                    "' is served by fabric rank ", group.info.ranks(group_rank),
+                                                    ", not the caller (", sender, ")"));
   }
   group.lease_lost.resize(group.info.ranks_size(), false);
   group.lease_sequence.resize(group.info.ranks_size(), 0);

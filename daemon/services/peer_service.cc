@@ -90,8 +90,7 @@ grpc::Status PeerService::NotifyLease(grpc::ServerContext* context, const v1::No
   // A member speaks only for the ranks it serves: authenticated as sender_rank, which LocalGroups checks serves
   // group_rank.
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, "/epfabric.v1.Peer/NotifyLease", request->sender_rank()));
-  return ToGrpcStatus(
-      IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->OnPeerLease(*request); }));
+  return ToGrpcStatus(IfSameFabric(*membership_, request->fabric_id(), [&] { return groups_->OnPeerLease(*request); }));
 }
 
 }  // namespace epfabric::daemon

@@ -35,7 +35,7 @@ struct GroupView {
   int max_topk;
   KernelStatus* status;
   uint64_t timeout_ns;
-  uint64_t* profile;            // null unless a benchmark asks for a timeline
+  uint64_t* profile;           // null unless a benchmark asks for a timeline
   const uint64_t* lost_ranks;  // optional: ranks the daemon published as lost (status_word.h)
   uint64_t barrier_arrive, barrier_epoch, dispatch_range, channel_tail, notify_rank_counts, notify_expert_counts;
   uint64_t staging_x, staging_x_pool_bytes, staging_scales, staging_scales_pool_bytes, staging_topk_idx,
@@ -127,7 +127,7 @@ struct GroupView {
   int32_t* rank_mask;
   KernelStatus* status;
   uint64_t timeout_ns;
-  uint64_t* profile;            // null unless a benchmark asks for a timeline
+  uint64_t* profile;           // null unless a benchmark asks for a timeline
   const uint64_t* lost_ranks;  // optional: ranks the daemon published as lost (status_word.h)
 };
 

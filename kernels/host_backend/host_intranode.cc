@@ -23,11 +23,11 @@
 namespace epfabric::kernels::host_backend {
 namespace {
 
-using internal::WaitForPeer;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelaxed;
 using internal::StoreRelease;
+using internal::WaitForPeer;
 
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;

@@ -27,10 +27,10 @@
 namespace epfabric::kernels::host_backend {
 namespace {
 
-using internal::WaitForPeer;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::StoreRelease;
+using internal::WaitForPeer;
 
 // A wait on peer `peer` (WaitForPeer: ends early, with `*lost`, when the daemon publishes it as lost) whose duration
 // in ns, at least 1, is added to `*cost` when it is given (DeepEP's wait-cost statistics; the kernels measure the same
@@ -310,7 +310,8 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
       if (((have_weights >> s) & 1u) == 0) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
         bool lost = false;
-        if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, s, &lost)) {
+        if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, s,
+                         &lost)) {
           if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
           v.MaskAfterTimeout(s);
           break;

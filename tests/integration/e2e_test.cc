@@ -386,9 +386,10 @@ constexpr double kLossDetectionBoundMs = 100;
 
 // kill -9 of one worker in the middle of its calls: the other workers' calls fail with UNAVAILABLE naming the dead
 // rank as lost (normal) or run with it masked (low latency), long before their Buffer timeout; every survivor resets,
-// a new process takes the dead rank, and the same group gives correct results again. `self_kill`: the victim SIGKILLs itself 100 us into its third dispatch call
-// (from a second thread while the call runs; the survivors' messages, printed, show where they were waiting);
-// otherwise the test kills it from outside at a random point of its loop of calls.
+// a new process takes the dead rank, and the same group gives correct results again. `self_kill`: the victim SIGKILLs
+// itself 100 us into its third dispatch call (from a second thread while the call runs; the survivors' messages,
+// printed, show where they were waiting); otherwise the test kills it from outside at a random point of its loop of
+// calls.
 class E2eKill : public E2e {
  public:
   void Run(const std::string& group, const std::vector<std::string>& scenario, bool self_kill);

@@ -42,13 +42,13 @@
 #include <thread>
 #include <vector>
 
-#include "absl/time/clock.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checks.h"
 #include "memory.h"

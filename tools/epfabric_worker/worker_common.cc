@@ -7,10 +7,10 @@
 #include <iostream>
 #include <thread>
 
-#include "absl/time/clock.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "worker.h"
 
