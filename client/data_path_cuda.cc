@@ -84,6 +84,11 @@ class CudaDataPath final : public DataPath {
     // sharing a GPU as threads, as tests and single-process launchers do) may have a kernel running that waits for
     // this rank, and a device-wide wait would then deadlock until that kernel times out. The zeroing runs on a
     // private non-blocking stream instead.
+    // The kernels are loaded now, not at the first call (kernels/intranode.h, IntranodePreloadKernels): a first call
+    // that must load code waits for whatever runs on the device. Once per process and device, in fact: later Buffers
+    // find them loaded.
+    EPF_RETURN_IF_ERROR(config_.config.low_latency ? kernels::LowLatencyPreloadKernels()
+                                                   : kernels::IntranodePreloadKernels());
     cudaStream_t init_stream = nullptr;
     EPF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&init_stream, cudaStreamNonBlocking));
     absl::Cleanup destroy_stream = [init_stream] { cudaStreamDestroy(init_stream); };

@@ -109,6 +109,10 @@ int64_t IntranodeWorstCaseRecvTokens(const IntranodeRegionConfig& config) {
   return static_cast<int64_t>(config.num_ranks) * config.max_tokens_per_rank;
 }
 
+absl::Status IntranodePreloadKernels() {
+  return LaunchError(intranode::PreloadKernels(), "loading the intranode kernels");
+}
+
 absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stream) {
   EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
   EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(group.peer_regions[group.rank], 0, layout.signal_bytes, stream));
@@ -169,6 +173,9 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
     if (value >= 0) return value;
     if (value == kRecvCountBadPeerData) {
       return absl::DataLossError("notify read a bad count from a peer (stale or corrupt peer data)");
+    }
+    if (value == kRecvCountKernelFailed) {
+      return absl::AbortedError("notify stopped at its barrier (the kernel status names the peer)");
     }
     if (std::chrono::steady_clock::now() > deadline) {
       return absl::DeadlineExceededError("notify did not publish the received token count in time");

@@ -111,6 +111,8 @@ cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t 
 cudaError_t LaunchNotify(const NotifyKernelParams& params, cudaStream_t stream);
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream);
+// Loads the layout, notify, dispatch and combine kernels on the current device (launch.cuh, preload_kernel).
+cudaError_t PreloadKernels();
 
 }  // namespace epfabric::kernels::intranode
 
@@ -168,5 +170,7 @@ struct CombineKernelParams {
 // One cooperative grid of `num_blocks` blocks (every block must be resident: blocks wait for each other's work).
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream);
+// Loads the low-latency dispatch and combine kernels on the current device (launch.cuh, preload_kernel).
+cudaError_t PreloadKernels();
 
 }  // namespace epfabric::kernels::low_latency

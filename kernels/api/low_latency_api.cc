@@ -35,6 +35,10 @@ absl::StatusOr<int> BlocksFor(const LowLatencyContext& ctx) {
 
 }  // namespace
 
+absl::Status LowLatencyPreloadKernels() {
+  return LaunchError(low_latency::PreloadKernels(), "loading the low-latency kernels");
+}
+
 absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args, cudaStream_t stream) {
   EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(ctx, args));
   EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));

@@ -339,12 +339,25 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
 
 }  // namespace
 
+cudaError_t PreloadCombine() { return preload_kernel(combine_kernel, kSendStages * kSendChunkBytes); }
+
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream) {
   constexpr size_t kDynamicSmem = kSendStages * kSendChunkBytes;
   return launch_kernel(
       combine_kernel, params,
       LaunchShape{.blocks = params.num_channels, .threads = kThreadsPerBlock, .dynamic_smem_bytes = kDynamicSmem},
       stream);
+}
+
+cudaError_t PreloadDispatch();
+cudaError_t PreloadNotify();
+cudaError_t PreloadLayout();
+
+cudaError_t PreloadKernels() {
+  for (cudaError_t (*preload)() : {PreloadLayout, PreloadNotify, PreloadDispatch, PreloadCombine}) {
+    if (const cudaError_t err = preload(); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace epfabric::kernels::intranode

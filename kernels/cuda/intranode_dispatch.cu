@@ -455,6 +455,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
 
 }  // namespace
 
+cudaError_t PreloadDispatch() { return preload_kernel(dispatch_kernel); }
+
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stream) {
   return launch_kernel(dispatch_kernel, params, LaunchShape{.blocks = params.num_channels, .threads = kThreadsPerBlock},
                        stream);

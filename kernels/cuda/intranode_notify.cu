@@ -13,8 +13,16 @@ __global__ void __launch_bounds__(kNotifyThreads, 1) notify_kernel(const __grid_
   const int num_ranks = g.num_ranks;
   const int experts_per_rank = g.experts_per_rank;
   __shared__ int32_t num_recv_shared;
+  // A barrier that failed (timeout, lost peer: recorded in the status word) ends the host's wait for the count at
+  // once instead of at its own timeout.
+  auto stop = [&] {
+    if (threadIdx.x == 0 && p.host_num_recv_tokens != nullptr) {
+      __threadfence_system();
+      *reinterpret_cast<volatile int32_t*>(p.host_num_recv_tokens) = kRecvCountKernelFailed;
+    }
+  };
   // Lane 0 of the barrier: the notify launch has one block on every rank.
-  if (!block_barrier(g, 0)) return;
+  if (!block_barrier(g, 0)) return stop();
 
   for (int i = threadIdx.x; i < num_ranks * num_ranks; i += blockDim.x) {
     const int dst = i / num_ranks, r = i % num_ranks;
@@ -24,7 +32,7 @@ __global__ void __launch_bounds__(kNotifyThreads, 1) notify_kernel(const __grid_
     const int dst = i / experts_per_rank, e = i % experts_per_rank;
     section<int32_t>(g, dst, g.notify_expert_counts)[g.rank * experts_per_rank + e] = p.num_tokens_per_expert[i];
   }
-  if (!block_barrier(g, 0)) return;
+  if (!block_barrier(g, 0)) return stop();
 
   // The counts are peer data: each is checked as it is loaded (a source sends at most max_tokens_per_rank tokens to
   // a rank and has at most max_tokens_per_rank * max_topk entries for one expert); a bad one is recorded in the
@@ -81,6 +89,8 @@ __global__ void __launch_bounds__(kNotifyThreads, 1) notify_kernel(const __grid_
 }
 
 }  // namespace
+
+cudaError_t PreloadNotify() { return preload_kernel(notify_kernel); }
 
 cudaError_t LaunchNotify(const NotifyKernelParams& params, cudaStream_t stream) {
   return launch_kernel(notify_kernel, params, LaunchShape{.blocks = 1, .threads = kNotifyThreads}, stream);

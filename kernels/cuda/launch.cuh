@@ -20,6 +20,22 @@ struct LaunchShape {
 // Dynamic shared memory a kernel may use without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
 inline constexpr size_t kDefaultMaxDynamicSmemBytes = 48 * 1024;
 
+// Loads `kernel` on the current device now and opts it in to `dynamic_smem_bytes`. CUDA loads kernels lazily by
+// default, and a first launch that has to load code waits for the kernels running on the device: a gate kernel, or
+// a peer rank's kernel of the same process spinning on a signal, then holds it up (and the peers waiting for this
+// rank's kernel) up to that kernel's timeout. Seen as barrier timeouts of the first combine with 4 GPUs driven from
+// one process (intranode_bench, 2026-11-26). Querying the attributes loads the function.
+template <typename Kernel>
+cudaError_t preload_kernel(Kernel kernel, size_t dynamic_smem_bytes = 0) {
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+  if (err == cudaSuccess && dynamic_smem_bytes > 48 * 1024) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(dynamic_smem_bytes));
+  }
+  return err;
+}
+
 // Launches `kernel(params)` on `stream` with `shape`. Returns the launch error (cudaSuccess when queued).
 template <typename Kernel, typename Params>
 cudaError_t launch_kernel(Kernel kernel, const Params& params, const LaunchShape& shape, cudaStream_t stream) {

@@ -85,6 +85,8 @@ __global__ void __cluster_dims__(kLayoutBlocks, 1, 1) __launch_bounds__(kLayoutT
 
 }  // namespace
 
+cudaError_t PreloadLayout() { return preload_kernel(dispatch_layout_kernel); }
+
 cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t stream) {
   const int num_rdma_ranks = (params.num_ranks + kMaxNvlPeers - 1) / kMaxNvlPeers;
   const size_t smem = sizeof(int32_t) * (params.num_experts + params.num_ranks + num_rdma_ranks + 1);

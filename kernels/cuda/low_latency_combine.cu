@@ -270,4 +270,11 @@ cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cud
   return launch_kernel(combine_kernel, params, cooperative_shape(num_blocks), stream);
 }
 
+cudaError_t PreloadDispatch();
+
+cudaError_t PreloadKernels() {
+  if (const cudaError_t err = PreloadDispatch(); err != cudaSuccess) return err;
+  return preload_kernel(combine_kernel);
+}
+
 }  // namespace epfabric::kernels::low_latency

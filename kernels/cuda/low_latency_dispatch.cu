@@ -345,6 +345,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
 
 }  // namespace
 
+cudaError_t PreloadDispatch() {
+  const cudaError_t err = preload_kernel(dispatch_kernel<true>);
+  return err != cudaSuccess ? err : preload_kernel(dispatch_kernel<false>);
+}
+
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream) {
   if (params.use_fp8) return launch_kernel(dispatch_kernel<true>, params, cooperative_shape(num_blocks), stream);
   return launch_kernel(dispatch_kernel<false>, params, cooperative_shape(num_blocks), stream);

@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<IntranodeTestGroup>> IntranodeTestGroup::Create(c
     const int device = placement->device(r);
     ctx->device = device;
     EPF_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    EPF_HARNESS_RETURN_IF_ERROR(kernels::IntranodePreloadKernels());
     // Its own stream per rank (never the legacy default stream, which would serialise ranks on one GPU).
     EPF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
     EPF_HARNESS_RETURN_IF_ERROR(ctx->region.Allocate(device, *region_bytes));

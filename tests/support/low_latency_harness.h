@@ -114,6 +114,7 @@ class LowLatencyGroup {
       LowLatencyRank& k = ranks_[r];
       k.device = placement_.device(r);
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(k.device), "cudaSetDevice"));
+      EPF_LL_RETURN_IF_ERROR(kernels::LowLatencyPreloadKernels());
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking), "stream"));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.region, layout_.total_bytes));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.region, 0, layout_.total_bytes), "memset region"));

@@ -134,14 +134,19 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   // A rank masked now (its daemon published it as lost, or a wait on it timed out) is missing from this round's
   // outputs: nothing is compared, but the combine still runs (the other survivors wait for it), and the round reports
   // the masked ranks.
-  std::vector<int> masked;
-  {
+  auto masked_ranks = [&] {
+    std::vector<int> masked;
     const auto mask = mem.Download<int32_t>(buffer.LowLatencyRankMask(), R);
     for (int r = 0; r < static_cast<int>(mask.size()); ++r) {
       if (mask[r] != 0) masked.push_back(r);
     }
-  }
-  if (!masked.empty()) {
+    return masked;
+  };
+  auto masked_error = [&](const std::vector<int>& masked) {
+    return absl::UnavailableError(absl::StrCat("low-latency round ", round, " ran with rank(s) ",
+                                               absl::StrJoin(masked, ","), " masked (lost or silent)"));
+  };
+  if (const std::vector<int> masked = masked_ranks(); !masked.empty()) {
     const std::vector<uint16_t> zeros(static_cast<size_t>(L) * slots * H, 0);
     auto expert_view = mem.Upload(zeros, DType::kBF16, {L, static_cast<int64_t>(slots), H});
     if (!expert_view.ok()) return expert_view.status();
@@ -149,8 +154,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
         {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
     if (!combined.ok()) return combined.status();
     if (absl::Status done = buffer.Check(); !done.ok()) return done;
-    return absl::UnavailableError(absl::StrCat("low-latency round ", round, " ran with rank(s) ",
-                                               absl::StrJoin(masked, ","), " masked (lost or silent)"));
+    return masked_error(masked);
   }
 
   const auto count = mem.Download<int32_t>(recv->packed_recv_count.view, L);
@@ -197,6 +201,8 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (!combined.ok()) return combined.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
+  // A rank lost during the combine is masked there: its outputs are missing from this round's result.
+  if (const std::vector<int> masked = masked_ranks(); !masked.empty()) return masked_error(masked);
 
   auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
   if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;

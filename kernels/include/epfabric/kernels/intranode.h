@@ -86,6 +86,11 @@ struct IntranodeGroup {
   const uint64_t* lost_ranks = nullptr;
 };
 
+// Loads the normal-mode kernels on the current device. Call it once per device before the first launch, while no
+// kernel that waits for another rank runs there: CUDA loads kernels lazily, and a launch that must load code waits
+// for the kernels running on the device (a peer's spinning kernel then holds it up to its timeout).
+absl::Status IntranodePreloadKernels();
+
 // Zeroes the signal sections of this rank's region (stream-ordered). Needed after a timeout (and before first use
 // if the memory is not known to be zero). All ranks must reset before any of them issues the next call.
 absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stream);
@@ -136,7 +141,8 @@ struct IntranodeNotifyParams {
 absl::Status IntranodeNotify(const IntranodeGroup& group, const IntranodeNotifyParams& params, cudaStream_t stream);
 
 // Polls a mapped host counter until the kernel wrote it (value >= 0), up to `timeout_ns`. Host pointer form.
-// Returns DataLossError when notify wrote kRecvCountBadPeerData (status_word.h; the status word names the peer).
+// Returns DataLossError when notify wrote kRecvCountBadPeerData and AbortedError for kRecvCountKernelFailed
+// (status_word.h; in both cases the status word names the peer).
 absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num_recv_tokens, uint64_t timeout_ns);
 
 // ---------------------------------------------------------------------------------------------------------------

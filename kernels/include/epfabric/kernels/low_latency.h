@@ -158,6 +158,8 @@ struct LowLatencyCombineArgs {
 // round_scale, and a hidden size that is a multiple of 512 (4 scales per int32).
 absl::Status CheckLowLatencyScaleOptions(bool use_fp8, bool round_scale, bool use_ue8m0, int hidden);
 absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args);
+// Loads the low-latency kernels on the current device (see IntranodePreloadKernels, intranode.h).
+absl::Status LowLatencyPreloadKernels();
 absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args);
 
 // Launch on `stream`. No host synchronisation: capturable into a CUDA graph (the buffer half is baked into the

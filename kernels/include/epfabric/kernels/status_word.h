@@ -101,5 +101,7 @@ enum class CapacitySite : int32_t {
 // What notify writes into its mapped host counter (host_num_recv_tokens) instead of a count when it read a bad count
 // from a peer: the host's wait (IntranodeWaitRecvCounts) ends at once, and the status word names the peer.
 inline constexpr int32_t kRecvCountBadPeerData = -2;
+// ... and this when its barrier failed (a timeout or a lost peer, recorded in the status word).
+inline constexpr int32_t kRecvCountKernelFailed = -3;
 
 }  // namespace epfabric::kernels
