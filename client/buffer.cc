@@ -357,7 +357,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const B
     path.peer_regions[r] = lease->region(ranks[r]);
     group_order = group_order && ranks[r] == r;
   }
-  if (group_order) path.lost_ranks = lease->lost_ranks_words(lease->backend() == v1::BACKEND_CUDA);
+  if (group_order) {
+    path.lost_ranks = lease->lost_ranks_words(lease->backend() == v1::BACKEND_CUDA);
+    path.lost_ranks_host = lease->lost_ranks_words(/*device=*/false);
+  }
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), path));
   return std::unique_ptr<Buffer>(new Buffer(std::move(state)));
 }
@@ -432,6 +435,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
                                 .allocator = state->allocator};
   for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(r);
   path.lost_ranks = lease->lost_ranks_words(/*device=*/false);  // host backend only
+  path.lost_ranks_host = path.lost_ranks;
   remote->Configure(&path);
   EPF_ASSIGN_OR_RETURN(auto host_path, internal::DataPath::Create(lease->backend(), path));
   EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(host_path), std::move(remote)));

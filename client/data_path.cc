@@ -18,6 +18,22 @@ absl::StatusOr<std::unique_ptr<DataPath>> DataPath::Create(v1::Backend backend, 
   }
 }
 
+namespace {
+
+// The lost-ranks bits set now: ranks lost before this path was made, which its waits ignore until they clear.
+void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore) {
+  for (int i = 0; i < kernels::kLostRankWords; ++i) {
+    ignore[i] = lost_ranks_host != nullptr ? __atomic_load_n(lost_ranks_host + i, __ATOMIC_ACQUIRE) : 0;
+  }
+}
+
+}  // namespace
+
+void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore) {
+  if (lost_ranks_host == nullptr) return;
+  for (int i = 0; i < kernels::kLostRankWords; ++i) ignore[i] &= __atomic_load_n(lost_ranks_host + i, __ATOMIC_ACQUIRE);
+}
+
 kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& c, kernels::KernelStatus* status) {
   kernels::IntranodeGroup group;
   group.config = {.num_ranks = c.num_ranks,
@@ -30,6 +46,7 @@ kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& c, kernels::Ker
   for (int r = 0; r < c.num_ranks; ++r) group.peer_regions[r] = c.peer_regions[r];
   group.status = status;
   group.lost_ranks = c.lost_ranks;
+  InitLostIgnore(c.lost_ranks_host, group.lost_ignore);
   group.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
   return group;
 }
@@ -44,6 +61,7 @@ absl::StatusOr<kernels::LowLatencyContext> MakeLowLatencyContext(const DataPathC
   for (int r = 0; r < c.num_ranks; ++r) ll.peer_regions[r] = c.peer_regions[r];
   ll.rank_mask = rank_mask;
   ll.lost_ranks = c.lost_ranks;
+  InitLostIgnore(c.lost_ranks_host, ll.lost_ignore);
   ll.status = status;
   ll.timeout_ns = static_cast<uint64_t>(absl::ToInt64Nanoseconds(c.config.timeout));
   ll.num_blocks = c.config.low_latency_sms;

@@ -29,7 +29,8 @@ struct DataPathConfig {
   // The daemon's lost-ranks words for these ranks (Lease::lost_ranks_words; null: not published, or the ranks are
   // not the group's ranks in order).
   const uint64_t* lost_ranks = nullptr;
-  std::shared_ptr<Allocator> allocator;  // outputs (e.g. the host path's invalid top-k count)
+  const uint64_t* lost_ranks_host = nullptr;  // the same words as this process reads them (set with lost_ranks)
+  std::shared_ptr<Allocator> allocator;       // outputs (e.g. the host path's invalid top-k count)
   // The outer path of a group that spans hosts: only Layout and the expert-index checks are used (no regions).
   bool layout_only = false;
   // Low latency across hosts (host backend): see LowLatencyContext::remote_ranks.
@@ -91,6 +92,10 @@ class DataPath {
 // The implementations (data_path_cuda.cc, data_path_host.cc).
 absl::StatusOr<std::unique_ptr<DataPath>> NewCudaDataPath(const DataPathConfig& config);
 absl::StatusOr<std::unique_ptr<DataPath>> NewHostDataPath(const DataPathConfig& config);
+
+// Before each call: a rank ignored since the path was made (lost already then: awaited, not reported) stops being
+// ignored once its bit has cleared (it came back), so that a later loss is reported.
+void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 
 // Shared by the implementations: the kernels' view of the group, for a status word and rank mask of the path's own.
 kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& config, kernels::KernelStatus* status);

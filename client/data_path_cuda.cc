@@ -180,7 +180,7 @@ class CudaDataPath final : public DataPath {
     std::fill(host_counters_, host_counters_ + 1 + config_.experts_per_rank, -1);
     p.host_num_recv_tokens = device_counters_;
     p.host_num_recv_tokens_per_expert = device_counters_ + 1;
-    EPF_RETURN_IF_ERROR(kernels::IntranodeNotify(group_, p, stream));
+    EPF_RETURN_IF_ERROR(kernels::IntranodeNotify(Fresh(group_), p, stream));
     // The kernel gives up after timeout_ns and records whom it waited for; wait a little longer than that so the
     // record, not this wait, names the peer.
     auto num_recv = kernels::IntranodeWaitRecvCounts(host_counters_, group_.timeout_ns + kNotifyGraceNs);
@@ -192,24 +192,24 @@ class CudaDataPath final : public DataPath {
   absl::Status NotifyNoWait(kernels::IntranodeNotifyParams p, cudaStream_t stream) override {
     p.host_num_recv_tokens = nullptr;
     p.host_num_recv_tokens_per_expert = nullptr;
-    return kernels::IntranodeNotify(group_, p, stream);
+    return kernels::IntranodeNotify(Fresh(group_), p, stream);
   }
 
   absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
                         cudaStream_t stream) override {
-    return kernels::IntranodeDispatch(group_, p, handle, stream);
+    return kernels::IntranodeDispatch(Fresh(group_), p, handle, stream);
   }
 
   absl::Status Combine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
                        cudaStream_t stream) override {
-    return kernels::IntranodeCombine(group_, p, handle, stream);
+    return kernels::IntranodeCombine(Fresh(group_), p, handle, stream);
   }
 
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
-    return kernels::LowLatencyDispatch(ll_, args, stream);
+    return kernels::LowLatencyDispatch(Fresh(ll_), args, stream);
   }
   absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
-    return kernels::LowLatencyCombine(ll_, args, stream);
+    return kernels::LowLatencyCombine(Fresh(ll_), args, stream);
   }
   absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
     return kernels::ValidateLowLatencyDispatch(ll_, args);
@@ -255,6 +255,13 @@ class CudaDataPath final : public DataPath {
       return kernel;
     }
     return fallback;
+  }
+
+  // The view for a call, its ignored lost ranks refreshed (RefreshLostIgnore).
+  template <typename View>
+  View& Fresh(View& view) {
+    RefreshLostIgnore(config_.lost_ranks_host, view.lost_ignore);
+    return view;
   }
 
   DataPathConfig config_;

@@ -60,7 +60,7 @@ class HostDataPath final : public DataPath {
     std::fill(counters_.begin(), counters_.end(), -1);
     p.host_num_recv_tokens = counters_.data();
     p.host_num_recv_tokens_per_expert = counters_.data() + 1;
-    EPF_RETURN_IF_ERROR(hb::IntranodeNotify(group_, p));
+    EPF_RETURN_IF_ERROR(hb::IntranodeNotify(Fresh(group_), p));
     // The host backend has written the counts before returning; this does not wait.
     EPF_ASSIGN_OR_RETURN(const int32_t num_recv,
                          kernels::IntranodeWaitRecvCounts(counters_.data(), group_.timeout_ns + kNotifyGraceNs));
@@ -71,24 +71,24 @@ class HostDataPath final : public DataPath {
   absl::Status NotifyNoWait(kernels::IntranodeNotifyParams p, cudaStream_t /*stream*/) override {
     p.host_num_recv_tokens = nullptr;
     p.host_num_recv_tokens_per_expert = nullptr;
-    return hb::IntranodeNotify(group_, p);
+    return hb::IntranodeNotify(Fresh(group_), p);
   }
 
   absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
                         cudaStream_t /*stream*/) override {
-    return hb::IntranodeDispatch(group_, p, handle);
+    return hb::IntranodeDispatch(Fresh(group_), p, handle);
   }
 
   absl::Status Combine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
                        cudaStream_t /*stream*/) override {
-    return hb::IntranodeCombine(group_, p, handle);
+    return hb::IntranodeCombine(Fresh(group_), p, handle);
   }
 
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t /*stream*/) override {
-    return hb::LowLatencyDispatch(ll_, args);
+    return hb::LowLatencyDispatch(Fresh(ll_), args);
   }
   absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t /*stream*/) override {
-    return hb::LowLatencyCombine(ll_, args);
+    return hb::LowLatencyCombine(Fresh(ll_), args);
   }
   absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
     return kernels::ValidateLowLatencyDispatch(ll_, args);
@@ -110,6 +110,13 @@ class HostDataPath final : public DataPath {
   }
 
  private:
+  // The view for a call, its ignored lost ranks refreshed (RefreshLostIgnore).
+  template <typename View>
+  View& Fresh(View& view) {
+    RefreshLostIgnore(config_.lost_ranks_host, view.lost_ignore);
+    return view;
+  }
+
   DataPathConfig config_;
   kernels::KernelStatus status_{};
   std::vector<int32_t> counters_;   // notify's: [0] = received tokens, [1..] per local expert

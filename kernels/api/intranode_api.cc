@@ -33,6 +33,7 @@ intranode::GroupView MakeGroupView(const IntranodeGroup& group, const IntranodeR
   v.timeout_ns = group.timeout_ns;
   v.profile = group.profile_ns;
   v.lost_ranks = group.lost_ranks;
+  for (int i = 0; i < kLostRankWords; ++i) v.lost_ignore[i] = group.lost_ignore[i];
   v.barrier_arrive = layout.barrier_arrive;
   v.barrier_epoch = layout.barrier_epoch;
   v.dispatch_range = layout.dispatch_range;

@@ -37,6 +37,7 @@ struct GroupView {
   uint64_t timeout_ns;
   uint64_t* profile;           // null unless a benchmark asks for a timeline
   const uint64_t* lost_ranks;  // optional: ranks the daemon published as lost (status_word.h)
+  uint64_t lost_ignore[kLostRankWords];
   uint64_t barrier_arrive, barrier_epoch, dispatch_range, channel_tail, notify_rank_counts, notify_expert_counts;
   uint64_t staging_x, staging_x_pool_bytes, staging_scales, staging_scales_pool_bytes, staging_topk_idx,
       staging_topk_idx_pool_bytes, staging_topk_weights, staging_topk_weights_pool_bytes, staging_src_idx,
@@ -131,6 +132,7 @@ struct GroupView {
   uint64_t timeout_ns;
   uint64_t* profile;           // null unless a benchmark asks for a timeline
   const uint64_t* lost_ranks;  // optional: ranks the daemon published as lost (status_word.h)
+  uint64_t lost_ignore[kLostRankWords];
 };
 
 struct DispatchKernelParams {

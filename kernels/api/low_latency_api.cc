@@ -21,6 +21,7 @@ low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, Low
   g.timeout_ns = ctx.timeout_ns;
   g.profile = ctx.profile_ns;
   g.lost_ranks = ctx.lost_ranks;
+  for (int i = 0; i < kLostRankWords; ++i) g.lost_ignore[i] = ctx.lost_ignore[i];
   return g;
 }
 

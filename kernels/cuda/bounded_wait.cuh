@@ -81,6 +81,14 @@ __device__ __forceinline__ bool peer_lost(const uint64_t* lost_ranks, int rank) 
   return ((word >> (rank % 64)) & 1u) != 0;
 }
 
+// The lost-ranks words to poll for a wait on `peer` (null: none): a kernel view's `lost_ranks` unless the view ignores
+// that rank's bit (`lost_ignore`: lost before the Buffer was made, until its bit clears).
+template <typename View>
+__device__ __forceinline__ const uint64_t* loss_words(const View& g, int peer) {
+  if (g.lost_ranks == nullptr || peer < 0 || peer >= kMaxLostRanks) return nullptr;
+  return ((g.lost_ignore[peer / 64] >> (peer % 64)) & 1u) != 0 ? nullptr : g.lost_ranks;
+}
+
 // Records that a wait on `peer_rank` ended because that rank is lost, unless an earlier failure was recorded.
 __device__ __forceinline__ void record_peer_lost(KernelStatus* status, WaitSite site, int waiting_rank, int peer_rank,
                                                  int channel) {

@@ -214,7 +214,7 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
             cached_tail = ptx::ld_acquire_sys_global(tail);
             return cached_tail > slot;
           },
-          g.timeout_ns, g.status, WaitSite::kCombineFifoData, me, lane, channel, g.lost_ranks);
+          g.timeout_ns, g.status, WaitSite::kCombineFifoData, me, lane, channel, loss_words(g, lane));
       // Peer data, used only as "ready": a slot end past the pool is recorded (the rows are read at this rank's own
       // slots, which are always inside the pool).
       failed = failed || !check_peer_value(g.status, PeerDataField::kCombineTail, me, lane, channel, cached_tail, 0,

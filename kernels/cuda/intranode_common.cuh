@@ -80,7 +80,7 @@ __device__ __forceinline__ bool block_barrier_wait(const GroupView& g, int lane)
                                        static_cast<uint32_t>(target - 1));
           return ahead != 0;
         },
-        g.timeout_ns, g.status, WaitSite::kBarrier, g.rank, peer, lane, g.lost_ranks);
+        g.timeout_ns, g.status, WaitSite::kBarrier, g.rank, peer, lane, loss_words(g, peer));
     failed = failed || !check_peer_value(g.status, PeerDataField::kBarrierArrivals, g.rank, peer, lane, ahead, 1, 2);
   }
   failed = __syncthreads_or(failed);

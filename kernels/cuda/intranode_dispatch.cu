@@ -303,7 +303,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
             found = -2;
             break;
           }
-          if (peer_lost(g.lost_ranks, first_pending)) {
+          if (peer_lost(loss_words(g, first_pending), first_pending)) {
             record_peer_lost(g.status, WaitSite::kDispatchFifoData, me, first_pending, channel);
             found = -2;
             break;

@@ -30,8 +30,8 @@ cudaError_t preload_kernel(Kernel kernel, size_t dynamic_smem_bytes = 0) {
   cudaFuncAttributes attributes;
   cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
   if (err == cudaSuccess && dynamic_smem_bytes > 48 * 1024) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(dynamic_smem_bytes));
+    err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_smem_bytes));
   }
   return err;
 }

@@ -110,7 +110,8 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
         bool ok = true;
         if (lane == 0) {
           ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag + s) != 0; }, g.timeout_ns, g.status,
-                            WaitSite::kLowLatencyCombineFlag, g.rank, s, t, g.lost_ranks, /*record_loss=*/false);
+                            WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
+                            /*record_loss=*/false);
           if (!ok) mask_rank(g, s);
         }
         ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -194,7 +195,7 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
     const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
     const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
                                  WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1,
-                                 g.lost_ranks, /*record_loss=*/false);
+                                 loss_words(g, static_cast<int>(threadIdx.x)), /*record_loss=*/false);
     // Every block waits for every flag; block 0's wait is the one counted.
     if (p.wait_recv_cost_ns != nullptr && blockIdx.x == 0) add_wait_cost(p.wait_recv_cost_ns + threadIdx.x, wait_start);
     if (!ok) {

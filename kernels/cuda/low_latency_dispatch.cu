@@ -242,7 +242,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
             value = ptx::ld_acquire_sys_global(signal);
             return value != 0;
           },
-          g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local, g.lost_ranks,
+          g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local, loss_words(g, lane),
           /*record_loss=*/false);
       // Every warp of the item waits on every source (for `begin`); the item's own (local, s) wait is counted once.
       if (p.wait_recv_cost_ns != nullptr && sub == 0 && lane == s) add_wait_cost(p.wait_recv_cost_ns + s, wait_start);

@@ -25,6 +25,7 @@ namespace {
 
 using internal::FailureRecord;
 using internal::LoadAcquire;
+using internal::LossWords;
 using internal::StoreRelaxed;
 using internal::StoreRelease;
 using internal::WaitForPeer;
@@ -88,7 +89,7 @@ bool Barrier(const View& v, FailureRecord* failure) {
               ahead = static_cast<int32_t>(static_cast<uint32_t>(LoadAcquire(arrived)) - static_cast<uint32_t>(*epoch));
               return ahead != 0;
             },
-            v.group.timeout_ns, v.group.lost_ranks, peer, &lost)) {
+            v.group.timeout_ns, LossWords(v.group.lost_ranks, v.group.lost_ignore, peer), peer, &lost)) {
       failure->RecordWait(lost, WaitSite::kBarrier, v.rank, peer, kBarrierLane);
       return false;
     }
@@ -381,8 +382,8 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
       int64_t* range_word = v.DispatchRange(me, src, ch);
       int64_t range = 0;
       bool lost = false;
-      if (!WaitForPeer([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns, group.lost_ranks, src,
-                       &lost)) {
+      if (!WaitForPeer([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns,
+                       LossWords(group.lost_ranks, group.lost_ignore, src), src, &lost)) {
         failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
         return failure.Finish(group.status);
       }
@@ -400,7 +401,7 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
       int32_t* tail_word = v.ChannelTail(me, src, ch);
       int32_t tail = 0;
       if (count > 0 && !WaitForPeer([&] { return (tail = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
-                                    group.lost_ranks, src, &lost)) {
+                                    LossWords(group.lost_ranks, group.lost_ignore, src), src, &lost)) {
         failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
         return failure.Finish(group.status);
       }
@@ -527,7 +528,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
             const int32_t* tail_word = v.ChannelTail(me, d, ch);
             bool lost = false;
             if (!WaitForPeer([&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
-                             group.lost_ranks, d, &lost)) {
+                             LossWords(group.lost_ranks, group.lost_ignore, d), d, &lost)) {
               failure.RecordWait(lost, WaitSite::kCombineFifoData, me, d, ch);
               return failure.Finish(group.status);
             }

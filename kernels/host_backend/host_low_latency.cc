@@ -29,6 +29,7 @@ namespace {
 
 using internal::FailureRecord;
 using internal::LoadAcquire;
+using internal::LossWords;
 using internal::StoreRelease;
 using internal::WaitForPeer;
 
@@ -195,7 +196,8 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
       int32_t value = 0;
       bool lost = false;
       if (TimedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns,
-                    a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr, v.ctx.lost_ranks, s, &lost)) {
+                    a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr,
+                    LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, s), s, &lost)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
         // sources fit the R * M slots). A bad count is reported and counts as 0.
         const int32_t count = -1 - value;  // no overflow for any int32
@@ -310,8 +312,8 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
       if (((have_weights >> s) & 1u) == 0) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
         bool lost = false;
-        if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns, v.ctx.lost_ranks, s,
-                         &lost)) {
+        if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns,
+                         LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, s), s, &lost)) {
           if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
           v.MaskAfterTimeout(s);
           break;
@@ -348,7 +350,8 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
     const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
     bool lost = false;
     if (!TimedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns,
-                   a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr, v.ctx.lost_ranks, r, &lost)) {
+                   a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr,
+                   LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, r), r, &lost)) {
       if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }

@@ -132,6 +132,13 @@ inline bool RankLost(const uint64_t* lost_ranks, int rank) {
   return ((LoadAcquire(lost_ranks + rank / 64) >> (rank % 64)) & 1u) != 0;
 }
 
+// The lost-ranks words to poll for a wait on `peer` (null: none), unless `ignore` has its bit (see
+// IntranodeGroup::lost_ignore).
+inline const uint64_t* LossWords(const uint64_t* lost_ranks, const uint64_t* ignore, int peer) {
+  if (lost_ranks == nullptr || peer < 0 || peer >= kMaxLostRanks) return nullptr;
+  return ((ignore[peer / 64] >> (peer % 64)) & 1u) != 0 ? nullptr : lost_ranks;
+}
+
 // Spins until `ready()` is true or `timeout_ns` passed. Backoff: a short pause loop (a peer on another core usually
 // answers within microseconds), then yields (ranks may outnumber cores: CI has 2), then sleeps of up to 50 us so
 // that a long wait does not burn a core. Returns false on timeout (ready() was false at the last check), or as soon

@@ -378,11 +378,17 @@ int64_t EventNanos(const std::string& out, int rank, const std::string& what) {
   return absl::SimpleAtoi(out.substr(begin, out.find_first_of(" \n", begin) - begin), &ns) ? ns : 0;
 }
 
+// From the victim's death to the slowest survivor's error. Killed inside a normal dispatch, the survivors are waiting
+// on it: the wait ends and the call fails (issue #14: within 100 ms). Otherwise what is measured includes more than
+// the wait: low latency masks the rank and still finishes the round (its combine, the worker's mask query), and a
+// victim killed from outside at a random point may find a survivor busy with its own host-side checks of a round,
+// which it finishes before its next call waits; on CI's 2 busy cores that adds ~100 ms.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr double kLossDetectionBoundMs = 500;
+constexpr double kSanitizerFactor = 5;
 #else
-constexpr double kLossDetectionBoundMs = 100;
+constexpr double kSanitizerFactor = 1;
 #endif
+double LossBoundMs(bool waiting_on_it) { return (waiting_on_it ? 100 : 300) * kSanitizerFactor; }
 
 // kill -9 of one worker in the middle of its calls: the other workers' calls fail with UNAVAILABLE naming the dead
 // rank as lost (normal) or run with it masked (low latency), long before their Buffer timeout; every survivor resets,
@@ -456,7 +462,8 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
   }
   // Issue #14: waits on a lost rank end within 100 ms (sanitizer builds run several times slower on CI's 2 cores).
   std::cout << "survivors stopped waiting " << slowest_ms << " ms after the victim died (slowest survivor)\n";
-  EXPECT_LT(slowest_ms, kLossDetectionBoundMs);
+  const bool low_latency = std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end();
+  EXPECT_LT(slowest_ms, LossBoundMs(self_kill && !low_latency));
 
   // Recovery: every survivor resets (none has a call in flight any more), then the new rank 3 joins.
   Touch(dir + "/reset");

@@ -249,11 +249,12 @@ TEST_F(InternodeTest, AKilledClientTimesOutItsPeersAndTheRankRejoins) {
   bool named_victim = false;
   for (int r = 0; r < kVictim; ++r) {
     const std::string out = workers[r].Stdout();
-    const size_t at = out.find(absl::StrCat("EPF_EVENT rank=", r, " timeout status="));
+    const size_t at = out.find(absl::StrCat("EPF_EVENT rank=", r, " timeout "));
     ASSERT_NE(at, std::string::npos) << out;
     const std::string event = out.substr(at, out.find('\n', at) - at);
     std::cout << event << "\n";
-    EXPECT_THAT(event, HasSubstr("DEADLINE_EXCEEDED"));
+    // A timeout, or (sooner) the daemons publishing the killed rank as lost (issue #14).
+    EXPECT_THAT(event, ::testing::AnyOf(HasSubstr("DEADLINE_EXCEEDED"), HasSubstr("UNAVAILABLE")));
     EXPECT_THAT(event, HasSubstr("rank "));
     named_victim = named_victim || absl::StrContains(event, "from rank 3") ||
                    (absl::StrContains(event, "group rank 2 + i") && absl::StrContains(event, "from rank 1"));

@@ -84,6 +84,9 @@ struct IntranodeGroup {
   // Optional kLostRankWords words the daemon writes (status_word.h): a wait on a rank published as lost ends at once
   // with an error naming it (UNAVAILABLE) instead of at the timeout. Device-readable (mapped host memory) for CUDA.
   const uint64_t* lost_ranks = nullptr;
+  // Ranks whose bit is ignored: those already lost when the caller's Buffer was made (a rank restarting while this
+  // one starts is awaited, not reported lost), until their bit clears (LowLatencyContext has the same).
+  uint64_t lost_ignore[kLostRankWords] = {};
 };
 
 // Loads the normal-mode kernels on the current device. Call it once per device before the first launch, while no

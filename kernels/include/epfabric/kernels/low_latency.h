@@ -49,6 +49,7 @@ struct LowLatencyContext {
   // Optional kLostRankWords words the daemon writes (status_word.h): a wait on a rank published as lost ends at once
   // and masks the rank (as a timeout does, but without failing the call). Device-readable for CUDA.
   const uint64_t* lost_ranks = nullptr;
+  uint64_t lost_ignore[kLostRankWords] = {};  // see IntranodeGroup::lost_ignore
   // Across hosts (host backend): bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging
   // copy (halves only) in this rank's RDMA region, every write into it is followed by remote_put, and what r sends
   // this rank is read from remote_inbox (the same layout, halves only) instead of peer_regions[rank].
