@@ -2,7 +2,11 @@
 // times out naming it, too small a num_worst_tokens fails cleanly, and after Reset the group works (fixture:
 // buffer_host_fixture.h; part of the buffer_host_test binary).
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -273,6 +277,28 @@ TEST_F(BufferHostTest, CreateRefusesASmallRegionAndAModeMismatch) {
   BufferConfig odd = config;
   odd.num_experts = 15;
   EXPECT_TRUE(absl::IsInvalidArgument(client::RequiredRegionBytes(odd, 2).status()));
+}
+
+// A socket file whose daemon is gone (bound, nobody listening): Connect fails at once with UNAVAILABLE instead of
+// waiting out its timeout (the chaos test saw 5 s).
+TEST(ClientConnect, ASocketNobodyListensOnFailsAtOnce) {
+  char dir[] = "/tmp/epf-dead-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/d.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0) << std::strerror(errno);
+  close(fd);  // the file stays; connecting to it is refused
+  const absl::Time start = absl::Now();
+  auto connected = client::Client::Connect(path, {.timeout = absl::Seconds(5)});
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsUnavailable(connected.status())) << connected.status();
+  EXPECT_LT(took, absl::Milliseconds(500)) << "waited for the connect timeout";
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 }  // namespace
