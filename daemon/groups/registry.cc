@@ -84,9 +84,11 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   {
     absl::MutexLock lock(&mutex_);
     if (auto it = pending_releases_.find(request.name()); it != pending_releases_.end()) {
-      return absl::UnavailableError(absl::StrCat("name: an earlier create of '", request.name(),
-                                                 "' was rolled back but rank ", *it->second.begin(),
-                                                 " has not released it yet (it is unreachable); retry when it is up"));
+      // Pending after a rolled-back create or after a delete: say neither, both happen.
+      return absl::UnavailableError(absl::StrCat("name: an earlier group '", request.name(),
+                                                 "' (deleted, or a create that was rolled back) has not been released "
+                                                 "by rank ",
+                                                 *it->second.begin(), " yet (it is unreachable); retry when it is up"));
     }
     if (entries_.count(request.name()) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("name: a group named '", request.name(), "' exists"));

@@ -82,7 +82,7 @@ TEST(Fabric, CreateWithAStoppedMemberIsRolledBackEverywhere) {
   absl::SleepFor(absl::Seconds(3));
   const grpc::Status refused = create(absl::Seconds(10));
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
-  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("has not released it yet"));
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("has not been released by rank"));
   for (int rank : {0, 1}) {
     auto view = (*fabric)->Fabric(rank);
     ASSERT_TRUE(view.ok());
