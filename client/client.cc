@@ -477,14 +477,18 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
   auto side_channel = ConnectUnix(own_fd_socket);
   if (!side_channel.ok()) return Annotate(side_channel.status(), absl::StrCat(what, ": fd side channel"));
   s->side_channel = std::move(*side_channel);
-  auto map_own = [&](v1::RegionDescriptor::Kind kind) -> absl::StatusOr<std::pair<FetchedRegion, MappedRegion>> {
+  // A request for one of this rank's own regions on its lease's side channel.
+  auto own_request = [&](v1::RegionDescriptor::Kind kind) {
     v1::FdRequest fd_request;
     fd_request.set_group(group);
     fd_request.set_rank(rank);
     fd_request.set_kind(kind);
     fd_request.set_token(token);
     fd_request.set_lease_id(attach.lease_id());
-    auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
+    return fd_request;
+  };
+  auto map_own = [&](v1::RegionDescriptor::Kind kind) -> absl::StatusOr<std::pair<FetchedRegion, MappedRegion>> {
+    auto fetched = FetchRegion(s->side_channel.get(), own_request(kind), c.options.timeout);
     if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel ", own_fd_socket));
     if (!fetched->holds_lease) {
       return absl::InternalError(absl::StrCat(what, ": the fd side channel did not take the lease"));
@@ -501,13 +505,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
   auto map_own_host = [&](v1::RegionDescriptor::Kind kind, const char* region) -> absl::StatusOr<MappedRegion> {
     memory::ImportOptions host_options = import_options;
     host_options.register_with_cuda = attach.backend() == v1::BACKEND_CUDA;
-    v1::FdRequest fd_request;
-    fd_request.set_group(group);
-    fd_request.set_rank(rank);
-    fd_request.set_kind(kind);
-    fd_request.set_token(token);
-    fd_request.set_lease_id(attach.lease_id());
-    auto fetched = FetchRegion(s->side_channel.get(), fd_request, c.options.timeout);
+    auto fetched = FetchRegion(s->side_channel.get(), own_request(kind), c.options.timeout);
     if (!fetched.ok()) return Annotate(fetched.status(), absl::StrCat(what, ": fd side channel (", region, ")"));
     auto mapped = memory::ImportRegion(fetched->descriptor, fetched->fd.get(), host_options);
     if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat(what, ": mapping ", region));

@@ -103,41 +103,39 @@ absl::Status Leases::Detach(const v1::DetachRequest& request, std::optional<Clie
 
 absl::Status Leases::EndLease(const std::string& lease_id, const std::string& reason) {
   std::string group;
+  int rank = -1;
   {
     absl::MutexLock lock(&mutex_);
     Lease* lease = FindLiveLocked(lease_id);
     if (lease == nullptr) return NotLive(lease_id);
     lease->ending = true;
     group = lease->info.group();
+    rank = lease->info.rank();
   }
-  FinishEnding(lease_id, group, reason);
+  FinishEnding(lease_id, group, rank, reason);
   return absl::OkStatus();
 }
 
 void Leases::ExpireLeases(absl::Time now) {
-  std::vector<std::pair<std::string, std::string>> expired;  // lease id, group
+  struct Expired {
+    std::string id, group;
+    int rank;
+  };
+  std::vector<Expired> expired;
   {
     absl::MutexLock lock(&mutex_);
     for (auto& [id, lease] : leases_) {
       if (lease.ending || lease.expires >= now) continue;
       lease.ending = true;
-      expired.emplace_back(id, lease.info.group());
+      expired.push_back({id, lease.info.group(), lease.info.rank()});
     }
   }
-  for (const auto& [id, group] : expired) FinishEnding(id, group, "expired");
+  for (const Expired& e : expired) FinishEnding(e.id, e.group, e.rank, "expired");
 }
 
-void Leases::FinishEnding(const std::string& lease_id, const std::string& group, const std::string& why) {
-  if (observer_) {
-    // First, so that the survivors' waits end while this rank's regions are still being zeroed.
-    int rank = -1;
-    {
-      absl::MutexLock lock(&mutex_);
-      auto it = leases_.find(lease_id);
-      if (it != leases_.end()) rank = it->second.info.rank();
-    }
-    if (rank >= 0) observer_(group, rank, /*attached=*/false);
-  }
+void Leases::FinishEnding(const std::string& lease_id, const std::string& group, int rank, const std::string& why) {
+  // First, so that the survivors' waits end while this rank's regions are still being zeroed.
+  if (observer_) observer_(group, rank, /*attached=*/false);
   {
     // A whole region is zeroed (cudaMemsetAsync + synchronise, or a memset of shared memory): no lock is held. The
     // references are dropped before the lease goes, so that ReleaseGroup (which waits for it) frees the memory.
@@ -155,7 +153,7 @@ void Leases::FinishEnding(const std::string& lease_id, const std::string& group,
   absl::MutexLock lock(&mutex_);
   auto it = leases_.find(lease_id);
   if (it != leases_.end()) {
-    Logger("groups")->info("lease {} on group '{}' rank {} ended ({})", lease_id, group, it->second.info.rank(), why);
+    Logger("groups")->info("lease {} on group '{}' rank {} ended ({})", lease_id, group, rank, why);
     leases_.erase(it);
   }
   ended_.SignalAll();

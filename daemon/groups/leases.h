@@ -93,7 +93,7 @@ class Leases {
   bool EndingLocked(const std::string& group, int rank) const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   // Second half of ending lease `lease_id` (marked `ending` by the caller): zeroes the regions of its group
   // outside every lock, then removes the lease and wakes those waiting for its rank.
-  void FinishEnding(const std::string& lease_id, const std::string& group, const std::string& why)
+  void FinishEnding(const std::string& lease_id, const std::string& group, int rank, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mutex_);
 
   fabric::Membership* const membership_;

@@ -223,5 +223,44 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   EXPECT_GT(total, 100);
 }
 
+// NotifyLease (issue #14) speaks only for the rank the sender serves: a member claiming another member's rank, a
+// rank outside the group or an unknown group are refused with the right code; the sender's own rank is accepted.
+TEST(PeerNotifyLease, OnlyTheMemberServingTheRankMaySpeakForIt) {
+  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=100", "--heartbeat_misses=5"});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  const std::string fabric_id = (*fabric)->fabric_id();
+  v1::CreateGroupRequest create;
+  create.set_name("g");
+  for (int r : {0, 1, 2}) create.add_ranks(r);
+  create.set_num_nvl_bytes(1 << 16);
+  v1::CreateGroupResponse created;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE((*fabric)->Control(0)->CreateGroup(&context, create, &created).ok());
+  }
+  const v1::FabricView view = *(*fabric)->Fabric(0);
+  auto notify = [&](int claimed_rank, int sender, const std::string& group, int group_rank) {
+    auto stub = v1::Peer::NewStub(PeerChannel(view.membership().members(0).peer_address(), fabric_id,
+                                              common::PeerProofClaim{common::PeerRole::kMember, claimed_rank}));
+    v1::NotifyLeaseRequest request;
+    request.set_fabric_id(fabric_id);
+    request.set_sender_rank(sender);
+    request.set_group(group);
+    request.set_group_rank(group_rank);
+    request.set_sequence(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::NotifyLeaseResponse response;
+    return stub->NotifyLease(&context, request, &response).error_code();
+  };
+  EXPECT_EQ(notify(1, 1, "g", 2), grpc::StatusCode::PERMISSION_DENIED) << "rank 2 is served by fabric rank 2";
+  EXPECT_EQ(notify(1, 2, "g", 2), grpc::StatusCode::PERMISSION_DENIED) << "claims to be rank 1, says rank 2";
+  EXPECT_EQ(notify(1, 1, "g", 7), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(notify(1, 1, "g", -1), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(notify(1, 1, "unknown", 1), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(notify(1, 1, "g", 1), grpc::StatusCode::OK);
+}
+
 }  // namespace
 }  // namespace epfabric::testing
