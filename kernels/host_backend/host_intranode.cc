@@ -25,14 +25,27 @@ namespace {
 
 using internal::FailureRecord;
 using internal::LoadAcquire;
-using internal::LossWords;
 using internal::StoreRelaxed;
 using internal::StoreRelease;
-using internal::WaitForPeer;
 
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;
 constexpr int kBarrierLane = 0;
+
+// Waits until `ready()`, for `peer`'s write, on behalf of a normal-mode call: it also ends when any other rank of
+// the group is lost (internal::WaitWhileGroupWhole). Records why it ended in `failure`: the lost rank (which the
+// call can no longer complete without), or a timeout on `peer`.
+template <typename Ready>
+bool WaitForGroupPeer(const IntranodeGroup& group, Ready&& ready, WaitSite site, int peer, int channel,
+                      FailureRecord* failure) {
+  int lost_rank = -1;
+  if (internal::WaitWhileGroupWhole(ready, group.timeout_ns, group.lost_ranks, group.lost_ignore,
+                                    group.config.num_ranks, group.rank, &lost_rank)) {
+    return true;
+  }
+  failure->RecordWait(lost_rank >= 0, site, group.rank, lost_rank >= 0 ? lost_rank : peer, channel);
+  return false;
+}
 
 // The group with its layout: what every step needs to address a section of any rank's region.
 struct View {
@@ -83,14 +96,13 @@ bool Barrier(const View& v, FailureRecord* failure) {
     // at most twice more (its next arrival needs this rank's current one). Anything else is a stale or corrupt
     // counter, which would let this rank through without the peer: reported, never waited on.
     int32_t ahead = 0;
-    bool lost = false;
-    if (!WaitForPeer(
+    if (!WaitForGroupPeer(
+            v.group,
             [&] {
               ahead = static_cast<int32_t>(static_cast<uint32_t>(LoadAcquire(arrived)) - static_cast<uint32_t>(*epoch));
               return ahead != 0;
             },
-            v.group.timeout_ns, LossWords(v.group.lost_ranks, v.group.lost_ignore, peer), peer, &lost)) {
-      failure->RecordWait(lost, WaitSite::kBarrier, v.rank, peer, kBarrierLane);
+            WaitSite::kBarrier, peer, kBarrierLane, failure)) {
       return false;
     }
     if (!failure->CheckPeerValue(PeerDataField::kBarrierArrivals, v.rank, peer, kBarrierLane, ahead, 1, 2)) {
@@ -381,10 +393,9 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
     for (int ch = 0; ch < C; ++ch) {
       int64_t* range_word = v.DispatchRange(me, src, ch);
       int64_t range = 0;
-      bool lost = false;
-      if (!WaitForPeer([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns,
-                       LossWords(group.lost_ranks, group.lost_ignore, src), src, &lost)) {
-        failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
+      if (!WaitForGroupPeer(
+              group, [&] { return (range = LoadAcquire(range_word)) != 0; }, WaitSite::kDispatchFifoData, src, ch,
+              &failure)) {
         return failure.Finish(group.status);
       }
       const int64_t begin = static_cast<int64_t>(static_cast<uint32_t>(range & 0xffffffff));
@@ -400,9 +411,9 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
       h.recv_channel_prefix[src * C + ch] = static_cast<int>(begin);
       int32_t* tail_word = v.ChannelTail(me, src, ch);
       int32_t tail = 0;
-      if (count > 0 && !WaitForPeer([&] { return (tail = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
-                                    LossWords(group.lost_ranks, group.lost_ignore, src), src, &lost)) {
-        failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
+      if (count > 0 && !WaitForGroupPeer(
+                           group, [&] { return (tail = LoadAcquire(tail_word)) != 0; }, WaitSite::kDispatchFifoData,
+                           src, ch, &failure)) {
         return failure.Finish(group.status);
       }
       if (count > 0 && !failure.CheckPeerValue(PeerDataField::kDispatchTail, me, src, ch, tail, count, count)) {
@@ -526,10 +537,9 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
         } else {
           if (seen_tail[d] <= slot) {
             const int32_t* tail_word = v.ChannelTail(me, d, ch);
-            bool lost = false;
-            if (!WaitForPeer([&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
-                             LossWords(group.lost_ranks, group.lost_ignore, d), d, &lost)) {
-              failure.RecordWait(lost, WaitSite::kCombineFifoData, me, d, ch);
+            if (!WaitForGroupPeer(
+                    group, [&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, WaitSite::kCombineFifoData, d,
+                    ch, &failure)) {
               return failure.Finish(group.status);
             }
             if (!failure.CheckPeerValue(PeerDataField::kCombineTail, me, d, ch, seen_tail[d], channel_end[d],

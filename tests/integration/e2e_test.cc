@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -378,17 +379,17 @@ int64_t EventNanos(const std::string& out, int rank, const std::string& what) {
   return absl::SimpleAtoi(out.substr(begin, out.find_first_of(" \n", begin) - begin), &ns) ? ns : 0;
 }
 
-// From the victim's death to the slowest survivor's error. Killed inside a normal dispatch, the survivors are waiting
-// on it: the wait ends and the call fails (issue #14: within 100 ms). Otherwise what is measured includes more than
-// the wait: low latency masks the rank and still finishes the round (its combine, the worker's mask query), and a
-// victim killed from outside at a random point may find a survivor busy with its own host-side checks of a round,
-// which it finishes before its next call waits; on CI's 2 busy cores that adds ~100 ms.
+// How long a survivor's call waited on the dead rank: from the victim's death, or from the start of the survivor's
+// failing call when that came later (a survivor killed from outside at a random point may be busy with its own
+// host-side checks of a round, seconds on CI's 2 busy cores), to its error. Issue #14: within 100 ms in normal mode.
+// Low latency measures more than the wait: it masks the rank and still finishes the round (its combine, the
+// worker's mask query).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr double kSanitizerFactor = 5;
 #else
 constexpr double kSanitizerFactor = 1;
 #endif
-double LossBoundMs(bool waiting_on_it) { return (waiting_on_it ? 100 : 300) * kSanitizerFactor; }
+double LossBoundMs(bool low_latency) { return (low_latency ? 300 : 100) * kSanitizerFactor; }
 
 // kill -9 of one worker in the middle of its calls: the other workers' calls fail with UNAVAILABLE naming the dead
 // rank as lost (normal) or run with it masked (low latency), long before their Buffer timeout; every survivor resets,
@@ -445,7 +446,7 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
   std::cout << "survivors stopped within " << absl::ToDoubleMilliseconds(absl::Now() - killed)
             << " ms of the kill as the test saw it\n";
   ASSERT_GT(killed_ns, 0);
-  double slowest_ms = 0;
+  double slowest_ms = 0, longest_wait_ms = 0;
   for (int r = 0; r < kRanks; ++r) {
     if (r == kVictim) continue;
     const std::string out = workers[r].Stdout();
@@ -458,12 +459,21 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     EXPECT_THAT(event, ::testing::AnyOf(HasSubstr(absl::StrCat("rank ", kVictim, " is lost")),
                                         HasSubstr(absl::StrCat("rank(s) ", kVictim, " masked"))))
         << "the error does not name the dead rank";
-    slowest_ms = std::max(slowest_ms, (EventNanos(out, r, "timeout") - killed_ns) / 1e6);
+    const int64_t failed_ns = EventNanos(out, r, "timeout");
+    int64_t call_ns = 0;  // when the failing call started
+    const size_t call_at = event.find(" call_unix_ns=");
+    ASSERT_NE(call_at, std::string::npos) << event;
+    const size_t call_begin = call_at + std::strlen(" call_unix_ns=");
+    ASSERT_TRUE(absl::SimpleAtoi(event.substr(call_begin, event.find(' ', call_begin) - call_begin), &call_ns))
+        << event;
+    slowest_ms = std::max(slowest_ms, (failed_ns - killed_ns) / 1e6);
+    longest_wait_ms = std::max(longest_wait_ms, (failed_ns - std::max(killed_ns, call_ns)) / 1e6);
   }
-  // Issue #14: waits on a lost rank end within 100 ms (sanitizer builds run several times slower on CI's 2 cores).
-  std::cout << "survivors stopped waiting " << slowest_ms << " ms after the victim died (slowest survivor)\n";
+  std::cout << "survivors stopped " << slowest_ms << " ms after the victim died (slowest survivor); the longest "
+            << longest_wait_ms << " ms after the victim died or their call started, whichever was later\n";
+  // Sanitizer builds run several times slower on CI's 2 cores.
   const bool low_latency = std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end();
-  EXPECT_LT(slowest_ms, LossBoundMs(self_kill && !low_latency));
+  EXPECT_LT(longest_wait_ms, LossBoundMs(low_latency));
 
   // Recovery: every survivor resets (none has a call in flight any more), then the new rank 3 joins.
   Touch(dir + "/reset");
@@ -484,19 +494,23 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
   std::filesystem::remove_all(dir);
 }
 
+// Far longer than the loss takes to reach the survivors (their errors must say UNAVAILABLE, not a timeout), so that
+// a round of 4 processes slowed down by a busy machine (a peer seconds late with its host-side checks) is not
+// taken for a lost one.
+constexpr const char* kLongTimeout = "--timeout_ms=10000";
+
 TEST_F(E2eKill, WorkerKilledFromOutsideTimesOutItsPeersAndTheRankRejoins) {
-  Run("e2e-kill-outside", Shape("normal", 64, 2048, 4, 16, false, 4242, {"--timeout_ms=1000", "--fixed_tokens"}),
+  Run("e2e-kill-outside", Shape("normal", 64, 2048, 4, 16, false, 4242, {kLongTimeout, "--fixed_tokens"}),
       /*self_kill=*/false);
 }
 
 TEST_F(E2eKill, WorkerKilledInsideADispatchTimesOutItsPeersAndTheRankRejoins) {
-  Run("e2e-kill-dispatch", Shape("normal", 64, 2048, 4, 16, false, 4343, {"--timeout_ms=1000", "--fixed_tokens"}),
+  Run("e2e-kill-dispatch", Shape("normal", 64, 2048, 4, 16, false, 4343, {kLongTimeout, "--fixed_tokens"}),
       /*self_kill=*/true);
 }
 
 TEST_F(E2eKill, LowLatencyWorkerKilledInsideADispatchTimesOutItsPeersAndTheRankRejoins) {
-  // 2 s: a low-latency round of 4 processes on 2 busy cores (CI) can come close to 1 s after a rank rejoins.
-  Run("e2e-kill-ll", Shape("low_latency", 64, 4096, 4, 16, true, 4444, {"--timeout_ms=2000", "--fixed_tokens"}),
+  Run("e2e-kill-ll", Shape("low_latency", 64, 4096, 4, 16, true, 4444, {kLongTimeout, "--fixed_tokens"}),
       /*self_kill=*/true);
 }
 

@@ -147,6 +147,42 @@ TEST(HostIntranode, MissingPeerTimesOutNamingItThenResetAndCleanCallWork) {
   EXPECT_EQ(RunRanks(2, [&](int rank, Mismatches* m) { RunIntranodeCase(regions.Group(rank), x, m); }), "");
 }
 
+// Normal mode needs every rank: a wait on a live but silent peer (rank 1) ends as soon as another rank (2) is
+// published as lost, naming the lost one, long before the timeout; a lost rank the Buffer ignores (lost_ignore) is
+// waited for as before.
+TEST(HostIntranode, AWaitOnAnyPeerEndsWhenAnotherRankIsLost) {
+  const IntranodeCase c = Case({20, 30, 10}, 256, 4, 12, false, 43);
+  IntranodeRegions regions(IntranodeConfigFor({c}));
+  uint64_t lost[kLostRankWords] = {uint64_t{1} << 2};
+  int32_t per_rank[3] = {1, 1, 1}, per_expert[12] = {}, prefix[9];
+  IntranodeNotifyParams np;
+  np.num_tokens_per_rank = per_rank;
+  np.num_tokens_per_expert = per_expert;
+  np.num_tokens = 3;
+  np.num_experts = 12;
+  np.rank_prefix_matrix = prefix;
+
+  KernelStatus status{};
+  IntranodeGroup group = regions.Group(0, 10ull * 1000 * 1000 * 1000, &status);
+  group.lost_ranks = lost;
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s = host_backend::IntranodeNotify(group, np);  // ranks 1 and 2 never call
+  const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()),
+              testing::StartsWith("rank 0 stopped waiting for barrier from rank 2 (channel 0): rank 2 is lost"));
+  EXPECT_LT(elapsed_s, 1.0);
+
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(host_backend::IntranodeResetRegion(regions.Group(r)).ok());
+  KernelStatus status2{};
+  IntranodeGroup ignoring = regions.Group(0, kShortTimeoutNs, &status2);
+  ignoring.lost_ranks = lost;
+  ignoring.lost_ignore[0] = uint64_t{1} << 2;
+  const absl::Status t = host_backend::IntranodeNotify(ignoring, np);
+  EXPECT_EQ(t.code(), absl::StatusCode::kDeadlineExceeded) << t;
+  EXPECT_EQ(t.message(), "rank 0 timed out waiting for barrier from rank 1 (channel 0)");
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 
 std::string RunLowLatency(const LowLatencyCase& c) {

@@ -125,6 +125,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
     if (!v->ok()) return v->status();
   }
   auto start = std::chrono::steady_clock::now();
+  NoteCallStarted();
   MaybeDieDuringThisDispatch();
   auto recv = buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8});
   if (!recv.ok()) return recv.status();
@@ -196,6 +197,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   auto expert_view = mem.Upload(expert_out, DType::kBF16, {L, static_cast<int64_t>(slots), H});
   if (!expert_view.ok()) return expert_view.status();
   start = std::chrono::steady_clock::now();
+  NoteCallStarted();
   auto combined = buffer.LowLatencyCombine(
       {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
   if (!combined.ok()) return combined.status();

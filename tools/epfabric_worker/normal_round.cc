@@ -148,6 +148,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   }
 
   auto start = std::chrono::steady_clock::now();
+  NoteCallStarted();
   auto layout = buffer.GetDispatchLayout(*idx_view);
   if (!layout.ok()) return layout.status();
   MaybeDieDuringThisDispatch();
@@ -184,6 +185,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   checks.Exact("recv_topk_weights", recv_w, want.recv_topk_weights);
   if (s.cached) {
     // The same tokens again without notify: the handle's plan, the same received rows.
+    NoteCallStarted();
     auto again = buffer.Dispatch({.x = *x_view,
                                   .x_scales = s.fp8 ? *scales_view : TensorView{},
                                   .topk_idx = *idx_view,
@@ -231,6 +233,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   auto expert_view = mem.Upload(expert_out, DType::kBF16, {N, H});
   if (!expert_view.ok()) return expert_view.status();
   start = std::chrono::steady_clock::now();
+  NoteCallStarted();
   auto combined =
       buffer.Combine({.x = *expert_view, .topk_weights = recv->recv_topk_weights.view, .handle = recv->handle});
   if (!combined.ok()) return combined.status();

@@ -86,6 +86,11 @@ void NoteDispatchCompleted();
 
 double MsSince(std::chrono::steady_clock::time_point start);
 
+// When the last data-path call (layout + dispatch, combine) started, in Unix ns; printed with a failed call, so
+// that a test can tell how long the call waited on a lost rank from how long this process was busy before it.
+void NoteCallStarted();
+int64_t LastCallStartedUnixNs();
+
 // --sigkill_in_dispatch: dies like a crash (no clean-up) while the N-th dispatch call is running.
 void MaybeDieDuringThisDispatch();
 

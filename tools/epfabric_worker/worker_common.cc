@@ -66,6 +66,13 @@ void NoteDispatchCompleted() {
   g_restart_to_first_dispatch_ms = static_cast<double>(now - launched) / 1e6;
 }
 
+namespace {
+int64_t g_last_call_started_unix_ns = 0;
+}  // namespace
+
+void NoteCallStarted() { g_last_call_started_unix_ns = absl::GetCurrentTimeNanos(); }
+int64_t LastCallStartedUnixNs() { return g_last_call_started_unix_ns; }
+
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 }
