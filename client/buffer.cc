@@ -61,18 +61,49 @@ absl::Status GroupUsable(const Lease& lease) {
   return absl::OkStatus();
 }
 
-// Every rank in `ranks` has its region mapped, at least `required` bytes.
+// The part of every rank's NVL region that a Buffer of one mode uses: the whole region, or in a low-latency group
+// that serves both modes (GroupInfo.num_normal_bytes) the normal part at its start or the low-latency part after it.
+struct RegionPart {
+  uint64_t offset = 0;
+  uint64_t limit = UINT64_MAX;  // at most this many bytes from `offset` (besides the region's own size)
+  const char* name = "region";
+};
+
+absl::StatusOr<RegionPart> PartFor(const Lease& lease, const BufferConfig& config) {
+  const v1::GroupInfo& group = lease.group();
+  if (config.low_latency && !group.low_latency()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config.low_latency = true but group '%s' was created with low_latency = false", lease.group_name()));
+  }
+  if (!group.low_latency() || (config.low_latency && group.num_normal_bytes() == 0)) return RegionPart{};
+  if (group.num_normal_bytes() == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "config.low_latency = false but group '%s' was created with low_latency = true and no normal-mode part "
+        "(CreateGroup's num_normal_bytes = 0)",
+        lease.group_name()));
+  }
+  if (static_cast<int>(lease.nvl_ranks().size()) != lease.world_size() || config.force_internode) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "group '%s' serves both modes (num_normal_bytes), which runs within one host only", lease.group_name()));
+  }
+  if (config.low_latency) return RegionPart{.offset = group.num_normal_bytes(), .name = "low-latency part"};
+  return RegionPart{.limit = group.num_normal_bytes(), .name = "normal-mode part"};
+}
+
+// Every rank in `ranks` has its region mapped, with at least `required` bytes in `part`.
 absl::Status CheckRegions(const Lease& lease, const BufferConfig& config, const std::vector<int>& ranks,
-                          uint64_t required) {
+                          uint64_t required, const RegionPart& part = {}) {
   for (int r : ranks) {
     if (lease.region(r) == nullptr) {
       return absl::FailedPreconditionError(absl::StrFormat("region of rank %d is not mapped", r));
     }
-    if (lease.region_bytes(r) < required) {
+    const uint64_t size = lease.region_bytes(r);
+    const uint64_t available = size <= part.offset ? 0 : std::min(size - part.offset, part.limit);
+    if (available < required) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "region of rank %d has %d bytes; config (max_tokens_per_rank %d, hidden %d, max_topk %d, num_experts %d, "
+          "%s of rank %d has %d bytes; config (max_tokens_per_rank %d, hidden %d, max_topk %d, num_experts %d, "
           "num_sms %d, low_latency %s) needs RequiredRegionBytes = %d (across hosts: RequiredGroupBytes)",
-          r, lease.region_bytes(r), config.max_tokens_per_rank, config.hidden, config.max_topk, config.num_experts,
+          part.name, r, available, config.max_tokens_per_rank, config.hidden, config.max_topk, config.num_experts,
           config.num_sms, BoolName(config.low_latency), required));
     }
   }
@@ -300,11 +331,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
                                                        std::shared_ptr<Allocator> allocator) {
   if (lease == nullptr) return absl::InvalidArgumentError("lease is null");
   EPF_RETURN_IF_ERROR(GroupUsable(*lease));
-  if (config.low_latency != lease->group().low_latency()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("config.low_latency = %s but group '%s' was created with low_latency = %s",
-                        BoolName(config.low_latency), lease->group_name(), BoolName(lease->group().low_latency())));
-  }
+  EPF_ASSIGN_OR_RETURN(const RegionPart part, PartFor(*lease, config));
   const v1::Backend backend = lease->backend();
   if (backend != v1::BACKEND_CUDA && backend != v1::BACKEND_HOST) {
     return absl::InvalidArgumentError(absl::StrCat("lease backend = ", v1::Backend_Name(backend), ": not supported"));
@@ -319,10 +346,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
   EPF_ASSIGN_OR_RETURN(const uint64_t required, RequiredRegionBytes(config, world));
   std::vector<int> ranks(world);
   for (int r = 0; r < world; ++r) ranks[r] = r;
-  EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, ranks, required));
+  EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, ranks, required, part));
   allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(backend);
   EPF_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer,
-                       CreateOver(lease, config, lease->rank(), ranks, std::move(allocator)));
+                       CreateOver(lease, config, lease->rank(), ranks, std::move(allocator), part.offset));
   EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
   return buffer;
 }
@@ -338,7 +365,8 @@ absl::Status Buffer::CountInto(Lease* lease) {
 // A Buffer whose data path runs over `ranks` (group ranks on this host, in their order), as rank `rank` of them.
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const BufferConfig& config, int rank,
                                                            const std::vector<int>& ranks,
-                                                           std::shared_ptr<Allocator> allocator) {
+                                                           std::shared_ptr<Allocator> allocator,
+                                                           uint64_t region_offset) {
   const int world = static_cast<int>(ranks.size());
   auto state = std::make_unique<State>();
   state->lease = lease;
@@ -354,7 +382,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const B
                                 .allocator = state->allocator};
   bool group_order = true;  // the inner path of a group across hosts indexes this host's ranks, not the group's
   for (int r = 0; r < world; ++r) {
-    path.peer_regions[r] = lease->region(ranks[r]);
+    path.peer_regions[r] = static_cast<char*>(lease->region(ranks[r])) + region_offset;
     group_order = group_order && ranks[r] == r;
   }
   if (group_order) {

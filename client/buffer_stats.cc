@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<DataPathRecorder>> DataPathRecorder::Create(kerne
     }
     absl::Cleanup destroy = [stream] { cudaStreamDestroy(stream); };
     std::vector<uint64_t> start(n);
-    for (int e = 0; e < n; ++e) start[e] = kernels::StatsLoad(&page->expert_tokens[e]);
+    for (int e = 0; e < n; ++e) start[e] = kernels::StatsLoad(&page->ll_expert_tokens[e]);
     if (cudaError_t e = cudaMemcpyAsync(device, start.data(), sizeof(uint64_t) * n, cudaMemcpyHostToDevice, stream);
         e != cudaSuccess) {
       return CudaError(e, "cudaMemcpyAsync");
@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<DataPathRecorder>> DataPathRecorder::Create(kerne
     if (cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess) return CudaError(e, "cudaStreamSynchronize");
   } else {
     recorder->host_totals_.resize(n);
-    for (int e = 0; e < n; ++e) recorder->host_totals_[e] = kernels::StatsLoad(&page->expert_tokens[e]);
+    for (int e = 0; e < n; ++e) recorder->host_totals_[e] = kernels::StatsLoad(&page->ll_expert_tokens[e]);
     recorder->expert_load_ = recorder->host_totals_.data();
   }
   return recorder;
@@ -107,7 +107,7 @@ absl::Status DataPathRecorder::Publish(cudaStream_t stream) {
     // The page is registered with CUDA (Lease), so these copies are asynchronous; the daemon reads whole words.
     if (expert_load_ != nullptr) {
       EPF_RETURN_IF_ERROR(
-          CudaError(cudaMemcpyAsync(page_->expert_tokens, expert_load_, sizeof(uint64_t) * counted_experts_,
+          CudaError(cudaMemcpyAsync(page_->ll_expert_tokens, expert_load_, sizeof(uint64_t) * counted_experts_,
                                     cudaMemcpyDeviceToHost, stream),
                     "cudaMemcpyAsync"));
     }
@@ -119,7 +119,7 @@ absl::Status DataPathRecorder::Publish(cudaStream_t stream) {
     return absl::OkStatus();
   }
   if (expert_load_ != nullptr) {
-    for (int e = 0; e < counted_experts_; ++e) kernels::StatsStore(&page_->expert_tokens[e], host_totals_[e]);
+    for (int e = 0; e < counted_experts_; ++e) kernels::StatsStore(&page_->ll_expert_tokens[e], host_totals_[e]);
   }
   for (int r = 0; rank_mask_ != nullptr && r < mask_ranks_; ++r) {
     __atomic_store_n(&page_->rank_mask[r], rank_mask_[r], __ATOMIC_RELAXED);

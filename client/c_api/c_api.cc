@@ -181,6 +181,13 @@ epf_status epf_client_daemon_info(epf_client* client, int32_t* fabric_rank, int3
 epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                             uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency, char* token_out,
                             size_t token_capacity) {
+  return epf_create_group_ex(client, name, ranks, num_ranks, num_nvl_bytes, num_rdma_bytes, low_latency, 0, token_out,
+                             token_capacity);
+}
+
+epf_status epf_create_group_ex(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
+                               uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
+                               uint64_t num_normal_bytes, char* token_out, size_t token_capacity) {
   if (client == nullptr || name == nullptr || ranks == nullptr || token_out == nullptr) {
     return Fail(Null("client, name, ranks or token_out"));
   }
@@ -190,6 +197,7 @@ epf_status epf_create_group(epf_client* client, const char* name, const int32_t*
   request.set_num_nvl_bytes(num_nvl_bytes);
   request.set_num_rdma_bytes(num_rdma_bytes);
   request.set_low_latency(low_latency != 0);
+  request.set_num_normal_bytes(num_normal_bytes);
   auto created = client->client->CreateGroup(request);
   if (!created.ok()) return Fail(created.status());
   if (created->token().size() + 1 > token_capacity) {
@@ -227,6 +235,7 @@ int epf_lease_rank(const epf_lease* lease) { return lease->lease->rank(); }
 int epf_lease_world_size(const epf_lease* lease) { return lease->lease->world_size(); }
 int epf_lease_backend(const epf_lease* lease) { return static_cast<int>(lease->lease->backend()); }
 int epf_lease_low_latency(const epf_lease* lease) { return lease->lease->group().low_latency() ? 1 : 0; }
+uint64_t epf_lease_num_normal_bytes(const epf_lease* lease) { return lease->lease->group().num_normal_bytes(); }
 int epf_lease_num_nvl_ranks(const epf_lease* lease) { return static_cast<int>(lease->lease->nvl_ranks().size()); }
 epf_status epf_lease_healthy(const epf_lease* lease) { return Report(lease->lease->Healthy()); }
 

@@ -46,7 +46,8 @@ std::string FormatGroups(const v1::ListGroupsResponse& response) {
         &s,
         absl::StrFormat("%-24s %-9s %-12s %12d %12d %-4s [%s]\n", g.name(), ShortEnum(v1::GroupState_Name(g.state())),
                         absl::StrCat("[", absl::StrJoin(g.ranks(), ","), "]"), g.num_nvl_bytes(), g.num_rdma_bytes(),
-                        g.low_latency() ? "yes" : "no", absl::StrJoin(g.attached_ranks(), ",")));
+                        g.low_latency() ? (g.num_normal_bytes() > 0 ? "both" : "yes") : "no",
+                        absl::StrJoin(g.attached_ranks(), ",")));
   }
   if (response.groups().empty()) s += "(no groups)\n";
   return s;

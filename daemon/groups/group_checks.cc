@@ -12,6 +12,31 @@
 
 namespace epfabric::daemon::groups {
 
+namespace {
+
+// The normal-mode part of a low-latency group (num_normal_bytes): the same rule for a client's request and for a
+// group a peer describes. `field` names it in the error.
+absl::Status CheckNormalPart(const char* field, uint64_t normal_bytes, bool low_latency, uint64_t nvl_bytes,
+                             uint64_t rdma_bytes) {
+  if (normal_bytes == 0) return absl::OkStatus();
+  if (!low_latency) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", normal_bytes, " needs low_latency (a normal-mode group's whole region is normal mode's)"));
+  }
+  if (rdma_bytes > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", normal_bytes, " needs num_rdma_bytes = 0 (groups on one host; not across hosts yet)"));
+  }
+  if (normal_bytes % kRegionPartAlignment != 0 || normal_bytes >= nvl_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", normal_bytes, " must be a multiple of ",
+                                                   kRegionPartAlignment, " below num_nvl_bytes (", nvl_bytes,
+                                                   "), leaving the rest to low latency"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int world_size) {
   if (!ValidGroupName(request.name())) {
     return absl::InvalidArgumentError(
@@ -46,7 +71,8 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
                                                    kernels::transport::kMinRingSlots, ", ",
                                                    kernels::transport::kMaxRingSlots, "]"));
   }
-  return absl::OkStatus();
+  return CheckNormalPart("num_normal_bytes", request.num_normal_bytes(), request.low_latency(), request.num_nvl_bytes(),
+                         request.num_rdma_bytes());
 }
 
 std::string Clip(const std::string& text, size_t limit) {
@@ -85,7 +111,8 @@ absl::Status ValidateGroupInfo(const v1::GroupInfo& info, int world_size) {
                                                    info.ring_slots(), " slots (1..", kernels::transport::kMaxChannels,
                                                    " channels, slots a power of two)"));
   }
-  return absl::OkStatus();
+  return CheckNormalPart("group.num_normal_bytes", info.num_normal_bytes(), info.low_latency(), info.num_nvl_bytes(),
+                         info.num_rdma_bytes());
 }
 
 absl::Status ValidateCommitMembers(const v1::GroupInfo& info,

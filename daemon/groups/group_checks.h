@@ -14,6 +14,8 @@ namespace epfabric::daemon::groups {
 
 // Largest region a CreateGroup may ask for, whatever the daemons' limits (catches unit mistakes).
 inline constexpr uint64_t kMaxRegionBytes = 1ull << 40;
+// A low-latency group's normal-mode part (num_normal_bytes) ends on this boundary, where the low-latency part starts.
+inline constexpr uint64_t kRegionPartAlignment = 4096;
 
 // Checks a CreateGroup request on its own (name, ranks, sizes, sharing). Errors name the field and value.
 absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int world_size);

@@ -15,6 +15,11 @@ uint64_t LocalExperts(const kernels::DataPathStats& stats) {
   return std::min<uint64_t>(stats.num_local_experts, kernels::kDataPathStatsMaxExperts);
 }
 
+// Local expert `e`'s tokens, both modes.
+double ExpertTokens(const kernels::DataPathStats& stats, uint64_t e) {
+  return static_cast<double>(stats.expert_tokens[e]) + static_cast<double>(stats.ll_expert_tokens[e]);
+}
+
 }  // namespace
 
 double LoadImbalance(const kernels::DataPathStats& stats, uint64_t n) {
@@ -22,7 +27,7 @@ double LoadImbalance(const kernels::DataPathStats& stats, uint64_t n) {
   if (n == 0) return 0;
   double sum = 0, max = 0;
   for (uint64_t e = 0; e < n; ++e) {
-    const double v = static_cast<double>(stats.expert_tokens[e]);
+    const double v = ExpertTokens(stats, e);
     sum += v;
     max = std::max(max, v);
   }
@@ -73,13 +78,13 @@ std::vector<Family> DataPathFamilies(const std::vector<groups::GroupDataPathStat
     masked.Add({{"group", g.group}}, masked_ranks);
     const uint64_t n = LocalExperts(s);
     double total = 0;
-    for (uint64_t e = 0; e < n; ++e) total += static_cast<double>(s.expert_tokens[e]);
+    for (uint64_t e = 0; e < n; ++e) total += ExpertTokens(s, e);
     received.Add({{"group", g.group}}, total);
     imbalance.Add({{"group", g.group}}, LoadImbalance(s, n));
     if (!expert_series) continue;
     for (uint64_t e = 0; e < n; ++e) {
       experts.Add({{"group", g.group}, {"expert", absl::StrCat(static_cast<uint64_t>(g.group_rank) * n + e)}},
-                  static_cast<double>(s.expert_tokens[e]));
+                  ExpertTokens(s, e));
     }
   }
   std::vector<Family> out;

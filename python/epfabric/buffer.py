@@ -115,8 +115,12 @@ class Buffer(LowLatencyMixin):
         """Use Buffer.attach (or epfabric.deep_ep.Buffer): this takes an attached lease."""
         self._client = client
         self._lease = lease
+        # One C Buffer per mode, made by the first call of that mode (its shapes set it up): normal mode's, and
+        # low latency's. A low-latency group that also serves normal mode (num_normal_bytes) has both.
         self._cbuf = None
         self._cfg = None
+        self._ll_cbuf = None
+        self._ll_cfg = None
         self._timeout_s = float(timeout_s)
         self._num_sms = num_sms
         self._low_latency_sms = int(low_latency_sms)
@@ -125,6 +129,9 @@ class Buffer(LowLatencyMixin):
         self.group_size = lib.epf_lease_world_size(lease)
         self.num_nvl_ranks = lib.epf_lease_num_nvl_ranks(lease)
         self.low_latency_mode = bool(lib.epf_lease_low_latency(lease))
+        # Bytes of each region for normal mode in a low-latency group that serves both modes (else 0).
+        self.num_normal_bytes = lib.epf_lease_num_normal_bytes(lease)
+        self.normal_mode = not self.low_latency_mode or self.num_normal_bytes > 0
         self.backend = lib.epf_lease_backend(lease)
         if self.backend == _lib.BACKEND_CUDA:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -182,9 +189,10 @@ class Buffer(LowLatencyMixin):
 
     def _release(self):
         # Local only (no collective step): also what garbage collection runs, where a barrier could hang.
-        if self._cbuf is not None:
-            lib.epf_buffer_destroy(self._cbuf)
-            self._cbuf = None
+        for name in ("_cbuf", "_ll_cbuf"):
+            if getattr(self, name) is not None:
+                lib.epf_buffer_destroy(getattr(self, name))
+                setattr(self, name, None)
         self._release_layout()
         if self._lease is not None:
             try:
@@ -354,13 +362,15 @@ class Buffer(LowLatencyMixin):
 
     def check(self):
         """cuda: waits for the current stream and reports a kernel's timeout (DEADLINE_EXCEEDED naming the rank)."""
-        if self._cbuf is not None:
-            call("epf_buffer_check", self._cbuf, self._stream())
+        for cbuf in (self._cbuf, self._ll_cbuf):
+            if cbuf is not None:
+                call("epf_buffer_check", cbuf, self._stream())
 
     def reset(self):
         """After a timeout: every rank calls reset() (nothing of the group in flight) before the next operation."""
-        if self._cbuf is not None:
-            call("epf_buffer_reset", self._cbuf, self._stream())
+        for cbuf in (self._cbuf, self._ll_cbuf):
+            if cbuf is not None:
+                call("epf_buffer_reset", cbuf, self._stream())
 
     # ---- internals ----
 
@@ -392,19 +402,23 @@ class Buffer(LowLatencyMixin):
             self._last_layout = None
 
     def _normal_only(self, what):
-        if self.low_latency_mode:
-            raise RuntimeError(f"{what}: this group was created in low-latency mode; normal dispatch/combine need a "
-                               "group created without low_latency (docs/python.md)")
+        if not self.normal_mode:
+            raise RuntimeError(f"{what}: this group was created in low-latency mode without a normal-mode part; "
+                               "normal dispatch/combine need a group created without low_latency, or with "
+                               "num_normal_bytes (docs/python.md)")
+
+    def _new_cbuf(self, config):
+        cbuf = ctypes.c_void_p()
+        call("epf_buffer_create_ex", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
+             ctypes.byref(cbuf))
+        return cbuf
 
     def _create(self, key, config):
         if self._cbuf is not None:
             lib.epf_buffer_destroy(self._cbuf)
             self._cbuf = None
         self._normal_key = None
-        cbuf = ctypes.c_void_p()
-        call("epf_buffer_create_ex", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
-             ctypes.byref(cbuf))
-        self._cbuf, self._cfg = cbuf, key
+        self._cbuf, self._cfg = self._new_cbuf(config), key
 
     def _ensure_normal(self, hidden, topk, num_experts, config):
         num_sms = config.num_sms if config is not None else (self._num_sms or Buffer.num_sms)
@@ -417,7 +431,8 @@ class Buffer(LowLatencyMixin):
             return
         hosts = self.group_size // self.num_nvl_ranks
         c = _config(1, hidden, max(topk, 1), num_experts, num_sms, False, self._timeout_s)
-        c.max_tokens_per_rank = _max_tokens(c, hosts, self.num_nvl_ranks, self.num_nvl_bytes, self.num_rdma_bytes)
+        nvl_bytes = self.num_normal_bytes if self.low_latency_mode else self.num_nvl_bytes
+        c.max_tokens_per_rank = _max_tokens(c, hosts, self.num_nvl_ranks, nvl_bytes, self.num_rdma_bytes)
         self._create({"hidden": hidden, "topk": max(topk, 1), "num_experts": num_experts, "num_sms": num_sms}, c)
 
     def _check_config(self, **want):

@@ -39,13 +39,21 @@ def _socket_path(rank):
     return template.format(local_rank=local_rank, rank=rank)
 
 
+_PART_ALIGNMENT = 4096  # a group's normal-mode part ends on this boundary (CreateGroup's num_normal_bytes)
+
+
 def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size):
-    """DeepEP's sizes to CreateGroup's. Low latency on one host runs in the NVL region, which DeepEP sizes through
-    num_rdma_bytes (get_low_latency_rdma_size_hint)."""
+    """DeepEP's sizes to CreateGroup's (num_nvl_bytes, num_rdma_bytes, num_normal_bytes). Low latency on one host runs
+    in the NVL region, which DeepEP sizes through num_rdma_bytes (get_low_latency_rdma_size_hint). A DeepEP Buffer in
+    low_latency_mode with both sizes also runs normal mode in its NVL buffer (SGLang's auto mode): the group gets a
+    normal-mode part of num_nvl_bytes, then the low-latency part."""
     one_host = group_size <= 8
     if low_latency_mode and one_host:
-        return max(num_nvl_bytes, num_rdma_bytes), 0
-    return num_nvl_bytes, (0 if one_host else num_rdma_bytes)
+        if num_nvl_bytes > 0 and num_rdma_bytes > 0:
+            normal = -(-num_nvl_bytes // _PART_ALIGNMENT) * _PART_ALIGNMENT
+            return normal + num_rdma_bytes, 0, normal
+        return max(num_nvl_bytes, num_rdma_bytes), 0, 0
+    return num_nvl_bytes, (0 if one_host else num_rdma_bytes), 0
 
 
 def _global_rank(group, group_rank):
@@ -77,8 +85,8 @@ class Buffer(_buffer.Buffer):
                     shared[0] = (named, os.environ.get("EPFABRIC_TOKEN", ""), None)
                 else:
                     name = f"deep_ep-{uuid.uuid4().hex[:12]}"
-                    nvl, rdma = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, size)
-                    token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode)
+                    nvl, rdma, normal = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, size)
+                    token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode, normal)
                     shared[0] = (name, token, None)
             except EpfError as error:
                 shared[0] = (None, None, str(error))

@@ -65,7 +65,7 @@ class LowLatencyMixin:
         if key != self._ll_key:
             self._ensure_low_latency(*key)
         result = calls.ll_dispatch_result
-        status = _LL_DISPATCH(self._cbuf, calls.ll_dispatch_args_ref, calls.ll_options_ref, self._stream(),
+        status = _LL_DISPATCH(self._ll_cbuf, calls.ll_dispatch_args_ref, calls.ll_options_ref, self._stream(),
                               calls.ll_dispatch_result_ref)
         try:
             if status:
@@ -102,7 +102,7 @@ class LowLatencyMixin:
         args.handle = handle._c
         args.zero_copy, args.return_recv_hook = bool(zero_copy), bool(return_recv_hook)
         result = calls.ll_combine_result
-        status = _LL_COMBINE(self._cbuf, calls.ll_combine_args_ref, calls.ll_options_ref, self._stream(),
+        status = _LL_COMBINE(self._ll_cbuf, calls.ll_combine_args_ref, calls.ll_options_ref, self._stream(),
                              calls.ll_combine_result_ref)
         try:
             if status:
@@ -117,7 +117,7 @@ class LowLatencyMixin:
         """Where expert outputs go for a zero-copy combine: bf16 [L, R*M, hidden] inside this rank's region."""
         self._low_latency_only("get_next_low_latency_combine_buffer")
         d = _lib.Tensor()
-        call("epf_next_low_latency_combine_buffer", self._cbuf, ctypes.byref(d))
+        call("epf_next_low_latency_combine_buffer", self._ll_cbuf, ctypes.byref(d))
         nbytes = 2
         for i in range(d.ndim):
             nbytes *= d.shape[i]
@@ -145,10 +145,12 @@ class LowLatencyMixin:
         self._rank_mask().zero_()
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
-        """epfabric's low-latency buffers need no cleaning between calls (monotonic signals, two halves); this
-        resets the Buffer as after a timeout, so every rank must call it with nothing in flight, as DeepEP's."""
+        """epfabric's low-latency buffers need no cleaning between calls (monotonic signals, two halves), nor when
+        normal-mode calls came in between (each mode has its own part of the region); this resets the low-latency
+        Buffer as after a timeout, so every rank must call it with nothing in flight, as DeepEP's."""
         self._low_latency_only("clean_low_latency_buffer")
-        self.reset()
+        if self._ll_cbuf is not None:
+            call("epf_buffer_reset", self._ll_cbuf, self._stream())
 
     # ---- internals ----
 
@@ -160,10 +162,10 @@ class LowLatencyMixin:
 
     def _rank_mask(self):
         self._low_latency_only("the mask buffer")
-        if self._cbuf is None:
+        if self._ll_cbuf is None:
             raise RuntimeError("the mask buffer exists from the first low_latency_dispatch on (it sets the shape up)")
         d = _lib.Tensor()
-        call("epf_low_latency_rank_mask", self._cbuf, ctypes.byref(d))
+        call("epf_low_latency_rank_mask", self._ll_cbuf, ctypes.byref(d))
         return _tensors.view_as(_tensors.from_pointer(d.data, 4 * d.shape[0], self.device), d)
 
     def _low_latency_only(self, what):
@@ -176,13 +178,13 @@ class LowLatencyMixin:
     def _ensure_low_latency(self, max_tokens, hidden, topk, num_experts):
         from .buffer import _config
         key = {"max_tokens": max_tokens, "hidden": hidden, "topk": topk, "num_experts": num_experts}
-        if self._cfg is not None:
-            if self._cfg != key:
+        if self._ll_cfg is not None:
+            if self._ll_cfg != key:
                 raise ValueError(f"low-latency shape {key}: this Buffer was set up by its first call for "
-                                 f"{self._cfg}; every rank must create a new Buffer for another shape")
+                                 f"{self._ll_cfg}; every rank must create a new Buffer for another shape")
             self._ll_key = (max_tokens, hidden, topk, num_experts)
             return
         config = _config(max_tokens, hidden, topk, num_experts, 1, True, self._timeout_s)
         config.low_latency_sms = self._low_latency_sms
-        self._create(key, config)
+        self._ll_cbuf, self._ll_cfg = self._new_cbuf(config), key
         self._ll_key = (max_tokens, hidden, topk, num_experts)

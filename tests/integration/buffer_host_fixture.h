@@ -66,13 +66,15 @@ class BufferHostTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { fabrics_.clear(); }
 
-  static absl::StatusOr<v1::CreateGroupResponse> CreateGroup(int n, uint64_t nvl_bytes, bool low_latency) {
+  static absl::StatusOr<v1::CreateGroupResponse> CreateGroup(int n, uint64_t nvl_bytes, bool low_latency,
+                                                             uint64_t num_normal_bytes = 0) {
     static int counter = 0;
     v1::CreateGroupRequest request;
     request.set_name(absl::StrCat("buf", n, "_", counter++));
     for (int r = 0; r < n; ++r) request.add_ranks(r);
     request.set_num_nvl_bytes(nvl_bytes);
     request.set_low_latency(low_latency);
+    request.set_num_normal_bytes(num_normal_bytes);
     grpc::ClientContext context;
     v1::CreateGroupResponse response;
     const grpc::Status status = fabrics_[n]->Control(0)->CreateGroup(&context, request, &response);

@@ -1,11 +1,13 @@
 // The Buffer API on the host backend against real daemons, checked cases: every output is compared element by element
 // with the host references (kernels/host/*_reference) on fresh random inputs. Fixture: buffer_host_fixture.h; bad
 // input, timeouts and recovery: buffer_host_failures_test.cc (the same binary).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -211,6 +213,75 @@ TEST_F(BufferHostTest, LowLatencyFourRanksHidden7168) {
   bf16.iterations = 3;
   bf16.routing.empty_fraction = 0.3;
   RunLowLatencyCases(ranks, {c, hook, bf16});
+}
+
+// A low-latency group that also serves normal mode (num_normal_bytes; SGLang's auto mode): every rank holds a normal
+// and a low-latency Buffer on one lease and the calls alternate (prefill, decode, prefill, ...), every output checked
+// against the references. Each mode has its own part of the regions: no clean-up between them. Groups and Buffers
+// that do not fit the parts are refused.
+TEST_F(BufferHostTest, OneLowLatencyGroupServesBothModes) {
+  constexpr int n = 4;
+  const BufferConfig normal = NormalConfig(256, 48);
+  const BufferConfig ll = LowLatencyConfig(512, 16, 16);
+  auto normal_bytes = client::RequiredRegionBytes(normal, n);
+  auto ll_bytes = client::RequiredRegionBytes(ll, n);
+  ASSERT_TRUE(normal_bytes.ok() && ll_bytes.ok());
+  const uint64_t part = (*normal_bytes + 4095) / 4096 * 4096;
+
+  // The daemon's rules: low latency only, a multiple of 4096, below num_nvl_bytes.
+  for (auto [low_latency, normal_part, why] :
+       {std::tuple{false, part, "needs low_latency"}, std::tuple{true, part + 1, "must be a multiple of 4096"},
+        std::tuple{true, part + *ll_bytes + 4096, "below num_nvl_bytes"}}) {
+    auto refused = CreateGroup(n, part + *ll_bytes, low_latency, normal_part);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr(why)) << refused.status();
+  }
+
+  auto group = CreateGroup(n, part + *ll_bytes, /*low_latency=*/true, part);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ(group->group().num_normal_bytes(), part);
+  Ranks both;         // clients, leases and the normal-mode Buffers
+  Ranks low_latency;  // the same leases' low-latency Buffers (destroyed first)
+  for (int r = 0; r < n; ++r) {
+    auto connected = Client::Connect(fabrics_[n]->daemon(r).socket(), {.client_name = "buffer_host_test"});
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    auto lease = (*connected)->Attach(group->group().name(), r, group->token());
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    if (r == 0) {
+      // A normal-mode shape that does not fit the normal part is refused, naming the part.
+      auto too_big = Buffer::Create(lease->get(), NormalConfig(256, 96));
+      EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument) << too_big.status();
+      EXPECT_THAT(std::string(too_big.status().message()), ::testing::HasSubstr("normal-mode part of rank 0"));
+    }
+    auto normal_buffer = Buffer::Create(lease->get(), normal);
+    ASSERT_TRUE(normal_buffer.ok()) << normal_buffer.status();
+    auto ll_buffer = Buffer::Create(lease->get(), ll);
+    ASSERT_TRUE(ll_buffer.ok()) << ll_buffer.status();
+    both.clients.push_back(std::move(*connected));
+    both.leases.push_back(std::move(*lease));
+    both.buffers.push_back(std::move(*normal_buffer));
+    low_latency.buffers.push_back(std::move(*ll_buffer));
+  }
+  for (uint64_t round = 0; round < 3; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    hbt::IntranodeCase prefill = CaseFor(normal, {48, 17, 33, 0}, 100 + round);
+    prefill.fp8 = round == 1;
+    RunNormalCases(both, {prefill});
+    hbt::LowLatencyCase decode = LowLatencyCaseFor(ll, n, 200 + round);
+    decode.iterations = 2;
+    RunLowLatencyCases(low_latency, {decode});
+  }
+
+  // A low-latency group without a normal-mode part refuses a normal-mode Buffer.
+  auto ll_only = CreateGroup(n, *ll_bytes, /*low_latency=*/true);
+  ASSERT_TRUE(ll_only.ok()) << ll_only.status();
+  auto connected = Client::Connect(fabrics_[n]->daemon(0).socket(), {.client_name = "buffer_host_test"});
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  auto lease = (*connected)->Attach(ll_only->group().name(), 0, ll_only->token());
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto refused = Buffer::Create(lease->get(), normal);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("no normal-mode part"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 """The drop-in: `from epfabric import deep_ep`, deep_ep.Buffer(group, ...) over a torch.distributed process group
 (gloo, file store) in 4 processes, each with its own daemon through EPFABRIC_SOCKET's {local_rank} template. Normal
-and low-latency rounds checked against references; the groups rank 0 created are gone afterwards."""
+and low-latency rounds, and both alternating on one low_latency_mode Buffer (SGLang's auto mode), checked against
+references; the groups rank 0 created are gone afterwards."""
 import os
 import subprocess
 import sys
@@ -35,34 +36,55 @@ def worker(rank, store):
         torch.cuda.set_device(0)
     dx, didx, dw = fabric.to_dev(x, idx, w)
 
-    buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
-    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(didx, EXPERTS)
-    recv_x, recv_idx, recv_w, counts, handle, event = buf.dispatch(
-        dx, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=didx,
-        topk_weights=dw, async_finish=fabric.BACKEND == "cuda")
-    event.current_stream_wait()
-    combined, _, _ = buf.combine(recv_x, handle)
-    recv_x, combined = recv_x.cpu(), combined.cpu()
-    want = torch.cat([xs[((ids >= rank * L) & (ids < (rank + 1) * L)).any(1)] for xs, ids, _ in ins])
-    assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
-    assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
-    ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
-    torch.testing.assert_close(combined.float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
-    buf.destroy()
+    def normal_round(buf):
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(didx, EXPERTS)
+        recv_x, recv_idx, recv_w, counts, handle, event = buf.dispatch(
+            dx, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+            topk_idx=didx, topk_weights=dw, async_finish=fabric.BACKEND == "cuda")
+        event.current_stream_wait()
+        combined, _, _ = buf.combine(recv_x, handle)
+        recv_x, combined = recv_x.cpu(), combined.cpu()
+        want = torch.cat([xs[((ids >= rank * L) & (ids < (rank + 1) * L)).any(1)] for xs, ids, _ in ins])
+        assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
+        assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
+        ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
+        torch.testing.assert_close(combined.float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
 
     M = TOKENS
+
+    def low_latency_round(ll):
+        recv, count, handle, _, hook = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)
+        assert hook is None
+        combined = ll.low_latency_combine(recv, didx, dw, handle)[0].cpu()
+        count = count.cpu()
+        for l in range(L):
+            want_n = sum(int((ids == rank * L + l).any(1).sum()) for _, ids, _ in ins)
+            assert int(count[l]) == want_n, f"rank {rank} expert {l}: {int(count[l])} != {want_n}"
+        weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
+        torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
+
+    buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
+    normal_round(buf)
+    buf.destroy()
+
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, HIDDEN, N, EXPERTS)
     ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
-    recv, count, handle, _, hook = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)
-    assert hook is None
-    combined = ll.low_latency_combine(recv, didx, dw, handle)[0].cpu()
-    count = count.cpu()
-    for l in range(L):
-        want_n = sum(int((ids == rank * L + l).any(1).sum()) for _, ids, _ in ins)
-        assert int(count[l]) == want_n, f"rank {rank} expert {l}: {int(count[l])} != {want_n}"
-    weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
-    torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
+    low_latency_round(ll)
+    try:
+        ll.dispatch(dx, num_tokens_per_rank=torch.zeros(N, dtype=torch.int32))
+        raise AssertionError("normal dispatch on a low-latency-only buffer was not refused")
+    except RuntimeError as error:
+        assert "without a normal-mode part" in str(error), error
     ll.destroy()
+
+    # SGLang's auto mode: one low_latency_mode Buffer with both sizes alternates prefill (normal) and decode.
+    auto = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=16 << 20, num_rdma_bytes=hint, low_latency_mode=True,
+                          explicitly_destroy=True)
+    assert auto.num_normal_bytes == 16 << 20 and auto.normal_mode
+    for _ in range(2):
+        normal_round(auto)
+        low_latency_round(auto)
+    auto.destroy()
     dist.destroy_process_group()
     print(f"rank {rank}: OK", flush=True)
 

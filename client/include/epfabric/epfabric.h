@@ -26,8 +26,9 @@ extern "C" {
 /* Additions to ABI 1 (new calls and option structs; no field of an existing struct ever changes):
  *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens);
  *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics);
- *   3: epf_buffer_create_ex with epf_allocator (typed output allocation). */
-#define EPF_ABI_MINOR_VERSION 3
+ *   3: epf_buffer_create_ex with epf_allocator (typed output allocation);
+ *   4: epf_create_group_ex and epf_lease_num_normal_bytes (low-latency groups that also serve normal mode). */
+#define EPF_ABI_MINOR_VERSION 4
 
 typedef int32_t epf_status;
 enum {
@@ -92,6 +93,11 @@ epf_status epf_client_daemon_info(epf_client* client, int32_t* fabric_rank, int3
 epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                             uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency, char* token_out,
                             size_t token_capacity);
+/* As epf_create_group; num_normal_bytes > 0 (with low_latency, one host): the group also serves normal mode, whose
+ * Buffers use the first num_normal_bytes (a multiple of 4096) of every NVL region; low-latency Buffers the rest. */
+epf_status epf_create_group_ex(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
+                               uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
+                               uint64_t num_normal_bytes, char* token_out, size_t token_capacity);
 epf_status epf_delete_group(epf_client* client, const char* name, const char* token);
 /* accessing_device: the CUDA device whose kernels use the regions (-1: the current one). */
 epf_status epf_attach(epf_client* client, const char* group, int rank, const char* token, int accessing_device,
@@ -102,6 +108,8 @@ int epf_lease_rank(const epf_lease* lease);
 int epf_lease_world_size(const epf_lease* lease);
 int epf_lease_backend(const epf_lease* lease);
 int epf_lease_low_latency(const epf_lease* lease);
+/* A low-latency group that also serves normal mode: the bytes of each NVL region for normal mode; 0 otherwise. */
+uint64_t epf_lease_num_normal_bytes(const epf_lease* lease);
 /* Ranks on this host (the lease's NVLink peers), this rank included. */
 int epf_lease_num_nvl_ranks(const epf_lease* lease);
 /* OK while the group is usable; UNAVAILABLE when degraded. */

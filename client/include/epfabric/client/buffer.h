@@ -80,7 +80,8 @@ class Allocator {
 std::shared_ptr<Allocator> DefaultAllocator(v1::Backend backend);
 
 // What a Buffer is sized for. Every rank of the group uses the same; the group's regions (CreateGroup's
-// num_nvl_bytes) must be at least RequiredRegionBytes(config, number of same-host ranks).
+// num_nvl_bytes; in a group that serves both modes, the mode's part) must be at least RequiredRegionBytes(config,
+// number of same-host ranks).
 struct BufferConfig {
   int max_tokens_per_rank = 0;  // normal: most tokens one rank dispatches per call; low latency: exactly that bound
   int hidden = 0;               // normal: the widest hidden size; low latency: the hidden size
@@ -90,7 +91,10 @@ struct BufferConfig {
   // Low-latency mode: blocks per launch, 0 = one per SM (DeepEP's choice). Ranks that share a GPU inside one
   // process need a share each (SMs / ranks on that GPU): a kernel that spins on every SM starves its peer's.
   int low_latency_sms = 0;
-  bool low_latency = false;                   // the group's mode (GroupInfo.low_latency)
+  // Low-latency calls (the group must have GroupInfo.low_latency), else normal-mode calls: on a normal-mode group, or
+  // on a low-latency group that also serves normal mode (GroupInfo.num_normal_bytes > 0). There each mode has its
+  // own part of the regions, so a lease may hold one Buffer of each mode at once (SGLang's auto mode).
+  bool low_latency = false;
   absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
   // Normal mode: run a one-host group through the internode path (RDMA stage included; needs num_rdma_bytes of
   // RequiredGroupBytes with num_hosts = 1 computed as for two). For tests: the outputs must equal the intranode
@@ -281,7 +285,8 @@ class Buffer {
   absl::Status CountInto(Lease* lease);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateOver(Lease* lease, const BufferConfig& config, int rank,
                                                             const std::vector<int>& ranks,
-                                                            std::shared_ptr<Allocator> allocator);
+                                                            std::shared_ptr<Allocator> allocator,
+                                                            uint64_t region_offset = 0);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateInternode(Lease* lease, const BufferConfig& config,
                                                                  std::shared_ptr<Allocator> allocator);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,

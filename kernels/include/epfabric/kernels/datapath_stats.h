@@ -13,9 +13,13 @@
 
 namespace epfabric::kernels {
 
-inline constexpr uint64_t kDataPathStatsMagic = 0x3153'5441'5453'4645ull;  // "EFSTATS1", little endian
+// "EFSTATS2", little endian. Version 2 split the per-expert counts by mode (a low-latency group may serve both); the
+// daemon skips a page of another version (a client library of another release): no data-path metrics for it.
+inline constexpr uint64_t kDataPathStatsMagic = 0x3253'5441'5453'4645ull;
+
 // Local experts whose received tokens are counted one by one (more are counted in the last slot's total only).
-inline constexpr int kDataPathStatsMaxExperts = 1024;
+inline constexpr int kDataPathStatsMaxExperts = 512;
+
 // Ranks whose mask entry is published.
 inline constexpr int kDataPathStatsMaxRanks = 256;
 
@@ -37,9 +41,12 @@ struct DataPathStats {
   uint64_t bytes_received;   // bytes of recv_x normal dispatch returned
   uint64_t timeouts;         // calls (or Check) that reported DeadlineExceeded
   uint64_t errors;           // other failed calls: bad input, degraded group, ...
-  // Tokens received per local expert: normal dispatch counts every call; low latency accumulates on the device and
-  // is copied here every kLowLatencyStatsPeriod calls and at Check().
+  // Tokens received per local expert, by mode (the daemon reports their sum): normal dispatch adds every call's
+  // counts to expert_tokens; low latency accumulates on the device and copies its totals into ll_expert_tokens every
+  // kLowLatencyStatsPeriod calls and at Check(). Two arrays, so that one lease's two Buffers (normal and low latency)
+  // never overwrite each other's counts.
   uint64_t expert_tokens[kDataPathStatsMaxExperts];
+  uint64_t ll_expert_tokens[kDataPathStatsMaxExperts];
   // Low latency: the Buffer's rank mask (nonzero = masked: by the caller, after a timed-out wait, or a lost member),
   // copied with the expert totals; num_ranks entries are meaningful.
   uint64_t num_ranks;
