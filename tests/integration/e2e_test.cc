@@ -34,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "integration/fabric_under_test.h"
 #include "integration/subprocess.h"
+#include "support/sanitizers.h"
 
 namespace epfabric::testing {
 namespace {
@@ -384,12 +385,7 @@ int64_t EventNanos(const std::string& out, int rank, const std::string& what) {
 // host-side checks of a round, seconds on CI's 2 busy cores), to its error. Issue #14: within 100 ms in normal mode.
 // Low latency measures more than the wait: it masks the rank and still finishes the round (its combine, the
 // worker's mask query).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr double kSanitizerFactor = 5;
-#else
-constexpr double kSanitizerFactor = 1;
-#endif
-double LossBoundMs(bool low_latency) { return (low_latency ? 300 : 100) * kSanitizerFactor; }
+double LossBoundMs(bool low_latency) { return (low_latency ? 300 : 100) * kSanitizerSlowdown; }
 
 // kill -9 of one worker in the middle of its calls: the other workers' calls fail with UNAVAILABLE naming the dead
 // rank as lost (normal) or run with it masked (low latency), long before their Buffer timeout; every survivor resets,
