@@ -172,6 +172,21 @@ void Membership::RunCoordinatorStep() {
   std::optional<v1::Membership> push;
   {
     absl::MutexLock lock(&mutex_);
+    // Resumed after a stop (SIGSTOP, a frozen container) or a long starvation: every member looks silent for as long
+    // as this process did not run, and marking them all DOWN at once would flap every group and every health check.
+    // The silence is counted from now on instead; a member that really died is found by the next misses (or at once
+    // by the probe of a late one).
+    const absl::Duration stalled = now - last_step_ - kCoordinatorTick;
+    if (last_step_ != absl::InfinitePast() && stalled > config_.heartbeat_interval) {
+      Logger("fabric")->warn(
+          "this daemon did not run for {} ms (stopped or starved): the members' silence during that time is not "
+          "counted",
+          absl::ToInt64Milliseconds(stalled));
+      for (int r = 1; r < config_.world_size; ++r) {
+        if (last_beat_[r] != absl::InfinitePast()) last_beat_[r] += stalled;
+      }
+    }
+    last_step_ = now;
     for (int r = 1; r < config_.world_size; ++r) {
       v1::MemberInfo* member = view_.mutable_members(r);
       if (member->state() != v1::MEMBER_STATE_UP) continue;

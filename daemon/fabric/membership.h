@@ -109,6 +109,9 @@ class Membership {
   v1::Membership view_ ABSL_GUARDED_BY(mutex_);
   // Coordinator: when each rank last beat, and whether a probe of it is in flight.
   std::vector<absl::Time> last_beat_ ABSL_GUARDED_BY(mutex_);
+  // The coordinator's previous step: a gap much longer than its tick means this process was stopped or starved, and
+  // the members' silence during that gap is not theirs.
+  absl::Time last_step_ ABSL_GUARDED_BY(mutex_) = absl::InfinitePast();
   std::vector<bool> probing_ ABSL_GUARDED_BY(mutex_);
   bool push_pending_ ABSL_GUARDED_BY(mutex_) = false;
   // Member: joined the current coordinator, and when it last answered.

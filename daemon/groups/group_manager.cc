@@ -94,9 +94,13 @@ absl::Status GroupManager::ForwardedStatus(const grpc::ClientContext& context, c
         absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
                      ") did not answer within the deadline; a create it had under way is rolled back everywhere"));
   }
-  return absl::UnavailableError(absl::StrCat("the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
-                                             ") is unreachable: groups cannot be created or deleted until it is back (",
-                                             status.error_message(), ")"));
+  // Unreachable before the call (nothing happened), or gone during it: then a create or delete it had under way may
+  // have reached the members after all. Say so; the caller cannot tell which from here.
+  return absl::UnavailableError(absl::StrCat(
+      "the coordinator (rank 0 at ", membership_->CoordinatorAddress(),
+      ") is unreachable: groups cannot be created or deleted until it is back (", status.error_message(),
+      "). If it went away during this call, the call's outcome is unknown: a group it committed stays (DEGRADED once "
+      "it restarts; ListGroups shows it, a forced delete removes it), one it had only prepared is released"));
 }
 
 absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::CreateGroupRequest& request,
@@ -165,6 +169,18 @@ void GroupManager::CleanUpFailedCreates(absl::Time now) {
     v1::ReleaseGroupRequest release;
     release.set_name(name);
     release.set_reason("prepared but never committed: the coordinator gave up on it");
+    (void)Release(release);
+  }
+  // A coordinator killed between Prepare and Commit: once it is back as a new incarnation, what its predecessor
+  // prepared can never be committed, so it goes now rather than after kUncommittedLifetime.
+  const v1::Membership view = membership_->View();
+  if (view.members_size() == 0 || view.members(0).state() != v1::MEMBER_STATE_UP) return;
+  const uint64_t coordinator = view.members(0).incarnation();
+  for (const std::string& name : local_.UncommittedOfAnotherCoordinator(coordinator)) {
+    v1::ReleaseGroupRequest release;
+    release.set_name(name);
+    release.set_reason(absl::StrCat("prepared but never committed: the coordinator restarted since (now incarnation ",
+                                    coordinator, ")"));
     (void)Release(release);
   }
 }

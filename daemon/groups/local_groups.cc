@@ -30,9 +30,10 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
     return absl::InvalidArgumentError(absl::StrCat("group.ranks: rank ", self, " is not a member"));
   }
   if (request.token().size() != 32) return absl::InvalidArgumentError("token: not a group token");
-  if (const uint64_t known = membership_->View().epoch(); request.epoch() != known) {
+  const v1::Membership view = membership_->View();
+  if (request.epoch() != view.epoch()) {
     return absl::AbortedError(absl::StrCat("epoch: the coordinator prepares at epoch ", request.epoch(), ", rank ",
-                                           self, " knows epoch ", known, "; retry"));
+                                           self, " knows epoch ", view.epoch(), "; retry"));
   }
   const uint64_t bytes = info.num_nvl_bytes() + info.num_rdma_bytes();
   const int group_rank = static_cast<int>(position - info.ranks().begin());
@@ -49,6 +50,8 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   group.info.set_state(v1::GROUP_STATE_CREATING);  // until Commit, whatever the request said
   group.token = request.token();
   group.group_rank = group_rank;
+  // Fabric rank 0 coordinates; at this epoch the view names the incarnation that sent the Prepare.
+  group.coordinator_incarnation = view.members_size() > 0 ? view.members(0).incarnation() : 0;
   memory::RegionSpec spec;
   spec.group = info.name();
   spec.rank = group_rank;
@@ -149,6 +152,17 @@ std::vector<std::string> LocalGroups::UncommittedSince(absl::Time before) const 
   absl::MutexLock lock(&mutex_);
   for (const auto& [name, group] : groups_) {
     if (group.info.state() == v1::GROUP_STATE_CREATING && group.prepared_at < before) names.push_back(name);
+  }
+  return names;
+}
+
+std::vector<std::string> LocalGroups::UncommittedOfAnotherCoordinator(uint64_t coordinator_incarnation) const {
+  std::vector<std::string> names;
+  absl::MutexLock lock(&mutex_);
+  for (const auto& [name, group] : groups_) {
+    if (group.info.state() == v1::GROUP_STATE_CREATING && group.coordinator_incarnation != coordinator_incarnation) {
+      names.push_back(name);
+    }
   }
   return names;
 }

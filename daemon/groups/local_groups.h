@@ -51,6 +51,7 @@ struct LocalGroup {
   std::vector<bool> lease_lost;
   std::vector<uint64_t> lease_sequence;  // by group rank: the NotifyLease sequence last applied
   absl::Time prepared_at;
+  uint64_t coordinator_incarnation = 0;  // of fabric rank 0 when it sent the Prepare
 };
 
 // One group's data-path counters as its lease holder published them (untrusted numbers).
@@ -87,6 +88,10 @@ class LocalGroups {
       ABSL_LOCKS_EXCLUDED(mutex_);
   // Groups prepared before `before` and still not committed.
   std::vector<std::string> UncommittedSince(absl::Time before) const ABSL_LOCKS_EXCLUDED(mutex_);
+  // Groups still CREATING that a coordinator of another incarnation than `coordinator_incarnation` prepared: it
+  // restarted since, and a restarted coordinator never commits what its predecessor prepared.
+  std::vector<std::string> UncommittedOfAnotherCoordinator(uint64_t coordinator_incarnation) const
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // Every member's descriptors; the group is READY.
   absl::Status Commit(const v1::CommitGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
   // Takes group `name` out (nullopt when it is not held here). Destroying the result frees its regions: do that

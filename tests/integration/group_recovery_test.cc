@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -143,6 +144,77 @@ TEST(Fabric, ForcedDeleteNeedsNoTokenAndLeavesNothing) {
   }
   EXPECT_EQ((*fabric)->MemfdRegions(), 0);
   EXPECT_TRUE(CreateGroup(**fabric, 2, "lost-token", {0, 1, 2}, 1 << 20, &created).ok());
+}
+
+// A coordinator that was stopped for longer than the heartbeat window marks nobody DOWN when it resumes (its own
+// stop is not the members' silence): no group turns DEGRADED, while a member that really died is still found. Before,
+// every member went DOWN at once and every group flapped to DEGRADED.
+TEST(Fabric, ResumedCoordinatorMarksNobodyDown) {
+  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=100", "--heartbeat_misses=5"});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  v1::CreateGroupResponse group;
+  ASSERT_TRUE(CreateGroup(**fabric, 0, "steady", {0, 1, 2}, 1 << 20, &group).ok());
+  (*fabric)->daemon(0).process().Signal(SIGSTOP);
+  absl::SleepFor(absl::Milliseconds(1500));  // 3x the window of 5 missed 100 ms beats
+  (*fabric)->daemon(0).process().Signal(SIGCONT);
+  absl::SleepFor(absl::Seconds(1));
+  for (int rank : {0, 1, 2}) {
+    auto view = (*fabric)->Fabric(rank);
+    ASSERT_TRUE(view.ok()) << view.status();
+    EXPECT_TRUE(AllUp(*view)) << "rank " << rank << ": " << view->membership().DebugString();
+    ASSERT_NE(FindGroup(*view, "steady"), nullptr);
+    EXPECT_EQ(FindGroup(*view, "steady")->state(), v1::GROUP_STATE_READY) << "rank " << rank;
+  }
+  const std::string log = (*fabric)->daemon(0).process().Stderr();
+  EXPECT_THAT(log, ::testing::HasSubstr("did not run for"));
+  EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("marking it down"))) << log;
+  // A member that dies is still found.
+  (*fabric)->Kill(2);
+  auto down = (*fabric)->WaitView(
+      0, [](const v1::FabricView& v) { return StateOf(v, 2) == v1::MEMBER_STATE_DOWN; }, absl::Seconds(5));
+  EXPECT_TRUE(down.ok()) << down.status();
+}
+
+// A coordinator killed between Prepare and Commit: once it is back (a new incarnation, which never commits what its
+// predecessor prepared), the members that prepared the group release it at once instead of after the 60 s lifetime
+// of uncommitted groups, also a member that was stopped meanwhile; the name is free again.
+TEST(Fabric, CreateWhoseCoordinatorDiedBeforeCommitIsReleasedWhenItRestarts) {
+  // Slow heartbeats: the stopped member stays UP, so that the coordinator waits for its Prepare.
+  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=500", "--heartbeat_misses=20"});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  (*fabric)->daemon(2).process().Signal(SIGSTOP);
+  grpc::Status failed;
+  std::thread create([&] {
+    v1::CreateGroupResponse response;
+    failed = CreateGroup(**fabric, 1, "orphan", {0, 1, 2}, 1 << 20, &response);
+  });
+  // Ranks 0 and 1 prepared (a region and a counters page each); the coordinator waits for rank 2.
+  const absl::Time prepared_by = absl::Now() + absl::Seconds(10);
+  while ((*fabric)->MemfdRegions() < 4 && absl::Now() < prepared_by) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ((*fabric)->MemfdRegions(), 4);
+  (*fabric)->Kill(0);
+  create.join();
+  EXPECT_FALSE(failed.ok()) << "the create cannot have succeeded";
+  ASSERT_TRUE((*fabric)->Restart(0).ok());
+  (*fabric)->daemon(2).process().Signal(SIGCONT);
+  ASSERT_TRUE((*fabric)->WaitComplete(absl::Seconds(20)).ok());
+  const absl::Time released_by = absl::Now() + absl::Seconds(5);
+  bool gone = false;
+  while (!gone && absl::Now() < released_by) {
+    gone = (*fabric)->MemfdRegions() == 0;
+    for (int rank : {0, 1, 2}) {
+      auto view = (*fabric)->Fabric(rank);
+      gone = gone && view.ok() && FindGroup(*view, "orphan") == nullptr;
+    }
+    if (!gone) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(gone) << "the group prepared by the killed coordinator is still held (" << (*fabric)->MemfdRegions()
+                    << " regions)";
+  v1::CreateGroupResponse again;
+  const grpc::Status created = CreateGroup(**fabric, 1, "orphan", {0, 1, 2}, 1 << 20, &again);
+  EXPECT_TRUE(created.ok()) << created.error_message();
 }
 
 }  // namespace
