@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -119,18 +120,28 @@ TEST(HostIntranode, RejectsBadInputNamingFieldAndValue) {
   EXPECT_THAT(s.message(), testing::HasSubstr("group.rank = 2"));
 }
 
+// Notify inputs of one token per rank and no expert counts, for calls that stop at the barrier.
+struct BarrierOnlyNotify {
+  BarrierOnlyNotify(int num_ranks, int num_experts)
+      : per_rank(num_ranks, 1), per_expert(num_experts, 0), prefix(num_ranks * num_ranks) {
+    params.num_tokens_per_rank = per_rank.data();
+    params.num_tokens_per_expert = per_expert.data();
+    params.num_tokens = num_ranks;
+    params.num_experts = num_experts;
+    params.rank_prefix_matrix = prefix.data();
+  }
+  BarrierOnlyNotify(const BarrierOnlyNotify&) = delete;  // params point into the vectors
+  std::vector<int32_t> per_rank, per_expert, prefix;
+  IntranodeNotifyParams params;
+};
+
 TEST(HostIntranode, MissingPeerTimesOutNamingItThenResetAndCleanCallWork) {
   const IntranodeCase c = Case({20, 30}, 256, 4, 8, false, 42);
   IntranodeRegions regions(IntranodeConfigFor({c}));
   KernelStatus status{};
   const IntranodeGroup group = regions.Group(0, kShortTimeoutNs, &status);
-  int32_t per_rank[2] = {1, 1}, per_expert[8] = {}, prefix[4];
-  IntranodeNotifyParams np;
-  np.num_tokens_per_rank = per_rank;
-  np.num_tokens_per_expert = per_expert;
-  np.num_tokens = 2;
-  np.num_experts = 8;
-  np.rank_prefix_matrix = prefix;
+  const BarrierOnlyNotify notify(2, 8);
+  const IntranodeNotifyParams& np = notify.params;
   const auto start = std::chrono::steady_clock::now();
   const absl::Status s = host_backend::IntranodeNotify(group, np);  // rank 1 never calls
   const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -154,13 +165,8 @@ TEST(HostIntranode, AWaitOnAnyPeerEndsWhenAnotherRankIsLost) {
   const IntranodeCase c = Case({20, 30, 10}, 256, 4, 12, false, 43);
   IntranodeRegions regions(IntranodeConfigFor({c}));
   uint64_t lost[kLostRankWords] = {uint64_t{1} << 2};
-  int32_t per_rank[3] = {1, 1, 1}, per_expert[12] = {}, prefix[9];
-  IntranodeNotifyParams np;
-  np.num_tokens_per_rank = per_rank;
-  np.num_tokens_per_expert = per_expert;
-  np.num_tokens = 3;
-  np.num_experts = 12;
-  np.rank_prefix_matrix = prefix;
+  const BarrierOnlyNotify notify(3, 12);
+  const IntranodeNotifyParams& np = notify.params;
 
   KernelStatus status{};
   IntranodeGroup group = regions.Group(0, 10ull * 1000 * 1000 * 1000, &status);
