@@ -385,9 +385,11 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const B
     path.peer_regions[r] = static_cast<char*>(lease->region(ranks[r])) + region_offset;
     group_order = group_order && ranks[r] == r;
   }
-  if (group_order) {
-    path.lost_ranks = lease->lost_ranks_words(lease->backend() == v1::BACKEND_CUDA);
-    path.lost_ranks_host = lease->lost_ranks_words(/*device=*/false);
+  // The inner stage of a group across hosts (its ranks are this host's, by index): the words in that order.
+  const bool same_host_order = !group_order && ranks == lease->nvl_ranks();
+  if (group_order || same_host_order) {
+    path.lost_ranks = lease->lost_ranks_words(lease->backend() == v1::BACKEND_CUDA, same_host_order);
+    path.lost_ranks_host = lease->lost_ranks_words(/*device=*/false, same_host_order);
   }
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), path));
   return std::unique_ptr<Buffer>(new Buffer(std::move(state)));

@@ -319,11 +319,13 @@ void* Lease::datapath_stats_device() const {
   return state_->stats.has_value() ? state_->stats->device_data() : nullptr;
 }
 
-const uint64_t* Lease::lost_ranks_words(bool device) const {
+const uint64_t* Lease::lost_ranks_words(bool device, bool same_host_order) const {
   absl::MutexLock lock(&state_->mutex);
   if (!state_->stats.has_value() || state_->stats->size() < kernels::kDataPathStatsBytes) return nullptr;
   const auto* page = static_cast<const char*>(device ? state_->stats->device_data() : state_->stats->data());
-  return page == nullptr ? nullptr : reinterpret_cast<const uint64_t*>(page + kernels::kLostRanksOffset);
+  if (page == nullptr) return nullptr;
+  return reinterpret_cast<const uint64_t*>(
+      page + (same_host_order ? kernels::kLostLocalRanksOffset : kernels::kLostRanksOffset));
 }
 
 uint64_t Lease::commands_region_bytes() const {

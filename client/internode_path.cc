@@ -63,6 +63,12 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(Lease* leas
   path->inner_ = std::move(inner);
   path->allocator_ = std::move(allocator);
   EPF_ASSIGN_OR_RETURN(path->access_, NewRegionAccess(lease->backend()));
+  path->lost_ranks_ = lease->lost_ranks_words(/*device=*/false);
+  if (path->lost_ranks_ != nullptr) {
+    for (int i = 0; i < kernels::kLostRankWords; ++i) {
+      path->lost_ignore_[i] = __atomic_load_n(path->lost_ranks_ + i, __ATOMIC_ACQUIRE);
+    }
+  }
   EPF_ASSIGN_OR_RETURN(path->layout_,
                        kernels::ComputeInternodeRdmaLayout({.num_hosts = shape.num_hosts,
                                                             .ranks_per_host = shape.ranks_per_host,
@@ -105,6 +111,7 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
   std::vector<uint64_t> words(H);
   const absl::Time deadline = absl::Now() + config_.timeout;
   absl::Time next_probe = absl::Now() + absl::Milliseconds(100);
+  RefreshLostIgnore(lost_ranks_, lost_ignore_);
   for (int polls = 0;; ++polls) {
     EPF_RETURN_IF_ERROR(access_->ReadWords(region() + offset, words.data(), H));
     int missing = -1;
@@ -112,6 +119,15 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
       if (h != shape_.host && words[h] < target) missing = h;
     }
     if (missing < 0) return absl::OkStatus();
+    // Each host's words come from one rank there (the same local index as this one): once the daemon published
+    // that rank as lost, its words never come. (A lost rank that wrote them first was found ready above.)
+    for (int h = 0; h < H; ++h) {
+      if (h == shape_.host || words[h] >= target || !RankLost(PeerRank(h))) continue;
+      return absl::UnavailableError(absl::StrFormat(
+          "rank %d stopped waiting for internode %s from rank %d (host %d): rank %d is lost (its client's lease ended "
+          "or its daemon went down)",
+          lease_->rank(), what, PeerRank(h), h, PeerRank(h)));
+    }
     // A ring that failed (the peer's daemon is gone, a refused command) ends the wait at once.
     if (polls % 64 == 0) {
       for (transport::RingIssuer& ring : rings_) {
@@ -136,6 +152,12 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
     }
     if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(polls > 20000 ? 200 : 10));
   }
+}
+
+bool InternodePath::RankLost(int rank) const {
+  if (lost_ranks_ == nullptr || rank < 0 || rank >= kernels::kMaxLostRanks) return false;
+  const uint64_t word = __atomic_load_n(lost_ranks_ + rank / 64, __ATOMIC_ACQUIRE) & ~lost_ignore_[rank / 64];
+  return ((word >> (rank % 64)) & 1u) != 0;
 }
 
 absl::StatusOr<std::shared_ptr<InternodeHandle>> InternodePath::Plan(const DispatchArgs& args, int num_tokens,

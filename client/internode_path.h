@@ -18,6 +18,7 @@
 #include "epfabric/client/buffer.h"
 #include "epfabric/client/client.h"
 #include "epfabric/kernels/internode.h"
+#include "epfabric/kernels/status_word.h"
 #include "epfabric/kernels/transport/issuer.h"
 
 namespace epfabric::client::internal {
@@ -87,8 +88,11 @@ class InternodePath {
   int PeerRank(int host) const { return host * shape_.ranks_per_host + shape_.local_rank; }
   uint8_t* region() const { return static_cast<uint8_t*>(region_); }
   kernels::transport::RingIssuer& RingFor(int host) { return rings_[host % rings_.size()]; }
-  // Waits until word[h] of the section at `offset` reaches `target` for every host but this one.
+  // Waits until word[h] of the section at `offset` reaches `target` for every host but this one. Ends early with
+  // UNAVAILABLE when the daemon publishes the rank that writes a missing word as lost.
   absl::Status WaitWords(size_t offset, uint64_t target, const char* what);
+  // Whether the daemon published group rank `rank` as lost (and lost_ignore_ does not hide it).
+  bool RankLost(int rank) const;
   absl::Status QuietAll();
   // The inner Buffer's errors name ranks by their index on this host: say so, with the group rank of index 0.
   absl::Status Annotate(absl::Status status) const;
@@ -113,6 +117,10 @@ class InternodePath {
   std::vector<kernels::transport::RingIssuer> rings_;
   uint64_t dispatches_ = 0;  // calls so far: the arrival / free words reach these values
   uint64_t combines_ = 0;
+  // The daemon's lost-ranks words (group order; null without a counters page), and the ranks already lost when this
+  // path was made, which are awaited rather than reported until their bit clears (as IntranodeGroup::lost_ignore).
+  const uint64_t* lost_ranks_ = nullptr;
+  uint64_t lost_ignore_[kernels::kLostRankWords] = {};
 };
 
 }  // namespace epfabric::client::internal

@@ -199,10 +199,33 @@ void LocalGroups::PublishLostLocked(LocalGroup& group, const v1::Membership& vie
   for (size_t rank = 0; rank < group.lease_lost.size(); ++rank) {
     if (group.lease_lost[rank]) add(static_cast<int>(rank));
   }
+  // By index among the same-host ranks, in Attach's nvl_ranks order (the inner stage of a group across hosts).
+  uint64_t local_words[kernels::kLostRankWords] = {};
+  const int self = group.group_rank >= 0 && group.group_rank < group.info.ranks_size()
+                       ? group.info.ranks(group.group_rank)
+                       : -1;  // this daemon's fabric rank
+  if (self >= 0 && self < view.members_size()) {
+    int local = 0;
+    for (int rank = 0; rank < group.info.ranks_size(); ++rank) {
+      const int member = group.info.ranks(rank);
+      if (member < 0 || member >= view.members_size() ||
+          view.members(member).host_id() != view.members(self).host_id()) {
+        continue;
+      }
+      if (local < kernels::kMaxLostRanks && rank < kernels::kMaxLostRanks &&
+          ((words[rank / 64] >> (rank % 64)) & 1u) != 0) {
+        local_words[local / 64] |= uint64_t{1} << (local % 64);
+      }
+      ++local;
+    }
+  }
   // The client's waits read these words concurrently (host backend: atomics; CUDA: the page is mapped for the GPU).
-  auto* page = static_cast<char*>(group.stats->base()) + kernels::kLostRanksOffset;
+  auto* base = static_cast<char*>(group.stats->base());
   for (int i = 0; i < kernels::kLostRankWords; ++i) {
-    std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(page)[i]).store(words[i], std::memory_order_release);
+    std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(base + kernels::kLostRanksOffset)[i])
+        .store(words[i], std::memory_order_release);
+    std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(base + kernels::kLostLocalRanksOffset)[i])
+        .store(local_words[i], std::memory_order_release);
   }
 }
 

@@ -25,27 +25,15 @@ namespace {
 
 using internal::FailureRecord;
 using internal::LoadAcquire;
+using internal::LossWords;
+using internal::RankLost;
 using internal::StoreRelaxed;
 using internal::StoreRelease;
+using internal::WaitForPeer;
 
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;
 constexpr int kBarrierLane = 0;
-
-// Waits until `ready()`, for `peer`'s write, on behalf of a normal-mode call: it also ends when any other rank of
-// the group is lost (internal::WaitWhileGroupWhole). Records why it ended in `failure`: the lost rank (which the
-// call can no longer complete without), or a timeout on `peer`.
-template <typename Ready>
-bool WaitForGroupPeer(const IntranodeGroup& group, Ready&& ready, WaitSite site, int peer, int channel,
-                      FailureRecord* failure) {
-  int lost_rank = -1;
-  if (internal::WaitWhileGroupWhole(ready, group.timeout_ns, group.lost_ranks, group.lost_ignore,
-                                    group.config.num_ranks, group.rank, &lost_rank)) {
-    return true;
-  }
-  failure->RecordWait(lost_rank >= 0, site, group.rank, lost_rank >= 0 ? lost_rank : peer, channel);
-  return false;
-}
 
 // The group with its layout: what every step needs to address a section of any rank's region.
 struct View {
@@ -79,6 +67,20 @@ absl::StatusOr<View> MakeView(const IntranodeGroup& group) {
   return View{group, layout, group.rank, num_ranks, group.config.num_experts / num_ranks, group.config.max_channels};
 }
 
+// The barrier cannot complete without a rank that has not arrived and never will: the first rank from `from` on
+// (those not confirmed yet: the ranks are awaited one after another) that the daemon published as lost and that has
+// not arrived at this barrier; -1 when none. A lost rank that arrived before it died does not count. All of them are
+// checked, not only the one awaited: a late but live rank would otherwise hide a lost one behind it for as long as it
+// takes (on CI, 328 ms of survivors busy with their own checks).
+int LostBeforeArriving(const View& v, int from, int32_t epoch) {
+  for (int q = from; q < v.num_ranks; ++q) {
+    if (q == v.rank || !RankLost(LossWords(v.group.lost_ranks, v.group.lost_ignore, q), q)) continue;
+    const int32_t* arrived = v.Section<int32_t>(v.rank, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + q;
+    if (LoadAcquire(arrived) == epoch) return q;
+  }
+  return -1;
+}
+
 // Cross-rank barrier on lane 0 (see block_barrier in kernels/cuda/intranode_common.cuh): arrive at every rank
 // (release: this rank's earlier writes into peers' regions become visible to them), then wait until every rank has
 // arrived here as often as this rank completed barriers + 1. A rank arrives only after its previous call returned,
@@ -96,13 +98,14 @@ bool Barrier(const View& v, FailureRecord* failure) {
     // at most twice more (its next arrival needs this rank's current one). Anything else is a stale or corrupt
     // counter, which would let this rank through without the peer: reported, never waited on.
     int32_t ahead = 0;
-    if (!WaitForGroupPeer(
-            v.group,
+    int lost = -1;
+    if (!internal::BoundedWait(
             [&] {
               ahead = static_cast<int32_t>(static_cast<uint32_t>(LoadAcquire(arrived)) - static_cast<uint32_t>(*epoch));
               return ahead != 0;
             },
-            WaitSite::kBarrier, peer, kBarrierLane, failure)) {
+            v.group.timeout_ns, [&] { return (lost = LostBeforeArriving(v, peer, *epoch)) >= 0; })) {
+      failure->RecordWait(lost >= 0, WaitSite::kBarrier, v.rank, lost >= 0 ? lost : peer, kBarrierLane);
       return false;
     }
     if (!failure->CheckPeerValue(PeerDataField::kBarrierArrivals, v.rank, peer, kBarrierLane, ahead, 1, 2)) {
@@ -393,9 +396,10 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
     for (int ch = 0; ch < C; ++ch) {
       int64_t* range_word = v.DispatchRange(me, src, ch);
       int64_t range = 0;
-      if (!WaitForGroupPeer(
-              group, [&] { return (range = LoadAcquire(range_word)) != 0; }, WaitSite::kDispatchFifoData, src, ch,
-              &failure)) {
+      bool lost = false;
+      if (!WaitForPeer([&] { return (range = LoadAcquire(range_word)) != 0; }, group.timeout_ns,
+                       LossWords(group.lost_ranks, group.lost_ignore, src), src, &lost)) {
+        failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
         return failure.Finish(group.status);
       }
       const int64_t begin = static_cast<int64_t>(static_cast<uint32_t>(range & 0xffffffff));
@@ -411,9 +415,9 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
       h.recv_channel_prefix[src * C + ch] = static_cast<int>(begin);
       int32_t* tail_word = v.ChannelTail(me, src, ch);
       int32_t tail = 0;
-      if (count > 0 && !WaitForGroupPeer(
-                           group, [&] { return (tail = LoadAcquire(tail_word)) != 0; }, WaitSite::kDispatchFifoData,
-                           src, ch, &failure)) {
+      if (count > 0 && !WaitForPeer([&] { return (tail = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
+                                    LossWords(group.lost_ranks, group.lost_ignore, src), src, &lost)) {
+        failure.RecordWait(lost, WaitSite::kDispatchFifoData, me, src, ch);
         return failure.Finish(group.status);
       }
       if (count > 0 && !failure.CheckPeerValue(PeerDataField::kDispatchTail, me, src, ch, tail, count, count)) {
@@ -537,9 +541,10 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
         } else {
           if (seen_tail[d] <= slot) {
             const int32_t* tail_word = v.ChannelTail(me, d, ch);
-            if (!WaitForGroupPeer(
-                    group, [&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, WaitSite::kCombineFifoData, d,
-                    ch, &failure)) {
+            bool lost = false;
+            if (!WaitForPeer([&] { return (seen_tail[d] = LoadAcquire(tail_word)) != 0; }, group.timeout_ns,
+                             LossWords(group.lost_ranks, group.lost_ignore, d), d, &lost)) {
+              failure.RecordWait(lost, WaitSite::kCombineFifoData, me, d, ch);
               return failure.Finish(group.status);
             }
             if (!failure.CheckPeerValue(PeerDataField::kCombineTail, me, d, ch, seen_tail[d], channel_end[d],

@@ -176,30 +176,4 @@ bool WaitForPeer(Ready&& ready, uint64_t timeout_ns, const uint64_t* lost_ranks,
   return BoundedWait(ready, timeout_ns, [&] { return *lost = RankLost(lost_ranks, peer); });
 }
 
-// The lowest group rank below `num_ranks`, other than `self`, that the daemon published as lost and `ignore` does not
-// hide; -1 when none (or no lost-ranks words).
-inline int FirstLostRank(const uint64_t* lost_ranks, const uint64_t* ignore, int num_ranks, int self) {
-  if (lost_ranks == nullptr) return -1;
-  const int ranks = num_ranks < kMaxLostRanks ? num_ranks : kMaxLostRanks;
-  for (int w = 0; w * 64 < ranks; ++w) {
-    uint64_t bits = LoadAcquire(lost_ranks + w) & ~ignore[w];
-    if (self / 64 == w) bits &= ~(uint64_t{1} << (self % 64));
-    if (ranks - w * 64 < 64) bits &= (uint64_t{1} << (ranks - w * 64)) - 1;
-    if (bits != 0) return w * 64 + __builtin_ctzll(bits);
-  }
-  return -1;
-}
-
-// A wait of a normal-mode call, which needs every rank of the group: it ends as soon as any rank other than `self`
-// is lost, not only the peer waited on. The host backend waits for one peer after another, so a wait on a live but
-// late peer would otherwise hide the loss of the next one for as long as the late one takes. Returns true when
-// ready; otherwise `*lost_rank` is the lost rank (name it in the error), or -1 when the wait timed out.
-template <typename Ready>
-bool WaitWhileGroupWhole(Ready&& ready, uint64_t timeout_ns, const uint64_t* lost_ranks, const uint64_t* ignore,
-                         int num_ranks, int self, int* lost_rank) {
-  *lost_rank = -1;
-  return BoundedWait(ready, timeout_ns,
-                     [&] { return (*lost_rank = FirstLostRank(lost_ranks, ignore, num_ranks, self)) >= 0; });
-}
-
 }  // namespace epfabric::kernels::host_backend::internal

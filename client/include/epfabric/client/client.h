@@ -109,7 +109,8 @@ class Lease {
   void* datapath_stats_device() const;
   // The lost-ranks words the daemon publishes in that page (kernels/status_word.h, kMaxLostRanks): the address the
   // host backend reads (`device` false) or the kernels read (`device` true); nullptr when the daemon gave no page.
-  const uint64_t* lost_ranks_words(bool device) const;
+  // Bit r is group rank r, or with `same_host_order` the r-th of nvl_ranks().
+  const uint64_t* lost_ranks_words(bool device, bool same_host_order = false) const;
   // The descriptor a region was mapped from (nullptr as for region()).
   const v1::RegionDescriptor* region_descriptor(int group_rank) const;
 

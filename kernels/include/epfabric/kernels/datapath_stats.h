@@ -62,6 +62,10 @@ static_assert(sizeof(DataPathStats) <= kDataPathStatsBytes);
 inline constexpr size_t kLostRanksOffset = 12288;
 static_assert(sizeof(DataPathStats) <= kLostRanksOffset);
 static_assert(kLostRanksOffset + kLostRankWords * sizeof(uint64_t) <= kDataPathStatsBytes);
+// The same bits indexed by the lease holder's same-host ranks (Attach's nvl_ranks, in that order): what the inner
+// (this-host) stage of a group across hosts polls, whose waits name ranks by their index on the host.
+inline constexpr size_t kLostLocalRanksOffset = kLostRanksOffset + kLostRankWords * sizeof(uint64_t);
+static_assert(kLostLocalRanksOffset + kLostRankWords * sizeof(uint64_t) <= kDataPathStatsBytes);
 inline constexpr int kLowLatencyStatsPeriod = 64;
 
 inline void StatsAdd(uint64_t* word, uint64_t value) {
