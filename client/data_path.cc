@@ -18,16 +18,11 @@ absl::StatusOr<std::unique_ptr<DataPath>> DataPath::Create(v1::Backend backend, 
   }
 }
 
-namespace {
-
-// The lost-ranks bits set now: ranks lost before this path was made, which its waits ignore until they clear.
 void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore) {
   for (int i = 0; i < kernels::kLostRankWords; ++i) {
     ignore[i] = lost_ranks_host != nullptr ? __atomic_load_n(lost_ranks_host + i, __ATOMIC_ACQUIRE) : 0;
   }
 }
-
-}  // namespace
 
 void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore) {
   if (lost_ranks_host == nullptr) return;

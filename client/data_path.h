@@ -93,6 +93,9 @@ class DataPath {
 absl::StatusOr<std::unique_ptr<DataPath>> NewCudaDataPath(const DataPathConfig& config);
 absl::StatusOr<std::unique_ptr<DataPath>> NewHostDataPath(const DataPathConfig& config);
 
+// When a path is made: the lost-ranks bits set now (ranks lost before it was made), which its waits ignore until they
+// clear; all zero without words.
+void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 // Before each call: a rank ignored since the path was made (lost already then: awaited, not reported) stops being
 // ignored once its bit has cleared (it came back), so that a later loss is reported.
 void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);

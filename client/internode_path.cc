@@ -64,11 +64,7 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(Lease* leas
   path->allocator_ = std::move(allocator);
   EPF_ASSIGN_OR_RETURN(path->access_, NewRegionAccess(lease->backend()));
   path->lost_ranks_ = lease->lost_ranks_words(/*device=*/false);
-  if (path->lost_ranks_ != nullptr) {
-    for (int i = 0; i < kernels::kLostRankWords; ++i) {
-      path->lost_ignore_[i] = __atomic_load_n(path->lost_ranks_ + i, __ATOMIC_ACQUIRE);
-    }
-  }
+  InitLostIgnore(path->lost_ranks_, path->lost_ignore_);
   EPF_ASSIGN_OR_RETURN(path->layout_,
                        kernels::ComputeInternodeRdmaLayout({.num_hosts = shape.num_hosts,
                                                             .ranks_per_host = shape.ranks_per_host,

@@ -16,6 +16,7 @@
 #include "epfabric/v1/peer.grpc.pb.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/reflection.h"
+#include "integration/fabric_test_util.h"
 #include "integration/fabric_under_test.h"
 #include "integration/peer_channel.h"
 #include "integration/proto_mutator.h"
@@ -230,15 +231,8 @@ TEST(PeerNotifyLease, OnlyTheMemberServingTheRankMaySpeakForIt) {
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok());
   const std::string fabric_id = (*fabric)->fabric_id();
-  v1::CreateGroupRequest create;
-  create.set_name("g");
-  for (int r : {0, 1, 2}) create.add_ranks(r);
-  create.set_num_nvl_bytes(1 << 16);
   v1::CreateGroupResponse created;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE((*fabric)->Control(0)->CreateGroup(&context, create, &created).ok());
-  }
+  ASSERT_TRUE(CreateGroup(**fabric, 0, "g", {0, 1, 2}, 1 << 16, &created).ok());
   const v1::FabricView view = *(*fabric)->Fabric(0);
   auto notify = [&](int claimed_rank, int sender, const std::string& group, int group_rank) {
     auto stub = v1::Peer::NewStub(PeerChannel(view.membership().members(0).peer_address(), fabric_id,
