@@ -380,9 +380,10 @@ int64_t EventNanos(const std::string& out, int rank, const std::string& what) {
   return absl::SimpleAtoi(out.substr(begin, out.find_first_of(" \n", begin) - begin), &ns) ? ns : 0;
 }
 
-// How long a survivor's call waited on the dead rank: from the victim's death, or from the start of the survivor's
-// failing call when that came later (a survivor killed from outside at a random point may be busy with its own
-// host-side checks of a round, seconds on CI's 2 busy cores), to its error. Issue #14: within 100 ms in normal mode.
+// How long a survivor's call waited on the dead rank: from the victim's death, or from the start of the last
+// survivor's failing call when that came later, to its error. No survivor's call can end before every survivor has
+// joined it (the barrier and the data need them all), and a survivor may be seconds late on CI's 2 busy cores (busy
+// with the host-side checks of its previous round; CI saw 1.1 s under ASan). Issue #14: within 100 ms in normal mode.
 // Low latency measures more than the wait: it masks the rank and still finishes the round (its combine, the
 // worker's mask query).
 double LossBoundMs(bool low_latency) { return (low_latency ? 300 : 100) * kSanitizerSlowdown; }
@@ -442,7 +443,9 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
   std::cout << "survivors stopped within " << absl::ToDoubleMilliseconds(absl::Now() - killed)
             << " ms of the kill as the test saw it\n";
   ASSERT_GT(killed_ns, 0);
-  double slowest_ms = 0, longest_wait_ms = 0;
+  double slowest_ms = 0;
+  int64_t last_call_ns = 0;        // when the last survivor's failing call started
+  std::vector<int64_t> failed_ns;  // when each survivor's call failed
   for (int r = 0; r < kRanks; ++r) {
     if (r == kVictim) continue;
     const std::string out = workers[r].Stdout();
@@ -455,18 +458,22 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     EXPECT_THAT(event, ::testing::AnyOf(HasSubstr(absl::StrCat("rank ", kVictim, " is lost")),
                                         HasSubstr(absl::StrCat("rank(s) ", kVictim, " masked"))))
         << "the error does not name the dead rank";
-    const int64_t failed_ns = EventNanos(out, r, "timeout");
+    failed_ns.push_back(EventNanos(out, r, "timeout"));
     int64_t call_ns = 0;  // when the failing call started
     const size_t call_at = event.find(" call_unix_ns=");
     ASSERT_NE(call_at, std::string::npos) << event;
     const size_t call_begin = call_at + std::strlen(" call_unix_ns=");
     ASSERT_TRUE(absl::SimpleAtoi(event.substr(call_begin, event.find(' ', call_begin) - call_begin), &call_ns))
         << event;
-    slowest_ms = std::max(slowest_ms, (failed_ns - killed_ns) / 1e6);
-    longest_wait_ms = std::max(longest_wait_ms, (failed_ns - std::max(killed_ns, call_ns)) / 1e6);
+    slowest_ms = std::max(slowest_ms, (failed_ns.back() - killed_ns) / 1e6);
+    last_call_ns = std::max(last_call_ns, call_ns);
   }
+  double longest_wait_ms = 0;
+  for (int64_t ns : failed_ns)
+    longest_wait_ms = std::max(longest_wait_ms, (ns - std::max(killed_ns, last_call_ns)) / 1e6);
   std::cout << "survivors stopped " << slowest_ms << " ms after the victim died (slowest survivor); the longest "
-            << longest_wait_ms << " ms after the victim died or their call started, whichever was later\n";
+            << longest_wait_ms
+            << " ms after the victim died or the last survivor's call started, whichever was later\n";
   // Sanitizer builds run several times slower on CI's 2 cores.
   const bool low_latency = std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end();
   EXPECT_LT(longest_wait_ms, LossBoundMs(low_latency));
