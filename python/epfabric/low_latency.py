@@ -1,5 +1,6 @@
 """Low-latency dispatch/combine (decoding) of epfabric.Buffer, with DeepEP's names, parameters and return values."""
 import ctypes
+import warnings
 
 import torch
 
@@ -17,6 +18,18 @@ _LC_X, _LC_IDX, _LC_W, _LC_OUT = (getattr(_lib.LLCombineArgs, n).offset for n in
 _LCR_X = _lib.LLCombineResult.combined_x.offset
 _LO_STATS = _lib.LLOptions.wait_recv_cost_stats.offset
 _LL_DISPATCH, _LL_COMBINE = lib.epf_low_latency_dispatch_ex, lib.epf_low_latency_combine_ex
+
+
+_LOGFMT_WARNED = []
+
+
+def _warn_logfmt():
+    """use_logfmt asks for DeepEP's lossy LogFMT-compressed combine (fewer bytes); epfabric runs the exact BF16 combine,
+    whose result any LogFMT caller accepts, and says so once per process rather than refuse a server's setting."""
+    if not _LOGFMT_WARNED:
+        _LOGFMT_WARNED.append(True)
+        warnings.warn("epfabric: low_latency_combine(use_logfmt=True) runs the exact BF16 combine (LogFMT compression "
+                      "is not implemented; docs/python.md)", stacklevel=3)
 
 
 def _hook(buffer, c_hook):
@@ -89,7 +102,7 @@ class LowLatencyMixin:
         if not self.low_latency_mode or self._lease is None:
             self._low_latency_only("low_latency_combine")
         if use_logfmt:
-            raise NotImplementedError("use_logfmt (LogFMT-compressed combine) is not supported (docs/python.md)")
+            _warn_logfmt()
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("handle must be the handle that low_latency_dispatch returned")
         calls, dev, index = self._calls, self.device, self._dev_index

@@ -4,6 +4,7 @@ import os
 import random
 import threading
 import unittest
+import warnings
 
 import fabric
 
@@ -316,7 +317,7 @@ class NormalModeTest(FabricCase):
 class LowLatencyTest(FabricCase):
     hidden, topk, experts, max_tokens = 256, 4, 16, 16
 
-    def run_round(self, bufs, ins, use_fp8, zero_copy=False, hook=False, out=False):
+    def run_round(self, bufs, ins, use_fp8, zero_copy=False, hook=False, out=False, logfmt=False):
         def rank(r):
             b = bufs[r]
             x, idx, w = fabric.to_dev(*ins[r])
@@ -335,7 +336,7 @@ class LowLatencyTest(FabricCase):
             if zero_copy:
                 b.get_next_low_latency_combine_buffer(handle).copy_(expert_out)
             combined, _, combine_hook = b.low_latency_combine(expert_out, idx, w, handle, zero_copy=zero_copy,
-                                                              return_recv_hook=hook, out=dst)
+                                                              return_recv_hook=hook, out=dst, use_logfmt=logfmt)
             if hook:
                 combine_hook()
             if out:
@@ -383,10 +384,16 @@ class LowLatencyTest(FabricCase):
     def test_bf16_fp8_hooks_zero_copy_out(self):
         bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
         for i, kw in enumerate([dict(use_fp8=False), dict(use_fp8=True), dict(use_fp8=False, hook=True),
-                                dict(use_fp8=False, zero_copy=True), dict(use_fp8=True, out=True, hook=True)]):
+                                dict(use_fp8=False, zero_copy=True), dict(use_fp8=True, out=True, hook=True),
+                                dict(use_fp8=False, logfmt=True)]):
             with self.subTest(**kw):
                 ins = self.inputs(SEED + 1000 * i)
-                self.check(ins, self.run_round(bufs, ins, **kw), kw["use_fp8"])
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    outs = self.run_round(bufs, ins, **kw)
+                self.check(ins, outs, kw["use_fp8"])
+                # use_logfmt runs the exact BF16 combine and says so (docs/python.md)
+                self.assertEqual(any("use_logfmt" in str(w.message) for w in said), kw.get("logfmt", False))
 
     def test_wait_recv_cost_stats(self):
         """DeepEP's wait-cost statistics: int64 [num_ranks], only added to (ns here); every call adds at least 1 per
