@@ -422,8 +422,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
                                  .allocator = allocator,
                                  .layout_only = true};
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), outer));
-  EPF_ASSIGN_OR_RETURN(state->internode,
-                       internal::InternodePath::Create(lease, config, shape, std::move(inner), std::move(allocator)));
+  internal::DataPath* inner_path = inner->state_->path.get();
+  EPF_ASSIGN_OR_RETURN(state->internode, internal::InternodePath::Create(lease, config, shape, std::move(inner),
+                                                                         inner_path, std::move(allocator)));
   auto buffer = std::unique_ptr<Buffer>(new Buffer(std::move(state)));
   EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
   return buffer;

@@ -230,6 +230,8 @@ class CudaDataPath final : public DataPath {
     return kernel;
   }
 
+  void AbandonCall() override {}  // see DataPath::AbandonCall
+
   absl::Status Reset(cudaStream_t stream) override {
     if (config_.config.low_latency) {
       // Both halves' signals (the only part of a half that is ever cleaned) and the rank mask.

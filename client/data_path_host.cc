@@ -103,6 +103,10 @@ class HostDataPath final : public DataPath {
 
   absl::Status Check(cudaStream_t /*stream*/) override { return absl::OkStatus(); }
 
+  void AbandonCall() override {
+    if (!config_.config.low_latency) (void)hb::IntranodeAbandonCall(group_);  // best effort: the call fails anyway
+  }
+
   absl::Status Reset(cudaStream_t /*stream*/) override {
     status_ = {};
     std::fill(rank_mask_.begin(), rank_mask_.end(), 0);

@@ -120,6 +120,7 @@ class LowLatencyInternodePath final : public DataPath {
   void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
   int32_t* LowLatencyRankMask() const override { return inner_->LowLatencyRankMask(); }
   absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
+  void AbandonCall() override {}  // low latency masks silent ranks rather than failing the call
   absl::Status Reset(cudaStream_t stream) override {
     remote_->TakeError().IgnoreError();
     return inner_->Reset(stream);

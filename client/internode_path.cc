@@ -55,12 +55,14 @@ BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupSh
 absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(Lease* lease, const BufferConfig& config,
                                                                      const InternodeGroupShape& shape,
                                                                      std::unique_ptr<Buffer> inner,
+                                                                     DataPath* inner_path,
                                                                      std::shared_ptr<Allocator> allocator) {
   auto path = std::unique_ptr<InternodePath>(new InternodePath());
   path->lease_ = lease;
   path->config_ = config;
   path->shape_ = shape;
   path->inner_ = std::move(inner);
+  path->inner_path_ = inner_path;
   path->allocator_ = std::move(allocator);
   EPF_ASSIGN_OR_RETURN(path->access_, NewRegionAccess(lease->backend()));
   path->lost_ranks_ = lease->lost_ranks_words(/*device=*/false);
@@ -262,6 +264,14 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
         "by it)");
   }
 
+  // This host's other ranks wait for this one in their NVLink stage: when this call fails before it gets there (a
+  // rank on another host is lost, bad peer data, a broken transport), they learn it now instead of at their timeout.
+  struct LeaveUnlessDismissed {
+    DataPath* inner;
+    ~LeaveUnlessDismissed() {
+      if (inner != nullptr) inner->AbandonCall();
+    }
+  } leave{inner_path_};
   std::shared_ptr<const InternodeHandle> plan;
   if (cached) {
     plan = args.cached->internode;
@@ -343,6 +353,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
     EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(idx_fwd.view, stream)));
     inner_args.layout = &inner_layout;
   }
+  leave.inner = nullptr;  // from here on the NVLink stage itself tells its peers
   EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(inner_->Dispatch(inner_args, stream)));
 
   auto handle = std::make_shared<DispatchHandle>(*result.handle);

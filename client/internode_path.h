@@ -23,6 +23,8 @@
 
 namespace epfabric::client::internal {
 
+class DataPath;
+
 // The group's shape: host h holds ranks [h * ranks_per_host, (h + 1) * ranks_per_host).
 struct InternodeGroupShape {
   int num_hosts = 0;
@@ -70,10 +72,10 @@ absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backen
 
 class InternodePath {
  public:
-  // `inner` is the intranode Buffer over this host's ranks; `lease` must outlive this.
+  // `inner` is the intranode Buffer over this host's ranks and `inner_path` its data path; `lease` must outlive this.
   static absl::StatusOr<std::unique_ptr<InternodePath>> Create(Lease* lease, const BufferConfig& config,
                                                                const InternodeGroupShape& shape,
-                                                               std::unique_ptr<Buffer> inner,
+                                                               std::unique_ptr<Buffer> inner, DataPath* inner_path,
                                                                std::shared_ptr<Allocator> allocator);
 
   // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these.
@@ -110,6 +112,7 @@ class InternodePath {
   BufferConfig config_;
   InternodeGroupShape shape_;
   std::unique_ptr<Buffer> inner_;
+  DataPath* inner_path_ = nullptr;  // inner_'s: a dispatch that fails before the NVLink stage leaves it (AbandonCall)
   std::shared_ptr<Allocator> allocator_;
   std::unique_ptr<RegionAccess> access_;
   void* region_ = nullptr;

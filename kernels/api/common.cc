@@ -172,6 +172,13 @@ absl::Status KernelStatusToStatus(const KernelStatus& status) {
         status.waiting_rank, WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank, status.channel,
         status.peer_rank));
   }
+  if (status.code == kKernelStatusPeerLeftCall) {
+    return absl::UnavailableError(
+        absl::StrFormat("rank %d stopped waiting for %s from rank %d (channel %d): rank %d left the call before this "
+                        "stage (its own error says why)",
+                        status.waiting_rank, WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank,
+                        status.channel, status.peer_rank));
+  }
   if (status.code == kKernelStatusBadPeerData) {
     const PeerDataField field = static_cast<PeerDataField>(status.site);
     return absl::DataLossError(

@@ -34,6 +34,9 @@ using internal::WaitForPeer;
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;
 constexpr int kBarrierLane = 0;
+// What IntranodeAbandonCall adds to a rank's arrival counter at every peer: far more arrivals than a live rank can be
+// ahead (at most 2), so a barrier tells a rank that left the call from one that arrived.
+constexpr int32_t kAbandonArrivals = 1 << 20;
 
 // The group with its layout: what every step needs to address a section of any rank's region.
 struct View {
@@ -106,6 +109,10 @@ bool Barrier(const View& v, FailureRecord* failure) {
             },
             v.group.timeout_ns, [&] { return (lost = LostBeforeArriving(v, peer, *epoch)) >= 0; })) {
       failure->RecordWait(lost >= 0, WaitSite::kBarrier, v.rank, lost >= 0 ? lost : peer, kBarrierLane);
+      return false;
+    }
+    if (ahead >= kAbandonArrivals) {  // it left the call (IntranodeAbandonCall): it will not arrive
+      failure->RecordPeerLeftCall(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
       return false;
     }
     if (!failure->CheckPeerValue(PeerDataField::kBarrierArrivals, v.rank, peer, kBarrierLane, ahead, 1, 2)) {
@@ -204,6 +211,18 @@ absl::Status GetDispatchLayout(const DispatchLayoutParams& p) {
 absl::Status IntranodeResetRegion(const IntranodeGroup& group) {
   EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
   std::memset(group.peer_regions[group.rank], 0, v.layout.signal_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status IntranodeAbandonCall(const IntranodeGroup& group) {
+  EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
+  // A rank that left a call reaches none of its barriers, and every call starts with one (notify, dispatch, combine),
+  // so that is where its peers wait for it.
+  for (int peer = 0; peer < v.num_ranks; ++peer) {
+    if (peer == v.rank) continue;
+    internal::FetchAddRelease(v.Section<int32_t>(peer, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + v.rank,
+                              kAbandonArrivals);
+  }
   return absl::OkStatus();
 }
 

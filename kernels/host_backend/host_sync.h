@@ -78,6 +78,12 @@ class FailureRecord {
     Record(site, waiting_rank, peer_rank, channel);
     record_.code = kKernelStatusPeerLost;
   }
+  // A wait on `peer_rank` that ended because that rank left the call (kKernelStatusPeerLeftCall).
+  void RecordPeerLeftCall(WaitSite site, int waiting_rank, int peer_rank, int channel) {
+    if (failed()) return;
+    Record(site, waiting_rank, peer_rank, channel);
+    record_.code = kKernelStatusPeerLeftCall;
+  }
   // A wait's outcome as the call records it: a timeout or a lost peer (see WaitForPeer).
   void RecordWait(bool lost, WaitSite site, int waiting_rank, int peer_rank, int channel) {
     if (lost) {

@@ -189,6 +189,36 @@ TEST(HostIntranode, AWaitOnAnyPeerEndsWhenAnotherRankIsLost) {
   EXPECT_EQ(t.message(), "rank 0 timed out waiting for barrier from rank 1 (channel 0)");
 }
 
+// A rank that leaves a call before its intranode stage (a group across hosts whose RDMA stage failed) tells its
+// peers: rank 0's barrier wait for it ends at once with UNAVAILABLE naming it, not at the (10 s) timeout; rank 2,
+// which arrived, is not blamed. After every rank resets, the group gives correct results again.
+TEST(HostIntranode, AWaitOnAPeerThatLeftTheCallEndsAtOnce) {
+  const IntranodeCase c = Case({20, 30, 10}, 256, 4, 12, false, 44);
+  IntranodeRegions regions(IntranodeConfigFor({c}));
+  const BarrierOnlyNotify notify(3, 12);
+  ASSERT_TRUE(host_backend::IntranodeAbandonCall(regions.Group(1)).ok());
+  absl::Status third;
+  std::thread rank2([&] { third = host_backend::IntranodeNotify(regions.Group(2, kShortTimeoutNs), notify.params); });
+  KernelStatus status{};
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status s =
+      host_backend::IntranodeNotify(regions.Group(0, 10ull * 1000 * 1000 * 1000, &status), notify.params);
+  const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rank2.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(s.message(),
+            "rank 0 stopped waiting for barrier from rank 1 (channel 0): rank 1 left the call before this stage (its "
+            "own error says why)");
+  EXPECT_LT(elapsed_s, 1.0);
+  EXPECT_EQ(KernelStatusToStatus(status), s);  // the status word says the same
+  EXPECT_EQ(third.code(), absl::StatusCode::kUnavailable) << third;
+  EXPECT_THAT(std::string(third.message()), testing::HasSubstr("from rank 1 (channel 0): rank 1 left the call"));
+
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(host_backend::IntranodeResetRegion(regions.Group(r)).ok());
+  const IntranodeExpected x = MakeIntranodeExpected(c);
+  EXPECT_EQ(RunRanks(3, [&](int rank, Mismatches* m) { RunIntranodeCase(regions.Group(rank), x, m); }), "");
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 
 std::string RunLowLatency(const LowLatencyCase& c) {
