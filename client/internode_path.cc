@@ -112,6 +112,15 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
   RefreshLostIgnore(lost_ranks_, lost_ignore_);
   for (int polls = 0;; ++polls) {
     EPF_RETURN_IF_ERROR(access_->ReadWords(region() + offset, words.data(), H));
+    // A rank that left the call (LeaveCall) marks every word it owes: checked first, since the mark also reaches any
+    // target.
+    for (int h = 0; h < H; ++h) {
+      if (h == shape_.host || words[h] < kLeftCallWord) continue;
+      return absl::UnavailableError(absl::StrFormat(
+          "rank %d stopped waiting for internode %s from rank %d (host %d): rank %d left the call (its own error says "
+          "why)",
+          lease_->rank(), what, PeerRank(h), h, PeerRank(h)));
+    }
     int missing = -1;
     for (int h = 0; h < H && missing < 0; ++h) {
       if (h != shape_.host && words[h] < target) missing = h;
@@ -245,6 +254,31 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
 }
 
 absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
+  absl::StatusOr<DispatchResult> result = RunDispatch(args, stream);
+  if (!result.ok()) LeaveCall();
+  return result;
+}
+
+absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
+  absl::StatusOr<CombineResult> result = RunCombine(args, stream);
+  if (!result.ok()) LeaveCall();
+  return result;
+}
+
+void InternodePath::LeaveCall() {
+  const kernels::InternodeRdmaLayout& l = layout_;
+  for (int h = 0; h < shape_.num_hosts; ++h) {
+    if (h == shape_.host) continue;
+    for (size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived}) {
+      // Best effort: the transport may be what failed.
+      RingFor(h).SignalAdd(PeerRank(h), words + shape_.host * kWordBytes, kLeftCallWord, config_.timeout).IgnoreError();
+    }
+  }
+  // The marks land before this call returns its error, so before any rank resets (which zeroes them).
+  QuietAll().IgnoreError();
+}
+
+absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, self = shape_.host, M = config_.max_tokens_per_rank;
   const kernels::InternodeRdmaLayout& l = layout_;
   const int num_tokens = static_cast<int>(args.x.shape[0]);
@@ -372,7 +406,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
   return result;
 }
 
-absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
+absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, self = shape_.host;
   const kernels::InternodeRdmaLayout& l = layout_;
   if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {

@@ -78,7 +78,10 @@ class InternodePath {
                                                                std::unique_ptr<Buffer> inner, DataPath* inner_path,
                                                                std::shared_ptr<Allocator> allocator);
 
-  // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these.
+  // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these. A call that
+  // fails tells the ranks waiting for this one on other hosts (LeaveCall) and, before its NVLink stage, on this host
+  // (DataPath::AbandonCall), so that their waits end at once; every rank then resets.
+
   absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
   absl::Status Check(cudaStream_t stream);
@@ -87,6 +90,14 @@ class InternodePath {
  private:
   InternodePath() = default;
 
+  // What LeaveCall adds to each word it owes a peer: far above any count of calls, so a waiting peer tells it apart.
+  static constexpr uint64_t kLeftCallWord = uint64_t{1} << 48;
+
+  absl::StatusOr<DispatchResult> RunDispatch(const DispatchArgs& args, cudaStream_t stream);
+  absl::StatusOr<CombineResult> RunCombine(const CombineArgs& args, cudaStream_t stream);
+  // After a failed call: marks every word this rank writes at its peers on other hosts (arrivals of rows, releases
+  // of slabs) so that their waits for it end with UNAVAILABLE naming it, and waits (bounded) until the marks landed.
+  void LeaveCall();
   int PeerRank(int host) const { return host * shape_.ranks_per_host + shape_.local_rank; }
   uint8_t* region() const { return static_cast<uint8_t*>(region_); }
   kernels::transport::RingIssuer& RingFor(int host) { return rings_[host % rings_.size()]; }

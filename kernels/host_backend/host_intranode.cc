@@ -111,7 +111,9 @@ bool Barrier(const View& v, FailureRecord* failure) {
       failure->RecordWait(lost >= 0, WaitSite::kBarrier, v.rank, lost >= 0 ? lost : peer, kBarrierLane);
       return false;
     }
-    if (ahead >= kAbandonArrivals) {  // it left the call (IntranodeAbandonCall): it will not arrive
+    // It left the call (IntranodeAbandonCall) and will not arrive. Exactly the marker: a rank that left arrived at
+    // none of this call's barriers; any other large count is corrupt (checked below).
+    if (ahead >= kAbandonArrivals && ahead <= kAbandonArrivals + 2) {
       failure->RecordPeerLeftCall(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
       return false;
     }

@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -24,6 +26,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "epfabric/client/buffer.h"
+#include "epfabric/client/client.h"
 #include "integration/fabric_under_test.h"
 #include "integration/subprocess.h"
 
@@ -279,6 +283,115 @@ TEST_F(InternodeTest, AKilledClientTimesOutItsPeersAndTheRankRejoins) {
     EXPECT_THAT(w.Stdout(), HasSubstr(" ok=1 ")) << w.Stderr();
   }
   std::filesystem::remove_all(dir);
+}
+
+// An allocator that refuses every request once armed: a dispatch that fails inside the internode path on one rank.
+class RefusingAllocator final : public client::Allocator {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) override {
+    if (armed) return absl::ResourceExhaustedError("refused by the test");
+    return base_->Allocate(bytes, stream);
+  }
+  void Free(void* ptr, cudaStream_t stream) override { base_->Free(ptr, stream); }
+  std::atomic<bool> armed{false};
+
+ private:
+  std::shared_ptr<client::Allocator> base_ = client::DefaultAllocator(v1::BACKEND_HOST);
+};
+
+// A rank whose dispatch fails before it sent its rows (its allocator refuses: the same path as a lost rank's peer, bad
+// peer data or a broken transport) tells the ranks on other hosts that wait for it: their wait ends at once with
+// UNAVAILABLE naming it, not at their 10 s timeout. After both reset, the group dispatches and combines correctly.
+TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
+  ASSERT_NO_FATAL_FAILURE(StartFabric(2, 1));
+  const client::BufferConfig config{.max_tokens_per_rank = 16,
+                                    .hidden = 256,
+                                    .max_topk = 2,
+                                    .num_experts = 4,
+                                    .num_sms = 2,
+                                    .timeout = absl::Seconds(10)};
+  auto bytes = client::RequiredGroupBytes(config, 2, 1);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  v1::CreateGroupRequest request;
+  request.set_name("leave");
+  request.add_ranks(0);
+  request.add_ranks(1);
+  request.set_num_nvl_bytes(bytes->nvl);
+  request.set_num_rdma_bytes(bytes->rdma);
+  v1::CreateGroupResponse response;
+  grpc::ClientContext context;
+  ASSERT_TRUE(fabric_->Control(0)->CreateGroup(&context, request, &response).ok());
+  auto refusing = std::make_shared<RefusingAllocator>();
+  std::vector<std::unique_ptr<client::Client>> clients;
+  std::vector<std::unique_ptr<client::Lease>> leases;
+  std::vector<std::unique_ptr<client::Buffer>> buffers;
+  for (int r = 0; r < 2; ++r) {
+    auto connected = client::Client::Connect(fabric_->daemon(r).socket(), {.client_name = "internode_test"});
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    auto lease = (*connected)->Attach("leave", r, response.token());
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    auto buffer = client::Buffer::Create(lease->get(), config, r == 1 ? refusing : nullptr);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    clients.push_back(std::move(*connected));
+    leases.push_back(std::move(*lease));
+    buffers.push_back(std::move(*buffer));
+  }
+  // Token t of each rank goes to experts t % 4 and (t + 1) % 4: both ranks (2 experts each) or one of them.
+  constexpr int kTokens = 8;
+  std::vector<uint16_t> x(kTokens * 256);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(0x3f80 + (i * 7) % 64);  // bf16 1.0 .. 1.49
+  std::vector<int64_t> idx(kTokens * 2);
+  for (int t = 0; t < kTokens; ++t) idx[2 * t] = t % 4, idx[2 * t + 1] = (t + 1) % 4;
+  const client::TensorView x_view{x.data(), kernels::DType::kBF16, {kTokens, 256}};
+  const client::TensorView idx_view{idx.data(), kernels::DType::kInt64, {kTokens, 2}};
+  // One round on both ranks: dispatch, then (when asked) combine the received rows unchanged.
+  auto round = [&](int r, bool combine, std::vector<uint16_t>* combined) -> absl::Status {
+    if (r == 1) refusing->armed = false;
+    auto layout = buffers[r]->GetDispatchLayout(idx_view);
+    if (!layout.ok()) return layout.status();
+    if (r == 1) refusing->armed = !combine;  // the first round's dispatch fails on rank 1
+    auto recv = buffers[r]->Dispatch({.x = x_view, .topk_idx = idx_view, .layout = &*layout});
+    if (!recv.ok() || !combine) return recv.status();
+    auto out = buffers[r]->Combine({.x = recv->recv_x.view, .handle = recv->handle});
+    if (!out.ok()) return out.status();
+    const auto* rows = static_cast<const uint16_t*>(out->combined_x.view.data);
+    combined->assign(rows, rows + x.size());
+    return absl::OkStatus();
+  };
+  std::vector<absl::Status> failed(2);
+  std::vector<double> took_ms(2);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        const absl::Time start = absl::Now();
+        failed[r] = round(r, false, nullptr);
+        took_ms[r] = absl::ToDoubleMilliseconds(absl::Now() - start);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  EXPECT_TRUE(absl::IsResourceExhausted(failed[1])) << failed[1];
+  EXPECT_TRUE(absl::IsUnavailable(failed[0])) << failed[0];
+  EXPECT_THAT(std::string(failed[0].message()), HasSubstr("from rank 1 (host 1): rank 1 left the call"));
+  EXPECT_LT(took_ms[0], 2000) << "rank 0 waited for its timeout";
+
+  for (auto& buffer : buffers) ASSERT_TRUE(buffer->Reset().ok());
+  std::vector<std::vector<uint16_t>> combined(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { failed[r] = round(r, true, &combined[r]); });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(failed[r].ok()) << "rank " << r << ": " << failed[r] << " (rank " << 1 - r << ": " << failed[1 - r] << ")";
+    // Combining the received rows unchanged sums a token once per rank that received it: x * (1 or 2), exact in bf16.
+    for (int t = 0; t < kTokens; ++t) {
+      const int ranks = idx[2 * t] / 2 == idx[2 * t + 1] / 2 ? 1 : 2;
+      for (int h = 0; h < 256; ++h) {
+        const uint16_t want = ranks == 1 ? x[t * 256 + h] : static_cast<uint16_t>(x[t * 256 + h] + 0x80);
+        ASSERT_EQ(combined[r][t * 256 + h], want) << "rank " << r << " token " << t << " column " << h;
+      }
+    }
+  }
 }
 
 // A host's daemon killed mid-run: the transport to it breaks, so the rank that sends to it fails at once
