@@ -382,7 +382,8 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
   for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { failed[r] = round(r, true, &combined[r]); });
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(failed[r].ok()) << "rank " << r << ": " << failed[r] << " (rank " << 1 - r << ": " << failed[1 - r] << ")";
+    ASSERT_TRUE(failed[r].ok()) << "rank " << r << ": " << failed[r] << " (rank " << 1 - r << ": " << failed[1 - r]
+                                << ")";
     // Combining the received rows unchanged sums a token once per rank that received it: x * (1 or 2), exact in bf16.
     for (int t = 0; t < kTokens; ++t) {
       const int ranks = idx[2 * t] / 2 == idx[2 * t + 1] / 2 ? 1 : 2;
