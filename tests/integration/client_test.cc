@@ -5,25 +5,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <iostream>
-#include <map>
-#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "epfabric/client/client.h"
-#include "epfabric/common/fd_passing.h"
 #include "epfabric/v1/fdchannel.pb.h"
 #include "integration/client_test_helpers.h"
 #include "integration/client_test_util.h"
@@ -34,7 +27,6 @@
 namespace epfabric::testing {
 namespace {
 
-using client::AttachOptions;
 using client::Client;
 using client::Lease;
 using ::testing::HasSubstr;

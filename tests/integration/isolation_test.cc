@@ -9,32 +9,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <map>
-#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "epfabric/client/client.h"
-#include "epfabric/common/fd_passing.h"
 #include "epfabric/v1/fdchannel.pb.h"
 #include "integration/client_test_helpers.h"
-#include "integration/client_test_util.h"
 #include "integration/fabric_under_test.h"
 #include "memory_test_util.h"
-#include "support/sanitizers.h"
 
 namespace epfabric::testing {
 namespace {
 
-using client::AttachOptions;
-using client::Client;
 using client::Lease;
 using ::testing::HasSubstr;
 
