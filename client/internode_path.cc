@@ -253,13 +253,25 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
   return absl::OkStatus();
 }
 
+// Refusals come first and tell nobody: a call that every rank refuses must leave the group as it was.
 absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
+  if (args.cached != nullptr && args.cached->internode == nullptr) {
+    return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
+  }
+  if (args.cached == nullptr && (args.topk_idx.empty() || args.topk_idx.shape[1] == 0)) {
+    return absl::InvalidArgumentError(
+        "topk_idx is not given: an internode group needs it for a dispatch that is not cached (the gateways route "
+        "by it)");
+  }
   absl::StatusOr<DispatchResult> result = RunDispatch(args, stream);
   if (!result.ok()) LeaveCall();
   return result;
 }
 
 absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
+  if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
+    return absl::InvalidArgumentError("handle is not from an internode dispatch");
+  }
   absl::StatusOr<CombineResult> result = RunCombine(args, stream);
   if (!result.ok()) LeaveCall();
   return result;
@@ -289,14 +301,6 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   const int num_topk = args.topk_idx.empty() ? 0 : static_cast<int>(args.topk_idx.shape[1]);
   const bool has_weights = !args.topk_weights.empty();
   const bool cached = args.cached != nullptr;
-  if (cached && args.cached->internode == nullptr) {
-    return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
-  }
-  if (!cached && num_topk == 0) {
-    return absl::InvalidArgumentError(
-        "topk_idx is not given: an internode group needs it for a dispatch that is not cached (the gateways route "
-        "by it)");
-  }
 
   // This host's other ranks wait for this one in their NVLink stage: when this call fails before it gets there (a
   // rank on another host is lost, bad peer data, a broken transport), they learn it now instead of at their timeout.
@@ -409,9 +413,6 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
 absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, self = shape_.host;
   const kernels::InternodeRdmaLayout& l = layout_;
-  if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
-    return absl::InvalidArgumentError("handle is not from an internode dispatch");
-  }
   const InternodeHandle& plan = *args.handle->internode;
   const int hidden = static_cast<int>(args.x.shape[1]);
   const int num_topk = args.topk_weights.empty() ? 0 : static_cast<int>(args.topk_weights.shape[1]);

@@ -80,8 +80,8 @@ class InternodePath {
 
   // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these. A call that
   // fails tells the ranks waiting for this one on other hosts (LeaveCall) and, before its NVLink stage, on this host
-  // (DataPath::AbandonCall), so that their waits end at once; every rank then resets.
-
+  // (DataPath::AbandonCall), so that their waits end at once; every rank then resets. A refused call (bad arguments,
+  // checked before anything is sent) tells nobody.
   absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
   absl::Status Check(cudaStream_t stream);

@@ -20,14 +20,15 @@ _LO_STATS = _lib.LLOptions.wait_recv_cost_stats.offset
 _LL_DISPATCH, _LL_COMBINE = lib.epf_low_latency_dispatch_ex, lib.epf_low_latency_combine_ex
 
 
-_LOGFMT_WARNED = []
+_logfmt_warned = False
 
 
 def _warn_logfmt():
     """use_logfmt asks for DeepEP's lossy LogFMT-compressed combine (fewer bytes); epfabric runs the exact BF16 combine,
     whose result any LogFMT caller accepts, and says so once per process rather than refuse a server's setting."""
-    if not _LOGFMT_WARNED:
-        _LOGFMT_WARNED.append(True)
+    global _logfmt_warned
+    if not _logfmt_warned:
+        _logfmt_warned = True
         warnings.warn("epfabric: low_latency_combine(use_logfmt=True) runs the exact BF16 combine (LogFMT compression "
                       "is not implemented; docs/python.md)", stacklevel=3)
 

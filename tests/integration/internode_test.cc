@@ -301,7 +301,8 @@ class RefusingAllocator final : public client::Allocator {
 
 // A rank whose dispatch fails before it sent its rows (its allocator refuses: the same path as a lost rank's peer, bad
 // peer data or a broken transport) tells the ranks on other hosts that wait for it: their wait ends at once with
-// UNAVAILABLE naming it, not at their 10 s timeout. After both reset, the group dispatches and combines correctly.
+// UNAVAILABLE naming it, not at their 10 s timeout. After both reset, the group dispatches and combines correctly. A
+// call that every rank refuses (bad arguments) tells nobody: the next round works without a reset.
 TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(2, 1));
   const client::BufferConfig config{.max_tokens_per_rank = 16,
@@ -344,55 +345,65 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
   for (int t = 0; t < kTokens; ++t) idx[2 * t] = t % 4, idx[2 * t + 1] = (t + 1) % 4;
   const client::TensorView x_view{x.data(), kernels::DType::kBF16, {kTokens, 256}};
   const client::TensorView idx_view{idx.data(), kernels::DType::kInt64, {kTokens, 2}};
-  // One round on both ranks: dispatch, then (when asked) combine the received rows unchanged.
-  auto round = [&](int r, bool combine, std::vector<uint16_t>* combined) -> absl::Status {
-    if (r == 1) refusing->armed = false;
-    auto layout = buffers[r]->GetDispatchLayout(idx_view);
-    if (!layout.ok()) return layout.status();
-    if (r == 1) refusing->armed = !combine;  // the first round's dispatch fails on rank 1
-    auto recv = buffers[r]->Dispatch({.x = x_view, .topk_idx = idx_view, .layout = &*layout});
-    if (!recv.ok() || !combine) return recv.status();
-    auto out = buffers[r]->Combine({.x = recv->recv_x.view, .handle = recv->handle});
-    if (!out.ok()) return out.status();
-    const auto* rows = static_cast<const uint16_t*>(out->combined_x.view.data);
-    combined->assign(rows, rows + x.size());
-    return absl::OkStatus();
-  };
-  std::vector<absl::Status> failed(2);
+  // One round on both ranks. kRefused: a dispatch without topk_idx, which every rank refuses. kFailing: rank 1's
+  // allocator refuses its dispatch's memory. kChecked: dispatch, then combine the received rows unchanged, which sums
+  // a token once per rank that received it: x * (1 or 2), exact in bf16.
+  enum class Round { kRefused, kFailing, kChecked };
+  std::vector<absl::Status> status(2);
   std::vector<double> took_ms(2);
-  {
+  auto run = [&](Round kind) {
+    std::vector<std::vector<uint16_t>> combined(2);
+    auto rank = [&](int r) -> absl::Status {
+      if (r == 1) refusing->armed = false;
+      auto layout = buffers[r]->GetDispatchLayout(idx_view);
+      if (!layout.ok()) return layout.status();
+      if (r == 1) refusing->armed = kind == Round::kFailing;
+      client::DispatchArgs args{.x = x_view, .topk_idx = idx_view, .layout = &*layout};
+      if (kind == Round::kRefused) args.topk_idx = {};
+      auto recv = buffers[r]->Dispatch(args);
+      if (!recv.ok() || kind != Round::kChecked) return recv.status();
+      auto out = buffers[r]->Combine({.x = recv->recv_x.view, .handle = recv->handle});
+      if (!out.ok()) return out.status();
+      const auto* rows = static_cast<const uint16_t*>(out->combined_x.view.data);
+      combined[r].assign(rows, rows + x.size());
+      return absl::OkStatus();
+    };
     std::vector<std::thread> threads;
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, r] {
         const absl::Time start = absl::Now();
-        failed[r] = round(r, false, nullptr);
+        status[r] = rank(r);
         took_ms[r] = absl::ToDoubleMilliseconds(absl::Now() - start);
       });
     }
     for (std::thread& t : threads) t.join();
-  }
-  EXPECT_TRUE(absl::IsResourceExhausted(failed[1])) << failed[1];
-  EXPECT_TRUE(absl::IsUnavailable(failed[0])) << failed[0];
-  EXPECT_THAT(std::string(failed[0].message()), HasSubstr("from rank 1 (host 1): rank 1 left the call"));
+    if (kind != Round::kChecked) return;
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r] << " (rank " << 1 - r << ": " << status[1 - r]
+                                  << ")";
+      for (int t = 0; t < kTokens; ++t) {
+        const int ranks = idx[2 * t] / 2 == idx[2 * t + 1] / 2 ? 1 : 2;
+        for (int h = 0; h < 256; ++h) {
+          const uint16_t want = ranks == 1 ? x[t * 256 + h] : static_cast<uint16_t>(x[t * 256 + h] + 0x80);
+          ASSERT_EQ(combined[r][t * 256 + h], want) << "rank " << r << " token " << t << " column " << h;
+        }
+      }
+    }
+  };
+
+  // A call every rank refuses tells nobody: the group is as it was, the next round is correct.
+  run(Round::kRefused);
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(absl::IsInvalidArgument(status[r])) << "rank " << r << ": " << status[r];
+  ASSERT_NO_FATAL_FAILURE(run(Round::kChecked));
+
+  run(Round::kFailing);
+  EXPECT_TRUE(absl::IsResourceExhausted(status[1])) << status[1];
+  EXPECT_TRUE(absl::IsUnavailable(status[0])) << status[0];
+  EXPECT_THAT(std::string(status[0].message()), HasSubstr("from rank 1 (host 1): rank 1 left the call"));
   EXPECT_LT(took_ms[0], 2000) << "rank 0 waited for its timeout";
 
   for (auto& buffer : buffers) ASSERT_TRUE(buffer->Reset().ok());
-  std::vector<std::vector<uint16_t>> combined(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { failed[r] = round(r, true, &combined[r]); });
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(failed[r].ok()) << "rank " << r << ": " << failed[r] << " (rank " << 1 - r << ": " << failed[1 - r]
-                                << ")";
-    // Combining the received rows unchanged sums a token once per rank that received it: x * (1 or 2), exact in bf16.
-    for (int t = 0; t < kTokens; ++t) {
-      const int ranks = idx[2 * t] / 2 == idx[2 * t + 1] / 2 ? 1 : 2;
-      for (int h = 0; h < 256; ++h) {
-        const uint16_t want = ranks == 1 ? x[t * 256 + h] : static_cast<uint16_t>(x[t * 256 + h] + 0x80);
-        ASSERT_EQ(combined[r][t * 256 + h], want) << "rank " << r << " token " << t << " column " << h;
-      }
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(run(Round::kChecked));
 }
 
 // A host's daemon killed mid-run: the transport to it breaks, so the rank that sends to it fails at once
