@@ -279,15 +279,18 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
 
 void InternodePath::LeaveCall() {
   const kernels::InternodeRdmaLayout& l = layout_;
+  // Best effort within one timeout in all: the transport may be what failed, and a peer the marks miss still ends at
+  // its own timeout.
+  const absl::Time deadline = absl::Now() + config_.timeout;
+  auto left = [&] { return std::max(absl::ZeroDuration(), deadline - absl::Now()); };
   for (int h = 0; h < shape_.num_hosts; ++h) {
     if (h == shape_.host) continue;
     for (size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived}) {
-      // Best effort: the transport may be what failed.
-      RingFor(h).SignalAdd(PeerRank(h), words + shape_.host * kWordBytes, kLeftCallWord, config_.timeout).IgnoreError();
+      RingFor(h).SignalAdd(PeerRank(h), words + shape_.host * kWordBytes, kLeftCallWord, left()).IgnoreError();
     }
   }
   // The marks land before this call returns its error, so before any rank resets (which zeroes them).
-  QuietAll().IgnoreError();
+  for (transport::RingIssuer& ring : rings_) ring.Quiet(left()).IgnoreError();
 }
 
 absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& args, cudaStream_t stream) {
