@@ -87,10 +87,10 @@ class DataPath {
   // Buffer::Check and Buffer::Reset (the region's signals, the status word, the rank mask).
   virtual absl::Status Check(cudaStream_t stream) = 0;
   virtual absl::Status Reset(cudaStream_t stream) = 0;
-  // Normal mode: this rank leaves its current call before reaching this path (the inner path of a group across hosts
-  // whose RDMA stage failed), so that the other ranks' waits for it end now rather than at their timeout. Host
-  // backend: kernels::host_backend::IntranodeAbandonCall. cuda: nothing yet (the kernels' barrier would read the
-  // marker as arrivals), so there they wait out their timeout.
+  // Normal mode: this rank's call failed (the inner path of a group across hosts whose call failed at any stage) and
+  // it comes to no barrier until every rank reset: the other ranks' waits for it end now rather than at their
+  // timeout. Host backend: kernels::host_backend::IntranodeAbandonCall. cuda: nothing yet (the kernels' barrier would
+  // read the marker as arrivals), so there they wait out their timeout.
   virtual void AbandonCall() = 0;
 };
 

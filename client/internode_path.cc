@@ -278,6 +278,10 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
 }
 
 void InternodePath::LeaveCall() {
+  // This host's ranks wait for this one in their NVLink stage, in this call's barriers (it failed before it got there:
+  // a rank on another host is lost, bad peer data, a broken transport) or the next call's (it failed after): they
+  // learn it now instead of at their timeout. They do not see the cause themselves: it is on another host.
+  inner_path_->AbandonCall();
   const kernels::InternodeRdmaLayout& l = layout_;
   // Best effort within one timeout in all: the transport may be what failed, and a peer the marks miss still ends at
   // its own timeout.
@@ -305,14 +309,6 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   const bool has_weights = !args.topk_weights.empty();
   const bool cached = args.cached != nullptr;
 
-  // This host's other ranks wait for this one in their NVLink stage: when this call fails before it gets there (a
-  // rank on another host is lost, bad peer data, a broken transport), they learn it now instead of at their timeout.
-  struct LeaveUnlessDismissed {
-    DataPath* inner;
-    ~LeaveUnlessDismissed() {
-      if (inner != nullptr) inner->AbandonCall();
-    }
-  } leave{inner_path_};
   std::shared_ptr<const InternodeHandle> plan;
   if (cached) {
     plan = args.cached->internode;
@@ -394,7 +390,6 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
     EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(idx_fwd.view, stream)));
     inner_args.layout = &inner_layout;
   }
-  leave.inner = nullptr;  // from here on the NVLink stage itself tells its peers
   EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(inner_->Dispatch(inner_args, stream)));
 
   auto handle = std::make_shared<DispatchHandle>(*result.handle);

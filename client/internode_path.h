@@ -79,9 +79,8 @@ class InternodePath {
                                                                std::shared_ptr<Allocator> allocator);
 
   // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these. A call that
-  // fails tells the ranks waiting for this one on other hosts (LeaveCall) and, before its NVLink stage, on this host
-  // (DataPath::AbandonCall), so that their waits end at once; every rank then resets. A refused call (bad arguments,
-  // checked before anything is sent) tells nobody.
+  // fails tells the ranks that wait for this one, on other hosts and on this one (LeaveCall), so that their waits end
+  // at once; every rank then resets. A refused call (bad arguments, checked before anything is sent) tells nobody.
   absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
   absl::Status Check(cudaStream_t stream);
@@ -95,8 +94,9 @@ class InternodePath {
 
   absl::StatusOr<DispatchResult> RunDispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> RunCombine(const CombineArgs& args, cudaStream_t stream);
-  // After a failed call: marks every word this rank writes at its peers on other hosts (arrivals of rows, releases
-  // of slabs) so that their waits for it end with UNAVAILABLE naming it, and waits (bounded) until the marks landed.
+  // After a failed call: marks its arrival at this host's ranks' NVLink-stage barriers (DataPath::AbandonCall) and
+  // every word it writes at its peers on other hosts (arrivals of rows, releases of slabs), so that their waits for
+  // it end with UNAVAILABLE naming it, and waits (bounded) until the marks landed.
   void LeaveCall();
   int PeerRank(int host) const { return host * shape_.ranks_per_host + shape_.local_rank; }
   uint8_t* region() const { return static_cast<uint8_t*>(region_); }
@@ -123,7 +123,7 @@ class InternodePath {
   BufferConfig config_;
   InternodeGroupShape shape_;
   std::unique_ptr<Buffer> inner_;
-  DataPath* inner_path_ = nullptr;  // inner_'s: a dispatch that fails before the NVLink stage leaves it (AbandonCall)
+  DataPath* inner_path_ = nullptr;  // inner_'s: a failed call leaves it (AbandonCall)
   std::shared_ptr<Allocator> allocator_;
   std::unique_ptr<RegionAccess> access_;
   void* region_ = nullptr;

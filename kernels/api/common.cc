@@ -174,8 +174,8 @@ absl::Status KernelStatusToStatus(const KernelStatus& status) {
   }
   if (status.code == kKernelStatusPeerLeftCall) {
     return absl::UnavailableError(
-        absl::StrFormat("rank %d stopped waiting for %s from rank %d (channel %d): rank %d left the call before this "
-                        "stage (its own error says why)",
+        absl::StrFormat("rank %d stopped waiting for %s from rank %d (channel %d): rank %d left the call (its own "
+                        "error says why)",
                         status.waiting_rank, WaitSiteName(static_cast<WaitSite>(status.site)), status.peer_rank,
                         status.channel, status.peer_rank));
   }

@@ -111,8 +111,8 @@ bool Barrier(const View& v, FailureRecord* failure) {
       failure->RecordWait(lost >= 0, WaitSite::kBarrier, v.rank, lost >= 0 ? lost : peer, kBarrierLane);
       return false;
     }
-    // It left the call (IntranodeAbandonCall) and will not arrive. Exactly the marker: a rank that left arrived at
-    // none of this call's barriers; any other large count is corrupt (checked below).
+    // It left (IntranodeAbandonCall) and will not arrive. The marker plus at most the 2 arrivals a live rank can be
+    // ahead (it may have arrived here before its call failed); any other large count is corrupt (checked below).
     if (ahead >= kAbandonArrivals && ahead <= kAbandonArrivals + 2) {
       failure->RecordPeerLeftCall(WaitSite::kBarrier, v.rank, peer, kBarrierLane);
       return false;
@@ -218,8 +218,8 @@ absl::Status IntranodeResetRegion(const IntranodeGroup& group) {
 
 absl::Status IntranodeAbandonCall(const IntranodeGroup& group) {
   EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));
-  // A rank that left a call reaches none of its barriers, and every call starts with one (notify, dispatch, combine),
-  // so that is where its peers wait for it.
+  // A rank that left reaches no barrier until the reset, and every call starts with one (notify, dispatch, combine), so
+  // that is where its peers wait for it.
   for (int peer = 0; peer < v.num_ranks; ++peer) {
     if (peer == v.rank) continue;
     internal::FetchAddRelease(v.Section<int32_t>(peer, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + v.rank,

@@ -207,8 +207,8 @@ TEST(HostIntranode, AWaitOnAPeerThatLeftTheCallEndsAtOnce) {
   rank2.join();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_EQ(s.message(),
-            "rank 0 stopped waiting for barrier from rank 1 (channel 0): rank 1 left the call before this stage (its "
-            "own error says why)");
+            "rank 0 stopped waiting for barrier from rank 1 (channel 0): rank 1 left the call (its own error says "
+            "why)");
   EXPECT_LT(elapsed_s, 1.0);
   EXPECT_EQ(KernelStatusToStatus(status), s);  // the status word says the same
   EXPECT_EQ(third.code(), absl::StatusCode::kUnavailable) << third;

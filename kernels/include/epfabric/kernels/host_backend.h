@@ -31,9 +31,9 @@ absl::Status GetDispatchLayout(const DispatchLayoutParams& params);
 // before any rank issues the next call.
 absl::Status IntranodeResetRegion(const IntranodeGroup& group);
 
-// This rank leaves the call it is in before reaching the intranode stage (a group across hosts whose earlier stage
-// failed): the other ranks' barrier waits for it end at once with UNAVAILABLE (kKernelStatusPeerLeftCall) instead of
-// at their timeout. Every rank then resets, as after a timeout.
+// This rank's call failed outside this intranode stage (in a group across hosts: its RDMA stage) and it arrives at no
+// barrier until every rank reset: the other ranks' barrier waits for it end at once with UNAVAILABLE
+// (kKernelStatusPeerLeftCall) instead of at their timeout. Every rank then resets, as after a timeout.
 absl::Status IntranodeAbandonCall(const IntranodeGroup& group);
 
 // Exchanges the counts. Writes rank_prefix_matrix, recv_counts and the "host" counters (plain host memory here)

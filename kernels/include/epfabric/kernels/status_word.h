@@ -91,9 +91,9 @@ inline constexpr int kLostRankWords = kMaxLostRanks / 64;
 // not wait for the count, so only the kernel can tell; it then moves nothing (absl::ResourceExhaustedError; its peers
 // time out waiting for it, and every rank calls Reset, as after a timeout).
 inline constexpr int32_t kKernelStatusRecvCapacity = 4;
-// A bounded wait ended because the awaited rank left the call before the stage that waits for it (it failed
-// earlier, e.g. in a group across hosts its wait for a lost rank on another host ended; its own error names the
-// cause): site, waiting_rank, peer_rank and channel as for a timeout. Host backend only for now (IntranodeAbandonCall).
+// A bounded wait ended because the awaited rank left the call: its own call failed (e.g. in a group across hosts its
+// wait for a lost rank on another host ended; its own error names the cause) and it will not arrive before every rank
+// resets: site, waiting_rank, peer_rank and channel as for a timeout. Host backend only for now (IntranodeAbandonCall).
 inline constexpr int32_t kKernelStatusPeerLeftCall = 5;
 
 // Which call found too little room (KernelStatus.site with kKernelStatusRecvCapacity).
