@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -339,12 +340,19 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
     leases.push_back(std::move(*lease));
     buffers.push_back(std::move(*buffer));
   }
-  // Token t of each rank goes to experts t % 4 and (t + 1) % 4: both ranks (2 experts each) or one of them.
+  // Fresh random rows in [1, 2) (bf16: exponent 0, random mantissa), each token to two distinct random experts of 4:
+  // both ranks (2 experts each) or one of them.
+  const unsigned seed = std::random_device()();
+  std::cout << "seed " << seed << "\n";
+  std::mt19937 random(seed);
   constexpr int kTokens = 8;
   std::vector<uint16_t> x(kTokens * 256);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(0x3f80 + (i * 7) % 64);  // bf16 1.0 .. 1.49
+  for (uint16_t& v : x) v = static_cast<uint16_t>(0x3f80 | (random() & 0x7f));
   std::vector<int64_t> idx(kTokens * 2);
-  for (int t = 0; t < kTokens; ++t) idx[2 * t] = t % 4, idx[2 * t + 1] = (t + 1) % 4;
+  for (int t = 0; t < kTokens; ++t) {
+    idx[2 * t] = random() % 4;
+    idx[2 * t + 1] = (idx[2 * t] + 1 + random() % 3) % 4;
+  }
   const client::TensorView x_view{x.data(), kernels::DType::kBF16, {kTokens, 256}};
   const client::TensorView idx_view{idx.data(), kernels::DType::kInt64, {kTokens, 2}};
   // One round on both ranks. kRefused: a dispatch without topk_idx, which every rank refuses. kFailing: rank 1's
