@@ -1,4 +1,4 @@
-// Host backend of the intranode (normal) mode: layout, notify, dispatch (also cached) and combine, run by the CPU
+// Host backend of the intranode (normal) mode: notify, dispatch (also cached) and combine, run by the CPU
 // over the same regions (ComputeIntranodeRegionLayout) and with the same signals as the CUDA kernels
 // (kernels/cuda/intranode_*.cu, docs/intranode-kernels.md, docs/host-backend.md):
 //  - barrier: monotonic arrival counters (lane 0; the host runs all channels on one thread, so one lane suffices),
@@ -171,44 +171,6 @@ absl::Status FinishWith(const KernelStatus& record, KernelStatus* status_word) {
 int64_t PackRange(int begin, int end) { return (static_cast<int64_t>(end + 1) << 32) | static_cast<uint32_t>(begin); }
 
 }  // namespace
-
-absl::Status GetDispatchLayout(const DispatchLayoutParams& p) {
-  EPF_RETURN_IF_ERROR(intranode_checks::CheckLayout(p));
-  const int num_rdma_ranks = (p.num_ranks + kMaxNvlPeers - 1) / kMaxNvlPeers;
-  const int experts_per_rank = p.num_experts / p.num_ranks;
-  std::fill(p.num_tokens_per_rank, p.num_tokens_per_rank + p.num_ranks, 0);
-  std::fill(p.num_tokens_per_expert, p.num_tokens_per_expert + p.num_experts, 0);
-  if (p.num_tokens_per_rdma_rank != nullptr) {
-    std::fill(p.num_tokens_per_rdma_rank, p.num_tokens_per_rdma_rank + num_rdma_ranks, 0);
-  }
-  int32_t invalid = 0;
-  std::vector<uint8_t> in_rdma(num_rdma_ranks);
-  for (int t = 0; t < p.num_tokens; ++t) {
-    bool* in_rank = p.is_token_in_rank + static_cast<size_t>(t) * p.num_ranks;
-    std::fill(in_rank, in_rank + p.num_ranks, false);
-    for (int k = 0; k < p.num_topk; ++k) {
-      const int64_t e = p.topk_idx[static_cast<size_t>(t) * p.num_topk + k];
-      if (e < -1 || e >= p.num_experts) {
-        ++invalid;  // treated as -1, counted so that the caller can tell
-        continue;
-      }
-      if (e < 0) continue;
-      ++p.num_tokens_per_expert[e];
-      in_rank[e / experts_per_rank] = true;
-    }
-    std::fill(in_rdma.begin(), in_rdma.end(), 0);
-    for (int r = 0; r < p.num_ranks; ++r) {
-      if (!in_rank[r]) continue;
-      ++p.num_tokens_per_rank[r];
-      in_rdma[r / kMaxNvlPeers] = 1;
-    }
-    if (p.num_tokens_per_rdma_rank != nullptr) {
-      for (int rr = 0; rr < num_rdma_ranks; ++rr) p.num_tokens_per_rdma_rank[rr] += in_rdma[rr];
-    }
-  }
-  if (p.num_invalid_topk != nullptr) *p.num_invalid_topk = invalid;
-  return absl::OkStatus();
-}
 
 absl::Status IntranodeResetRegion(const IntranodeGroup& group) {
   EPF_ASSIGN_OR_RETURN(const View v, MakeView(group));

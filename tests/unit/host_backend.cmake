@@ -1,6 +1,6 @@
 # Host backend: ranks as threads over malloc'ed regions, and ranks as processes over POSIX shared memory, checked
 # element by element against the host references.
-epf_add_test(NAME host_backend_test LABEL unit SOURCES host_backend_test.cc LIBS epfabric_kernels Threads::Threads)
+epf_add_test(NAME host_backend_test LABEL unit SOURCES host_backend_test.cc host_backend_throughput_test.cc LIBS epfabric_kernels Threads::Threads)
 target_link_libraries(host_backend_test PRIVATE epfabric_kernels_reference)
 epf_add_test(NAME host_backend_process_test LABEL unit SOURCES host_backend_process_test.cc
              LIBS epfabric_kernels Threads::Threads rt)

@@ -1,5 +1,5 @@
 // The host backend's thread tests: ranks as threads of one process over malloc'ed regions (host_backend_test,
-// host_backend_untrusted_test).
+// host_backend_untrusted_test, host_backend_throughput_test.cc).
 #pragma once
 
 #include <functional>
@@ -24,6 +24,31 @@ inline std::string RunRanks(int num_ranks, const std::function<void(int, Mismatc
   std::string all;
   for (const Mismatches& m : results) all += m.str();
   return all;
+}
+
+// The cases the tests build most: an intranode case of per-rank token counts, and a low-latency case (duplicate
+// experts in a token's top-k allowed).
+inline IntranodeCase Case(std::vector<int> tokens, int hidden, int topk, int experts, bool fp8, uint64_t seed) {
+  IntranodeCase c;
+  c.num_tokens = std::move(tokens);
+  c.hidden = hidden;
+  c.num_topk = topk;
+  c.num_experts = experts;
+  c.fp8 = fp8;
+  c.seed = seed;
+  return c;
+}
+
+inline LowLatencyCase LLCase(int ranks, int max_tokens, int hidden, int experts, int topk, uint64_t seed) {
+  LowLatencyCase c;
+  c.num_ranks = ranks;
+  c.max_tokens = max_tokens;
+  c.hidden = hidden;
+  c.num_experts = experts;
+  c.num_topk = topk;
+  c.seed = seed;
+  c.routing.allow_duplicates = true;
+  return c;
 }
 
 // A group's regions in malloc'ed memory (zeroed), and each rank's view of them.
