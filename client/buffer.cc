@@ -430,16 +430,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
   return buffer;
 }
 
-// Low latency across hosts (internode_low_latency.h): the host backend's low-latency path over all ranks, the ranks
-// on other hosts reached through the transport.
+// Low latency across hosts (internode_low_latency.h): the low-latency path over all ranks, the ranks on other hosts
+// reached through the transport (host backend: sent as written; cuda: relayed by the calling thread between steps).
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
                                                                           std::shared_ptr<Allocator> allocator) {
-  if (lease->backend() != v1::BACKEND_HOST) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "group '%s' spans hosts: low-latency mode across hosts runs on the host backend only so far (normal mode "
-        "runs on both)",
-        lease->group_name()));
-  }
   const int world = lease->world_size();
   if (world > kernels::kMaxNvlPeers) {
     return InvalidValue("world_size", world,
@@ -465,11 +459,21 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
                                 .experts_per_rank = state->experts_per_rank,
                                 .allocator = state->allocator};
   for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(r);
-  path.lost_ranks = lease->lost_ranks_words(/*device=*/false);  // host backend only
-  path.lost_ranks_host = path.lost_ranks;
+  const bool cuda = lease->backend() == v1::BACKEND_CUDA;
+  path.lost_ranks = lease->lost_ranks_words(/*device=*/cuda);
+  path.lost_ranks_host = lease->lost_ranks_words(/*device=*/false);
   remote->Configure(&path);
-  EPF_ASSIGN_OR_RETURN(auto host_path, internal::DataPath::Create(lease->backend(), path));
-  EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(host_path), std::move(remote)));
+  const bool relay = cuda || config.low_latency_relay;
+  if (relay) path.remote_put = nullptr;  // the relay sends what the steps staged
+  EPF_ASSIGN_OR_RETURN(auto inner_path, internal::DataPath::Create(lease->backend(), path));
+  if (relay) {
+    // The cuda kernels cannot send over the transport themselves: the calling thread relays between steps.
+    EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyRelayPath(std::move(inner_path), std::move(remote), layout,
+                                                                       state->rank, lease->region(state->rank),
+                                                                       path.lost_ranks_host, config.timeout));
+  } else {
+    EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(inner_path), std::move(remote)));
+  }
   auto buffer = std::unique_ptr<Buffer>(new Buffer(std::move(state)));
   EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
   return buffer;

@@ -1,5 +1,6 @@
 // RegionAccess (internode_path.h) for both backends: plain memory on the host, stream-ordered CUDA copies and the
 // internode kernels on cuda.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -108,7 +109,7 @@ class CudaRegionAccess final : public RegionAccess {
   }
 
  private:
-  static constexpr int kStagingWords = kernels::kMaxInternodeHosts;
+  static constexpr int kStagingWords = std::max(kRegionAccessMaxWords, kernels::kMaxInternodeHosts);
   cudaStream_t poll_stream_ = nullptr;
   void* staging_ = nullptr;
 };

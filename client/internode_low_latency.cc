@@ -57,11 +57,15 @@ void LowLatencyRemote::Configure(DataPathConfig* config) const {
 }
 
 // One ring per destination (its rank modulo the rings), so that a destination sees this rank's sends in order.
+absl::Status LowLatencyRemote::Send(int dst_rank, size_t offset, size_t bytes) {
+  transport::RingIssuer& ring = rings_[dst_rank % rings_.size()];
+  const uint64_t staging = (1 + static_cast<uint64_t>(dst_rank)) * halves_bytes_;
+  return ring.Put(dst_rank, offset, staging + offset, bytes, timeout_);
+}
+
 bool LowLatencyRemote::Put(void* self, int dst_rank, size_t offset, size_t bytes) {
   auto* remote = static_cast<LowLatencyRemote*>(self);
-  transport::RingIssuer& ring = remote->rings_[dst_rank % remote->rings_.size()];
-  const uint64_t staging = (1 + static_cast<uint64_t>(dst_rank)) * remote->halves_bytes_;
-  absl::Status sent = ring.Put(dst_rank, offset, staging + offset, bytes, remote->timeout_);
+  absl::Status sent = remote->Send(dst_rank, offset, bytes);
   if (sent.ok()) return true;
   std::lock_guard<std::mutex> lock(remote->mu_);
   if (remote->error_.ok()) remote->error_ = sent;

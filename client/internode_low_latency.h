@@ -32,6 +32,14 @@ class LowLatencyRemote {
   // Fills the context fields of a DataPathConfig: the ranks on other hosts, their staging copies as peer regions,
   // the inbox and the put function.
   void Configure(DataPathConfig* config) const;
+  // Sends `bytes` at `offset` of this rank's staging copy for `dst_rank` to the same offset of dst_rank's inbox, on
+  // the ring of that destination (so that its sends arrive in order). Fails when the command cannot be queued.
+  absl::Status Send(int dst_rank, size_t offset, size_t bytes);
+  // Bit r: rank r is on another host.
+  uint32_t remote_ranks() const { return remote_ranks_; }
+  // This rank's staging copy for rank r (halves only), and its inbox.
+  uint8_t* staging(int r) const { return rdma_ + (1 + static_cast<size_t>(r)) * halves_bytes_; }
+  uint8_t* inbox() const { return rdma_; }
   // Waits until every send so far is in place at its destination.
   absl::Status Quiet();
   // The first send that failed since the last call (then cleared).
@@ -50,6 +58,18 @@ class LowLatencyRemote {
   std::mutex mu_;
   absl::Status error_;
 };
+
+// Low latency across hosts on the cuda backend (internode_low_latency_relay.cc): the calling thread relays. Each
+// step's kernel writes a remote rank's part into its staging copy; after the step the thread sends exactly what was
+// written, waits on the host until what this rank's next step needs has arrived (so that no kernel spins while the
+// daemon lands bytes on the same GPU), then launches the next step. `inner` is the cuda DataPath over all ranks,
+// configured by remote->Configure; `own_region` this rank's low-latency region; `lost_ranks_host` the daemon's
+// lost-ranks words for the group's ranks.
+absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyRelayPath(std::unique_ptr<DataPath> inner,
+                                                                 std::unique_ptr<LowLatencyRemote> remote,
+                                                                 const kernels::LowLatencyLayout& layout, int rank,
+                                                                 void* own_region, const uint64_t* lost_ranks_host,
+                                                                 absl::Duration timeout);
 
 // A DataPath that runs the host path's low-latency calls and quiets the transport after each (so that a caller
 // that detaches right after a call does not take its last sends with it), reporting failed sends.

@@ -49,6 +49,9 @@ struct InternodeHandle {
   std::shared_ptr<const DispatchHandle> inner;  // the intranode stage's handle
 };
 
+// Most 64-bit words one RegionAccess::ReadWords / WriteWords call moves.
+inline constexpr int kRegionAccessMaxWords = 8192;
+
 // Backend-specific moves of bytes and words in this rank's RDMA region (host memory or device memory).
 class RegionAccess {
  public:

@@ -126,7 +126,11 @@ struct GroupView {
   int rank;
   int num_ranks;
   int half;
-  int phases;  // LowLatencyPhases bits: 1 = send, 2 = receive
+  int phases;  // LowLatencyPhases bits: 1 = send, 2 = receive, 4 = combine weights only, 8 = weights published
+  // Across hosts (LowLatencyContext::remote_ranks): bit r = rank r is on another host, regions[r] is then this rank's
+  // staging copy for it, and what it sends this rank is read from `inbox` (halves only).
+  uint32_t remote;
+  uint8_t* inbox;
   int32_t* rank_mask;
   KernelStatus* status;
   uint64_t timeout_ns;

@@ -16,6 +16,8 @@ low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, Low
   g.num_ranks = ctx.num_ranks;
   g.half = half;
   g.phases = static_cast<int>(phases);
+  g.remote = ctx.remote_ranks;
+  g.inbox = static_cast<uint8_t*>(ctx.remote_inbox);
   g.rank_mask = ctx.rank_mask;
   g.status = ctx.status;
   g.timeout_ns = ctx.timeout_ns;

@@ -116,9 +116,10 @@ absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowL
   EPF_RETURN_IF_ERROR(CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx));
   if (a.buffer_half != 0 && a.buffer_half != 1) return InvalidValue("buffer_half", a.buffer_half, "must be 0 or 1");
   EPF_RETURN_IF_ERROR(CheckLowLatencyScaleOptions(a.use_fp8, a.round_scale, a.use_ue8m0, a.hidden));
-  const bool sends = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0;
-  const bool receives = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
-  if (!sends && !receives) return InvalidValue("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
+  const int phases = static_cast<int>(a.phases);
+  if (phases < 1 || phases > 3) return InvalidValue("phases", phases, "must be 1, 2 or 3");
+  const bool sends = (phases & static_cast<int>(LowLatencyPhases::kSend)) != 0;
+  const bool receives = (phases & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
   if (sends && a.num_tokens > 0 && a.x == nullptr) return absl::InvalidArgumentError("x is null");
   if (receives) {
     if (a.packed_recv_x == nullptr) return absl::InvalidArgumentError("packed_recv_x is null");
@@ -138,9 +139,13 @@ absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLa
   if (a.buffer_half != 0 && a.buffer_half != 1) return InvalidValue("buffer_half", a.buffer_half, "must be 0 or 1");
   if (a.handle.num_tokens != a.num_tokens)
     return InvalidValue("num_tokens", a.num_tokens, "differs from the dispatch handle's num_tokens");
-  const bool sends = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0;
-  const bool receives = (static_cast<int>(a.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
-  if (!sends && !receives) return InvalidValue("phases", static_cast<int>(a.phases), "must be 1, 2 or 3");
+  const int phases = static_cast<int>(a.phases);
+  const bool weights_only = a.phases == LowLatencyPhases::kCombineWeights;
+  if ((phases < 1 || phases > 3) && !weights_only && a.phases != LowLatencyPhases::kSendWeightsPublished) {
+    return InvalidValue("phases", phases, "must be 1, 2, 3 (or 4, 9 across hosts)");
+  }
+  const bool sends = (phases & static_cast<int>(LowLatencyPhases::kSend)) != 0 || weights_only;
+  const bool receives = (phases & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
   if (sends) {
     if (!a.zero_copy && a.x == nullptr) return absl::InvalidArgumentError("x is null and zero_copy = false");
     if (a.handle.packed_recv_token_map == nullptr)

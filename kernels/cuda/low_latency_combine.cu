@@ -71,16 +71,16 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
   const int row_int4 = H / 8;
   uint8_t* my_half = half_base(g, g.rank);
   int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
-  clean_other_half_signals(g, done);
-  if (blockIdx.x == 0) publish_weights(p, masked);
+  if (!weights_published(g)) {  // else a kCombineWeights launch did both (across hosts)
+    clean_other_half_signals(g, done);
+    if (blockIdx.x == 0) publish_weights(p, masked);
+  }
 
   // Work items: (source rank, token) x slices of hidden (each slice a multiple of 32 int4 where possible).
   const int num_rows = R * M;
   const int slices = max(1, min((row_int4 + 31) / 32, total_warps / num_rows));
   const int slice_int4 = (row_int4 + slices - 1) / slices;
   const int num_items = num_rows * slices;
-  const float* weights_in = reinterpret_cast<const float*>(my_half + l.combine_weights_offset);
-  const int32_t* weights_flag = reinterpret_cast<const int32_t*>(my_half + l.weights_flag_offset);
   uint32_t have_weights = 0;  // source ranks whose weights this warp has seen arrive
   int items_done = 0;
   for (int item = warp_global; item < num_items; item += total_warps) {
@@ -106,10 +106,13 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       }
       w = slot >= 0 ? sum : 0.0f;
     } else {
+      // What s published: in this rank's half, or in the inbox when s is on another host.
+      const uint8_t* from = in_half(g, s);
       if (((have_weights >> s) & 1u) == 0) {
         bool ok = true;
         if (lane == 0) {
-          ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag + s) != 0; }, g.timeout_ns, g.status,
+          const int32_t* weights_flag = reinterpret_cast<const int32_t*>(from + l.weights_flag_offset) + s;
+          ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag) != 0; }, g.timeout_ns, g.status,
                             WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
                             /*record_loss=*/false);
           if (!ok) mask_rank(g, s);
@@ -122,8 +125,9 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
         have_weights |= 1u << s;
       }
       __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
-      w = slot >= 0 ? __int_as_float(ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(weights_in) +
-                                                             static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
+      w = slot >= 0 ? __int_as_float(
+                          ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(from + l.combine_weights_offset) +
+                                                  static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
                     : 0.0f;
     }
     // The expert rows of this token in top-k order, gathered into registers of every lane.
@@ -186,12 +190,12 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, R = g.num_ranks, L = l.num_local_experts, E = l.num_experts, K = p.num_topk;
-  const uint8_t* my_half = half_base(g, g.rank);
   __shared__ uint32_t block_masked;
   if (threadIdx.x == 0) block_masked = masked;
   __syncthreads();
   if (threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
-    const int32_t* flag = reinterpret_cast<const int32_t*>(my_half + l.combine_flag_offset) + threadIdx.x;
+    const int32_t* flag =
+        reinterpret_cast<const int32_t*>(in_half(g, threadIdx.x) + l.combine_flag_offset) + threadIdx.x;
     const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
     const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
                                  WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1,
@@ -208,7 +212,6 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
 
   // Work items: (token, slice of hidden) per warp. Lanes < K read the token's top-k row once for the whole slice
   // (which ranks hold its experts), then every lane adds the partial rows of those ranks for its channels.
-  const uint8_t* recv = my_half + l.combine_recv_offset;
   const int row_int4 = H / 8;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
@@ -225,8 +228,9 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
 #pragma unroll
       for (int r = 0; r < kMaxNvlPeers; ++r) {
         if ((ranks >> r) & 1u)
-          parts[r] = ptx::ld_volatile_global(
-              reinterpret_cast<const int4*>(recv + (static_cast<size_t>(t) * R + r) * H * 2) + v);
+          parts[r] = ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset +
+                                                                           (static_cast<size_t>(t) * R + r) * H * 2) +
+                                             v);
       }
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
@@ -257,6 +261,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
   const uint32_t masked = read_masked_ranks(p.g);
+  if (weights_only(p.g)) {  // across hosts: the first launch of the send phase
+    int32_t* done = reinterpret_cast<int32_t*>(half_base(p.g, p.g.rank) + p.g.layout.combine_done_offset);
+    clean_other_half_signals(p.g, done);
+    if (blockIdx.x == 0) publish_weights(p, masked);
+  }
   if (sends(p.g)) {
     send_phase(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);

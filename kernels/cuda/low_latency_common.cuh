@@ -27,8 +27,17 @@ __device__ __forceinline__ uint8_t* half_base(const GroupView& g, int r) {
 __device__ __forceinline__ uint8_t* other_half_base(const GroupView& g, int r) {
   return g.regions[r] + g.layout.half_bytes * (g.half ^ 1);
 }
+// Where what rank s sent this rank lies: this rank's own half, or the inbox when s is on another host.
+__device__ __forceinline__ const uint8_t* in_half(const GroupView& g, int s) {
+  const uint8_t* base = ((g.remote >> s) & 1u) != 0 ? g.inbox : g.regions[g.rank];
+  return base + g.layout.half_bytes * g.half;
+}
 __device__ __forceinline__ bool sends(const GroupView& g) { return (g.phases & 1) != 0; }
 __device__ __forceinline__ bool receives(const GroupView& g) { return (g.phases & 2) != 0; }
+// Combine across hosts (LowLatencyPhases): a launch that only cleans and publishes the weights, and a send phase
+// whose weights a launch like that already published.
+__device__ __forceinline__ bool weights_only(const GroupView& g) { return g.phases == 4; }
+__device__ __forceinline__ bool weights_published(const GroupView& g) { return (g.phases & 8) != 0; }
 
 // Bit r set = rank r is masked. Read once per thread at kernel start.
 __device__ __forceinline__ uint32_t read_masked_ranks(const GroupView& g) {
@@ -58,6 +67,16 @@ __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int
   int32_t* signals = reinterpret_cast<int32_t*>(other_half_base(g, g.rank));
   const int num_ints = static_cast<int>(g.layout.signal_bytes / sizeof(int32_t));
   for (int i = threadIdx.x; i < num_ints; i += blockDim.x) signals[i] = 0;
+  // Across hosts: the inbox's other half, and that of every staging copy (the calling thread sends a staging copy's
+  // signal only when it is nonzero, so a stale one from two calls ago must not survive).
+  if (g.remote != 0) {
+    int32_t* inbox = reinterpret_cast<int32_t*>(g.inbox + g.layout.half_bytes * (g.half ^ 1));
+    for (int i = threadIdx.x; i < num_ints; i += blockDim.x) inbox[i] = 0;
+    for (uint32_t bits = g.remote; bits != 0; bits &= bits - 1) {
+      int32_t* staging = reinterpret_cast<int32_t*>(other_half_base(g, __ffs(bits) - 1));
+      for (int i = threadIdx.x; i < num_ints; i += blockDim.x) staging[i] = 0;
+    }
+  }
   for (int i = threadIdx.x; i < fill_count; i += blockDim.x) fill[i] = -1;
   __syncthreads();
   if (threadIdx.x == 0) ptx::red_add_release_sys_global(done_counter, 1);

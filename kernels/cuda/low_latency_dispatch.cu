@@ -234,7 +234,8 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
     const int local = item / R, s = item % R;
     int my_count = 0;
     if (lane < R && ((masked >> lane) & 1u) == 0) {
-      const int32_t* signal = reinterpret_cast<const int32_t*>(my_half + l.dispatch_count_offset) + local * R + lane;
+      const int32_t* signal =
+          reinterpret_cast<const int32_t*>(in_half(g, lane) + l.dispatch_count_offset) + local * R + lane;
       int32_t value = 0;
       const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
       const bool ok = bounded_wait(
@@ -269,9 +270,10 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
         atomicAdd(reinterpret_cast<unsigned long long*>(p.expert_load) + local, static_cast<unsigned long long>(count));
       }
     }
+    const uint8_t* from = in_half(g, s);  // this rank's half, or the inbox for a rank on another host
     const int32_t* table =
-        reinterpret_cast<const int32_t*>(my_half + l.dispatch_table_offset) + (static_cast<size_t>(local) * R + s) * M;
-    const uint8_t* msgs = my_half + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
+        reinterpret_cast<const int32_t*>(from + l.dispatch_table_offset) + (static_cast<size_t>(local) * R + s) * M;
+    const uint8_t* msgs = from + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
     for (int j = sub; j < count; j += warps_per_item) {
       const int32_t entry = ptx::ld_volatile_global(table + j);
       const int t = entry & 0xFFFF, k0 = entry >> 16;

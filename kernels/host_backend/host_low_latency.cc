@@ -5,9 +5,9 @@
 //    [this rank][token] (FP8 quantised once per token, exactly as fp8.cc), the per-(expert, source) token lists, then
 //    per expert `-count-1` with a release store into the expert's rank;
 //  - dispatch receive: acquire every (local expert, source) count, fan the messages out into the packed layout;
-//  - combine send: clean the other half's signals, publish this rank's top-k weights + a weights flag to every rank,
-//    reduce per (source rank, token) over this rank's experts (fmaf, top-k order, one bf16 rounding) into the
-//    source's combine_recv row, then raise the combine flag on every rank;
+//  - combine send: clean the other half's signals, publish this rank's top-k weights + a weights flag to every rank
+//    (alone: kCombineWeights), reduce per (source rank, token) over this rank's experts (fmaf, top-k order, one bf16
+//    rounding) into the source's combine_recv row, then raise the combine flag on every rank;
 //  - combine receive: acquire every rank's combine flag, add the partial rows in rank order.
 // Signals are released only after the other half was cleaned, so a peer that reaches the next call (it must have
 // seen this call's signals) never writes into a half that is still being cleaned.
@@ -70,7 +70,9 @@ struct View {
   // keeps the order of one rank's sends, so a signal sent after data arrives after it). A failed send is recorded by
   // the caller's put function; the receiver's bounded wait ends the call.
   void Sent(int r, const void* at, size_t bytes) const {
-    if (!Remote(r) || bytes == 0) return;
+    // Without a put function the caller relays the staging copies itself between phases (cuda's relay, run here by
+    // the tests: client/internode_low_latency_relay.cc).
+    if (!Remote(r) || bytes == 0 || ctx.remote_put == nullptr) return;
     const size_t offset = static_cast<const uint8_t*>(at) - static_cast<const uint8_t*>(ctx.peer_regions[r]);
     (void)ctx.remote_put(ctx.remote_put_arg, r, offset, bytes);
   }
@@ -100,6 +102,10 @@ void CleanOtherHalfSignals(const View& v) {
   std::memset(v.OtherHalfBase(v.rank), 0, v.l.signal_bytes);
   if (v.ctx.remote_inbox != nullptr) {
     std::memset(static_cast<uint8_t*>(v.ctx.remote_inbox) + v.l.half_bytes * (v.half ^ 1), 0, v.l.signal_bytes);
+  }
+  // The staging copies too: a relay sends a staged signal only when it is nonzero (as the cuda kernels do).
+  for (int r = 0; r < v.num_ranks; ++r) {
+    if (v.Remote(r)) std::memset(v.OtherHalfBase(r), 0, v.l.signal_bytes);
   }
   // The release stores that follow publish the zeroes together with the data.
 }
@@ -261,9 +267,10 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
   }
 }
 
-void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, FailureRecord* failure) {
+// The first part of combine's send phase (alone: LowLatencyPhases::kCombineWeights).
+void CombinePublishWeights(View& v, const LowLatencyCombineArgs& a) {
   const LowLatencyLayout& l = v.l;
-  const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
+  const int M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
   const int K = a.num_topk;
   CleanOtherHalfSignals(v);
   // This rank's weights into every expert's rank (duplicates of an expert summed into its first position), then the
@@ -294,6 +301,12 @@ void CombineSend(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, Fai
            static_cast<size_t>(a.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
     v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.weights_flag_offset) + v.rank, 1);
   }
+}
+
+// The rest of combine's send phase (alone: LowLatencyPhases::kSendWeightsPublished).
+void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t* x, FailureRecord* failure) {
+  const LowLatencyLayout& l = v.l;
+  const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks;
   // Partial sums per (source rank, token) over this rank's experts, in top-k order.
   // What source s published lands in its own inbox half (InHalf(s)).
   uint32_t have_weights = 0;
@@ -397,7 +410,11 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   View v = MakeView(ctx, args.buffer_half);
   FailureRecord failure;
   const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
-  if (Sends(args.phases)) CombineSend(v, args, x, &failure);
+  const bool published = args.phases == LowLatencyPhases::kSendWeightsPublished;
+  if (args.phases == LowLatencyPhases::kCombineWeights || (Sends(args.phases) && !published)) {
+    CombinePublishWeights(v, args);
+  }
+  if (Sends(args.phases)) CombineSendPartials(v, args, x, &failure);
   if (Receives(args.phases)) CombineRecv(v, args, &failure);
   return failure.Finish(ctx.status);
 }

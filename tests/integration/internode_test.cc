@@ -175,6 +175,13 @@ TEST_F(InternodeTest, TwoHostsOfTwoRanks) {
   Run("ll-one-expert", LowLatency(16, 128, 4, 8, false, 54, {"--routing=one_expert"}));
   Run("ll-hidden-7168", LowLatency(8, 7168, 8, 32, true, 55, {"--fixed_tokens"}));
   Run("ll-bad-input", LowLatency(8, 128, 4, 8, false, 56, {"--bad_input"}));
+  // The relay the cuda backend runs (BufferConfig.low_latency_relay), here on the host backend; odd rounds through
+  // the receive hooks.
+  Run("ll-relay-fp8", LowLatency(16, 256, 4, 16, true, 57, {"--relay", "--hooks"}));
+  Run("ll-relay-bf16", LowLatency(16, 256, 4, 16, false, 58, {"--relay", "--hooks", "--empty_fraction=0.6"}));
+  Run("ll-relay-silent", LowLatency(16, 128, 4, 8, true, 59, {"--relay", "--routing=silent", "--silent_rank=3"}));
+  Run("ll-relay-one-expert", LowLatency(16, 128, 4, 8, false, 60, {"--relay", "--routing=one_expert"}));
+  Run("ll-relay-hidden-7168", LowLatency(8, 7168, 8, 32, true, 61, {"--relay", "--fixed_tokens"}));
 }
 
 TEST_F(InternodeTest, ThreeHostsOfOneRank) {
@@ -183,6 +190,7 @@ TEST_F(InternodeTest, ThreeHostsOfOneRank) {
   Run("fp8", Scenario(32, 256, 4, 12, true, 22, {"--empty_fraction=0.6"}));
   Run("one-expert", Scenario(16, 128, 2, 6, false, 23, {"--routing=one_expert"}));
   Run("ll", LowLatency(16, 256, 4, 12, true, 24));
+  Run("ll-relay", LowLatency(16, 256, 4, 12, true, 25, {"--relay", "--hooks"}));
 }
 
 TEST_F(InternodeTest, TwoHostsOfThreeRanks) {
@@ -190,6 +198,7 @@ TEST_F(InternodeTest, TwoHostsOfThreeRanks) {
   Run("random", Scenario(24, 256, 4, 12, false, 31));
   Run("fp8-silent", Scenario(24, 256, 6, 24, true, 32, {"--routing=silent", "--silent_rank=4"}));
   Run("ll", LowLatency(16, 256, 4, 12, false, 33));
+  Run("ll-relay", LowLatency(16, 256, 4, 12, false, 34, {"--relay", "--hooks", "--empty_fraction=0.4"}));
 }
 
 // A one-host group forced through the internode path (RDMA stage included) gives the intranode path's bits: the

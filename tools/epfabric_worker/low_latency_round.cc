@@ -127,8 +127,14 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   auto start = std::chrono::steady_clock::now();
   NoteCallStarted();
   MaybeDieDuringThisDispatch();
-  auto recv = buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8});
+  // --hooks: odd rounds run DeepEP's receive hooks (send phase, then the hook) instead of one call.
+  const bool hook = s.hooks && round % 2 == 1;
+  auto recv =
+      buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8, .return_recv_hook = hook});
   if (!recv.ok()) return recv.status();
+  if (hook) {
+    if (absl::Status received = recv->recv_hook(nullptr); !received.ok()) return received;
+  }
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->dispatch_ms = MsSince(start);
   NoteDispatchCompleted();
@@ -198,9 +204,15 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (!expert_view.ok()) return expert_view.status();
   start = std::chrono::steady_clock::now();
   NoteCallStarted();
-  auto combined = buffer.LowLatencyCombine(
-      {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
+  auto combined = buffer.LowLatencyCombine({.x = *expert_view,
+                                            .topk_idx = *idx_view,
+                                            .topk_weights = *w_view,
+                                            .handle = recv->handle,
+                                            .return_recv_hook = hook});
   if (!combined.ok()) return combined.status();
+  if (hook) {
+    if (absl::Status received = combined->recv_hook(nullptr); !received.ok()) return received;
+  }
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
   // A rank lost during the combine is masked there: its outputs are missing from this round's result.

@@ -99,6 +99,10 @@ ABSL_FLAG(bool, cached, false, "Normal mode: after each dispatch, a cached dispa
 ABSL_FLAG(bool, force_internode, false,
           "Normal mode: BufferConfig.force_internode (a one-host group through the "
           "internode path; it must give the intranode path's bits).");
+ABSL_FLAG(bool, hooks, false, "Low latency: odd rounds run through the receive hooks (return_recv_hook).");
+ABSL_FLAG(bool, relay, false,
+          "Low latency across hosts: BufferConfig.low_latency_relay (the host backend relays between steps, as cuda "
+          "does).");
 ABSL_FLAG(int64_t, launch_unix_ns, 0,
           "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`). Checked modes report "
           "restart_to_first_dispatch_ms from it to the first completed dispatch, which there also includes making "
@@ -154,6 +158,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   }
   s.force_internode = absl::GetFlag(FLAGS_force_internode);
   s.cached = absl::GetFlag(FLAGS_cached);
+  s.hooks = absl::GetFlag(FLAGS_hooks);
   const BufferConfig config{.max_tokens_per_rank = s.tokens,
                             .hidden = s.hidden,
                             .max_topk = s.topk,
@@ -161,7 +166,8 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
                             .num_sms = s.num_sms,
                             .low_latency = s.low_latency,
                             .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)),
-                            .force_internode = s.force_internode};
+                            .force_internode = s.force_internode,
+                            .low_latency_relay = absl::GetFlag(FLAGS_relay)};
   if (absl::GetFlag(FLAGS_region_bytes) && (absl::GetFlag(FLAGS_hosts) > 1 || s.force_internode)) {
     auto bytes = client::RequiredGroupBytes(config, absl::GetFlag(FLAGS_hosts), absl::GetFlag(FLAGS_ranks));
     if (!bytes.ok()) {

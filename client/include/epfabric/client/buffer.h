@@ -100,6 +100,10 @@ struct BufferConfig {
   // RequiredGroupBytes with num_hosts = 1 computed as for two). For tests: the outputs must equal the intranode
   // path's bit for bit.
   bool force_internode = false;
+  // Low latency across hosts on the host backend: relay the staged bytes between steps from the calling thread, as
+  // the cuda backend always does (instead of sending each write as it is made). For tests: the relay's logic then
+  // runs without a GPU.
+  bool low_latency_relay = false;
 };
 
 absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num_nvl_ranks);

@@ -50,9 +50,10 @@ struct LowLatencyContext {
   // and masks the rank (as a timeout does, but without failing the call). Device-readable for CUDA.
   const uint64_t* lost_ranks = nullptr;
   uint64_t lost_ignore[kLostRankWords] = {};  // see IntranodeGroup::lost_ignore
-  // Across hosts (host backend): bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging
-  // copy (halves only) in this rank's RDMA region, every write into it is followed by remote_put, and what r sends
-  // this rank is read from remote_inbox (the same layout, halves only) instead of peer_regions[rank].
+  // Across hosts: bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging copy (halves
+  // only) in this rank's RDMA region, and what r sends this rank is read from remote_inbox (the same layout, halves
+  // only) instead of peer_regions[rank]. The host backend calls remote_put after every write into a staging copy;
+  // the cuda kernels leave the sending to the calling thread between launches (remote_put unused).
   uint32_t remote_ranks = 0;
   void* remote_inbox = nullptr;
   LowLatencyRemotePut remote_put = nullptr;
@@ -65,7 +66,18 @@ struct LowLatencyContext {
 // which each rank publishes at the start of its own combine send phase: launch the combine send phases of all ranks
 // close together. Rule of the double buffer: a call's receive phase must have run before the next call's send
 // phase on the same rank (the next call cleans the half this call used).
-enum class LowLatencyPhases : int32_t { kSend = 1, kRecv = 2, kSendAndRecv = 3 };
+//
+// Across hosts on the cuda backend the calling thread relays each step's bytes between launches
+// (client/internode_low_latency_cuda.cc), so combine's send phase is split in two: kCombineWeights cleans the other
+// half and publishes the weights only; kSendWeightsPublished is the rest of the send phase (it neither cleans nor
+// publishes). Dispatch and the host backend take only kSend, kRecv and kSendAndRecv.
+enum class LowLatencyPhases : int32_t {
+  kSend = 1,
+  kRecv = 2,
+  kSendAndRecv = 3,
+  kCombineWeights = 4,
+  kSendWeightsPublished = 9,  // kSend | 8
+};
 
 // The double-buffer half a call uses. Consecutive low-latency calls (dispatch or combine) of a group must alternate
 // halves on every rank in the same order; LowLatencyBufferCursor does that.

@@ -1,0 +1,396 @@
+// Low-latency mode across hosts on the cuda backend: the calling thread relays between launches
+// (internode_low_latency.h, docs/internode-dispatch.md "Low latency across hosts").
+//
+// The kernels are the intranode low-latency kernels over all ranks, with each rank on another host mapped to a
+// staging copy in this rank's RDMA region (writes) and the inbox (reads). A call runs as steps:
+//   dispatch: send kernel -> send the staged messages, routing lists, then counts -> wait (host) for every source's
+//             counts -> receive kernel;
+//   combine:  weights kernel -> send the staged weights, then weights flags -> wait for every source's weights ->
+//             send kernel (partial sums) -> send the staged rows, then combine flags -> wait for every rank's flag ->
+//             receive kernel.
+// Signals go on the same ring as their data, after it, so a destination never sees a signal before its bytes. The
+// host waits cover same-host ranks too: once they end, no kernel of this rank spins, which matters on the socket
+// wire, where the daemon lands bytes with GPU work of its own that a spinning client kernel would hold off.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/common.h"
+#include "internode_low_latency.h"
+#include "internode_path.h"
+
+namespace epfabric::client::internal {
+namespace {
+
+using kernels::LowLatencyPhases;
+
+// Which signal a step waits for, per source rank.
+enum class Awaited { kDispatchCounts, kWeightsFlag, kCombineFlag };
+
+const char* AwaitedName(Awaited what) {
+  switch (what) {
+    case Awaited::kDispatchCounts:
+      return "dispatch counts";
+    case Awaited::kWeightsFlag:
+      return "combine weights";
+    case Awaited::kCombineFlag:
+      return "combine rows";
+  }
+  return "signal";
+}
+
+class LowLatencyRelayPath final : public DataPath {
+ public:
+  LowLatencyRelayPath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
+                      std::unique_ptr<RegionAccess> access, const kernels::LowLatencyLayout& layout, int rank,
+                      void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout)
+      : inner_(std::move(inner)),
+        remote_(std::move(remote)),
+        access_(std::move(access)),
+        l_(layout),
+        rank_(rank),
+        own_region_(static_cast<uint8_t*>(own_region)),
+        num_ranks_(layout.num_ranks),
+        lost_ranks_(lost_ranks_host),
+        timeout_(timeout) {
+    InitLostIgnore(lost_ranks_, lost_ignore_);
+  }
+
+  v1::Backend backend() const override { return inner_->backend(); }
+  absl::Status CheckExpertIndices(const TensorView& topk_idx) override { return inner_->CheckExpertIndices(topk_idx); }
+  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
+    return inner_->CheckDispatchExpertIndices(args, stream);
+  }
+  absl::Status Layout(kernels::DispatchLayoutParams params, DispatchLayout* layout, cudaStream_t stream) override {
+    return inner_->Layout(params, layout, stream);
+  }
+  absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams, std::vector<int32_t>*, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status Dispatch(const kernels::IntranodeDispatchParams&, kernels::IntranodeHandle*, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status Combine(const kernels::IntranodeCombineParams&, const kernels::IntranodeHandle&, cudaStream_t) override {
+    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
+  }
+  absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
+    EPF_RETURN_IF_ERROR(RefuseCapture(stream));
+    RefreshLostIgnore(lost_ranks_, lost_ignore_);
+    absl::Status ran = RunDispatch(args, stream);
+    return Finish(std::move(ran));
+  }
+  absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
+    EPF_RETURN_IF_ERROR(RefuseCapture(stream));
+    RefreshLostIgnore(lost_ranks_, lost_ignore_);
+    absl::Status ran = RunCombine(args, stream);
+    return Finish(std::move(ran));
+  }
+  absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
+    return inner_->ValidateLowLatencyDispatch(args);
+  }
+  absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const override {
+    return inner_->ValidateLowLatencyCombine(args);
+  }
+  void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
+  int32_t* LowLatencyRankMask() const override { return inner_->LowLatencyRankMask(); }
+  absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
+  void AbandonCall() override {}  // low latency masks silent ranks rather than failing the call
+  absl::Status Reset(cudaStream_t stream) override {
+    remote_->TakeError().IgnoreError();
+    // The inner path zeroes this rank's own signals; the inbox's and the staging copies' are this path's.
+    for (int half = 0; half < 2; ++half) {
+      const size_t at = half * l_.half_bytes;
+      EPF_RETURN_IF_ERROR(access_->Zero(remote_->inbox() + at, l_.signal_bytes, stream));
+      for (int r = 0; r < num_ranks_; ++r) {
+        if (Remote(r)) EPF_RETURN_IF_ERROR(access_->Zero(remote_->staging(r) + at, l_.signal_bytes, stream));
+      }
+    }
+    return inner_->Reset(stream);
+  }
+
+ private:
+  bool Remote(int r) const { return ((remote_->remote_ranks() >> r) & 1u) != 0; }
+
+  absl::Status RefuseCapture(cudaStream_t stream) const {
+    if (inner_->backend() != v1::BACKEND_CUDA) return absl::OkStatus();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    EPF_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      return absl::FailedPreconditionError(
+          "low-latency calls of a group that spans hosts synchronise with the host between steps (cuda backend): "
+          "they cannot be captured into a CUDA graph");
+    }
+    return absl::OkStatus();
+  }
+
+  // The sends were queued in order; the quiet makes them complete before the call returns (a caller that detaches
+  // right after would otherwise take them with it). A failed send explains the call best, then the steps' error,
+  // then a wait that timed out on the host.
+  absl::Status Finish(absl::Status ran) {
+    absl::Status quiet = remote_->Quiet();
+    if (absl::Status sent = remote_->TakeError(); !sent.ok()) return sent;
+    absl::Status timed_out = std::exchange(timed_out_, absl::OkStatus());
+    if (!ran.ok()) return ran;
+    if (!quiet.ok()) return quiet;
+    return timed_out;
+  }
+
+  absl::Status Send(int r, size_t offset, size_t bytes) {
+    if (bytes == 0) return absl::OkStatus();
+    return remote_->Send(r, offset, bytes);
+  }
+
+  // The rank mask as the kernels see it (bit r: rank r takes no part).
+  absl::StatusOr<uint32_t> Masked(cudaStream_t stream) {
+    int32_t mask[kernels::kMaxNvlPeers] = {};
+    EPF_RETURN_IF_ERROR(access_->ToHost(mask, inner_->LowLatencyRankMask(), sizeof(int32_t) * num_ranks_, stream));
+    uint32_t bits = 0;
+    for (int r = 0; r < num_ranks_; ++r) bits |= mask[r] != 0 ? 1u << r : 0u;
+    return bits;
+  }
+
+  // The signals at the start of `half_base` (a half of this rank's region, the inbox or a staging copy), now.
+  absl::Status ReadSignals(const uint8_t* half_base, std::vector<int32_t>* out) {
+    const int words = static_cast<int>(l_.signal_bytes / sizeof(uint64_t));
+    std::vector<uint64_t> raw(words);
+    EPF_RETURN_IF_ERROR(access_->ReadWords(half_base, raw.data(), words));
+    out->resize(l_.signal_bytes / sizeof(int32_t));
+    std::memcpy(out->data(), raw.data(), l_.signal_bytes);
+    return absl::OkStatus();
+  }
+
+  int32_t SignalAt(const std::vector<int32_t>& signals, size_t offset, int index) const {
+    return signals[offset / sizeof(int32_t) + index];
+  }
+
+  bool Arrived(Awaited what, const std::vector<int32_t>& signals, int s) const {
+    switch (what) {
+      case Awaited::kDispatchCounts:
+        for (int local = 0; local < l_.num_local_experts; ++local) {
+          if (SignalAt(signals, l_.dispatch_count_offset, local * num_ranks_ + s) == 0) return false;
+        }
+        return true;
+      case Awaited::kWeightsFlag:
+        return SignalAt(signals, l_.weights_flag_offset, s) != 0;
+      case Awaited::kCombineFlag:
+        return SignalAt(signals, l_.combine_flag_offset, s) != 0;
+    }
+    return false;
+  }
+
+  bool Lost(int r) const {
+    if (lost_ranks_ == nullptr || r >= kernels::kMaxLostRanks) return false;
+    const uint64_t word = __atomic_load_n(lost_ranks_ + r / 64, __ATOMIC_ACQUIRE) & ~lost_ignore_[r / 64];
+    return ((word >> (r % 64)) & 1u) != 0;
+  }
+
+  // Waits on the host until every rank in `sources` has raised `what` in this call's half (read from this rank's own
+  // half, or from the inbox for a rank on another host). A rank the daemon publishes as lost stops being awaited (the
+  // kernel then masks it without failing the call, as within one host). A rank still silent at the deadline is masked
+  // for this and later calls and the call reports DEADLINE_EXCEEDED naming it, after the kernel ran without it.
+  // The time waited for each remote rank is added to `wait_cost` (device int64 [num_ranks]) when given.
+  absl::Status Await(Awaited what, uint32_t sources, int half, int64_t* wait_cost, cudaStream_t stream) {
+    const uint8_t* own = own_region_ + half * l_.half_bytes;
+    const uint8_t* inbox = remote_->inbox() + half * l_.half_bytes;
+    std::vector<int32_t> own_signals, inbox_signals;
+    std::vector<int64_t> waited(num_ranks_, 0);
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Time deadline = absl::Now() + timeout_;
+    uint32_t pending = sources;
+    for (int polls = 0; pending != 0; ++polls) {
+      bool need_own = false, need_inbox = false;
+      for (int s = 0; s < num_ranks_; ++s) {
+        if ((pending >> s) & 1u) (Remote(s) ? need_inbox : need_own) = true;
+      }
+      if (need_own) EPF_RETURN_IF_ERROR(ReadSignals(own, &own_signals));
+      if (need_inbox) EPF_RETURN_IF_ERROR(ReadSignals(inbox, &inbox_signals));
+      const int64_t now_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      for (int s = 0; s < num_ranks_; ++s) {
+        if (((pending >> s) & 1u) == 0) continue;
+        if (Arrived(what, Remote(s) ? inbox_signals : own_signals, s) || Lost(s)) {
+          pending &= ~(1u << s);
+          waited[s] = now_ns;
+        }
+      }
+      if (pending == 0) break;
+      if (absl::Now() > deadline) break;
+      // Polling costs a small device-to-host copy; after the first rounds, leave the CPU to others between reads.
+      if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    if (pending != 0) {
+      int first = -1;
+      for (int s = 0; s < num_ranks_; ++s) {
+        if (((pending >> s) & 1u) == 0) continue;
+        if (first < 0) first = s;
+        const int32_t one = 1;
+        EPF_RETURN_IF_ERROR(access_->FromHost(inner_->LowLatencyRankMask() + s, &one, sizeof(one), stream));
+      }
+      if (timed_out_.ok()) {
+        timed_out_ = absl::DeadlineExceededError(absl::StrFormat(
+            "rank %d timed out after %s waiting for low-latency %s from rank %d (across hosts, host-side wait); "
+            "rank %d is masked from now on",
+            rank_, absl::FormatDuration(timeout_), AwaitedName(what), first, first));
+      }
+    }
+    if (wait_cost != nullptr) {
+      std::vector<int64_t> cost(num_ranks_);
+      EPF_RETURN_IF_ERROR(access_->ToHost(cost.data(), wait_cost, sizeof(int64_t) * num_ranks_, stream));
+      for (int s = 0; s < num_ranks_; ++s) {
+        if (Remote(s) && ((sources >> s) & 1u)) cost[s] += std::max<int64_t>(waited[s], 1);
+      }
+      EPF_RETURN_IF_ERROR(access_->FromHost(wait_cost, cost.data(), sizeof(int64_t) * num_ranks_, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every rank not masked, this one included (its own signals come from its own send step).
+  absl::StatusOr<uint32_t> Sources(cudaStream_t stream) {
+    EPF_ASSIGN_OR_RETURN(const uint32_t masked, Masked(stream));
+    return ((num_ranks_ >= 32 ? ~0u : (1u << num_ranks_) - 1u)) & ~masked;
+  }
+
+  absl::Status RunDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) {
+    const int R = num_ranks_, M = l_.max_tokens_per_rank, L = l_.num_local_experts;
+    const size_t base = args.buffer_half * l_.half_bytes;
+    kernels::LowLatencyDispatchArgs step = args;
+    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0) {
+      step.phases = LowLatencyPhases::kSend;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
+      EPF_RETURN_IF_ERROR(access_->Sync(stream));
+      EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
+      std::vector<int32_t> staged;
+      for (int r = 0; r < R; ++r) {
+        if (!Remote(r) || ((sources >> r) & 1u) == 0) continue;
+        EPF_RETURN_IF_ERROR(ReadSignals(remote_->staging(r) + base, &staged));
+        // Messages sit at slot [this rank][token]; the receiver reads only the listed tokens' slots.
+        EPF_RETURN_IF_ERROR(
+            Send(r, base + l_.dispatch_msgs_offset + static_cast<size_t>(rank_) * M * l_.dispatch_msg_bytes,
+                 static_cast<size_t>(args.num_tokens) * l_.dispatch_msg_bytes));
+        for (int local = 0; local < L; ++local) {
+          const int32_t value = SignalAt(staged, l_.dispatch_count_offset, local * R + rank_);
+          const int64_t count = value == 0 ? 0 : -1 - static_cast<int64_t>(value);
+          if (count <= 0 || count > M) continue;  // the kernel's own count: 0 .. M
+          EPF_RETURN_IF_ERROR(Send(r,
+                                   base + l_.dispatch_table_offset + (static_cast<size_t>(local) * R + rank_) * M * 4,
+                                   static_cast<size_t>(count) * sizeof(int32_t)));
+        }
+        for (int local = 0; local < L; ++local) {
+          if (SignalAt(staged, l_.dispatch_count_offset, local * R + rank_) == 0) continue;
+          EPF_RETURN_IF_ERROR(
+              Send(r, base + l_.dispatch_count_offset + (static_cast<size_t>(local) * R + rank_) * 4, sizeof(int32_t)));
+        }
+      }
+    }
+    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0) {
+      EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
+      EPF_RETURN_IF_ERROR(Await(Awaited::kDispatchCounts, sources, args.buffer_half, args.wait_recv_cost_ns, stream));
+      step.phases = LowLatencyPhases::kRecv;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
+      EPF_RETURN_IF_ERROR(access_->Sync(stream));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status RunCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) {
+    const int R = num_ranks_, M = l_.max_tokens_per_rank, H = l_.hidden;
+    const size_t base = args.buffer_half * l_.half_bytes;
+    kernels::LowLatencyCombineArgs step = args;
+    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0) {
+      // 1. This rank's weights to every rank, then the weights flags.
+      step.phases = LowLatencyPhases::kCombineWeights;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
+      EPF_RETURN_IF_ERROR(access_->Sync(stream));
+      EPF_ASSIGN_OR_RETURN(uint32_t sources, Sources(stream));
+      std::vector<int32_t> staged;
+      const size_t weights_row = kernels::kLowLatencyMaxTopk * sizeof(float);
+      for (int r = 0; r < R; ++r) {
+        if (!Remote(r) || ((sources >> r) & 1u) == 0) continue;
+        EPF_RETURN_IF_ERROR(ReadSignals(remote_->staging(r) + base, &staged));
+        EPF_RETURN_IF_ERROR(Send(r, base + l_.combine_weights_offset + static_cast<size_t>(rank_) * M * weights_row,
+                                 static_cast<size_t>(args.num_tokens) * weights_row));
+        if (SignalAt(staged, l_.weights_flag_offset, rank_) != 0) {
+          EPF_RETURN_IF_ERROR(Send(r, base + l_.weights_flag_offset + rank_ * sizeof(int32_t), sizeof(int32_t)));
+        }
+      }
+      // 2. Every source's weights here, then the partial sums.
+      sources &= ~(1u << rank_);  // this rank's own weights are its inputs
+      EPF_RETURN_IF_ERROR(Await(Awaited::kWeightsFlag, sources, args.buffer_half, nullptr, stream));
+      step.phases = LowLatencyPhases::kSendWeightsPublished;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
+      EPF_RETURN_IF_ERROR(access_->Sync(stream));
+      // 3. The rows of the tokens of each remote rank that this rank holds experts of (the dispatch's token map),
+      //    then the combine flags.
+      EPF_ASSIGN_OR_RETURN(sources, Sources(stream));
+      std::vector<int32_t> map(static_cast<size_t>(M) * kernels::kLowLatencyMaxTopk);
+      for (int s = 0; s < R; ++s) {
+        if (!Remote(s) || ((sources >> s) & 1u) == 0) continue;
+        EPF_RETURN_IF_ERROR(access_->ToHost(
+            map.data(), args.handle.packed_recv_token_map + static_cast<size_t>(s) * M * kernels::kLowLatencyMaxTopk,
+            map.size() * sizeof(int32_t), stream));
+        for (int t = 0; t < M; ++t) {
+          bool present = false;
+          for (int k = 0; k < kernels::kLowLatencyMaxTopk && !present; ++k) {
+            present = map[static_cast<size_t>(t) * kernels::kLowLatencyMaxTopk + k] >= 0;
+          }
+          if (!present) continue;
+          EPF_RETURN_IF_ERROR(Send(s, base + l_.combine_recv_offset + (static_cast<size_t>(t) * R + rank_) * H * 2,
+                                   static_cast<size_t>(H) * 2));
+        }
+        EPF_RETURN_IF_ERROR(ReadSignals(remote_->staging(s) + base, &staged));
+        if (SignalAt(staged, l_.combine_flag_offset, rank_) != 0) {
+          EPF_RETURN_IF_ERROR(Send(s, base + l_.combine_flag_offset + rank_ * sizeof(int32_t), sizeof(int32_t)));
+        }
+      }
+    }
+    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0) {
+      EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
+      EPF_RETURN_IF_ERROR(Await(Awaited::kCombineFlag, sources, args.buffer_half, args.wait_recv_cost_ns, stream));
+      step.phases = LowLatencyPhases::kRecv;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
+      EPF_RETURN_IF_ERROR(access_->Sync(stream));
+    }
+    return absl::OkStatus();
+  }
+
+  std::unique_ptr<DataPath> inner_;
+  std::unique_ptr<LowLatencyRemote> remote_;
+  std::unique_ptr<RegionAccess> access_;
+  const kernels::LowLatencyLayout l_;
+  const int rank_;
+  uint8_t* const own_region_;  // this rank's low-latency region (where same-host ranks write)
+  const int num_ranks_;
+  const uint64_t* lost_ranks_;
+  uint64_t lost_ignore_[kernels::kLostRankWords] = {};
+  const absl::Duration timeout_;
+  absl::Status timed_out_;  // a host-side wait that ended at its deadline in this call
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyRelayPath(std::unique_ptr<DataPath> inner,
+                                                                 std::unique_ptr<LowLatencyRemote> remote,
+                                                                 const kernels::LowLatencyLayout& layout, int rank,
+                                                                 void* own_region, const uint64_t* lost_ranks_host,
+                                                                 absl::Duration timeout) {
+  if (layout.signal_bytes / sizeof(uint64_t) > static_cast<size_t>(kRegionAccessMaxWords)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the low-latency signals of this shape (%d bytes) exceed what the relay reads at once (%d bytes): fewer "
+        "experts or ranks",
+        layout.signal_bytes, kRegionAccessMaxWords * sizeof(uint64_t)));
+  }
+  EPF_ASSIGN_OR_RETURN(std::unique_ptr<RegionAccess> access, NewRegionAccess(inner->backend()));
+  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyRelayPath>(
+      std::move(inner), std::move(remote), std::move(access), layout, rank, own_region, lost_ranks_host, timeout));
+}
+
+}  // namespace epfabric::client::internal
