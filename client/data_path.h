@@ -89,8 +89,7 @@ class DataPath {
   virtual absl::Status Reset(cudaStream_t stream) = 0;
   // Normal mode: this rank's call failed (the inner path of a group across hosts whose call failed at any stage) and
   // it comes to no barrier until every rank reset: the other ranks' waits for it end now rather than at their
-  // timeout. Host backend: kernels::host_backend::IntranodeAbandonCall. cuda: nothing yet (the kernels' barrier would
-  // read the marker as arrivals), so there they wait out their timeout.
+  // timeout (kernels::IntranodeAbandonCall, kernels::host_backend::IntranodeAbandonCall).
   virtual void AbandonCall() = 0;
 };
 

@@ -230,7 +230,9 @@ class CudaDataPath final : public DataPath {
     return kernel;
   }
 
-  void AbandonCall() override {}  // see DataPath::AbandonCall
+  void AbandonCall() override {                                                    // see DataPath::AbandonCall
+    if (!config_.config.low_latency) (void)kernels::IntranodeAbandonCall(group_);  // best effort: the call fails anyway
+  }
 
   absl::Status Reset(cudaStream_t stream) override {
     if (config_.config.low_latency) {

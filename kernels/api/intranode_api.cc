@@ -120,6 +120,20 @@ absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stre
   return absl::OkStatus();
 }
 
+absl::Status IntranodeAbandonCall(const IntranodeGroup& group) {
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
+  // A private stream: the caller's may hold work of the failed call that waits for peers.
+  cudaStream_t stream = nullptr;
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  absl::Status launched = LaunchError(intranode::LaunchAbandonCall(MakeGroupView(group, layout), stream),
+                                      "marking this rank's departure from the call");
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  EPF_RETURN_IF_ERROR(launched);
+  EPF_CUDA_RETURN_IF_ERROR(synced);
+  return absl::OkStatus();
+}
+
 absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream) {
   if (status == nullptr) return MissingPointer("status", "to read it");
   // On the caller's stream, not the legacy default stream, which would also wait for the other streams' work (a

@@ -112,6 +112,7 @@ cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t 
 cudaError_t LaunchNotify(const NotifyKernelParams& params, cudaStream_t stream);
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream);
+cudaError_t LaunchAbandonCall(const GroupView& group, cudaStream_t stream);
 // Loads the layout, notify, dispatch and combine kernels on the current device (launch.cuh, preload_kernel).
 cudaError_t PreloadKernels();
 

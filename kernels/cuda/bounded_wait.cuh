@@ -11,17 +11,23 @@
 
 namespace epfabric::kernels {
 
-// Records a timeout in `status` unless an earlier one was recorded.
-__device__ __forceinline__ void record_timeout(KernelStatus* status, WaitSite site, int waiting_rank, int peer_rank,
-                                               int channel) {
+// Records why a wait on `peer_rank` ended (`code`: kKernelStatusTimeout, kKernelStatusPeerLost,
+// kKernelStatusPeerLeftCall) unless an earlier failure was recorded.
+__device__ __forceinline__ void record_wait_end(KernelStatus* status, int32_t code, WaitSite site, int waiting_rank,
+                                                int peer_rank, int channel) {
   if (status == nullptr) return;
-  if (atomicCAS(&status->code, kKernelStatusOk, kKernelStatusTimeout) == kKernelStatusOk) {
+  if (atomicCAS(&status->code, kKernelStatusOk, code) == kKernelStatusOk) {
     status->site = static_cast<int32_t>(site);
     status->waiting_rank = waiting_rank;
     status->peer_rank = peer_rank;
     status->channel = channel;
     __threadfence_system();
   }
+}
+
+__device__ __forceinline__ void record_timeout(KernelStatus* status, WaitSite site, int waiting_rank, int peer_rank,
+                                               int channel) {
+  record_wait_end(status, kKernelStatusTimeout, site, waiting_rank, peer_rank, channel);
 }
 
 // Records a value read from peer-writable memory that lies outside [min_value, max_value] (kKernelStatusBadPeerData)
@@ -92,14 +98,7 @@ __device__ __forceinline__ const uint64_t* loss_words(const View& g, int peer) {
 // Records that a wait on `peer_rank` ended because that rank is lost, unless an earlier failure was recorded.
 __device__ __forceinline__ void record_peer_lost(KernelStatus* status, WaitSite site, int waiting_rank, int peer_rank,
                                                  int channel) {
-  if (status == nullptr) return;
-  if (atomicCAS(&status->code, kKernelStatusOk, kKernelStatusPeerLost) == kKernelStatusOk) {
-    status->site = static_cast<int32_t>(site);
-    status->waiting_rank = waiting_rank;
-    status->peer_rank = peer_rank;
-    status->channel = channel;
-    __threadfence_system();
-  }
+  record_wait_end(status, kKernelStatusPeerLost, site, waiting_rank, peer_rank, channel);
 }
 
 // True when some thread (of any block of this launch, or of an earlier launch that was not cleared) already

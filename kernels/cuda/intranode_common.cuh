@@ -81,6 +81,12 @@ __device__ __forceinline__ bool block_barrier_wait(const GroupView& g, int lane)
           return ahead != 0;
         },
         g.timeout_ns, g.status, WaitSite::kBarrier, g.rank, peer, lane, loss_words(g, peer));
+    // It left the call (IntranodeAbandonCall) and will not arrive: the marker plus at most the 2 arrivals a live
+    // rank can be ahead. Any other large count is corrupt (checked below).
+    if (!failed && ahead >= kAbandonArrivals && ahead <= kAbandonArrivals + 2) {
+      record_wait_end(g.status, kKernelStatusPeerLeftCall, WaitSite::kBarrier, g.rank, peer, lane);
+      failed = true;
+    }
     failed = failed || !check_peer_value(g.status, PeerDataField::kBarrierArrivals, g.rank, peer, lane, ahead, 1, 2);
   }
   failed = __syncthreads_or(failed);

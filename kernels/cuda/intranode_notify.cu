@@ -88,7 +88,24 @@ __global__ void __launch_bounds__(kNotifyThreads, 1) notify_kernel(const __grid_
   }
 }
 
+// One thread per (barrier lane, peer): the marker of IntranodeAbandonCall.
+__global__ void abandon_call_kernel(const __grid_constant__ GroupView g) {
+  const int total = g.max_channels * g.num_ranks;
+  ptx::fence_acq_rel_sys();
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int lane = i / g.num_ranks, peer = i % g.num_ranks;
+    if (peer == g.rank) continue;
+    ptx::red_add_release_sys_global(section<int32_t>(g, peer, g.barrier_arrive) + lane * g.num_ranks + g.rank,
+                                    kAbandonArrivals);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchAbandonCall(const GroupView& group, cudaStream_t stream) {
+  abandon_call_kernel<<<1, kNotifyThreads, 0, stream>>>(group);
+  return cudaGetLastError();
+}
 
 cudaError_t PreloadNotify() { return preload_kernel(notify_kernel); }
 

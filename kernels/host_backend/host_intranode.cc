@@ -34,9 +34,6 @@ using internal::WaitForPeer;
 using intranode_checks::kFp8ScaleBlock;
 constexpr intranode_checks::Backend kHost = intranode_checks::Backend::kHost;
 constexpr int kBarrierLane = 0;
-// What IntranodeAbandonCall adds to a rank's arrival counter at every peer: far more arrivals than a live rank can be
-// ahead (at most 2), so a barrier tells a rank that left the call from one that arrived.
-constexpr int32_t kAbandonArrivals = 1 << 20;
 
 // The group with its layout: what every step needs to address a section of any rank's region.
 struct View {

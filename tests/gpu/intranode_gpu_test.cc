@@ -413,6 +413,55 @@ TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
   EXPECT_TRUE(m.empty()) << m.ToString();
 }
 
+// A rank whose call failed elsewhere (a group across hosts) marks its departure (IntranodeAbandonCall): a peer waiting
+// for it at a barrier stops at once with UNAVAILABLE naming it, not at its timeout (10 s here); after a reset of every
+// region the group works again. Without the marker the wait would time out; a kernel that counted the marker as
+// arrivals would report bad peer data (DATA_LOSS) instead.
+TEST(IntranodeGpuTest, APeerThatLeftTheCallEndsTheWaitAtOnce) {
+  EPF_REQUIRE_GPUS(1);
+  auto group_or = IntranodeTestGroup::Create(RegionConfig(2));
+  ASSERT_TRUE(group_or.ok()) << group_or.status();
+  IntranodeTestGroup& group = **group_or;
+  std::mt19937_64 rng(FreshSeed());
+  CaseConfig c = Make(256, {64, 64}, 4, false, true, true);
+  const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
+  PipelineRunner runner(&group, c);
+  ASSERT_TRUE(runner.Prepare(inputs).ok());
+  ASSERT_TRUE(runner.RunLayout().ok());
+  group.rank(0).group.timeout_ns = 10ull * 1000 * 1000 * 1000;
+  auto abandon = [&] {
+    ASSERT_EQ(cudaSetDevice(group.rank(1).device), cudaSuccess);
+    ASSERT_TRUE(kernels::IntranodeAbandonCall(group.rank(1).group).ok());
+  };
+
+  // Notify (one barrier lane) and dispatch (every block's lane) on rank 0 only, rank 1 having left.
+  for (const char* call : {"notify", "dispatch"}) {
+    ASSERT_TRUE(group.ResetAll().ok());
+    abandon();
+    const auto start = std::chrono::steady_clock::now();
+    if (std::string(call) == "notify") {
+      ASSERT_TRUE(runner.LaunchNotify(0).ok());
+    } else {
+      runner.buffers(0).num_recv_tokens = 0;
+      ASSERT_TRUE(runner.AllocateRecv(0, 128).ok());
+      ASSERT_TRUE(runner.LaunchDispatch(0).ok());
+    }
+    const absl::Status s = kernels::ReadKernelStatus(group.rank(0).group.status, group.rank(0).stream);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << call << ": " << s;
+    EXPECT_NE(s.message().find("rank 1 left the call"), std::string::npos) << call << ": " << s;
+    EXPECT_LT(ms, 2000.0) << call;
+    std::printf("[   INFO   ] %s: \"%s\" after %.1f ms\n", call, std::string(s.message()).c_str(), ms);
+    ASSERT_TRUE(kernels::ClearKernelStatus(group.rank(0).group.status, group.rank(0).stream).ok());
+  }
+
+  group.rank(0).group.timeout_ns = kernels::kDefaultWaitTimeoutNs;
+  ASSERT_TRUE(group.ResetAll().ok());
+  Mismatches m;
+  RunCase(group, c, FreshSeed(), m, nullptr);
+  EXPECT_TRUE(m.empty()) << m.ToString();
+}
+
 // The placement itself (no GPU needed): rank r on GPU r mod n, n = min(visible, ranks).
 TEST(GpuPlacementTest, RanksShareGpusRoundRobin) {
   auto one = PlaceRanks(4, /*visible=*/1);

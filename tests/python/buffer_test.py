@@ -341,6 +341,10 @@ class LowLatencyTest(FabricCase):
                 combine_hook()
             if out:
                 self.assertEqual(combined.data_ptr(), dst.data_ptr())
+            b.check()  # a wait that timed out in this round fails it here, naming the rank
+            mask = torch.zeros(N, dtype=torch.int32, device=x.device)
+            b.low_latency_query_mask_buffer(mask)
+            self.assertEqual(mask.tolist(), [0] * N, f"rank {r}: masked ranks after the round")
             return data, (recv[1] if use_fp8 else None), count, handle, stats, combined
 
         return fabric.run_ranks(N, rank)

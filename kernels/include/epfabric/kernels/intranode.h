@@ -98,6 +98,12 @@ absl::Status IntranodePreloadKernels();
 // if the memory is not known to be zero). All ranks must reset before any of them issues the next call.
 absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stream);
 
+// After this rank's call failed where its peers may wait for it (a group across hosts: its RDMA stage failed): adds
+// kAbandonArrivals to its arrival counter at every peer and barrier lane, so that a peer's barrier wait ends at once
+// (UNAVAILABLE "rank P left the call") instead of at its timeout. On a private stream, waited for; every rank resets
+// before the next call.
+absl::Status IntranodeAbandonCall(const IntranodeGroup& group);
+
 // Synchronises `stream`, reads `status` back and converts it (absl::DeadlineExceededError names the rank waited
 // for). Does not clear the word; use ClearKernelStatus.
 absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream);

@@ -93,8 +93,11 @@ inline constexpr int kLostRankWords = kMaxLostRanks / 64;
 inline constexpr int32_t kKernelStatusRecvCapacity = 4;
 // A bounded wait ended because the awaited rank left the call: its own call failed (e.g. in a group across hosts its
 // wait for a lost rank on another host ended; its own error names the cause) and it will not arrive before every rank
-// resets: site, waiting_rank, peer_rank and channel as for a timeout. Host backend only for now (IntranodeAbandonCall).
+// resets: site, waiting_rank, peer_rank and channel as for a timeout (IntranodeAbandonCall, both backends).
 inline constexpr int32_t kKernelStatusPeerLeftCall = 5;
+// What IntranodeAbandonCall adds to a rank's barrier arrival counters at its peers: far more arrivals than a live rank
+// can be ahead (at most 2), so a waiting peer tells "left" from "arrived" and from a corrupt count.
+inline constexpr int32_t kAbandonArrivals = 1 << 20;
 
 // Which call found too little room (KernelStatus.site with kKernelStatusRecvCapacity).
 enum class CapacitySite : int32_t {
