@@ -162,11 +162,6 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
         "int32 (packed UE8M0) x_scales: not available for groups that span hosts (the internode path forwards float "
         "scales)");
   }
-  if (worst_case && s.internode != nullptr) {
-    return absl::UnimplementedError(absl::StrCat("num_worst_tokens = ", args.num_worst_tokens,
-                                                 ": not available for groups that span hosts (the internode path "
-                                                 "waits for its counts)"));
-  }
   const bool cached = args.cached != nullptr;
   if (cached) {
     if (args.cached->num_tokens != num_tokens) {

@@ -254,7 +254,18 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
 }
 
 // Refusals come first and tell nobody: a call that every rank refuses must leave the group as it was.
+absl::Status InternodePath::RefuseCapture(cudaStream_t stream) const {
+  if (lease_->backend() != v1::BACKEND_CUDA) return absl::OkStatus();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "a group that spans hosts synchronises with the host between its stages: its calls cannot be captured into a "
+      "CUDA graph (num_worst_tokens gives the worst-case shapes, not capture, across hosts)");
+}
+
 absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(RefuseCapture(stream));
   if (args.cached != nullptr && args.cached->internode == nullptr) {
     return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
   }
@@ -269,6 +280,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
 }
 
 absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(RefuseCapture(stream));
   if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
     return absl::InvalidArgumentError("handle is not from an internode dispatch");
   }
@@ -383,6 +395,9 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   inner_args.topk_idx = idx_fwd.view;
   inner_args.topk_weights = w_fwd.view;
   inner_args.expert_alignment = args.expert_alignment;
+  // The NVLink stage sizes the outputs: with num_worst_tokens, DeepEP's shapes and padding (this path still waits on
+  // the host for the RDMA stage, so the call is not capturable across hosts).
+  inner_args.num_worst_tokens = args.num_worst_tokens;
   DispatchLayout inner_layout;
   if (cached) {
     inner_args.cached = plan->inner;

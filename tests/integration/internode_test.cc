@@ -367,7 +367,9 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
   // One round on both ranks. kRefused: a dispatch without topk_idx, which every rank refuses. kFailing: rank 1's
   // allocator refuses its dispatch's memory. kChecked: dispatch, then combine the received rows unchanged, which sums
   // a token once per rank that received it: x * (1 or 2), exact in bf16.
-  enum class Round { kRefused, kFailing, kChecked };
+  // kWorst: kChecked with num_worst_tokens (outputs of 2 * kTokens rows; rows past the received ones are padding with
+  // top-k -1).
+  enum class Round { kRefused, kFailing, kChecked, kWorst };
   std::vector<absl::Status> status(2);
   std::vector<double> took_ms(2);
   auto run = [&](Round kind) {
@@ -379,8 +381,25 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
       if (r == 1) refusing->armed = kind == Round::kFailing;
       client::DispatchArgs args{.x = x_view, .topk_idx = idx_view, .layout = &*layout};
       if (kind == Round::kRefused) args.topk_idx = {};
+      if (kind == Round::kWorst) args.num_worst_tokens = 2 * kTokens;
       auto recv = buffers[r]->Dispatch(args);
-      if (!recv.ok() || kind != Round::kChecked) return recv.status();
+      if (!recv.ok() || (kind != Round::kChecked && kind != Round::kWorst)) return recv.status();
+      if (kind == Round::kWorst) {
+        // Both ranks send the same tokens: this rank receives each token with an expert here once from each.
+        int received = 0;
+        for (int t = 0; t < kTokens; ++t) received += (idx[2 * t] / 2 == r || idx[2 * t + 1] / 2 == r) ? 2 : 0;
+        if (recv->recv_x.view.shape[0] != 2 * kTokens || recv->recv_topk_idx.view.shape[0] != 2 * kTokens) {
+          return absl::InternalError(absl::StrCat("worst-case outputs have ", recv->recv_x.view.shape[0], " rows"));
+        }
+        const auto* recv_idx = static_cast<const int64_t*>(recv->recv_topk_idx.view.data);
+        for (int row = 0; row < 2 * kTokens; ++row) {
+          const bool padding = recv_idx[2 * row] == -1 && recv_idx[2 * row + 1] == -1;
+          if (padding != (row >= received)) {
+            return absl::InternalError(absl::StrCat("row ", row, " of ", received, " received: recv_topk_idx ",
+                                                    recv_idx[2 * row], ",", recv_idx[2 * row + 1]));
+          }
+        }
+      }
       auto out = buffers[r]->Combine({.x = recv->recv_x.view, .handle = recv->handle});
       if (!out.ok()) return out.status();
       const auto* rows = static_cast<const uint16_t*>(out->combined_x.view.data);
@@ -396,7 +415,7 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
       });
     }
     for (std::thread& t : threads) t.join();
-    if (kind != Round::kChecked) return;
+    if (kind != Round::kChecked && kind != Round::kWorst) return;
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r] << " (rank " << 1 - r << ": " << status[1 - r]
                                   << ")";
@@ -423,6 +442,8 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
 
   for (auto& buffer : buffers) ASSERT_TRUE(buffer->Reset().ok());
   ASSERT_NO_FATAL_FAILURE(run(Round::kChecked));
+  // num_worst_tokens across hosts: DeepEP's output shapes (the host still waits for the RDMA stage).
+  ASSERT_NO_FATAL_FAILURE(run(Round::kWorst));
 }
 
 // A host's daemon killed mid-run: the transport to it breaks, so the rank that sends to it fails at once

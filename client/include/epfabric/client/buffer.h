@@ -159,7 +159,8 @@ struct DispatchArgs {
   // handle's num_recv_tokens is this (combine's x has this many rows; the padding rows are ignored). On cuda, top-k
   // entries outside [-1, num_experts) are not refused (that needs a wait): they count as -1. A rank that receives
   // more rows moves nothing: ResourceExhausted (host: from Dispatch; cuda: from Check), its peers DeadlineExceeded,
-  // then every rank calls Reset. Groups within one host only.
+  // then every rank calls Reset. Across hosts the outputs are the same, but the host still waits for the RDMA stage:
+  // not capturable there (a capture is refused with FailedPrecondition).
   int num_worst_tokens = 0;
 };
 
