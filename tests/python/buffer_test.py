@@ -61,6 +61,10 @@ class FabricCase(unittest.TestCase):
         buffers = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token,
                                                                                 **fabric.attach_options(N)))
         self.addCleanup(lambda: [b.destroy() for b in buffers])
+        if low_latency and fabric.BACKEND == "cuda":
+            # The library Buffer is made at the first call (it fixes the shape); made here for every rank before any
+            # rank launches, since making it allocates device memory (see fabric.run_ranks).
+            fabric.run_ranks(N, lambda r: buffers[r]._ensure_low_latency(max_tokens, hidden, topk, num_experts))
         return buffers
 
 

@@ -137,6 +137,7 @@ def _to_cpu(value):
 
 
 _STREAMS = {}
+_WARM = set()  # ranks whose stream's allocator cache was filled (run_ranks)
 
 
 def run_ranks(n, fn, timeout_s=120):
@@ -144,6 +145,11 @@ def run_ranks(n, fn, timeout_s=120):
     results in rank order (tensors copied to the CPU) and re-raises the first failure. With CUDA each rank runs on
     its own stream: ranks sharing a GPU must not queue behind each other."""
     results, errors = [None] * n, [None] * n
+    # Ranks share one GPU as threads of one process here: a device memory allocation (cudaMalloc) by one thread keeps
+    # later kernels from running beside those already running (CUDA's implicit synchronisation), so a rank that makes
+    # torch grow its cache while a peer's kernel waits for it stalls until that wait times out. Every thread first
+    # fills its stream's cache, and none starts before all have (a real server runs one process per GPU).
+    ready = threading.Barrier(n)
 
     def body(r):
         try:
@@ -152,6 +158,12 @@ def run_ranks(n, fn, timeout_s=120):
                 # One stream per rank for the whole test (torch caches memory per stream), never the legacy one.
                 stream = _STREAMS.setdefault(r, torch.cuda.Stream())
                 with torch.cuda.stream(stream):
+                    if r not in _WARM:
+                        _WARM.add(r)
+                        blocks = [torch.empty(256 << 20, dtype=torch.uint8)]
+                        blocks += [torch.empty(64 << 10, dtype=torch.uint8) for _ in range(512)]
+                        del blocks
+                    ready.wait(timeout_s)
                     value = fn(r)
                 stream.synchronize()
                 results[r] = _to_cpu(value)

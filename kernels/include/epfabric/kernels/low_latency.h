@@ -52,8 +52,8 @@ struct LowLatencyContext {
   uint64_t lost_ignore[kLostRankWords] = {};  // see IntranodeGroup::lost_ignore
   // Across hosts: bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging copy (halves
   // only) in this rank's RDMA region, and what r sends this rank is read from remote_inbox (the same layout, halves
-  // only) instead of peer_regions[rank]. The host backend calls remote_put after every write into a staging copy;
-  // the cuda kernels leave the sending to the calling thread between launches (remote_put unused).
+  // only) instead of peer_regions[rank]. The host backend calls remote_put (when set) after every write into a staging
+  // copy; without it, and always on cuda, the calling thread sends the staged bytes between launches (the relay).
   uint32_t remote_ranks = 0;
   void* remote_inbox = nullptr;
   LowLatencyRemotePut remote_put = nullptr;
