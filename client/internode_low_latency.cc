@@ -84,47 +84,17 @@ absl::Status LowLatencyRemote::TakeError() {
 
 namespace {
 
-class LowLatencyInternodePath final : public DataPath {
+class LowLatencyInternodePath final : public LowLatencyPathAround {
  public:
   LowLatencyInternodePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote)
-      : inner_(std::move(inner)), remote_(std::move(remote)) {}
+      : LowLatencyPathAround(std::move(inner)), remote_(std::move(remote)) {}
 
-  v1::Backend backend() const override { return inner_->backend(); }
-  absl::Status CheckExpertIndices(const TensorView& topk_idx) override { return inner_->CheckExpertIndices(topk_idx); }
-  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
-    return inner_->CheckDispatchExpertIndices(args, stream);
-  }
-  absl::Status Layout(kernels::DispatchLayoutParams params, DispatchLayout* layout, cudaStream_t stream) override {
-    return inner_->Layout(params, layout, stream);
-  }
-  absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams, std::vector<int32_t>*, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
-  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
-  absl::Status Dispatch(const kernels::IntranodeDispatchParams&, kernels::IntranodeHandle*, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
-  absl::Status Combine(const kernels::IntranodeCombineParams&, const kernels::IntranodeHandle&, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
     return Finish(inner_->LowLatencyDispatch(args, stream));
   }
   absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
     return Finish(inner_->LowLatencyCombine(args, stream));
   }
-  absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
-    return inner_->ValidateLowLatencyDispatch(args);
-  }
-  absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const override {
-    return inner_->ValidateLowLatencyCombine(args);
-  }
-  void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
-  int32_t* LowLatencyRankMask() const override { return inner_->LowLatencyRankMask(); }
-  absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
-  void AbandonCall() override {}  // low latency masks silent ranks rather than failing the call
   absl::Status Reset(cudaStream_t stream) override {
     remote_->TakeError().IgnoreError();
     return inner_->Reset(stream);
@@ -139,7 +109,6 @@ class LowLatencyInternodePath final : public DataPath {
     return quiet;
   }
 
-  std::unique_ptr<DataPath> inner_;
   std::unique_ptr<LowLatencyRemote> remote_;
 };
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,45 @@ class LowLatencyRemote {
   std::vector<kernels::transport::RingIssuer> rings_;
   std::mutex mu_;
   absl::Status error_;
+};
+
+// The part both low-latency paths across hosts share: a DataPath around the low-latency path over all ranks (`inner`)
+// that forwards everything except the calls themselves and Reset, and refuses normal mode.
+class LowLatencyPathAround : public DataPath {
+ public:
+  explicit LowLatencyPathAround(std::unique_ptr<DataPath> inner) : inner_(std::move(inner)) {}
+  v1::Backend backend() const override { return inner_->backend(); }
+  absl::Status CheckExpertIndices(const TensorView& topk_idx) override { return inner_->CheckExpertIndices(topk_idx); }
+  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
+    return inner_->CheckDispatchExpertIndices(args, stream);
+  }
+  absl::Status Layout(kernels::DispatchLayoutParams params, DispatchLayout* layout, cudaStream_t stream) override {
+    return inner_->Layout(params, layout, stream);
+  }
+  absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams, std::vector<int32_t>*, cudaStream_t) override {
+    return NormalMode();
+  }
+  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams, cudaStream_t) override { return NormalMode(); }
+  absl::Status Dispatch(const kernels::IntranodeDispatchParams&, kernels::IntranodeHandle*, cudaStream_t) override {
+    return NormalMode();
+  }
+  absl::Status Combine(const kernels::IntranodeCombineParams&, const kernels::IntranodeHandle&, cudaStream_t) override {
+    return NormalMode();
+  }
+  absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
+    return inner_->ValidateLowLatencyDispatch(args);
+  }
+  absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const override {
+    return inner_->ValidateLowLatencyCombine(args);
+  }
+  void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
+  int32_t* LowLatencyRankMask() const override { return inner_->LowLatencyRankMask(); }
+  absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
+  void AbandonCall() override {}  // low latency masks silent ranks rather than failing the call
+
+ protected:
+  static absl::Status NormalMode() { return absl::FailedPreconditionError("normal mode on a low-latency buffer"); }
+  std::unique_ptr<DataPath> inner_;
 };
 
 // Low latency across hosts on the cuda backend (internode_low_latency_relay.cc): the calling thread relays. Each

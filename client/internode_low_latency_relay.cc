@@ -45,12 +45,12 @@ const char* AwaitedName(Awaited what) {
   return "signal";
 }
 
-class LowLatencyRelayPath final : public DataPath {
+class LowLatencyRelayPath final : public LowLatencyPathAround {
  public:
   LowLatencyRelayPath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
                       std::unique_ptr<RegionAccess> access, const kernels::LowLatencyLayout& layout, int rank,
                       void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout)
-      : inner_(std::move(inner)),
+      : LowLatencyPathAround(std::move(inner)),
         remote_(std::move(remote)),
         access_(std::move(access)),
         l_(layout),
@@ -62,26 +62,6 @@ class LowLatencyRelayPath final : public DataPath {
     InitLostIgnore(lost_ranks_, lost_ignore_);
   }
 
-  v1::Backend backend() const override { return inner_->backend(); }
-  absl::Status CheckExpertIndices(const TensorView& topk_idx) override { return inner_->CheckExpertIndices(topk_idx); }
-  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
-    return inner_->CheckDispatchExpertIndices(args, stream);
-  }
-  absl::Status Layout(kernels::DispatchLayoutParams params, DispatchLayout* layout, cudaStream_t stream) override {
-    return inner_->Layout(params, layout, stream);
-  }
-  absl::StatusOr<int> Notify(kernels::IntranodeNotifyParams, std::vector<int32_t>*, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
-  absl::Status NotifyNoWait(kernels::IntranodeNotifyParams, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
-  absl::Status Dispatch(const kernels::IntranodeDispatchParams&, kernels::IntranodeHandle*, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
-  absl::Status Combine(const kernels::IntranodeCombineParams&, const kernels::IntranodeHandle&, cudaStream_t) override {
-    return absl::FailedPreconditionError("normal mode on a low-latency buffer");
-  }
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
     EPF_RETURN_IF_ERROR(RefuseCapture(stream));
     RefreshLostIgnore(lost_ranks_, lost_ignore_);
@@ -94,16 +74,6 @@ class LowLatencyRelayPath final : public DataPath {
     absl::Status ran = RunCombine(args, stream);
     return Finish(std::move(ran));
   }
-  absl::Status ValidateLowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args) const override {
-    return inner_->ValidateLowLatencyDispatch(args);
-  }
-  absl::Status ValidateLowLatencyCombine(const kernels::LowLatencyCombineArgs& args) const override {
-    return inner_->ValidateLowLatencyCombine(args);
-  }
-  void* LowLatencyCombineInputBuffer() const override { return inner_->LowLatencyCombineInputBuffer(); }
-  int32_t* LowLatencyRankMask() const override { return inner_->LowLatencyRankMask(); }
-  absl::Status Check(cudaStream_t stream) override { return inner_->Check(stream); }
-  void AbandonCall() override {}  // low latency masks silent ranks rather than failing the call
   absl::Status Reset(cudaStream_t stream) override {
     remote_->TakeError().IgnoreError();
     // The inner path zeroes this rank's own signals; the inbox's and the staging copies' are this path's.
@@ -362,7 +332,6 @@ class LowLatencyRelayPath final : public DataPath {
     return absl::OkStatus();
   }
 
-  std::unique_ptr<DataPath> inner_;
   std::unique_ptr<LowLatencyRemote> remote_;
   std::unique_ptr<RegionAccess> access_;
   const kernels::LowLatencyLayout l_;
