@@ -157,11 +157,6 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
     return kernels::InvalidValue("num_worst_tokens", args.num_worst_tokens, "must be >= 0 (0: wait for the count)");
   }
   const bool worst_case = args.num_worst_tokens > 0;
-  if (fp8 && args.x_scales.dtype == DType::kInt32 && s.internode != nullptr) {
-    return absl::UnimplementedError(
-        "int32 (packed UE8M0) x_scales: not available for groups that span hosts (the internode path forwards float "
-        "scales)");
-  }
   const bool cached = args.cached != nullptr;
   if (cached) {
     if (args.cached->num_tokens != num_tokens) {

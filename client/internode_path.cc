@@ -210,6 +210,7 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
   kernels::InternodePackParams p;
   p.x = internal::GivenData(args.x);
   p.row_bytes = row_bytes;
+  // Copied bit for bit (packed UE8M0 int32 words too): the pack moves scale words without arithmetic.
   p.x_scales = num_scales > 0 ? static_cast<const float*>(args.x_scales.data) : nullptr;
   p.num_scales = num_scales;
   p.topk_idx = num_topk > 0 ? static_cast<const int64_t*>(args.topk_idx.data) : nullptr;
@@ -316,7 +317,10 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   const int hidden = static_cast<int>(args.x.shape[1]);
   const bool fp8 = args.x.dtype == DType::kFP8E4M3;
   const int row_bytes = fp8 ? hidden : hidden * 2;
-  const int num_scales = fp8 ? hidden / 128 : 0;
+  // Scale words per row, moved as opaque 4-byte words: float per 128 channels, or DeepEP's packed UE8M0 int32 (4
+  // exponents of 128 channels each); the NVLink stage gets them in the caller's dtype.
+  const DType scales_dtype = fp8 ? args.x_scales.dtype : DType::kFloat32;
+  const int num_scales = !fp8 ? 0 : scales_dtype == DType::kInt32 ? hidden / 512 : hidden / 128;
   const int num_topk = args.topk_idx.empty() ? 0 : static_cast<int>(args.topk_idx.shape[1]);
   const bool has_weights = !args.topk_weights.empty();
   const bool cached = args.cached != nullptr;
@@ -356,7 +360,7 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   Tensor x_fwd, scales_fwd, idx_fwd, w_fwd;
   EPF_ASSIGN_OR_RETURN(x_fwd, NewTensor(args.x.dtype, {num_fwd, hidden}, stream));
   if (fp8) {
-    EPF_ASSIGN_OR_RETURN(scales_fwd, NewTensor(DType::kFloat32, {num_fwd, num_scales}, stream));
+    EPF_ASSIGN_OR_RETURN(scales_fwd, NewTensor(scales_dtype, {num_fwd, num_scales}, stream));
   }
   if (num_topk > 0) {
     EPF_ASSIGN_OR_RETURN(idx_fwd, NewTensor(DType::kInt64, {num_fwd, num_topk}, stream));

@@ -21,7 +21,10 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const __grid_constant__ 
   const int count = p.send_counts[host];
   const InternodeRdmaLayout& l = p.layout;
   uint8_t* x_dst = SlabBase(p, l.send_x, l.recv_x, l.x_slab_bytes, host);
-  float* scales_dst = reinterpret_cast<float*>(SlabBase(p, l.send_scales, l.recv_scales, l.scales_slab_bytes, host));
+  // Scale words are copied as 4-byte integers: float scales or packed UE8M0 int32 words, bit for bit.
+  uint32_t* scales_dst =
+      reinterpret_cast<uint32_t*>(SlabBase(p, l.send_scales, l.recv_scales, l.scales_slab_bytes, host));
+  const uint32_t* scales_src = reinterpret_cast<const uint32_t*>(p.x_scales);
   int64_t* idx_dst =
       reinterpret_cast<int64_t*>(SlabBase(p, l.send_topk_idx, l.recv_topk_idx, l.topk_idx_slab_bytes, host));
   float* w_dst =
@@ -34,7 +37,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const __grid_constant__ 
     int4* dst = reinterpret_cast<int4*>(x_dst + static_cast<size_t>(i) * p.row_bytes);
     for (int v = lane; v < p.row_bytes / 16; v += 32) dst[v] = src[v];
     for (int s = lane; s < p.num_scales; s += 32) {
-      scales_dst[static_cast<size_t>(i) * p.num_scales + s] = p.x_scales[static_cast<size_t>(t) * p.num_scales + s];
+      scales_dst[static_cast<size_t>(i) * p.num_scales + s] = scales_src[static_cast<size_t>(t) * p.num_scales + s];
     }
     for (int k = lane; k < p.num_topk; k += 32) {
       const int64_t e = p.topk_idx[static_cast<size_t>(t) * p.num_topk + k];

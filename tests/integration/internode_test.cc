@@ -172,6 +172,7 @@ TEST_F(InternodeTest, TwoHostsOfTwoRanks) {
   Run("one-token", Scenario(1, 128, 2, 8, false, 17, {"--fixed_tokens"}));
   Run("hidden-7168", Scenario(16, 7168, 8, 32, false, 18, {"--fixed_tokens"}));
   Run("hidden-7168-fp8", Scenario(16, 7168, 8, 32, true, 19, {"--fixed_tokens"}));
+  Run("fp8-packed-ue8m0-scales", Scenario(24, 1024, 4, 16, true, 63, {"--packed_scales"}));
   Run("bad-input", Scenario(16, 128, 4, 8, false, 20, {"--bad_input"}));
   Run("ll-fp8", LowLatency(16, 256, 4, 16, true, 51));
   Run("ll-bf16", LowLatency(16, 256, 4, 16, false, 52, {"--empty_fraction=0.6"}));

@@ -99,6 +99,8 @@ ABSL_FLAG(bool, cached, false, "Normal mode: after each dispatch, a cached dispa
 ABSL_FLAG(bool, force_internode, false,
           "Normal mode: BufferConfig.force_internode (a one-host group through the "
           "internode path; it must give the intranode path's bits).");
+ABSL_FLAG(bool, packed_scales, false,
+          "Normal mode with --fp8: x_scales as packed UE8M0 int32 [tokens, hidden / 512] (powers of two).");
 ABSL_FLAG(bool, hooks, false, "Low latency: odd rounds run through the receive hooks (return_recv_hook).");
 ABSL_FLAG(bool, relay, false,
           "Low latency across hosts: BufferConfig.low_latency_relay (the host backend relays between steps, as cuda "
@@ -159,6 +161,11 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   s.force_internode = absl::GetFlag(FLAGS_force_internode);
   s.cached = absl::GetFlag(FLAGS_cached);
   s.hooks = absl::GetFlag(FLAGS_hooks);
+  s.packed_scales = absl::GetFlag(FLAGS_packed_scales);
+  if (s.packed_scales && (!s.fp8 || s.hidden % 512 != 0)) {
+    std::cerr << "--packed_scales needs --fp8 and a hidden size that is a multiple of 512\n";
+    return kExitUsage;
+  }
   const BufferConfig config{.max_tokens_per_rank = s.tokens,
                             .hidden = s.hidden,
                             .max_topk = s.topk,

@@ -57,6 +57,33 @@ std::vector<uint16_t> NormalExpertOutputs(const ref::DispatchConfig& c, int hidd
   return out;
 }
 
+// DeepEP's packed UE8M0 scales: int32 [rows, groups / 4], byte g % 4 of word g / 4 the biased exponent of scale g
+// (a power of two).
+constexpr int kUe8m0ScalesPerWord = 4;
+
+std::vector<int32_t> PackUe8m0(const std::vector<float>& scales, int rows, int groups) {
+  std::vector<int32_t> packed(static_cast<size_t>(rows) * groups / kUe8m0ScalesPerWord, 0);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &scales[i], sizeof(bits));
+    const uint32_t exponent = (bits >> 23) & 0xFF;
+    packed[i / kUe8m0ScalesPerWord] |= static_cast<int32_t>(exponent << (8 * (i % kUe8m0ScalesPerWord)));
+  }
+  return packed;
+}
+
+// The received scales as floats (unpacked when --packed_scales), to compare with the reference's.
+std::vector<float> DownloadScales(Memory& mem, const Scenario& s, const TensorView& view, int rows, int groups) {
+  if (!s.packed_scales) return mem.Download<float>(view, static_cast<size_t>(rows) * groups);
+  const auto packed = mem.Download<int32_t>(view, static_cast<size_t>(rows) * groups / kUe8m0ScalesPerWord);
+  std::vector<float> scales(packed.size() * kUe8m0ScalesPerWord);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    const uint32_t bits = ((static_cast<uint32_t>(packed[i / kUe8m0ScalesPerWord]) >> (8 * (i % 4))) & 0xFF) << 23;
+    std::memcpy(&scales[i], &bits, sizeof(bits));
+  }
+  return scales;
+}
+
 NormalRound MakeNormalRound(const Scenario& s, int num_ranks, int rank, int round) {
   NormalRound x;
   ref::DispatchConfig& c = x.config;
@@ -80,7 +107,9 @@ NormalRound MakeNormalRound(const Scenario& s, int num_ranks, int rank, int roun
     if (s.fp8) {
       for (uint8_t& b : in.x) b = host::FloatToFp8E4M3(std::uniform_real_distribution<float>(-4.0f, 4.0f)(rng));
       in.x_scales.resize(static_cast<size_t>(in.num_tokens) * c.num_scales);
-      for (float& scale : in.x_scales) scale = weight(rng) + 0.01f;
+      // --packed_scales: powers of two, which DeepEP's packed UE8M0 int32 scales carry exactly.
+      std::uniform_int_distribution<int> exponent(-4, 3);
+      for (float& scale : in.x_scales) scale = s.packed_scales ? std::ldexp(1.0f, exponent(rng)) : weight(rng) + 0.01f;
     } else {
       for (size_t i = 0; i < in.x.size(); i += 2) {
         const uint16_t v = RandomBf16(rng, 2.0f);
@@ -140,7 +169,9 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   const int T = in.num_tokens, K = s.topk, H = s.hidden;
   mem.Clear();
   auto x_view = mem.Upload(in.x, s.fp8 ? DType::kFP8E4M3 : DType::kBF16, {T, H});
-  auto scales_view = mem.Upload(in.x_scales, DType::kFloat32, {T, c.num_scales});
+  auto scales_view = s.packed_scales ? mem.Upload(PackUe8m0(in.x_scales, T, c.num_scales), DType::kInt32,
+                                                  {T, c.num_scales / kUe8m0ScalesPerWord})
+                                     : mem.Upload(in.x_scales, DType::kFloat32, {T, c.num_scales});
   auto idx_view = mem.Upload(in.topk_idx, DType::kInt64, {T, K});
   auto w_view = mem.Upload(in.topk_weights, DType::kFloat32, {T, K});
   for (const auto* v : {&x_view, &scales_view, &idx_view, &w_view}) {
@@ -176,7 +207,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   }
   checks.Exact("num_recv_tokens_per_expert", recv->num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
   const auto recv_x = mem.Download<uint8_t>(recv->recv_x.view, static_cast<size_t>(N) * c.row_bytes);
-  const auto recv_scales = mem.Download<float>(recv->recv_x_scales.view, static_cast<size_t>(N) * c.num_scales);
+  const auto recv_scales = DownloadScales(mem, s, recv->recv_x_scales.view, N, c.num_scales);
   const auto recv_idx = mem.Download<int64_t>(recv->recv_topk_idx.view, static_cast<size_t>(N) * K);
   const auto recv_w = mem.Download<float>(recv->recv_topk_weights.view, static_cast<size_t>(N) * K);
   checks.Exact("recv_x", recv_x, want.recv_x);
@@ -195,8 +226,7 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
     if (absl::Status done = buffer.Check(); !done.ok()) return done;
     checks.Exact("cached recv_x", mem.Download<uint8_t>(again->recv_x.view, static_cast<size_t>(N) * c.row_bytes),
                  want.recv_x);
-    checks.Exact("cached recv_x_scales",
-                 mem.Download<float>(again->recv_x_scales.view, static_cast<size_t>(N) * c.num_scales),
+    checks.Exact("cached recv_x_scales", DownloadScales(mem, s, again->recv_x_scales.view, N, c.num_scales),
                  want.recv_x_scales);
     checks.Exact("cached recv_topk_idx", mem.Download<int64_t>(again->recv_topk_idx.view, static_cast<size_t>(N) * K),
                  want.recv_topk_idx);

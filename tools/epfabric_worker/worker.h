@@ -60,6 +60,7 @@ struct Scenario {
   bool flip_one_output = false;
   int hosts = 1;                 // hosts the group spans (from the lease): >1 checks against the internode reference
   bool force_internode = false;  // BufferConfig.force_internode (one host through the internode path)
+  bool packed_scales = false;    // normal fp8: x_scales as DeepEP's packed UE8M0 int32 (hidden % 512 == 0)
   bool hooks = false;            // low latency: odd rounds through DeepEP's receive hooks
   bool cached = false;           // normal mode: also a cached dispatch with the round's handle, checked the same
 };
