@@ -30,6 +30,7 @@ from epfabric import _lib, buffer as buffer_mod, low_latency as ll_mod  # noqa: 
 
 N = 2
 M, HIDDEN, TOPK, EXPERTS = 128, 7168, 8, 288  # DeepEP's low-latency benchmark shape
+GRAPH_PAIRS = 20  # (dispatch, combine) pairs captured in one graph
 NORMAL_TOKENS = 4096
 
 
@@ -213,14 +214,18 @@ def main():
             step()
             stream.synchronize()
             barrier.wait()
+            # As low_latency_bench does: one graph of GRAPH_PAIRS back-to-back (dispatch, combine) pairs, timed per
+            # pair, so that the two compare (same shape, same blocks per rank on the shared GPU).
             graph = torch.cuda.CUDAGraph()
             with capture_lock:  # one capture at a time in this process (torch synchronises the device around it)
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                    step()
+                    for _ in range(GRAPH_PAIRS):
+                        step()
             barrier.wait()
             times = {"eager": [], "graph": []}
             for kind in ("eager", "graph"):
                 for _ in range(opts.iterations):
+                    barrier.wait()  # both ranks start together, as the C++ benchmark's lockstep replays do
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record(stream)
                     if kind == "graph":
@@ -229,7 +234,7 @@ def main():
                         step()
                     end.record(stream)
                     end.synchronize()
-                    times[kind].append(start.elapsed_time(end) * 1e3)
+                    times[kind].append(start.elapsed_time(end) * 1e3 / (GRAPH_PAIRS if kind == "graph" else 1))
             return {k: statistics.median(v) for k, v in times.items()}
 
         barrier, capture_lock = threading.Barrier(N), threading.Lock()
@@ -251,14 +256,17 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
     report = {
         "name": "python", "date": date, "commit": commit or "unknown", "device": torch.cuda.get_device_name(0),
-        "num_gpus": torch.cuda.device_count(), "num_ranks": N, "shared_gpu": torch.cuda.device_count() < N,
+        "num_gpus": torch.cuda.device_count(), "num_ranks": N, "shared_gpu": True,  # every rank on GPU 0 (fabric.py)
         "config": {"low_latency": {"tokens_per_rank": M, "hidden": HIDDEN, "num_topk": TOPK, "num_experts": EXPERTS},
                    "normal_first_dispatch_tokens": 512, "trials": opts.trials, "iterations": opts.iterations,
+                   "graph_pairs": GRAPH_PAIRS,
                    "python": sys.version.split()[0], "torch": torch.__version__,
                    "timing": "warm attach: attach + first dispatch (+ layout in normal mode) until the stream is "
                              "idle, the slower rank, median of trials; overhead: Python method wall time minus the "
-                             "time inside the C ABI call, median per call, the slower rank; python_overhead_*_us: both ranks are threads of this process, so this includes waiting for the GIL while the other rank runs Python; *_one_rank_per_process: each rank in its own process (how servers run); graph/eager: CUDA events "
-                             "around one dispatch + combine (fp8), median, the slower rank"},
+                             "time inside the C ABI call, median per call, the slower rank; python_overhead_*_us: both ranks are threads of this process, so this includes waiting for the GIL while the other rank runs Python; *_one_rank_per_process: each rank in its own process (how servers run); graph: CUDA events around the "
+                             "replay of one graph of graph_pairs back-to-back dispatch + combine pairs (fp8), per pair, "
+                             "median, the slower rank (low_latency_bench's both_us with the ranks sharing GPU 0 is the "
+                             "C++ figure to compare); eager: one dispatch + combine from Python, same events"},
         "results": results,
     }
     print(f"{'measure':45s} value")
