@@ -321,6 +321,27 @@ class NormalModeTest(FabricCase):
 class LowLatencyTest(FabricCase):
     hidden, topk, experts, max_tokens = 256, 4, 16, 16
 
+    def group(self, *args):
+        bufs = super().group(*args)
+        if fabric.BACKEND == "cuda":
+            fabric.run_ranks(N, lambda r: self.load_torch_kernels(bufs[r].device))
+        return bufs
+
+    def load_torch_kernels(self, device):
+        """Runs the torch operations of run_round once on outputs of the library's shapes and strides, before any rank
+        launches: CUDA loads a kernel at its first launch, and loading waits for the kernels running on the device, so a
+        rank whose first dequantisation came while its peer's combine waited for it stalled until that wait timed out
+        (ranks here are threads sharing one GPU; the library loads its own kernels when a Buffer is made)."""
+        L, G, slots = self.experts // N, self.hidden // 128, N * self.max_tokens
+        fp8 = getattr(torch, "float8_e4m3fn", None) or torch.uint8
+        data = torch.zeros(L, slots, self.hidden, dtype=fp8, device=device)
+        scales = torch.ones(L, G, slots, device=device).transpose(1, 2)
+        expert_out = _dequant(data, scales).to(torch.bfloat16)
+        expert_out.clone()
+        torch.empty_like(expert_out).copy_(expert_out)
+        torch.zeros(L, dtype=torch.int32, device=device).tolist()
+        torch.cuda.synchronize(device)
+
     def run_round(self, bufs, ins, use_fp8, zero_copy=False, hook=False, out=False, logfmt=False):
         def rank(r):
             b = bufs[r]
