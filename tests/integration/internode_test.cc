@@ -121,6 +121,40 @@ class InternodeTest : public ::testing::Test {
     }
   }
 
+  // Every rank's Buffer in this process (threads as ranks) on a fresh group sized for `config`; allocators[r] (when
+  // given and not null) is rank r's.
+  struct InProcess {
+    std::vector<std::unique_ptr<client::Client>> clients;
+    std::vector<std::unique_ptr<client::Lease>> leases;
+    std::vector<std::unique_ptr<client::Buffer>> buffers;
+  };
+  void AttachInProcess(const std::string& name, const client::BufferConfig& config, InProcess* out,
+                       const std::vector<std::shared_ptr<client::Allocator>>& allocators = {}) {
+    auto bytes = client::RequiredGroupBytes(config, hosts_, per_host_);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    v1::CreateGroupRequest request;
+    request.set_name(name);
+    for (int r = 0; r < world(); ++r) request.add_ranks(r);
+    request.set_num_nvl_bytes(bytes->nvl);
+    request.set_num_rdma_bytes(bytes->rdma);
+    request.set_low_latency(config.low_latency);
+    v1::CreateGroupResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(fabric_->Control(0)->CreateGroup(&context, request, &response).ok());
+    for (int r = 0; r < world(); ++r) {
+      auto connected = client::Client::Connect(fabric_->daemon(r).socket(), {.client_name = "internode_test"});
+      ASSERT_TRUE(connected.ok()) << connected.status();
+      auto lease = (*connected)->Attach(name, r, response.token());
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      auto buffer = client::Buffer::Create(lease->get(), config,
+                                           r < static_cast<int>(allocators.size()) ? allocators[r] : nullptr);
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      out->clients.push_back(std::move(*connected));
+      out->leases.push_back(std::move(*lease));
+      out->buffers.push_back(std::move(*buffer));
+    }
+  }
+
   // Rank 3's worker is SIGKILLed mid-run: every survivor's wait ends within 2 s (x5 sanitizers) with UNAVAILABLE
   // naming it, every survivor resets, a new process takes rank 3, and all four finish checked rounds.
   void KillAndRejoin(const std::string& group, const std::vector<std::string>& scenario);
@@ -338,32 +372,10 @@ TEST_F(InternodeTest, ARankWhoseDispatchFailsTellsThePeersThatWaitForIt) {
                                     .num_experts = 4,
                                     .num_sms = 2,
                                     .timeout = absl::Seconds(10)};
-  auto bytes = client::RequiredGroupBytes(config, 2, 1);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  v1::CreateGroupRequest request;
-  request.set_name("leave");
-  request.add_ranks(0);
-  request.add_ranks(1);
-  request.set_num_nvl_bytes(bytes->nvl);
-  request.set_num_rdma_bytes(bytes->rdma);
-  v1::CreateGroupResponse response;
-  grpc::ClientContext context;
-  ASSERT_TRUE(fabric_->Control(0)->CreateGroup(&context, request, &response).ok());
   auto refusing = std::make_shared<RefusingAllocator>();
-  std::vector<std::unique_ptr<client::Client>> clients;
-  std::vector<std::unique_ptr<client::Lease>> leases;
-  std::vector<std::unique_ptr<client::Buffer>> buffers;
-  for (int r = 0; r < 2; ++r) {
-    auto connected = client::Client::Connect(fabric_->daemon(r).socket(), {.client_name = "internode_test"});
-    ASSERT_TRUE(connected.ok()) << connected.status();
-    auto lease = (*connected)->Attach("leave", r, response.token());
-    ASSERT_TRUE(lease.ok()) << lease.status();
-    auto buffer = client::Buffer::Create(lease->get(), config, r == 1 ? refusing : nullptr);
-    ASSERT_TRUE(buffer.ok()) << buffer.status();
-    clients.push_back(std::move(*connected));
-    leases.push_back(std::move(*lease));
-    buffers.push_back(std::move(*buffer));
-  }
+  InProcess group;
+  ASSERT_NO_FATAL_FAILURE(AttachInProcess("leave", config, &group, {nullptr, refusing}));
+  std::vector<std::unique_ptr<client::Buffer>>& buffers = group.buffers;
   // Fresh random rows in [1, 2) (bf16: exponent 0, random mantissa), each token to two distinct random experts of 4:
   // both ranks (2 experts each) or one of them.
   const unsigned seed = std::random_device()();
@@ -504,4 +516,35 @@ TEST_F(InternodeTest, AKilledDaemonFailsTheCallsThatNeedItAtOnce) {
 }
 
 }  // namespace
+// Low latency through the relay with a rank that never calls: the other rank's host-side wait ends at its deadline
+// (once, not twice: the kernel then runs without the silent rank), the call fails with DEADLINE_EXCEEDED naming it, and
+// the rank stays masked for later calls, as a kernel's timed-out wait would leave it.
+TEST_F(InternodeTest, TheRelayMasksARankThatStaysSilent) {
+  ASSERT_NO_FATAL_FAILURE(StartFabric(2, 1));
+  const client::BufferConfig config{.max_tokens_per_rank = 8,
+                                    .hidden = 128,
+                                    .max_topk = 2,
+                                    .num_experts = 4,
+                                    .low_latency = true,
+                                    .timeout = absl::Milliseconds(500),
+                                    .low_latency_relay = true};
+  InProcess group;
+  ASSERT_NO_FATAL_FAILURE(AttachInProcess("silent", config, &group));
+  std::vector<uint16_t> x(4 * 128, 0x3f80);
+  std::vector<int64_t> idx = {0, 2, 1, 3, 2, 0, 3, 1};  // every token to both ranks
+  const client::TensorView x_view{x.data(), kernels::DType::kBF16, {4, 128}};
+  const client::TensorView idx_view{idx.data(), kernels::DType::kInt64, {4, 2}};
+  const absl::Time start = absl::Now();
+  auto recv = group.buffers[0]->LowLatencyDispatch({.x = x_view, .topk_idx = idx_view, .use_fp8 = false});
+  const double took_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  ASSERT_FALSE(recv.ok());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(recv.status())) << recv.status();
+  EXPECT_THAT(std::string(recv.status().message()), HasSubstr("from rank 1"));
+  EXPECT_GE(took_ms, 450);
+  EXPECT_LT(took_ms, 950 * kSanitizerSlowdown) << "the wait ran twice";
+  const client::TensorView mask = group.buffers[0]->LowLatencyRankMask();
+  ASSERT_EQ(mask.shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(static_cast<const int32_t*>(mask.data)[1], 1) << "rank 1 is not masked";
+}
+
 }  // namespace epfabric::testing
