@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/common.h"
 
 namespace epfabric::client::internal {
 
@@ -27,6 +28,22 @@ void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore) {
 void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore) {
   if (lost_ranks_host == nullptr) return;
   for (int i = 0; i < kernels::kLostRankWords; ++i) ignore[i] &= __atomic_load_n(lost_ranks_host + i, __ATOMIC_ACQUIRE);
+}
+
+bool RankLost(const uint64_t* lost_ranks_host, const uint64_t* ignore, int rank) {
+  if (lost_ranks_host == nullptr || rank < 0 || rank >= kernels::kMaxLostRanks) return false;
+  const uint64_t word = __atomic_load_n(lost_ranks_host + rank / 64, __ATOMIC_ACQUIRE) & ~ignore[rank / 64];
+  return ((word >> (rank % 64)) & 1u) != 0;
+}
+
+absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream) {
+  if (backend != v1::BACKEND_CUDA) return absl::OkStatus();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "a group that spans hosts synchronises with the host between the steps of a call: its calls cannot be captured "
+      "into a CUDA graph (num_worst_tokens gives the worst-case shapes, not capture, across hosts)");
 }
 
 kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& c, kernels::KernelStatus* status) {

@@ -103,6 +103,11 @@ void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 // Before each call: a rank ignored since the path was made (lost already then: awaited, not reported) stops being
 // ignored once its bit has cleared (it came back), so that a later loss is reported.
 void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
+// A host-side wait's check: the daemon published `rank` as lost and `ignore` does not hide it.
+bool RankLost(const uint64_t* lost_ranks_host, const uint64_t* ignore, int rank);
+// FailedPrecondition while `stream` is being captured (cuda backend): calls of a group that spans hosts synchronise
+// with the host between their stages, so they cannot be captured into a CUDA graph.
+absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream);
 
 // Shared by the implementations: the kernels' view of the group, for a status word and rank mask of the path's own.
 kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& config, kernels::KernelStatus* status);

@@ -63,13 +63,13 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
 
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
-    EPF_RETURN_IF_ERROR(RefuseCapture(stream));
+    EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(inner_->backend(), stream));
     RefreshLostIgnore(lost_ranks_, lost_ignore_);
     absl::Status ran = RunDispatch(args, stream);
     return Finish(std::move(ran));
   }
   absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
-    EPF_RETURN_IF_ERROR(RefuseCapture(stream));
+    EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(inner_->backend(), stream));
     RefreshLostIgnore(lost_ranks_, lost_ignore_);
     absl::Status ran = RunCombine(args, stream);
     return Finish(std::move(ran));
@@ -89,18 +89,6 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
 
  private:
   bool Remote(int r) const { return ((remote_->remote_ranks() >> r) & 1u) != 0; }
-
-  absl::Status RefuseCapture(cudaStream_t stream) const {
-    if (inner_->backend() != v1::BACKEND_CUDA) return absl::OkStatus();
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    EPF_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) {
-      return absl::FailedPreconditionError(
-          "low-latency calls of a group that spans hosts synchronise with the host between steps (cuda backend): "
-          "they cannot be captured into a CUDA graph");
-    }
-    return absl::OkStatus();
-  }
 
   // The sends were queued in order; the quiet makes them complete before the call returns (a caller that detaches
   // right after would otherwise take them with it). A failed send explains the call best, then the steps' error,
@@ -157,12 +145,6 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     return false;
   }
 
-  bool Lost(int r) const {
-    if (lost_ranks_ == nullptr || r >= kernels::kMaxLostRanks) return false;
-    const uint64_t word = __atomic_load_n(lost_ranks_ + r / 64, __ATOMIC_ACQUIRE) & ~lost_ignore_[r / 64];
-    return ((word >> (r % 64)) & 1u) != 0;
-  }
-
   // Waits on the host until every rank in `sources` has raised `what` in this call's half (read from this rank's own
   // half, or from the inbox for a rank on another host). A rank the daemon publishes as lost stops being awaited (the
   // kernel then masks it without failing the call, as within one host). A rank still silent at the deadline is masked
@@ -187,7 +169,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
       for (int s = 0; s < num_ranks_; ++s) {
         if (((pending >> s) & 1u) == 0) continue;
-        if (Arrived(what, Remote(s) ? inbox_signals : own_signals, s) || Lost(s)) {
+        if (Arrived(what, Remote(s) ? inbox_signals : own_signals, s) || RankLost(lost_ranks_, lost_ignore_, s)) {
           pending &= ~(1u << s);
           waited[s] = now_ns;
         }
@@ -226,7 +208,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   // Every rank not masked, this one included (its own signals come from its own send step).
   absl::StatusOr<uint32_t> Sources(cudaStream_t stream) {
     EPF_ASSIGN_OR_RETURN(const uint32_t masked, Masked(stream));
-    return ((num_ranks_ >= 32 ? ~0u : (1u << num_ranks_) - 1u)) & ~masked;
+    return ((1u << num_ranks_) - 1u) & ~masked;  // num_ranks_ <= kMaxNvlPeers
   }
 
   absl::Status RunDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) {

@@ -129,7 +129,7 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
     // Each host's words come from one rank there (the same local index as this one): once the daemon published
     // that rank as lost, its words never come. (A lost rank that wrote them first was found ready above.)
     for (int h = 0; h < H; ++h) {
-      if (h == shape_.host || words[h] >= target || !RankLost(PeerRank(h))) continue;
+      if (h == shape_.host || words[h] >= target || !RankLost(lost_ranks_, lost_ignore_, PeerRank(h))) continue;
       return absl::UnavailableError(absl::StrFormat(
           "rank %d stopped waiting for internode %s from rank %d (host %d): rank %d is lost (its client's lease ended "
           "or its daemon went down)",
@@ -159,12 +159,6 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
     }
     if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(polls > 20000 ? 200 : 10));
   }
-}
-
-bool InternodePath::RankLost(int rank) const {
-  if (lost_ranks_ == nullptr || rank < 0 || rank >= kernels::kMaxLostRanks) return false;
-  const uint64_t word = __atomic_load_n(lost_ranks_ + rank / 64, __ATOMIC_ACQUIRE) & ~lost_ignore_[rank / 64];
-  return ((word >> (rank % 64)) & 1u) != 0;
 }
 
 absl::StatusOr<std::shared_ptr<InternodeHandle>> InternodePath::Plan(const DispatchArgs& args, int num_tokens,
@@ -255,18 +249,8 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
 }
 
 // Refusals come first and tell nobody: a call that every rank refuses must leave the group as it was.
-absl::Status InternodePath::RefuseCapture(cudaStream_t stream) const {
-  if (lease_->backend() != v1::BACKEND_CUDA) return absl::OkStatus();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  EPF_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
-  if (capture == cudaStreamCaptureStatusNone) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      "a group that spans hosts synchronises with the host between its stages: its calls cannot be captured into a "
-      "CUDA graph (num_worst_tokens gives the worst-case shapes, not capture, across hosts)");
-}
-
 absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
-  EPF_RETURN_IF_ERROR(RefuseCapture(stream));
+  EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
   if (args.cached != nullptr && args.cached->internode == nullptr) {
     return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
   }
@@ -281,7 +265,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
 }
 
 absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
-  EPF_RETURN_IF_ERROR(RefuseCapture(stream));
+  EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
   if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
     return absl::InvalidArgumentError("handle is not from an internode dispatch");
   }

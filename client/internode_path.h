@@ -107,10 +107,6 @@ class InternodePath {
   // Waits until word[h] of the section at `offset` reaches `target` for every host but this one. Ends early with
   // UNAVAILABLE when the daemon publishes the rank that writes a missing word as lost.
   absl::Status WaitWords(size_t offset, uint64_t target, const char* what);
-  // FailedPrecondition while `stream` is being captured (cuda): the stages synchronise with the host.
-  absl::Status RefuseCapture(cudaStream_t stream) const;
-  // Whether the daemon published group rank `rank` as lost (and lost_ignore_ does not hide it).
-  bool RankLost(int rank) const;
   absl::Status QuietAll();
   // The inner Buffer's errors name ranks by their index on this host: say so, with the group rank of index 0.
   absl::Status Annotate(absl::Status status) const;
