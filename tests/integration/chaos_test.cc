@@ -116,8 +116,19 @@ class Chaos : public ::testing::Test {
 
   void Violation(int iteration, const Fault& fault, const std::string& what, int* counter) {
     ++*counter;
-    ADD_FAILURE() << "EPF_CHAOS_SEED=" << config_.seed << " iteration " << iteration << " (" << fault.Describe()
-                  << "): " << what;
+    violations_.push_back(absl::StrCat("EPF_CHAOS_SEED=", config_.seed, " iteration ", iteration, " (",
+                                       fault.Describe(), "): ", what));
+    ADD_FAILURE() << violations_.back();
+  }
+
+  // The daemons' warnings while the fabric stops fill the end of the log, which is all that CI shows: the
+  // violations again, last.
+  void TearDown() override {
+    fabric_.reset();
+    if (violations_.empty()) return;
+    std::cerr << "chaos: " << violations_.size() << " violation(s), as reported above:\n";
+    for (const std::string& v : violations_) std::cerr << "  " << v.substr(0, 600) << "\n";
+    std::cerr.flush();
   }
 
   // Runs epctl against `rank`'s socket; `fault` (when it is this call's) hits it or its daemon.
@@ -138,6 +149,7 @@ class Chaos : public ::testing::Test {
   std::mt19937_64 rng_;
   std::unique_ptr<FabricUnderTest> fabric_;
   std::vector<Shape> shapes_;
+  std::vector<std::string> violations_;
   std::map<pid_t, int> fd_baseline_;  // per daemon process, when first seen clean
   int shm_baseline_ = 0;
   double attach_window_ms_ = 200, data_window_ms_ = 300;

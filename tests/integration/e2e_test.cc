@@ -370,23 +370,31 @@ bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names,
 
 void Touch(const std::string& path) { std::ofstream(path).put('\n'); }
 
+// The value of " <field>=N" in one event line (0 when absent or not a number).
+int64_t EventField(const std::string& event, const std::string& field) {
+  const std::string key = absl::StrCat(" ", field, "=");
+  const size_t at = event.find(key);
+  if (at == std::string::npos) return 0;
+  int64_t value = 0;
+  const size_t begin = at + key.size();
+  return absl::SimpleAtoi(event.substr(begin, event.find_first_of(" \n", begin) - begin), &value) ? value : 0;
+}
+
 // The unix_ns of rank `rank`'s first "EPF_EVENT rank=<rank> <what> unix_ns=N" line in `out` (0 when absent).
 int64_t EventNanos(const std::string& out, int rank, const std::string& what) {
-  const std::string key = absl::StrCat("EPF_EVENT rank=", rank, " ", what, " unix_ns=");
-  const size_t at = out.find(key);
+  const size_t at = out.find(absl::StrCat("EPF_EVENT rank=", rank, " ", what, " "));
   if (at == std::string::npos) return 0;
-  int64_t ns = 0;
-  const size_t begin = at + key.size();
-  return absl::SimpleAtoi(out.substr(begin, out.find_first_of(" \n", begin) - begin), &ns) ? ns : 0;
+  return EventField(out.substr(at, out.find('\n', at) - at), "unix_ns");
 }
 
 // How long a survivor's call waited on the dead rank: from the victim's death, or from the start of the last
 // survivor's failing call when that came later, to its error. No survivor's call can end before every survivor has
 // joined it (the barrier and the data need them all), and a survivor may be seconds late on CI's 2 busy cores (busy
 // with the host-side checks of its previous round; CI saw 1.1 s under ASan). Issue #14: within 100 ms in normal mode.
-// Low latency measures more than the wait: it masks the rank and still finishes the round (its combine, the
-// worker's mask query).
-double LossBoundMs(bool low_latency) { return (low_latency ? 300 : 100) * kSanitizerSlowdown; }
+// Low latency counts to the return of the call that came back with the rank masked (the worker's mask_seen_unix_ns):
+// the round's combine that follows is the survivor's own work. Its bound is looser: CI measured 396 ms once (stop 22,
+// with the combine then), against 20-90 ms here; 500 ms still tells a published loss from a timeout (10 s).
+double LossBoundMs(bool low_latency) { return (low_latency ? 500 : 100) * kSanitizerSlowdown; }
 
 // kill -9 of one worker in the middle of its calls: the other workers' calls fail with UNAVAILABLE naming the dead
 // rank as lost (normal) or run with it masked (low latency), long before their Buffer timeout; every survivor resets,
@@ -414,7 +422,7 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     ASSERT_TRUE(worker.ok()) << worker.status();
     workers.push_back(std::move(*worker));
   }
-  int64_t killed_ns = 0;  // when the victim died: its own last line, or the test's signal
+  int64_t killed_ns = 0;  // when the victim died (see below), or the test's signal
   absl::Time killed;
   if (self_kill) {
     // Generous: three checked rounds (host references included) take 10-30 s under ASan on 2 busy cores.
@@ -423,7 +431,10 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     ASSERT_TRUE(code.ok()) << code.status();
     EXPECT_EQ(*code, 128 + SIGKILL) << workers[kVictim].Stdout() << workers[kVictim].Stderr();
     EXPECT_THAT(workers[kVictim].Stdout(), HasSubstr("dying in dispatch 3"));
-    killed_ns = EventNanos(workers[kVictim].Stdout(), kVictim, "sigkill");
+    // The later of its last line before raise(SIGKILL) and its exit as seen here: the kernel closes a killed
+    // process' sockets (which is how its daemon learns of the death) only after unmapping its memory, and that took
+    // 1.2-1.9 s in 2 of 22 runs with three CPU hogs on 2 cores (the daemon saw the socket close 0-1 ms after that).
+    killed_ns = std::max(EventNanos(workers[kVictim].Stdout(), kVictim, "sigkill"), absl::ToUnixNanos(killed));
   } else {
     // Every worker is in its loop of calls, then the victim dies without any clean-up.
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -458,13 +469,10 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     EXPECT_THAT(event, ::testing::AnyOf(HasSubstr(absl::StrCat("rank ", kVictim, " is lost")),
                                         HasSubstr(absl::StrCat("rank(s) ", kVictim, " masked"))))
         << "the error does not name the dead rank";
-    failed_ns.push_back(EventNanos(out, r, "timeout"));
-    int64_t call_ns = 0;  // when the failing call started
-    const size_t call_at = event.find(" call_unix_ns=");
-    ASSERT_NE(call_at, std::string::npos) << event;
-    const size_t call_begin = call_at + std::strlen(" call_unix_ns=");
-    ASSERT_TRUE(absl::SimpleAtoi(event.substr(call_begin, event.find(' ', call_begin) - call_begin), &call_ns))
-        << event;
+    const int64_t mask_seen_ns = EventField(event, "mask_seen_unix_ns");
+    failed_ns.push_back(mask_seen_ns > 0 ? mask_seen_ns : EventNanos(out, r, "timeout"));
+    const int64_t call_ns = EventField(event, "call_unix_ns");  // when the failing call started
+    ASSERT_GT(call_ns, 0) << event;
     slowest_ms = std::max(slowest_ms, (failed_ns.back() - killed_ns) / 1e6);
     last_call_ns = std::max(last_call_ns, call_ns);
   }

@@ -154,6 +154,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
                                                absl::StrJoin(masked, ","), " masked (lost or silent)"));
   };
   if (const std::vector<int> masked = masked_ranks(); !masked.empty()) {
+    NoteMaskSeen();
     const std::vector<uint16_t> zeros(static_cast<size_t>(L) * slots * H, 0);
     auto expert_view = mem.Upload(zeros, DType::kBF16, {L, static_cast<int64_t>(slots), H});
     if (!expert_view.ok()) return expert_view.status();
@@ -216,7 +217,10 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
   // A rank lost during the combine is masked there: its outputs are missing from this round's result.
-  if (const std::vector<int> masked = masked_ranks(); !masked.empty()) return masked_error(masked);
+  if (const std::vector<int> masked = masked_ranks(); !masked.empty()) {
+    NoteMaskSeen();
+    return masked_error(masked);
+  }
 
   auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
   if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;

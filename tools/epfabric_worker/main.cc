@@ -290,7 +290,8 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     }
     ++timeouts;
     std::cout << "EPF_EVENT rank=" << rank << " timeout unix_ns=" << absl::GetCurrentTimeNanos()
-              << " call_unix_ns=" << LastCallStartedUnixNs() << " status=" << Quote(ran) << std::endl;
+              << " call_unix_ns=" << LastCallStartedUnixNs() << " mask_seen_unix_ns=" << MaskSeenUnixNs()
+              << " status=" << Quote(ran) << std::endl;
     const std::string dir = absl::GetFlag(FLAGS_recover_dir);
     if (dir.empty()) {
       std::cout << prefix << " ok=1 timeouts=1 recovered=0" << std::endl;

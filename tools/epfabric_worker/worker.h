@@ -92,6 +92,10 @@ double MsSince(std::chrono::steady_clock::time_point start);
 // that a test can tell how long the call waited on a lost rank from how long this process was busy before it.
 void NoteCallStarted();
 int64_t LastCallStartedUnixNs();
+// When a low-latency call returned with a rank masked, in Unix ns (0: none yet). The round still runs its combine
+// afterwards (the other survivors wait for it), which is this process' work, not a wait on the lost rank.
+void NoteMaskSeen();
+int64_t MaskSeenUnixNs();
 
 // --sigkill_in_dispatch: dies like a crash (no clean-up) while the N-th dispatch call is running.
 void MaybeDieDuringThisDispatch();

@@ -68,10 +68,15 @@ void NoteDispatchCompleted() {
 
 namespace {
 int64_t g_last_call_started_unix_ns = 0;
+int64_t g_mask_seen_unix_ns = 0;
 }  // namespace
 
 void NoteCallStarted() { g_last_call_started_unix_ns = absl::GetCurrentTimeNanos(); }
 int64_t LastCallStartedUnixNs() { return g_last_call_started_unix_ns; }
+void NoteMaskSeen() {
+  if (g_mask_seen_unix_ns == 0) g_mask_seen_unix_ns = absl::GetCurrentTimeNanos();
+}
+int64_t MaskSeenUnixNs() { return g_mask_seen_unix_ns; }
 
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
