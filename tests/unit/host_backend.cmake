@@ -6,6 +6,6 @@ epf_add_test(NAME host_backend_process_test LABEL unit SOURCES host_backend_proc
              LIBS epfabric_kernels Threads::Threads rt)
 target_link_libraries(host_backend_process_test PRIVATE epfabric_kernels_reference)
 # Untrusted shared memory (issue #13): bad peer data in the regions gives an error naming the peer, never a crash.
-epf_add_test(NAME host_backend_untrusted_test LABEL unit SOURCES host_backend_untrusted_test.cc
+epf_add_test(NAME host_backend_untrusted_test LABEL unit SOURCES host_backend_untrusted_test.cc host_backend_garbage_test.cc
              LIBS epfabric_kernels Threads::Threads)
 target_link_libraries(host_backend_untrusted_test PRIVATE epfabric_kernels_reference)
