@@ -402,14 +402,19 @@ absl::StatusOr<v1::CreateGroupResponse> Client::CreateGroup(const v1::CreateGrou
   return response;
 }
 
-absl::StatusOr<v1::DaemonInfo> Client::GetDaemonInfo() {
+absl::StatusOr<v1::Topology> Client::GetTopology() {
   const State& c = *state_;
   grpc::ClientContext context;
   context.set_deadline(DeadlineIn(c.options.timeout));
   v1::Topology topology;
   const grpc::Status status = v1::Ops::NewStub(c.channel)->GetTopology(&context, v1::GetTopologyRequest(), &topology);
   if (!status.ok()) return Annotate(FromGrpcStatus(status), absl::StrCat("topology of ", c.socket_path));
-  return topology.daemon();
+  return topology;
+}
+
+absl::StatusOr<v1::DaemonInfo> Client::GetDaemonInfo() {
+  EPF_ASSIGN_OR_RETURN(v1::Topology topology, GetTopology());
+  return std::move(*topology.mutable_daemon());
 }
 
 absl::Status Client::DeleteGroup(const std::string& group, const std::string& token) {

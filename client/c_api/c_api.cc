@@ -178,6 +178,19 @@ epf_status epf_client_daemon_info(epf_client* client, int32_t* fabric_rank, int3
   return Report(absl::OkStatus());
 }
 
+epf_status epf_client_host_id(epf_client* client, char* out, size_t capacity) {
+  if (client == nullptr || out == nullptr) return Fail(Null("client or out"));
+  auto topology = client->client->GetTopology();
+  if (!topology.ok()) return Fail(topology.status());
+  const std::string& host = topology->host_id();
+  if (host.size() + 1 > capacity) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("capacity = ", capacity, ": the host id needs ", host.size() + 1, " bytes")));
+  }
+  std::memcpy(out, host.c_str(), host.size() + 1);
+  return Report(absl::OkStatus());
+}
+
 epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                             uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency, char* token_out,
                             size_t token_capacity) {

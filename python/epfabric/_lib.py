@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 4  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 5  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -120,6 +120,7 @@ _SIGNATURES = {
     "epf_client_connect": (_S, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_double, _PP]),
     "epf_client_destroy": (None, [_P]),
     "epf_client_daemon_info": (_S, [_P] + [ctypes.POINTER(ctypes.c_int32)] * 4),
+    "epf_client_host_id": (_S, [_P, ctypes.c_char_p, ctypes.c_size_t]),
     "epf_create_group": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _I, ctypes.c_uint64,
                               ctypes.c_uint64, _I, ctypes.c_char_p, ctypes.c_size_t]),
     "epf_create_group_ex": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _I, ctypes.c_uint64,

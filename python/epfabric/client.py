@@ -36,6 +36,13 @@ class Client:
         call("epf_client_daemon_info", self.handle, *[ctypes.byref(o) for o in out])
         return DaemonInfo(*[o.value for o in out])
 
+    def host_id(self):
+        """The daemon's host id: daemons with equal ids share a host (a group over them spans as many hosts as there
+        are distinct ids)."""
+        out = ctypes.create_string_buffer(256)
+        call("epf_client_host_id", self.handle, out, len(out))
+        return out.value.decode()
+
     def create_group(self, name, fabric_ranks, num_nvl_bytes, num_rdma_bytes=0, low_latency=False,
                      num_normal_bytes=0):
         """Creates group `name` over `fabric_ranks` (group rank i = fabric_ranks[i]); returns its token (shown only

@@ -10,6 +10,7 @@ import atexit
 import ctypes
 import os
 import uuid
+import warnings
 import weakref
 
 import torch
@@ -42,18 +43,46 @@ def _socket_path(rank):
 _PART_ALIGNMENT = 4096  # a group's normal-mode part ends on this boundary (CreateGroup's num_normal_bytes)
 
 
-def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size):
-    """DeepEP's sizes to CreateGroup's (num_nvl_bytes, num_rdma_bytes, num_normal_bytes). Low latency on one host runs
-    in the NVL region, which DeepEP sizes through num_rdma_bytes (get_low_latency_rdma_size_hint). A DeepEP Buffer in
-    low_latency_mode with both sizes also runs normal mode in its NVL buffer (SGLang's auto mode): the group gets a
-    normal-mode part of num_nvl_bytes, then the low-latency part."""
-    one_host = group_size <= 8
-    if low_latency_mode and one_host:
+def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, num_hosts):
+    """DeepEP's sizes to CreateGroup's (num_nvl_bytes, num_rdma_bytes, num_normal_bytes) for a group over
+    `group_size` ranks on `num_hosts` hosts (the daemons' host ids, not DeepEP's 8 GPUs per host).
+
+    One host: low latency runs in the NVL region, which DeepEP sizes through num_rdma_bytes
+    (get_low_latency_rdma_size_hint); a low_latency_mode Buffer with both sizes also runs normal mode in its NVL buffer
+    (SGLang's auto mode): the group gets a normal-mode part of num_nvl_bytes, then the low-latency part.
+    Across hosts: normal mode takes both sizes as given (the RDMA region holds the tokens between hosts); low latency
+    keeps its layout over all ranks in the NVL region (the size hint) and needs, in the RDMA region, an inbox and one
+    staging copy per rank of it: (1 + group_size) times the hint. Normal mode beside it is not served there."""
+    if num_hosts == 1:
+        if low_latency_mode:
+            if num_nvl_bytes > 0 and num_rdma_bytes > 0:
+                normal = -(-num_nvl_bytes // _PART_ALIGNMENT) * _PART_ALIGNMENT
+                return normal + num_rdma_bytes, 0, normal
+            return max(num_nvl_bytes, num_rdma_bytes), 0, 0
+        return num_nvl_bytes, 0, 0
+    if low_latency_mode:
+        region = num_rdma_bytes if num_rdma_bytes > 0 else num_nvl_bytes
         if num_nvl_bytes > 0 and num_rdma_bytes > 0:
-            normal = -(-num_nvl_bytes // _PART_ALIGNMENT) * _PART_ALIGNMENT
-            return normal + num_rdma_bytes, 0, normal
-        return max(num_nvl_bytes, num_rdma_bytes), 0, 0
-    return num_nvl_bytes, (0 if one_host else num_rdma_bytes), 0
+            warnings.warn(f"epfabric: a low_latency_mode Buffer over {num_hosts} hosts serves low latency only (normal "
+                          "mode beside it works within one host); its normal-mode calls raise", RuntimeWarning,
+                          stacklevel=3)
+        return region, (1 + group_size) * region, 0
+    if num_rdma_bytes <= 0:
+        raise ValueError(f"epfabric: the group spans {num_hosts} hosts: normal mode needs num_rdma_bytes > 0 (the "
+                         "tokens between hosts travel through the RDMA region), as DeepEP's internode mode does")
+    return num_nvl_bytes, num_rdma_bytes, 0
+
+
+def _num_hosts(host_ids):
+    """How many hosts the group spans, from its ranks' host ids in group-rank order. The internode path needs the
+    ranks of one host together and the same number on every host (group rank = host * ranks_per_host + local)."""
+    hosts = list(dict.fromkeys(host_ids))
+    per_host = len(host_ids) // len(hosts)
+    expected = [h for h in hosts for _ in range(per_host)]
+    if expected != list(host_ids):
+        raise ValueError(f"epfabric: the process group's ranks are not host-major with equal ranks per host (host ids "
+                         f"in group-rank order: {host_ids}); order the ranks host by host")
+    return len(hosts)
 
 
 def _global_rank(group, group_rank):
@@ -75,8 +104,9 @@ class Buffer(_buffer.Buffer):
         self._owns_group = None
         rank, size = group.rank(), group.size()
         client = Client(_socket_path(rank), client_name=f"deep_ep rank {rank}")
-        fabric_ranks = [None] * size
-        dist.all_gather_object(fabric_ranks, client.daemon_info().fabric_rank, group=group)
+        members = [None] * size  # (fabric rank, host id) of each group rank's daemon
+        dist.all_gather_object(members, (client.daemon_info().fabric_rank, client.host_id()), group=group)
+        fabric_ranks = [fabric_rank for fabric_rank, _ in members]
         named = os.environ.get("EPFABRIC_GROUP")
         shared = [None]
         if rank == 0:
@@ -85,10 +115,11 @@ class Buffer(_buffer.Buffer):
                     shared[0] = (named, os.environ.get("EPFABRIC_TOKEN", ""), None)
                 else:
                     name = f"deep_ep-{uuid.uuid4().hex[:12]}"
-                    nvl, rdma, normal = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, size)
+                    num_hosts = _num_hosts([host for _, host in members])
+                    nvl, rdma, normal = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, size, num_hosts)
                     token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode, normal)
                     shared[0] = (name, token, None)
-            except EpfError as error:
+            except (EpfError, ValueError) as error:
                 shared[0] = (None, None, str(error))
         dist.broadcast_object_list(shared, src=_global_rank(group, 0), group=group)
         name, token, error = shared[0]

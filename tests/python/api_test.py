@@ -62,6 +62,30 @@ class SignatureTest(unittest.TestCase):
         self.assertTrue(hasattr(deep_ep.EventOverlap(), "current_stream_wait"))
 
 
+class GroupShapeTest(unittest.TestCase):
+    """How the drop-in sizes a group from DeepEP's byte counts and the daemons' host ids (no daemon needed)."""
+
+    def test_hosts_come_from_host_ids_in_host_major_order(self):
+        self.assertEqual(deep_ep._num_hosts(["a", "a", "a", "a"]), 1)
+        self.assertEqual(deep_ep._num_hosts(["a", "a", "b", "b"]), 2)
+        for bad in (["a", "b", "a", "b"], ["a", "a", "a", "b"]):
+            with self.assertRaisesRegex(ValueError, "host-major"):
+                deep_ep._num_hosts(bad)
+
+    def test_sizes_per_mode_and_host_count(self):
+        mib = 1 << 20
+        self.assertEqual(deep_ep._group_bytes(64 * mib, 0, False, 4, 1), (64 * mib, 0, 0))
+        self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 1), (3 * mib, 0, 0))
+        self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 4, 1), (67 * mib, 0, 64 * mib))
+        self.assertEqual(deep_ep._group_bytes(64 * mib, 32 * mib, False, 4, 2), (64 * mib, 32 * mib, 0))
+        with self.assertRaisesRegex(ValueError, "num_rdma_bytes"):
+            deep_ep._group_bytes(64 * mib, 0, False, 4, 2)
+        # Low latency across hosts: the layout in NVL, an inbox and a staging copy per rank in RDMA.
+        self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0))
+        with self.assertWarnsRegex(RuntimeWarning, "low latency only"):
+            self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0))
+
+
 class ApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -14,7 +14,7 @@ N = fabric.RANKS
 HIDDEN, TOPK, EXPERTS, TOKENS = 256, 4, 16, 24
 
 
-def worker(rank, store):
+def worker(rank, store, hosts):
     fabric.require_torch()
     import torch
     import torch.distributed as dist
@@ -44,7 +44,11 @@ def worker(rank, store):
         event.current_stream_wait()
         combined, _, _ = buf.combine(recv_x, handle)
         recv_x, combined = recv_x.cpu(), combined.cpu()
-        want = torch.cat([xs[((ids >= rank * L) & (ids < (rank + 1) * L)).any(1)] for xs, ids, _ in ins])
+        # Received order: by the source's index within its host, then its host, then token (docs/internode-dispatch.md;
+        # with one host, by source rank).
+        per_host = N // hosts
+        sources = sorted(range(N), key=lambda s: (s % per_host, s // per_host))
+        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in sources])
         assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
         assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
@@ -63,7 +67,18 @@ def worker(rank, store):
         weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
         torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
 
-    buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
+    if hosts > 1:
+        # Across hosts (the daemons' host ids, not DeepEP's 8 GPUs per host): normal mode needs DeepEP's RDMA size.
+        try:
+            deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20)
+            raise AssertionError("a normal-mode Buffer across hosts without num_rdma_bytes was not refused")
+        except RuntimeError as error:
+            assert "num_rdma_bytes" in str(error) and f"{hosts} hosts" in str(error), error
+        buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, num_rdma_bytes=64 << 20,
+                             explicitly_destroy=True)
+        assert buf.num_nvl_ranks == N // hosts, buf.num_nvl_ranks
+    else:
+        buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
     normal_round(buf)
     buf.destroy()
 
@@ -76,6 +91,10 @@ def worker(rank, store):
     except RuntimeError as error:
         assert "without a normal-mode part" in str(error), error
     ll.destroy()
+    if hosts > 1:
+        dist.destroy_process_group()
+        print(f"rank {rank}: OK", flush=True)
+        return
 
     # SGLang's auto mode: one low_latency_mode Buffer with both sizes alternates prefill (normal) and decode.
     auto = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=16 << 20, num_rdma_bytes=hint, low_latency_mode=True,
@@ -91,12 +110,19 @@ def worker(rank, store):
 
 class DeepEpDropInTest(unittest.TestCase):
     def test_four_processes_with_gloo(self):
+        self.run_processes(hosts=1)
+
+    def test_two_hosts_of_two_processes(self):
+        """The group spans the daemons' two host ids: rank 0 sizes it for the internode paths."""
+        self.run_processes(hosts=2)
+
+    def run_processes(self, hosts):
         seed = os.environ.get("EPF_TEST_SEED", str(int.from_bytes(os.urandom(3), "little")))
-        print(f"seed {seed}", flush=True)
-        with fabric.Fabric(N) as fab, tempfile.TemporaryDirectory() as tmp:
+        print(f"seed {seed}, {hosts} host(s)", flush=True)
+        with fabric.Fabric(N, hosts=hosts) as fab, tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, EPFABRIC_SOCKET=str(fab.dir / "d{local_rank}.sock"), EPF_TEST_SEED=seed,
                        PYTHONPATH=os.pathsep.join([str(fabric.ROOT / "python"), str(fabric.ROOT / "tests" / "python")]))
-            procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), f"{tmp}/store"],
+            procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), f"{tmp}/store", str(hosts)],
                                       env=dict(env, LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True) for r in range(N)]
             outputs = []
@@ -116,7 +142,7 @@ class DeepEpDropInTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
-        worker(int(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
     else:
         fabric.main()

@@ -35,8 +35,11 @@ def require_torch():
 class Fabric:
     """`n` daemons of one fabric; sockets[r] is rank r's client socket. Use as a context manager."""
 
-    def __init__(self, n, backend=BACKEND, extra_flags=()):
+    def __init__(self, n, backend=BACKEND, extra_flags=(), hosts=1):
+        """hosts > 1: the daemons act as that many hosts (--host_id, rank r on host r // (n / hosts)) joined by the
+        transport's socket wire, as tests/integration/internode_test does."""
         self.n = n
+        self.hosts = hosts
         self.backend = backend
         self.extra_flags = list(extra_flags)
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="epf-py-"))
@@ -65,6 +68,8 @@ class Fabric:
             flags = [f"--rank={r}", f"--world_size={self.n}", f"--fabric_id=py-{os.getpid()}-{id(self)}",
                      f"--backend={self.backend}", f"--client_socket={self.sockets[r]}", "--peer_listen=127.0.0.1:0",
                      "--log_level=warn", f"--fabric_secret_file={secret}"] + self.extra_flags
+            if self.hosts > 1:
+                flags += [f"--host_id=host-{r // (self.n // self.hosts)}", "--transport=socket"]
             if self.backend == "cuda":
                 flags.append("--device=0")
             if coordinator:

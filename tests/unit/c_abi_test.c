@@ -45,6 +45,9 @@ int main(void) {
   EXPECT(status == EPF_NOT_FOUND || status == EPF_UNAVAILABLE);
   EXPECT(strstr(epf_last_error(), "/nonexistent/epfabric.sock") != NULL);
   EXPECT(client == NULL);
+  char host[64];
+  EXPECT(epf_client_host_id(NULL, host, sizeof(host)) == EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "null") != NULL);
 
   epf_buffer_config config = {
       .max_tokens_per_rank = 128, .hidden = 7168, .max_topk = 8, .num_experts = 288, .low_latency = 1};

@@ -27,8 +27,9 @@ extern "C" {
  *   1: epf_dispatch_ex with epf_dispatch_options (num_worst_tokens);
  *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics);
  *   3: epf_buffer_create_ex with epf_allocator (typed output allocation);
- *   4: epf_create_group_ex and epf_lease_num_normal_bytes (low-latency groups that also serve normal mode). */
-#define EPF_ABI_MINOR_VERSION 4
+ *   4: epf_create_group_ex and epf_lease_num_normal_bytes (low-latency groups that also serve normal mode);
+ *   5: epf_client_host_id (how many hosts a group over some daemons spans). */
+#define EPF_ABI_MINOR_VERSION 5
 
 typedef int32_t epf_status;
 enum {
@@ -88,6 +89,9 @@ void epf_client_destroy(epf_client* client);
 /* The daemon's fabric rank, fabric size, backend (EPF_BACKEND_*) and CUDA device (-1 on the host backend). */
 epf_status epf_client_daemon_info(epf_client* client, int32_t* fabric_rank, int32_t* world_size, int32_t* backend,
                                   int32_t* device);
+/* The daemon's host id (--host_id, else /etc/machine-id, else the boot id), NUL-terminated into `out`; daemons with
+ * equal host ids share a host. EPF_INVALID_ARGUMENT when `capacity` is too small (the message says how much). */
+epf_status epf_client_host_id(epf_client* client, char* out, size_t capacity);
 /* Creates a group over `ranks` (fabric ranks, group rank i = ranks[i]); writes the token (NUL-terminated) into
  * token_out (at least 65 bytes). */
 epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,

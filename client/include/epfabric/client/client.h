@@ -149,6 +149,8 @@ class Client {
   // The daemon's own facts (fabric rank, world size, backend, device), from Ops.GetTopology: a binding that builds
   // a group over its peers' daemons learns their fabric ranks this way.
   absl::StatusOr<v1::DaemonInfo> GetDaemonInfo();
+  // Ops.GetTopology: also the host id, which tells a binding how many hosts a group over some daemons spans.
+  absl::StatusOr<v1::Topology> GetTopology();
 
   struct State;
 
