@@ -433,7 +433,7 @@ void E2eKill::Run(const std::string& group, const std::vector<std::string>& scen
     EXPECT_THAT(workers[kVictim].Stdout(), HasSubstr("dying in dispatch 3"));
     // The later of its last line before raise(SIGKILL) and its exit as seen here: the kernel closes a killed
     // process' sockets (which is how its daemon learns of the death) only after unmapping its memory, and that took
-    // 1.2-1.9 s in 2 of 22 runs with three CPU hogs on 2 cores (the daemon saw the socket close 0-1 ms after that).
+    // 1.2-1.9 s in 2 of 22 runs with three CPU hogs on 2 cores (the daemon's poller saw the hang-up only then).
     killed_ns = std::max(EventNanos(workers[kVictim].Stdout(), kVictim, "sigkill"), absl::ToUnixNanos(killed));
   } else {
     // Every worker is in its loop of calls, then the victim dies without any clean-up.
