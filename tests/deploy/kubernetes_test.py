@@ -9,7 +9,8 @@ Invariants: no privileged container, no privilege escalation, read-only root fil
 hostNetwork/shareProcessNamespace; every epfabricd flag exists in `epfabricd --help` and every epctl flag in
 `epctl --help`; probes ask the daemon's own socket, readiness on epfabric.v1.Fabric, and every probed health service
 is one a real daemon answers; the socket directory is a mounted volume shared with the pod's other containers that
-use it; metrics and peer container ports agree with --metrics_listen/--peer_listen.
+use it; metrics, peer and data container ports agree with --metrics_listen/--peer_listen/--data_listen, and a daemon
+whose peer port serves other hosts gives the socket wire's data listener a fixed port.
 """
 import os
 import re
@@ -97,14 +98,20 @@ def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
         for secret in flag_values(args, "fabric_secret_file"):
             if os.path.dirname(secret) not in mounts:
                 fail(cw, f"{secret} is not on a mounted volume")
-        for flag, port_prefix in (("metrics_listen", "metrics"), ("peer_listen", "peer")):
+        for flag, port_prefix in (("metrics_listen", "metrics"), ("peer_listen", "peer"), ("data_listen", "data")):
             for value in flag_values(args, flag):
                 port = int(value.rsplit(":", 1)[1])
                 declared = [p for p in c.get("ports", []) if p.get("name", "").startswith(port_prefix)]
-                if flag == "metrics_listen" and not any(p["containerPort"] == port for p in declared):
+                if flag != "peer_listen" and not any(p["containerPort"] == port for p in declared):
                     fail(cw, f"--{flag}={value} but no container port {port} named {port_prefix}*")
                 if flag == "peer_listen" and declared and not any(p["containerPort"] == port for p in declared):
                     fail(cw, f"--{flag}={value} disagrees with the declared peer port")
+        # Peers on other hosts: the socket wire's data listener would otherwise take a random port, which no
+        # network policy or firewall rule can name.
+        reachable = [v for v in flag_values(args, "peer_listen") if not v.startswith(("127.", "localhost:", "[::1]"))]
+        data = flag_values(args, "data_listen")
+        if reachable and (not data or int(data[0].rsplit(":", 1)[1]) == 0):
+            fail(cw, f"--peer_listen={reachable[0]} serves other hosts but --data_listen has no fixed port")
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             command = probe_command(c, probe)
             if not command or command[0] != "epctl" or "health" not in command:
