@@ -181,8 +181,11 @@ class Buffer(LowLatencyMixin):
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
         """Bytes of region a low-latency group of `num_ranks` ranks on one host needs (CreateGroup's num_nvl_bytes;
-        epfabric.deep_ep passes it as DeepEP's num_rdma_bytes)."""
-        return required_group_bytes(num_max_dispatch_tokens_per_rank, hidden, 9, num_experts, True, 1, num_ranks)[0]
+        epfabric.deep_ep passes it as DeepEP's num_rdma_bytes). The shape is remembered, so that a drop-in Buffer
+        given this size for a group across hosts can size its RDMA region exactly (low_latency_shape_of)."""
+        hint = required_group_bytes(num_max_dispatch_tokens_per_rank, hidden, 9, num_experts, True, 1, num_ranks)[0]
+        _HINTED_SHAPES[hint] = (num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+        return hint
 
     # ---- lifetime ----
 
@@ -467,6 +470,16 @@ def _config(max_tokens, hidden, topk, num_experts, num_sms, low_latency, timeout
     c.max_tokens_per_rank, c.hidden, c.max_topk, c.num_experts = max_tokens, hidden, topk, num_experts
     c.num_sms, c.low_latency, c.timeout_s = num_sms, int(low_latency), timeout_s
     return c
+
+
+# get_low_latency_rdma_size_hint's results in this process: bytes -> (max tokens per rank, hidden, ranks, experts).
+_HINTED_SHAPES = {}
+
+
+def low_latency_shape_of(hint_bytes):
+    """The (max tokens per rank, hidden, ranks, experts) that get_low_latency_rdma_size_hint returned `hint_bytes`
+    for in this process, or None."""
+    return _HINTED_SHAPES.get(hint_bytes)
 
 
 def required_group_bytes(max_tokens_per_rank, hidden, topk, num_experts, low_latency, num_hosts, ranks_per_host,

@@ -52,7 +52,9 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
     (SGLang's auto mode): the group gets a normal-mode part of num_nvl_bytes, then the low-latency part.
     Across hosts: normal mode takes both sizes as given (the RDMA region holds the tokens between hosts); low latency
     keeps its layout over all ranks in the NVL region (the size hint) and needs, in the RDMA region, an inbox and one
-    staging copy per rank of it: (1 + group_size) times the hint. Normal mode beside it is not served there."""
+    staging copy per rank of its two halves: exact when the size came from get_low_latency_rdma_size_hint in this
+    process (the shape is known), else (1 + group_size) times the size, an upper bound, with a warning. Normal mode
+    beside it is not served there."""
     if num_hosts == 1:
         if low_latency_mode:
             if num_nvl_bytes > 0 and num_rdma_bytes > 0:
@@ -66,6 +68,15 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
             warnings.warn(f"epfabric: a low_latency_mode Buffer over {num_hosts} hosts serves low latency only (normal "
                           "mode beside it works within one host); its normal-mode calls raise", RuntimeWarning,
                           stacklevel=3)
+        shape = _buffer.low_latency_shape_of(region)
+        if shape is not None and shape[2] == group_size:
+            tokens, hidden, _, experts = shape
+            nvl, rdma = _buffer.required_group_bytes(tokens, hidden, 9, experts, True, num_hosts,
+                                                     group_size // num_hosts)
+            return nvl, rdma, 0
+        warnings.warn(f"epfabric: {region} bytes did not come from get_low_latency_rdma_size_hint({group_size} ranks) "
+                      f"in this process: the RDMA region gets (1 + {group_size}) times that, an upper bound",
+                      RuntimeWarning, stacklevel=3)
         return region, (1 + group_size) * region, 0
     if num_rdma_bytes <= 0:
         raise ValueError(f"epfabric: the group spans {num_hosts} hosts: normal mode needs num_rdma_bytes > 0 (the "

@@ -80,10 +80,17 @@ class GroupShapeTest(unittest.TestCase):
         self.assertEqual(deep_ep._group_bytes(64 * mib, 32 * mib, False, 4, 2), (64 * mib, 32 * mib, 0))
         with self.assertRaisesRegex(ValueError, "num_rdma_bytes"):
             deep_ep._group_bytes(64 * mib, 0, False, 4, 2)
-        # Low latency across hosts: the layout in NVL, an inbox and a staging copy per rank in RDMA.
-        self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0))
+        # Low latency across hosts: the layout in NVL, an inbox and a staging copy per rank in RDMA; exact for a size
+        # from the hint (DeepEP-sized shapes: 288 experts make the RDMA region far smaller than 5x the hint).
+        hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 4, 288)
+        exact = epfabric.required_group_bytes(128, 7168, 9, 288, True, 2, 2)
+        self.assertEqual(deep_ep._group_bytes(0, hint, True, 4, 2), (exact[0], exact[1], 0))
+        self.assertEqual(exact[0], hint)
+        self.assertLess(exact[1], 5 * hint)
         with self.assertWarnsRegex(RuntimeWarning, "low latency only"):
-            self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0))
+            self.assertEqual(deep_ep._group_bytes(64 * mib, hint, True, 4, 2), (exact[0], exact[1], 0))
+        with self.assertWarnsRegex(RuntimeWarning, "upper bound"):
+            self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0))
 
 
 class ApiTest(unittest.TestCase):
