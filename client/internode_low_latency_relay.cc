@@ -215,7 +215,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     const int R = num_ranks_, M = l_.max_tokens_per_rank, L = l_.num_local_experts;
     const size_t base = args.buffer_half * l_.half_bytes;
     kernels::LowLatencyDispatchArgs step = args;
-    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0) {
+    if (kernels::LowLatencySends(args.phases)) {
       step.phases = LowLatencyPhases::kSend;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
@@ -243,7 +243,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
         }
       }
     }
-    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0) {
+    if (kernels::LowLatencyReceives(args.phases)) {
       EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
       EPF_RETURN_IF_ERROR(Await(Awaited::kDispatchCounts, sources, args.buffer_half, args.wait_recv_cost_ns, stream));
       step.phases = LowLatencyPhases::kRecv;
@@ -257,7 +257,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     const int R = num_ranks_, M = l_.max_tokens_per_rank, H = l_.hidden;
     const size_t base = args.buffer_half * l_.half_bytes;
     kernels::LowLatencyCombineArgs step = args;
-    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0) {
+    if (kernels::LowLatencySends(args.phases)) {
       // 1. This rank's weights to every rank, then the weights flags.
       step.phases = LowLatencyPhases::kCombineWeights;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
@@ -304,7 +304,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
         }
       }
     }
-    if ((static_cast<int>(args.phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0) {
+    if (kernels::LowLatencyReceives(args.phases)) {
       EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
       EPF_RETURN_IF_ERROR(Await(Awaited::kCombineFlag, sources, args.buffer_half, args.wait_recv_cost_ns, stream));
       step.phases = LowLatencyPhases::kRecv;

@@ -110,13 +110,6 @@ void CleanOtherHalfSignals(const View& v) {
   // The release stores that follow publish the zeroes together with the data.
 }
 
-bool Sends(LowLatencyPhases phases) {
-  return (static_cast<int>(phases) & static_cast<int>(LowLatencyPhases::kSend)) != 0;
-}
-bool Receives(LowLatencyPhases phases) {
-  return (static_cast<int>(phases) & static_cast<int>(LowLatencyPhases::kRecv)) != 0;
-}
-
 absl::Status ValidateContext(const LowLatencyContext& ctx, KernelStatus* dummy, LowLatencyContext* checked) {
   *checked = ctx;
   // The host reports timeouts through the return value; a status word is optional here.
@@ -397,8 +390,8 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(checked, args));
   View v = MakeView(ctx, args.buffer_half);
   FailureRecord failure;
-  if (Sends(args.phases)) DispatchSend(v, args);
-  if (Receives(args.phases)) DispatchRecv(v, args, &failure);
+  if (LowLatencySends(args.phases)) DispatchSend(v, args);
+  if (LowLatencyReceives(args.phases)) DispatchRecv(v, args, &failure);
   return failure.Finish(ctx.status);
 }
 
@@ -411,11 +404,11 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   FailureRecord failure;
   const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
   const bool published = args.phases == LowLatencyPhases::kSendWeightsPublished;
-  if (args.phases == LowLatencyPhases::kCombineWeights || (Sends(args.phases) && !published)) {
+  if (args.phases == LowLatencyPhases::kCombineWeights || (LowLatencySends(args.phases) && !published)) {
     CombinePublishWeights(v, args);
   }
-  if (Sends(args.phases)) CombineSendPartials(v, args, x, &failure);
-  if (Receives(args.phases)) CombineRecv(v, args, &failure);
+  if (LowLatencySends(args.phases)) CombineSendPartials(v, args, x, &failure);
+  if (LowLatencyReceives(args.phases)) CombineRecv(v, args, &failure);
   return failure.Finish(ctx.status);
 }
 

@@ -518,7 +518,6 @@ TEST_F(InternodeTest, AKilledDaemonFailsTheCallsThatNeedItAtOnce) {
   }
 }
 
-}  // namespace
 // Low latency through the relay with a rank that never calls: the other rank's host-side wait ends at its deadline
 // (once, not twice: the kernel then runs without the silent rank), the call fails with DEADLINE_EXCEEDED naming it, and
 // the rank stays masked for later calls, as a kernel's timed-out wait would leave it.
@@ -550,4 +549,5 @@ TEST_F(InternodeTest, TheRelayMasksARankThatStaysSilent) {
   EXPECT_EQ(static_cast<const int32_t*>(mask.data)[1], 1) << "rank 1 is not masked";
 }
 
+}  // namespace
 }  // namespace epfabric::testing

@@ -78,6 +78,13 @@ enum class LowLatencyPhases : int32_t {
   kCombineWeights = 4,
   kSendWeightsPublished = 9,  // kSend | 8
 };
+// Whether a call with these phases sends (kSend, kSendAndRecv, kSendWeightsPublished) or receives.
+constexpr bool LowLatencySends(LowLatencyPhases phases) {
+  return (static_cast<int32_t>(phases) & static_cast<int32_t>(LowLatencyPhases::kSend)) != 0;
+}
+constexpr bool LowLatencyReceives(LowLatencyPhases phases) {
+  return (static_cast<int32_t>(phases) & static_cast<int32_t>(LowLatencyPhases::kRecv)) != 0;
+}
 
 // The double-buffer half a call uses. Consecutive low-latency calls (dispatch or combine) of a group must alternate
 // halves on every rank in the same order; LowLatencyBufferCursor does that.
