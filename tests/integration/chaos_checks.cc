@@ -57,8 +57,12 @@ void Chaos::CheckRegistries(int iteration, const Fault& fault, const std::string
         // A delete whose coordinator died under it may have reached only some members (the successor adopts the
         // group from those that still hold it): they and the coordinator must agree, the others may have released.
         const bool half_deleted = group == name && deleted == Outcome::kUnknown;
+        // Likewise a create whose coordinator died while Commit was on its way: the members it reached hold the group
+        // (the successor adopts it, DEGRADED), one it had not reached releases its prepared part when it sees rank 0
+        // back as another incarnation (seed 20261124, iteration 174: holders 0, 1, 2; rank 3 had released).
+        const bool half_committed = group == name && created == Outcome::kUnknown && restarted.count(0) != 0;
         std::string why =
-            Disagreement(*groups, group, half_deleted ? std::set<int>{0, 1, 2, 3} : restarted,
+            Disagreement(*groups, group, half_deleted || half_committed ? std::set<int>{0, 1, 2, 3} : restarted,
                          group == name && created == Outcome::kOk ? expected : v1::GROUP_STATE_UNSPECIFIED);
         // A coordinator killed between Prepare and Commit leaves the group CREATING on the members that prepared
         // it: released by them after 60 s, or at once by a forced delete (docs/fabric.md), which the clean-up does.
