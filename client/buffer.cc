@@ -61,33 +61,39 @@ absl::Status GroupUsable(const Lease& lease) {
   return absl::OkStatus();
 }
 
-// The part of every rank's NVL region that a Buffer of one mode uses: the whole region, or in a low-latency group
-// that serves both modes (GroupInfo.num_normal_bytes) the normal part at its start or the low-latency part after it.
+// The part of every rank's regions that a Buffer of one mode uses: the whole regions, or in a low-latency group that
+// serves both modes (GroupInfo.num_normal_bytes, and num_normal_rdma_bytes across hosts) the normal parts at their
+// starts or the low-latency parts after them.
 struct RegionPart {
   uint64_t offset = 0;
   uint64_t limit = UINT64_MAX;  // at most this many bytes from `offset` (besides the region's own size)
   const char* name = "region";
 };
+struct ModeParts {
+  RegionPart nvl;
+  RegionPart rdma;
+};
 
-absl::StatusOr<RegionPart> PartFor(const Lease& lease, const BufferConfig& config) {
+absl::StatusOr<ModeParts> PartFor(const Lease& lease, const BufferConfig& config) {
   const v1::GroupInfo& group = lease.group();
   if (config.low_latency && !group.low_latency()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "config.low_latency = true but group '%s' was created with low_latency = false", lease.group_name()));
   }
-  if (!group.low_latency() || (config.low_latency && group.num_normal_bytes() == 0)) return RegionPart{};
+  if (!group.low_latency() || (config.low_latency && group.num_normal_bytes() == 0)) return ModeParts{};
   if (group.num_normal_bytes() == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "config.low_latency = false but group '%s' was created with low_latency = true and no normal-mode part "
         "(CreateGroup's num_normal_bytes = 0)",
         lease.group_name()));
   }
-  if (static_cast<int>(lease.nvl_ranks().size()) != lease.world_size() || config.force_internode) {
-    return absl::UnimplementedError(absl::StrFormat(
-        "group '%s' serves both modes (num_normal_bytes), which runs within one host only", lease.group_name()));
+  // The daemons check that a group with an RDMA region splits it too (num_normal_rdma_bytes).
+  if (config.low_latency) {
+    return ModeParts{.nvl = {.offset = group.num_normal_bytes(), .name = "low-latency part"},
+                     .rdma = {.offset = group.num_normal_rdma_bytes(), .name = "low-latency part of the RDMA region"}};
   }
-  if (config.low_latency) return RegionPart{.offset = group.num_normal_bytes(), .name = "low-latency part"};
-  return RegionPart{.limit = group.num_normal_bytes(), .name = "normal-mode part"};
+  return ModeParts{.nvl = {.limit = group.num_normal_bytes(), .name = "normal-mode part"},
+                   .rdma = {.limit = group.num_normal_rdma_bytes(), .name = "normal-mode part of the RDMA region"}};
 }
 
 // Every rank in `ranks` has its region mapped, with at least `required` bytes in `part`.
@@ -331,14 +337,18 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Create(Lease* lease, BufferConfi
                                                        std::shared_ptr<Allocator> allocator) {
   if (lease == nullptr) return absl::InvalidArgumentError("lease is null");
   EPF_RETURN_IF_ERROR(GroupUsable(*lease));
-  EPF_ASSIGN_OR_RETURN(const RegionPart part, PartFor(*lease, config));
+  EPF_ASSIGN_OR_RETURN(const ModeParts parts, PartFor(*lease, config));
+  const RegionPart& part = parts.nvl;
   const v1::Backend backend = lease->backend();
   if (backend != v1::BACKEND_CUDA && backend != v1::BACKEND_HOST) {
     return absl::InvalidArgumentError(absl::StrCat("lease backend = ", v1::Backend_Name(backend), ": not supported"));
   }
   const int world = lease->world_size();
   if (static_cast<int>(lease->nvl_ranks().size()) != world || config.force_internode) {
-    return CreateInternode(lease, config, std::move(allocator));
+    if (config.low_latency) {
+      return CreateLowLatencyInternode(lease, config, std::move(allocator), part.offset, parts.rdma.offset);
+    }
+    return CreateInternode(lease, config, std::move(allocator), part.limit, parts.rdma.limit);
   }
   if (world > kernels::kMaxNvlPeers) {
     return InvalidValue("world_size", world, absl::StrCat("at most ", kernels::kMaxNvlPeers, " same-host ranks"));
@@ -396,13 +406,16 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateOver(Lease* lease, const B
 }
 
 // A group that spans hosts (internode_path.h): an inner Buffer over this host's ranks, the outer one for the layout.
+// In a group that serves both modes, normal mode has the first `nvl_limit` / `rdma_limit` bytes of the regions.
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, const BufferConfig& config,
-                                                                std::shared_ptr<Allocator> allocator) {
-  if (config.low_latency) return CreateLowLatencyInternode(lease, config, std::move(allocator));
+                                                                std::shared_ptr<Allocator> allocator,
+                                                                uint64_t nvl_limit, uint64_t rdma_limit) {
   EPF_ASSIGN_OR_RETURN(const internal::InternodeGroupShape shape, internal::InternodeShapeOf(*lease));
   EPF_ASSIGN_OR_RETURN(const GroupBytes bytes, RequiredGroupBytes(config, shape.num_hosts, shape.ranks_per_host));
   const BufferConfig inner_config = internal::InnerBufferConfig(config, shape);
-  EPF_RETURN_IF_ERROR(CheckRegions(*lease, inner_config, lease->nvl_ranks(), bytes.nvl));
+  EPF_RETURN_IF_ERROR(
+      CheckRegions(*lease, inner_config, lease->nvl_ranks(), bytes.nvl,
+                   {.limit = nvl_limit, .name = nvl_limit == UINT64_MAX ? "region" : "normal-mode part"}));
   allocator = allocator != nullptr ? std::move(allocator) : DefaultAllocator(lease->backend());
   EPF_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> inner,
                        CreateOver(lease, inner_config, shape.local_rank, lease->nvl_ranks(), allocator));
@@ -424,7 +437,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
   EPF_ASSIGN_OR_RETURN(state->path, internal::DataPath::Create(lease->backend(), outer));
   internal::DataPath* inner_path = inner->state_->path.get();
   EPF_ASSIGN_OR_RETURN(state->internode, internal::InternodePath::Create(lease, config, shape, std::move(inner),
-                                                                         inner_path, std::move(allocator)));
+                                                                         inner_path, std::move(allocator), rdma_limit));
   auto buffer = std::unique_ptr<Buffer>(new Buffer(std::move(state)));
   EPF_RETURN_IF_ERROR(buffer->CountInto(lease));
   return buffer;
@@ -432,8 +445,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
 
 // Low latency across hosts (internode_low_latency.h): the low-latency path over all ranks, the ranks on other hosts
 // reached through the transport (host backend: sent as written; cuda: relayed by the calling thread between steps).
+// In a group that serves both modes, low latency has the regions from `nvl_offset` / `rdma_offset` on.
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
-                                                                          std::shared_ptr<Allocator> allocator) {
+                                                                          std::shared_ptr<Allocator> allocator,
+                                                                          uint64_t nvl_offset, uint64_t rdma_offset) {
   const int world = lease->world_size();
   if (world > kernels::kMaxNvlPeers) {
     return InvalidValue("world_size", world,
@@ -441,11 +456,12 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
   }
   EPF_ASSIGN_OR_RETURN(const internal::InternodeGroupShape shape, internal::InternodeShapeOf(*lease));
   EPF_ASSIGN_OR_RETURN(const GroupBytes bytes, RequiredGroupBytes(config, shape.num_hosts, shape.ranks_per_host));
-  EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, lease->nvl_ranks(), bytes.nvl));
+  EPF_RETURN_IF_ERROR(CheckRegions(*lease, config, lease->nvl_ranks(), bytes.nvl,
+                                   {.offset = nvl_offset, .name = nvl_offset == 0 ? "region" : "low-latency part"}));
   EPF_ASSIGN_OR_RETURN(
       const kernels::LowLatencyLayout layout,
       kernels::MakeLowLatencyLayout(config.max_tokens_per_rank, config.hidden, world, config.num_experts));
-  EPF_ASSIGN_OR_RETURN(auto remote, internal::LowLatencyRemote::Create(lease, layout, config.timeout));
+  EPF_ASSIGN_OR_RETURN(auto remote, internal::LowLatencyRemote::Create(lease, layout, config.timeout, rdma_offset));
   auto state = std::make_unique<State>();
   state->lease = lease;
   state->config = config;
@@ -458,7 +474,10 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
                                 .num_ranks = world,
                                 .experts_per_rank = state->experts_per_rank,
                                 .allocator = state->allocator};
-  for (int r = 0; r < world; ++r) path.peer_regions[r] = lease->region(r);
+  for (int r = 0; r < world; ++r) {
+    // Ranks on other hosts have no mapped region: remote->Configure gives them their staging copies.
+    if (lease->region(r) != nullptr) path.peer_regions[r] = static_cast<char*>(lease->region(r)) + nvl_offset;
+  }
   const bool cuda = lease->backend() == v1::BACKEND_CUDA;
   path.lost_ranks = lease->lost_ranks_words(/*device=*/cuda);
   path.lost_ranks_host = lease->lost_ranks_words(/*device=*/false);
@@ -469,7 +488,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
   if (relay) {
     // The cuda kernels cannot send over the transport themselves: the calling thread relays between steps.
     EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyRelayPath(std::move(inner_path), std::move(remote), layout,
-                                                                       state->rank, lease->region(state->rank),
+                                                                       state->rank, path.peer_regions[state->rank],
                                                                        path.lost_ranks_host, config.timeout));
   } else {
     EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyInternodePath(std::move(inner_path), std::move(remote)));

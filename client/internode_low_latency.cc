@@ -16,18 +16,23 @@ uint64_t LowLatencyInternodeRdmaBytes(const kernels::LowLatencyLayout& layout) {
 
 absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease* lease,
                                                                            const kernels::LowLatencyLayout& layout,
-                                                                           absl::Duration timeout) {
+                                                                           absl::Duration timeout,
+                                                                           uint64_t rdma_offset) {
   auto remote = std::unique_ptr<LowLatencyRemote>(new LowLatencyRemote());
   remote->lease_ = lease;
   remote->timeout_ = timeout;
-  remote->rdma_ = static_cast<uint8_t*>(lease->rdma_region());
+  remote->rdma_offset_ = rdma_offset;
   remote->halves_bytes_ = 2 * layout.half_bytes;
   const uint64_t need = LowLatencyInternodeRdmaBytes(layout);
-  if (remote->rdma_ == nullptr || lease->rdma_region_bytes() < need) {
+  const uint64_t size = lease->rdma_region_bytes();
+  const uint64_t available = size > rdma_offset ? size - rdma_offset : 0;
+  if (lease->rdma_region() == nullptr || available < need) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "group '%s' spans hosts: its RDMA region has %d bytes, low latency needs %d (RequiredGroupBytes)",
-        lease->group_name(), lease->rdma_region_bytes(), need));
+        "group '%s' spans hosts: its RDMA region has %d bytes%s, low latency needs %d (RequiredGroupBytes)",
+        lease->group_name(), available,
+        rdma_offset > 0 ? absl::StrCat(" after the normal-mode part's ", rdma_offset) : "", need));
   }
+  remote->rdma_ = static_cast<uint8_t*>(lease->rdma_region()) + rdma_offset;
   for (int r = 0; r < lease->world_size(); ++r) {
     if (lease->region(r) == nullptr) remote->remote_ranks_ |= 1u << r;
   }
@@ -60,7 +65,7 @@ void LowLatencyRemote::Configure(DataPathConfig* config) const {
 absl::Status LowLatencyRemote::Send(int dst_rank, size_t offset, size_t bytes) {
   transport::RingIssuer& ring = rings_[dst_rank % rings_.size()];
   const uint64_t staging = (1 + static_cast<uint64_t>(dst_rank)) * halves_bytes_;
-  return ring.Put(dst_rank, offset, staging + offset, bytes, timeout_);
+  return ring.Put(dst_rank, rdma_offset_ + offset, rdma_offset_ + staging + offset, bytes, timeout_);
 }
 
 bool LowLatencyRemote::Put(void* self, int dst_rank, size_t offset, size_t bytes) {

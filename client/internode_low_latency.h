@@ -4,7 +4,8 @@
 // transport into that rank's inbox (the first part of its RDMA region), ordered per destination by the rings. What
 // the other hosts send this rank is read from its own inbox.
 //
-// RDMA region of a rank: [inbox: 2 halves][staging for rank 0: 2 halves]...[staging for rank R-1: 2 halves].
+// RDMA region of a rank (its low-latency part): [inbox: 2 halves][staging for rank 0: 2 halves]...[staging for rank
+// 2 halves].
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,10 @@ uint64_t LowLatencyInternodeRdmaBytes(const kernels::LowLatencyLayout& layout);
 // The transport side: the staging copies, the inbox and the put function the host backend calls.
 class LowLatencyRemote {
  public:
+  // `rdma_offset`: where the low-latency part of the RDMA region starts (after a normal-mode part in a group that
+  // serves both modes; GroupInfo.num_normal_rdma_bytes), the same on every rank.
   static absl::StatusOr<std::unique_ptr<LowLatencyRemote>> Create(Lease* lease, const kernels::LowLatencyLayout& layout,
-                                                                  absl::Duration timeout);
+                                                                  absl::Duration timeout, uint64_t rdma_offset = 0);
   // Fills the context fields of a DataPathConfig: the ranks on other hosts, their staging copies as peer regions,
   // the inbox and the put function.
   void Configure(DataPathConfig* config) const;
@@ -51,8 +54,9 @@ class LowLatencyRemote {
   static bool Put(void* self, int dst_rank, size_t offset, size_t bytes);
 
   Lease* lease_ = nullptr;
-  uint8_t* rdma_ = nullptr;
-  size_t halves_bytes_ = 0;  // 2 * half_bytes: the inbox and each staging copy
+  uint8_t* rdma_ = nullptr;   // the low-latency part of this rank's RDMA region
+  uint64_t rdma_offset_ = 0;  // ... at this offset of the region (the rings' offsets are the region's)
+  size_t halves_bytes_ = 0;   // 2 * half_bytes: the inbox and each staging copy
   uint32_t remote_ranks_ = 0;
   absl::Duration timeout_;
   std::vector<kernels::transport::RingIssuer> rings_;

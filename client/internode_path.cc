@@ -52,11 +52,9 @@ BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupSh
   return inner;
 }
 
-absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(Lease* lease, const BufferConfig& config,
-                                                                     const InternodeGroupShape& shape,
-                                                                     std::unique_ptr<Buffer> inner,
-                                                                     DataPath* inner_path,
-                                                                     std::shared_ptr<Allocator> allocator) {
+absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
+    Lease* lease, const BufferConfig& config, const InternodeGroupShape& shape, std::unique_ptr<Buffer> inner,
+    DataPath* inner_path, std::shared_ptr<Allocator> allocator, uint64_t rdma_limit) {
   auto path = std::unique_ptr<InternodePath>(new InternodePath());
   path->lease_ = lease;
   path->config_ = config;
@@ -74,11 +72,13 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(Lease* leas
                                                             .max_hidden = config.hidden,
                                                             .max_topk = config.max_topk}));
   path->region_ = lease->rdma_region();
-  if (path->region_ == nullptr || lease->rdma_region_bytes() < path->layout_.total_bytes) {
+  const uint64_t available = std::min(lease->rdma_region_bytes(), rdma_limit);
+  if (path->region_ == nullptr || available < path->layout_.total_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "group '%s' spans %d hosts: its RDMA region has %d bytes, this config needs RequiredRdmaBytes = %d "
-        "(CreateGroup's num_rdma_bytes)",
-        lease->group_name(), shape.num_hosts, lease->rdma_region_bytes(), path->layout_.total_bytes));
+        "group '%s' spans %d hosts: its RDMA region%s has %d bytes, this config needs RequiredGroupBytes' rdma = %d "
+        "(CreateGroup's %s)",
+        lease->group_name(), shape.num_hosts, rdma_limit == UINT64_MAX ? "" : "'s normal-mode part", available,
+        path->layout_.total_bytes, rdma_limit == UINT64_MAX ? "num_rdma_bytes" : "num_normal_rdma_bytes"));
   }
   void* commands = lease->commands_region();
   const int channels = static_cast<int>(lease->group().transport_channels());

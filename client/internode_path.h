@@ -76,10 +76,13 @@ absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backen
 class InternodePath {
  public:
   // `inner` is the intranode Buffer over this host's ranks and `inner_path` its data path; `lease` must outlive this.
+  // The layout starts at the RDMA region's start and may take at most `rdma_limit` bytes of it (the normal-mode part
+  // of a group that serves both modes).
   static absl::StatusOr<std::unique_ptr<InternodePath>> Create(Lease* lease, const BufferConfig& config,
                                                                const InternodeGroupShape& shape,
                                                                std::unique_ptr<Buffer> inner, DataPath* inner_path,
-                                                               std::shared_ptr<Allocator> allocator);
+                                                               std::shared_ptr<Allocator> allocator,
+                                                               uint64_t rdma_limit = UINT64_MAX);
 
   // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these. A call that
   // fails tells the ranks that wait for this one, on other hosts and on this one (LeaveCall), so that their waits end

@@ -201,16 +201,34 @@ epf_status epf_create_group(epf_client* client, const char* name, const int32_t*
 epf_status epf_create_group_ex(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                                uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
                                uint64_t num_normal_bytes, char* token_out, size_t token_capacity) {
+  epf_group_options options{};
+  options.struct_size = sizeof(options);
+  options.num_normal_bytes = num_normal_bytes;
+  return epf_create_group_opts(client, name, ranks, num_ranks, num_nvl_bytes, num_rdma_bytes, low_latency, &options,
+                               token_out, token_capacity);
+}
+
+epf_status epf_create_group_opts(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
+                                 uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
+                                 const epf_group_options* options, char* token_out, size_t token_capacity) {
   if (client == nullptr || name == nullptr || ranks == nullptr || token_out == nullptr) {
     return Fail(Null("client, name, ranks or token_out"));
   }
+  if (num_ranks < 0) return Fail(absl::InvalidArgumentError(absl::StrCat("num_ranks = ", num_ranks)));
   epfabric::v1::CreateGroupRequest request;
   request.set_name(name);
   for (int i = 0; i < num_ranks; ++i) request.add_ranks(ranks[i]);
   request.set_num_nvl_bytes(num_nvl_bytes);
   request.set_num_rdma_bytes(num_rdma_bytes);
   request.set_low_latency(low_latency != 0);
-  request.set_num_normal_bytes(num_normal_bytes);
+  if (HasOption(options, &epf_group_options::num_normal_bytes)) request.set_num_normal_bytes(options->num_normal_bytes);
+  if (HasOption(options, &epf_group_options::num_normal_rdma_bytes)) {
+    request.set_num_normal_rdma_bytes(options->num_normal_rdma_bytes);
+  }
+  if (HasOption(options, &epf_group_options::transport_channels)) {
+    request.set_transport_channels(options->transport_channels);
+  }
+  if (HasOption(options, &epf_group_options::ring_slots)) request.set_ring_slots(options->ring_slots);
   auto created = client->client->CreateGroup(request);
   if (!created.ok()) return Fail(created.status());
   if (created->token().size() + 1 > token_capacity) {
@@ -249,6 +267,9 @@ int epf_lease_world_size(const epf_lease* lease) { return lease->lease->world_si
 int epf_lease_backend(const epf_lease* lease) { return static_cast<int>(lease->lease->backend()); }
 int epf_lease_low_latency(const epf_lease* lease) { return lease->lease->group().low_latency() ? 1 : 0; }
 uint64_t epf_lease_num_normal_bytes(const epf_lease* lease) { return lease->lease->group().num_normal_bytes(); }
+uint64_t epf_lease_num_normal_rdma_bytes(const epf_lease* lease) {
+  return lease->lease->group().num_normal_rdma_bytes();
+}
 int epf_lease_num_nvl_ranks(const epf_lease* lease) { return static_cast<int>(lease->lease->nvl_ranks().size()); }
 epf_status epf_lease_healthy(const epf_lease* lease) { return Report(lease->lease->Healthy()); }
 

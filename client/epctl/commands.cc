@@ -190,6 +190,7 @@ absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOption
   request.set_num_rdma_bytes(options.rdma_bytes);
   request.set_low_latency(options.low_latency);
   request.set_num_normal_bytes(options.normal_bytes);
+  request.set_num_normal_rdma_bytes(options.normal_rdma_bytes);
   request.set_transport_channels(options.transport_channels);
   request.set_ring_slots(options.ring_slots);
   if (options.sharing == "posix_fd") {
@@ -257,11 +258,12 @@ const std::vector<Command>& Commands() {
        RunFabric},
       {"create-group", "Create an EP group fabric-wide and print its token",
        "epctl create-group --group=NAME --ranks=0,1,... --nvl_bytes=N [--rdma_bytes=N [--transport_channels=C]\n"
-       "                   [--ring_slots=S]] [--low_latency [--normal_bytes=N]]\n"
+       "                   [--ring_slots=S]] [--low_latency [--normal_bytes=N [--normal_rdma_bytes=N]]]\n"
        "                   [--sharing=posix_fd|cuda_ipc|posix_shm] [--json]\n"
        "  Asks the daemon to create the group on every member (all or nothing) and prints the group's token, which\n"
        "  Attach and delete-group need. The token is shown only here. --normal_bytes: a low-latency group that also\n"
-       "  serves normal mode, in the first N bytes of each NVL region (a multiple of 4096; one host).\n",
+       "  serves normal mode, in the first N bytes of each NVL region (a multiple of 4096); across hosts also in the\n"
+       "  first --normal_rdma_bytes of each RDMA region.\n",
        RunCreateGroup},
       {"delete-group", "Delete an EP group fabric-wide (needs its token, or --force)",
        "epctl delete-group --group=NAME (--token=TOKEN | --force)\n"

@@ -32,6 +32,7 @@ struct GlobalOptions {
   uint64_t rdma_bytes = 0;
   bool low_latency = false;
   uint64_t normal_bytes = 0;        // create-group --low_latency: the normal-mode part of each NVL region
+  uint64_t normal_rdma_bytes = 0;   // ... and of each RDMA region (across hosts)
   bool force = false;               // delete-group without the token (operators)
   uint32_t transport_channels = 0;  // 0: the daemon's default
   uint32_t ring_slots = 0;

@@ -23,6 +23,8 @@ ABSL_FLAG(uint32_t, ring_slots, 0, "create-group: slots per command ring, a powe
 ABSL_FLAG(bool, low_latency, false, "create-group: lay regions out for the low-latency kernels.");
 ABSL_FLAG(uint64_t, normal_bytes, 0,
           "create-group --low_latency: bytes at the start of each NVL region for normal mode (the group serves both).");
+ABSL_FLAG(uint64_t, normal_rdma_bytes, 0,
+          "create-group --low_latency --normal_bytes with --rdma_bytes: the same for each RDMA region (across hosts).");
 ABSL_FLAG(std::string, sharing, "", "create-group: posix_fd, cuda_ipc or posix_shm (default: the daemon's).");
 ABSL_FLAG(std::string, token, "", "delete-group: the group's token.");
 ABSL_FLAG(bool, force, false, "delete-group: without the token (the daemon's own uid or root only; logged).");
@@ -87,6 +89,7 @@ int main(int argc, char** argv) {
   options.rdma_bytes = absl::GetFlag(FLAGS_rdma_bytes);
   options.low_latency = absl::GetFlag(FLAGS_low_latency);
   options.normal_bytes = absl::GetFlag(FLAGS_normal_bytes);
+  options.normal_rdma_bytes = absl::GetFlag(FLAGS_normal_rdma_bytes);
   options.transport_channels = absl::GetFlag(FLAGS_transport_channels);
   options.ring_slots = absl::GetFlag(FLAGS_ring_slots);
   options.sharing = absl::GetFlag(FLAGS_sharing);

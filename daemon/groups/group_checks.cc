@@ -14,23 +14,36 @@ namespace epfabric::daemon::groups {
 
 namespace {
 
-// The normal-mode part of a low-latency group (num_normal_bytes): the same rule for a client's request and for a
-// group a peer describes. `field` names it in the error.
-absl::Status CheckNormalPart(const char* field, uint64_t normal_bytes, bool low_latency, uint64_t nvl_bytes,
-                             uint64_t rdma_bytes) {
-  if (normal_bytes == 0) return absl::OkStatus();
-  if (!low_latency) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", normal_bytes, " needs low_latency (a normal-mode group's whole region is normal mode's)"));
+// The normal-mode parts of a low-latency group (num_normal_bytes of every NVL region, num_normal_rdma_bytes of every
+// RDMA region): the same rule for a client's request and for a group a peer describes. `prefix` names the message
+// ("" or "group.") in the error.
+absl::Status CheckNormalParts(const char* prefix, uint64_t normal_bytes, uint64_t normal_rdma_bytes, bool low_latency,
+                              uint64_t nvl_bytes, uint64_t rdma_bytes) {
+  if (normal_bytes == 0 && normal_rdma_bytes == 0) return absl::OkStatus();
+  if (normal_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "num_normal_rdma_bytes: ", normal_rdma_bytes,
+                                                   " needs num_normal_bytes > 0 (a group that serves both modes)"));
   }
-  if (rdma_bytes > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", normal_bytes, " needs num_rdma_bytes = 0 (groups on one host; not across hosts yet)"));
+  if (!low_latency) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "num_normal_bytes: ", normal_bytes,
+                                                   " needs low_latency (a normal-mode group's whole region is normal "
+                                                   "mode's)"));
   }
   if (normal_bytes % kRegionPartAlignment != 0 || normal_bytes >= nvl_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", normal_bytes, " must be a multiple of ",
-                                                   kRegionPartAlignment, " below num_nvl_bytes (", nvl_bytes,
-                                                   "), leaving the rest to low latency"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "num_normal_bytes: ", normal_bytes, " must be a multiple of ", kRegionPartAlignment,
+                     " below num_nvl_bytes (", nvl_bytes, "), leaving the rest to low latency"));
+  }
+  // Across hosts both modes need the RDMA region too: without a split there, their writes would overlap.
+  if (rdma_bytes == 0 && normal_rdma_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "num_normal_rdma_bytes: ", normal_rdma_bytes, " needs num_rdma_bytes > 0"));
+  }
+  if (rdma_bytes > 0 &&
+      (normal_rdma_bytes == 0 || normal_rdma_bytes % kRegionPartAlignment != 0 || normal_rdma_bytes >= rdma_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "num_normal_rdma_bytes: ", normal_rdma_bytes, " must be a positive multiple of ", kRegionPartAlignment,
+        " below num_rdma_bytes (", rdma_bytes, ") in a group with an RDMA region that serves both modes"));
   }
   return absl::OkStatus();
 }
@@ -71,8 +84,8 @@ absl::Status ValidateCreateGroup(const v1::CreateGroupRequest& request, int worl
                                                    kernels::transport::kMinRingSlots, ", ",
                                                    kernels::transport::kMaxRingSlots, "]"));
   }
-  return CheckNormalPart("num_normal_bytes", request.num_normal_bytes(), request.low_latency(), request.num_nvl_bytes(),
-                         request.num_rdma_bytes());
+  return CheckNormalParts("", request.num_normal_bytes(), request.num_normal_rdma_bytes(), request.low_latency(),
+                          request.num_nvl_bytes(), request.num_rdma_bytes());
 }
 
 std::string Clip(const std::string& text, size_t limit) {
@@ -111,8 +124,8 @@ absl::Status ValidateGroupInfo(const v1::GroupInfo& info, int world_size) {
                                                    info.ring_slots(), " slots (1..", kernels::transport::kMaxChannels,
                                                    " channels, slots a power of two)"));
   }
-  return CheckNormalPart("group.num_normal_bytes", info.num_normal_bytes(), info.low_latency(), info.num_nvl_bytes(),
-                         info.num_rdma_bytes());
+  return CheckNormalParts("group.", info.num_normal_bytes(), info.num_normal_rdma_bytes(), info.low_latency(),
+                          info.num_nvl_bytes(), info.num_rdma_bytes());
 }
 
 absl::Status ValidateCommitMembers(const v1::GroupInfo& info,

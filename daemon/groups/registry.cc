@@ -67,6 +67,7 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   info.set_num_rdma_bytes(request.num_rdma_bytes());
   info.set_low_latency(request.low_latency());
   info.set_num_normal_bytes(request.num_normal_bytes());
+  info.set_num_normal_rdma_bytes(request.num_normal_rdma_bytes());
   info.set_state(v1::GROUP_STATE_CREATING);
   info.set_memory_sharing(request.memory_sharing());
   if (request.num_rdma_bytes() > 0) {

@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 5  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 6  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -107,6 +107,12 @@ class AllocatorCallbacks(ctypes.Structure):  # epf_allocator
     _fields_ = [("struct_size", ctypes.c_uint32), ("alloc", ALLOC_FN), ("free_fn", FREE_FN), ("ctx", ctypes.c_void_p),
                 ("alloc_tensor", ALLOC_TENSOR_FN)]
 
+class GroupOptions(ctypes.Structure):  # epf_group_options
+    _fields_ = [("struct_size", ctypes.c_uint32), ("num_normal_bytes", ctypes.c_uint64),
+                ("num_normal_rdma_bytes", ctypes.c_uint64), ("transport_channels", ctypes.c_uint32),
+                ("ring_slots", ctypes.c_uint32)]
+
+
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _I = ctypes.c_int
@@ -125,6 +131,8 @@ _SIGNATURES = {
                               ctypes.c_uint64, _I, ctypes.c_char_p, ctypes.c_size_t]),
     "epf_create_group_ex": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _I, ctypes.c_uint64,
                                  ctypes.c_uint64, _I, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]),
+    "epf_create_group_opts": (_S, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), _I, ctypes.c_uint64,
+                                   ctypes.c_uint64, _I, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
     "epf_delete_group": (_S, [_P, ctypes.c_char_p, ctypes.c_char_p]),
     "epf_attach": (_S, [_P, ctypes.c_char_p, _I, ctypes.c_char_p, _I, _PP]),
     "epf_lease_detach": (_S, [_P]),
@@ -134,6 +142,7 @@ _SIGNATURES = {
     "epf_lease_backend": (_I, [_P]),
     "epf_lease_low_latency": (_I, [_P]),
     "epf_lease_num_normal_bytes": (ctypes.c_uint64, [_P]),
+    "epf_lease_num_normal_rdma_bytes": (ctypes.c_uint64, [_P]),
     "epf_lease_num_nvl_ranks": (_I, [_P]),
     "epf_lease_healthy": (_S, [_P]),
     "epf_lease_region": (_S, [_P, _I, _PP, ctypes.POINTER(ctypes.c_uint64)]),

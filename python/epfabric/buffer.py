@@ -132,8 +132,9 @@ class Buffer(LowLatencyMixin):
         self.group_size = lib.epf_lease_world_size(lease)
         self.num_nvl_ranks = lib.epf_lease_num_nvl_ranks(lease)
         self.low_latency_mode = bool(lib.epf_lease_low_latency(lease))
-        # Bytes of each region for normal mode in a low-latency group that serves both modes (else 0).
+        # Bytes of each NVL / RDMA region for normal mode in a low-latency group that serves both modes (else 0).
         self.num_normal_bytes = lib.epf_lease_num_normal_bytes(lease)
+        self.num_normal_rdma_bytes = lib.epf_lease_num_normal_rdma_bytes(lease)
         self.normal_mode = not self.low_latency_mode or self.num_normal_bytes > 0
         self.backend = lib.epf_lease_backend(lease)
         if self.backend == _lib.BACKEND_CUDA:
@@ -440,7 +441,8 @@ class Buffer(LowLatencyMixin):
         hosts = self.group_size // self.num_nvl_ranks
         c = _config(1, hidden, max(topk, 1), num_experts, num_sms, False, self._timeout_s)
         nvl_bytes = self.num_normal_bytes if self.low_latency_mode else self.num_nvl_bytes
-        c.max_tokens_per_rank = _max_tokens(c, hosts, self.num_nvl_ranks, nvl_bytes, self.num_rdma_bytes)
+        rdma_bytes = self.num_normal_rdma_bytes if self.low_latency_mode else self.num_rdma_bytes
+        c.max_tokens_per_rank = _max_tokens(c, hosts, self.num_nvl_ranks, nvl_bytes, rdma_bytes)
         self._create({"hidden": hidden, "topk": max(topk, 1), "num_experts": num_experts, "num_sms": num_sms}, c)
 
     def _check_config(self, **want):
@@ -476,10 +478,15 @@ def _config(max_tokens, hidden, topk, num_experts, num_sms, low_latency, timeout
 _HINTED_SHAPES = {}
 
 
-def low_latency_shape_of(hint_bytes):
+def low_latency_shape_of(hint_bytes, num_ranks=None):
     """The (max tokens per rank, hidden, ranks, experts) that get_low_latency_rdma_size_hint returned `hint_bytes`
-    for in this process, or None."""
-    return _HINTED_SHAPES.get(hint_bytes)
+    for in this process, or None. With `num_ranks`, a size that is not a hint itself (DeepEP's callers pass the larger
+    of the normal-mode and the low-latency sizes) gives the largest hinted shape of that many ranks that fits in it."""
+    shape = _HINTED_SHAPES.get(hint_bytes)
+    if shape is not None or num_ranks is None:
+        return shape
+    fitting = [(hint, shape) for hint, shape in _HINTED_SHAPES.items() if shape[2] == num_ranks and hint <= hint_bytes]
+    return max(fitting)[1] if fitting else None
 
 
 def required_group_bytes(max_tokens_per_rank, hidden, topk, num_experts, low_latency, num_hosts, ranks_per_host,

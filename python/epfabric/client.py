@@ -44,16 +44,20 @@ class Client:
         return out.value.decode()
 
     def create_group(self, name, fabric_ranks, num_nvl_bytes, num_rdma_bytes=0, low_latency=False,
-                     num_normal_bytes=0):
+                     num_normal_bytes=0, num_normal_rdma_bytes=0):
         """Creates group `name` over `fabric_ranks` (group rank i = fabric_ranks[i]); returns its token (shown only
-        once: keep it, it is needed to attach and to delete). num_normal_bytes > 0 (low_latency, one host): the
-        group serves both modes, normal mode in the first num_normal_bytes of each region (a multiple of 4096)."""
+        once: keep it, it is needed to attach and to delete). num_normal_bytes > 0 (low_latency): the group serves
+        both modes, normal mode in the first num_normal_bytes of each NVL region (a multiple of 4096), and with
+        num_rdma_bytes > 0 (across hosts) in the first num_normal_rdma_bytes of each RDMA region."""
         ranks = (ctypes.c_int32 * len(fabric_ranks))(*fabric_ranks)
         token = ctypes.create_string_buffer(256)
+        options = _lib.GroupOptions(struct_size=ctypes.sizeof(_lib.GroupOptions),
+                                    num_normal_bytes=int(num_normal_bytes),
+                                    num_normal_rdma_bytes=int(num_normal_rdma_bytes))
         for attempt in range(6):
             try:
-                call("epf_create_group_ex", self.handle, name.encode(), ranks, len(fabric_ranks), int(num_nvl_bytes),
-                     int(num_rdma_bytes), int(bool(low_latency)), int(num_normal_bytes), token, len(token))
+                call("epf_create_group_opts", self.handle, name.encode(), ranks, len(fabric_ranks), int(num_nvl_bytes),
+                     int(num_rdma_bytes), int(bool(low_latency)), ctypes.byref(options), token, len(token))
                 return token.value.decode()
             except EpfError as error:
                 # ABORTED: membership changed while the group was prepared (e.g. a daemon just joined); the

@@ -43,9 +43,13 @@ def _socket_path(rank):
 _PART_ALIGNMENT = 4096  # a group's normal-mode part ends on this boundary (CreateGroup's num_normal_bytes)
 
 
+def _align(size):
+    return -(-size // _PART_ALIGNMENT) * _PART_ALIGNMENT
+
+
 def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, num_hosts):
-    """DeepEP's sizes to CreateGroup's (num_nvl_bytes, num_rdma_bytes, num_normal_bytes) for a group over
-    `group_size` ranks on `num_hosts` hosts (the daemons' host ids, not DeepEP's 8 GPUs per host).
+    """DeepEP's sizes to CreateGroup's (num_nvl_bytes, num_rdma_bytes, num_normal_bytes, num_normal_rdma_bytes) for a
+    group over `group_size` ranks on `num_hosts` hosts (the daemons' host ids, not DeepEP's 8 GPUs per host).
 
     One host: low latency runs in the NVL region, which DeepEP sizes through num_rdma_bytes
     (get_low_latency_rdma_size_hint); a low_latency_mode Buffer with both sizes also runs normal mode in its NVL buffer
@@ -53,35 +57,37 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
     Across hosts: normal mode takes both sizes as given (the RDMA region holds the tokens between hosts); low latency
     keeps its layout over all ranks in the NVL region (the size hint) and needs, in the RDMA region, an inbox and one
     staging copy per rank of its two halves: exact when the size came from get_low_latency_rdma_size_hint in this
-    process (the shape is known), else (1 + group_size) times the size, an upper bound, with a warning. Normal mode
-    beside it is not served there."""
+    process (the shape is known), else (1 + group_size) times the size, an upper bound, with a warning. A
+    low_latency_mode Buffer with both sizes (auto mode) gets both: normal-mode parts of num_nvl_bytes and
+    num_rdma_bytes (DeepEP's callers pass the larger of the two modes' RDMA sizes there), then low latency's."""
     if num_hosts == 1:
         if low_latency_mode:
             if num_nvl_bytes > 0 and num_rdma_bytes > 0:
-                normal = -(-num_nvl_bytes // _PART_ALIGNMENT) * _PART_ALIGNMENT
-                return normal + num_rdma_bytes, 0, normal
-            return max(num_nvl_bytes, num_rdma_bytes), 0, 0
-        return num_nvl_bytes, 0, 0
+                normal = _align(num_nvl_bytes)
+                return normal + num_rdma_bytes, 0, normal, 0
+            return max(num_nvl_bytes, num_rdma_bytes), 0, 0, 0
+        return num_nvl_bytes, 0, 0, 0
     if low_latency_mode:
+        both = num_nvl_bytes > 0 and num_rdma_bytes > 0
         region = num_rdma_bytes if num_rdma_bytes > 0 else num_nvl_bytes
-        if num_nvl_bytes > 0 and num_rdma_bytes > 0:
-            warnings.warn(f"epfabric: a low_latency_mode Buffer over {num_hosts} hosts serves low latency only (normal "
-                          "mode beside it works within one host); its normal-mode calls raise", RuntimeWarning,
-                          stacklevel=3)
-        shape = _buffer.low_latency_shape_of(region)
+        shape = _buffer.low_latency_shape_of(region, group_size if both else None)
         if shape is not None and shape[2] == group_size:
             tokens, hidden, _, experts = shape
             nvl, rdma = _buffer.required_group_bytes(tokens, hidden, 9, experts, True, num_hosts,
                                                      group_size // num_hosts)
-            return nvl, rdma, 0
-        warnings.warn(f"epfabric: {region} bytes did not come from get_low_latency_rdma_size_hint({group_size} ranks) "
-                      f"in this process: the RDMA region gets (1 + {group_size}) times that, an upper bound",
-                      RuntimeWarning, stacklevel=3)
-        return region, (1 + group_size) * region, 0
+        else:
+            warnings.warn(f"epfabric: {region} bytes did not come from get_low_latency_rdma_size_hint({group_size} "
+                          f"ranks) in this process: the RDMA region gets (1 + {group_size}) times that, an upper bound",
+                          RuntimeWarning, stacklevel=3)
+            nvl, rdma = region, (1 + group_size) * region
+        if not both:
+            return nvl, rdma, 0, 0
+        normal, normal_rdma = _align(num_nvl_bytes), _align(num_rdma_bytes)
+        return normal + nvl, normal_rdma + rdma, normal, normal_rdma
     if num_rdma_bytes <= 0:
         raise ValueError(f"epfabric: the group spans {num_hosts} hosts: normal mode needs num_rdma_bytes > 0 (the "
                          "tokens between hosts travel through the RDMA region), as DeepEP's internode mode does")
-    return num_nvl_bytes, num_rdma_bytes, 0
+    return num_nvl_bytes, num_rdma_bytes, 0, 0
 
 
 def _num_hosts(host_ids):
@@ -127,8 +133,9 @@ class Buffer(_buffer.Buffer):
                 else:
                     name = f"deep_ep-{uuid.uuid4().hex[:12]}"
                     num_hosts = _num_hosts([host for _, host in members])
-                    nvl, rdma, normal = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, size, num_hosts)
-                    token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode, normal)
+                    nvl, rdma, normal, normal_rdma = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode,
+                                                                  size, num_hosts)
+                    token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode, normal, normal_rdma)
                     shared[0] = (name, token, None)
             except (EpfError, ValueError) as error:
                 shared[0] = (None, None, str(error))

@@ -78,15 +78,34 @@ class InternodeTest : public ::testing::Test {
     return std::make_pair(nvl, rdma);
   }
 
+  // --mode=both: a low-latency group whose regions start with normal mode's parts (num_normal_bytes and
+  // num_normal_rdma_bytes, each rounded up to 4096), low latency's after them.
   absl::StatusOr<std::string> CreateGroup(const std::string& name, const std::vector<std::string>& scenario) {
+    const bool both = std::find(scenario.begin(), scenario.end(), "--mode=both") != scenario.end();
+    auto in_mode = [&](const char* mode) {
+      std::vector<std::string> changed = scenario;
+      std::replace(changed.begin(), changed.end(), std::string("--mode=both"), std::string(mode));
+      return GroupBytes(changed);
+    };
     auto bytes = GroupBytes(scenario);
+    uint64_t normal_nvl = 0, normal_rdma = 0;
+    if (both) {
+      auto normal = in_mode("--mode=normal");
+      bytes = in_mode("--mode=low_latency");
+      if (!normal.ok()) return normal.status();
+      normal_nvl = (normal->first + 4095) / 4096 * 4096;
+      normal_rdma = (normal->second + 4095) / 4096 * 4096;
+    }
     if (!bytes.ok()) return bytes.status();
     v1::CreateGroupRequest request;
     request.set_name(name);
     for (int r = 0; r < world(); ++r) request.add_ranks(r);
-    request.set_num_nvl_bytes(bytes->first);
-    request.set_num_rdma_bytes(bytes->second);
-    request.set_low_latency(std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end());
+    request.set_num_nvl_bytes(normal_nvl + bytes->first);
+    request.set_num_rdma_bytes(normal_rdma + bytes->second);
+    request.set_num_normal_bytes(normal_nvl);
+    request.set_num_normal_rdma_bytes(normal_rdma);
+    request.set_low_latency(both ||
+                            std::find(scenario.begin(), scenario.end(), "--mode=low_latency") != scenario.end());
     v1::CreateGroupResponse response;
     grpc::Status status;
     for (int attempt = 0; attempt < 20; ++attempt) {
@@ -194,6 +213,16 @@ std::vector<std::string> Scenario(int tokens, int hidden, int topk, int experts,
   return args;
 }
 
+// One low-latency group that serves normal mode too (SGLang's auto mode across hosts): each round a normal round
+// (dispatch, cached dispatch, combine), then a low-latency round, on two Buffers of each rank's lease, each mode in its
+// own parts of both regions, every output checked; no clean-up between the modes.
+std::vector<std::string> BothModes(int tokens, int hidden, int topk, int experts, bool fp8, int seed,
+                                   std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = Scenario(tokens, hidden, topk, experts, fp8, seed, std::move(extra));
+  args[0] = "--mode=both";
+  return args;
+}
+
 TEST_F(InternodeTest, TwoHostsOfTwoRanks) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(2, 2));
   Run("random-bf16", Scenario(32, 256, 4, 16, false, 11));
@@ -221,6 +250,8 @@ TEST_F(InternodeTest, TwoHostsOfTwoRanks) {
   Run("ll-relay-silent", LowLatency(16, 128, 4, 8, true, 59, {"--relay", "--routing=silent", "--silent_rank=3"}));
   Run("ll-relay-one-expert", LowLatency(16, 128, 4, 8, false, 60, {"--relay", "--routing=one_expert"}));
   Run("ll-relay-hidden-7168", LowLatency(8, 7168, 8, 32, true, 61, {"--relay", "--fixed_tokens"}));
+  Run("both-modes", BothModes(16, 256, 4, 16, false, 64));
+  Run("both-modes-fp8-relay", BothModes(16, 256, 4, 16, true, 65, {"--relay", "--empty_fraction=0.4"}));
 }
 
 TEST_F(InternodeTest, ThreeHostsOfOneRank) {
@@ -238,6 +269,7 @@ TEST_F(InternodeTest, TwoHostsOfThreeRanks) {
   Run("fp8-silent", Scenario(24, 256, 6, 24, true, 32, {"--routing=silent", "--silent_rank=4"}));
   Run("ll", LowLatency(16, 256, 4, 12, false, 33));
   Run("ll-relay", LowLatency(16, 256, 4, 12, false, 34, {"--relay", "--hooks", "--empty_fraction=0.4"}));
+  Run("both-modes", BothModes(16, 256, 4, 12, false, 35));
 }
 
 // A one-host group forced through the internode path (RDMA stage included) gives the intranode path's bits: the

@@ -74,23 +74,33 @@ class GroupShapeTest(unittest.TestCase):
 
     def test_sizes_per_mode_and_host_count(self):
         mib = 1 << 20
-        self.assertEqual(deep_ep._group_bytes(64 * mib, 0, False, 4, 1), (64 * mib, 0, 0))
-        self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 1), (3 * mib, 0, 0))
-        self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 4, 1), (67 * mib, 0, 64 * mib))
-        self.assertEqual(deep_ep._group_bytes(64 * mib, 32 * mib, False, 4, 2), (64 * mib, 32 * mib, 0))
+        self.assertEqual(deep_ep._group_bytes(64 * mib, 0, False, 4, 1), (64 * mib, 0, 0, 0))
+        self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 1), (3 * mib, 0, 0, 0))
+        self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 4, 1), (67 * mib, 0, 64 * mib, 0))
+        self.assertEqual(deep_ep._group_bytes(64 * mib, 32 * mib, False, 4, 2), (64 * mib, 32 * mib, 0, 0))
         with self.assertRaisesRegex(ValueError, "num_rdma_bytes"):
             deep_ep._group_bytes(64 * mib, 0, False, 4, 2)
         # Low latency across hosts: the layout in NVL, an inbox and a staging copy per rank in RDMA; exact for a size
         # from the hint (DeepEP-sized shapes: 288 experts make the RDMA region far smaller than 5x the hint).
         hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 4, 288)
         exact = epfabric.required_group_bytes(128, 7168, 9, 288, True, 2, 2)
-        self.assertEqual(deep_ep._group_bytes(0, hint, True, 4, 2), (exact[0], exact[1], 0))
+        self.assertEqual(deep_ep._group_bytes(0, hint, True, 4, 2), (exact[0], exact[1], 0, 0))
         self.assertEqual(exact[0], hint)
         self.assertLess(exact[1], 5 * hint)
-        with self.assertWarnsRegex(RuntimeWarning, "low latency only"):
-            self.assertEqual(deep_ep._group_bytes(64 * mib, hint, True, 4, 2), (exact[0], exact[1], 0))
         with self.assertWarnsRegex(RuntimeWarning, "upper bound"):
-            self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0))
+            self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0, 0))
+        # Both sizes across hosts (SGLang's auto mode): normal-mode parts of the two sizes (rounded up to 4096),
+        # then low latency's, exact when a hint of this many ranks fits in the RDMA size (DeepEP's callers pass the
+        # larger of the two modes' sizes), else the bound with a warning.
+        normal = 64 * mib + 100
+        aligned = 64 * mib + 4096
+        for rdma in (hint, hint + 5 * mib + 1):
+            rounded = -(-rdma // 4096) * 4096
+            self.assertEqual(deep_ep._group_bytes(normal, rdma, True, 4, 2),
+                             (aligned + exact[0], rounded + exact[1], aligned, rounded))
+        with self.assertWarnsRegex(RuntimeWarning, "upper bound"):
+            self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 8, 2),
+                             (67 * mib, 3 * mib + 27 * mib, 64 * mib, 3 * mib))
 
 
 class ApiTest(unittest.TestCase):

@@ -1,7 +1,7 @@
 """The drop-in: `from epfabric import deep_ep`, deep_ep.Buffer(group, ...) over a torch.distributed process group
-(gloo, file store) in 4 processes, each with its own daemon through EPFABRIC_SOCKET's {local_rank} template. Normal
-and low-latency rounds, and both alternating on one low_latency_mode Buffer (SGLang's auto mode), checked against
-references; the groups rank 0 created are gone afterwards."""
+(gloo, file store) in 4 processes, each with its own daemon through EPFABRIC_SOCKET's {local_rank} template, on one
+host or two (the daemons' host ids). Normal and low-latency rounds, and both alternating on one low_latency_mode Buffer
+(SGLang's auto mode), checked against references; the groups rank 0 created are gone afterwards."""
 import os
 import subprocess
 import sys
@@ -91,15 +91,14 @@ def worker(rank, store, hosts):
     except RuntimeError as error:
         assert "without a normal-mode part" in str(error), error
     ll.destroy()
-    if hosts > 1:
-        dist.destroy_process_group()
-        print(f"rank {rank}: OK", flush=True)
-        return
 
-    # SGLang's auto mode: one low_latency_mode Buffer with both sizes alternates prefill (normal) and decode.
-    auto = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=16 << 20, num_rdma_bytes=hint, low_latency_mode=True,
+    # SGLang's auto mode: one low_latency_mode Buffer with both sizes alternates prefill (normal) and decode. Across
+    # hosts DeepEP's callers pass the larger of the two modes' RDMA sizes; the RDMA region is split as the NVL one.
+    rdma = max(hint, 64 << 20) if hosts > 1 else hint
+    auto = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=16 << 20, num_rdma_bytes=rdma, low_latency_mode=True,
                           explicitly_destroy=True)
     assert auto.num_normal_bytes == 16 << 20 and auto.normal_mode
+    assert auto.num_normal_rdma_bytes == (rdma if hosts > 1 else 0), auto.num_normal_rdma_bytes
     for _ in range(2):
         normal_round(auto)
         low_latency_round(auto)

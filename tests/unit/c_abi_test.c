@@ -48,6 +48,13 @@ int main(void) {
   char host[64];
   EXPECT(epf_client_host_id(NULL, host, sizeof(host)) == EPF_INVALID_ARGUMENT);
   EXPECT(strstr(epf_last_error(), "null") != NULL);
+  epf_group_options group_options = {
+      .struct_size = sizeof(group_options), .num_normal_bytes = 4096, .num_normal_rdma_bytes = 4096};
+  const int32_t ranks[2] = {0, 1};
+  char token[65];
+  EXPECT(epf_create_group_opts(NULL, "g", ranks, 2, 1 << 20, 1 << 20, 1, &group_options, token, sizeof(token)) ==
+         EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "null") != NULL);
 
   epf_buffer_config config = {
       .max_tokens_per_rank = 128, .hidden = 7168, .max_topk = 8, .num_experts = 288, .low_latency = 1};

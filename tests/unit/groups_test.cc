@@ -55,6 +55,49 @@ TEST(ValidateCreateGroup, NamesTheField) {
   }
 }
 
+// A low-latency group that serves both modes: the parts of the NVL region and, across hosts, of the RDMA region.
+TEST(ValidateCreateGroup, ChecksTheNormalModeParts) {
+  auto both = [](uint64_t nvl, uint64_t rdma, uint64_t normal, uint64_t normal_rdma) {
+    v1::CreateGroupRequest request = Valid();
+    request.set_low_latency(true);
+    request.set_num_nvl_bytes(nvl);
+    request.set_num_rdma_bytes(rdma);
+    request.set_num_normal_bytes(normal);
+    request.set_num_normal_rdma_bytes(normal_rdma);
+    return request;
+  };
+  EXPECT_TRUE(groups::ValidateCreateGroup(both(1 << 20, 0, 1 << 16, 0), 4).ok());
+  EXPECT_TRUE(groups::ValidateCreateGroup(both(1 << 20, 1 << 22, 1 << 16, 1 << 21), 4).ok());
+  const std::vector<std::pair<v1::CreateGroupRequest, std::string>> refused = {
+      {both(1 << 20, 1 << 22, 0, 1 << 21), "num_normal_rdma_bytes: 2097152 needs num_normal_bytes > 0"},
+      {both(1 << 20, 0, 1 << 16, 4096), "num_normal_rdma_bytes: 4096 needs num_rdma_bytes > 0"},
+      {both(1 << 20, 1 << 22, 1 << 16, 0),
+       "num_normal_rdma_bytes: 0 must be a positive multiple of 4096 below "
+       "num_rdma_bytes (4194304)"},
+      {both(1 << 20, 1 << 22, 1 << 16, 4097), "num_normal_rdma_bytes: 4097 must be a positive multiple of 4096"},
+      {both(1 << 20, 1 << 22, 1 << 16, 1 << 22), "num_normal_rdma_bytes: 4194304 must be a positive multiple"},
+      {both(1 << 20, 0, 4095, 0), "num_normal_bytes: 4095 must be a multiple of 4096 below num_nvl_bytes"},
+  };
+  for (const auto& [request, message] : refused) {
+    const absl::Status status = groups::ValidateCreateGroup(request, 4);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(status.message(), testing::HasSubstr(message));
+  }
+  // A peer's description of a group is held to the same rule.
+  v1::GroupInfo info;
+  info.set_name("g");
+  info.add_ranks(0);
+  info.set_num_nvl_bytes(1 << 20);
+  info.set_num_rdma_bytes(1 << 22);
+  info.set_transport_channels(1);
+  info.set_ring_slots(1024);
+  info.set_low_latency(true);
+  info.set_num_normal_bytes(1 << 16);
+  EXPECT_THAT(groups::ValidateGroupInfo(info, 4).message(), testing::HasSubstr("group.num_normal_rdma_bytes: 0"));
+  info.set_num_normal_rdma_bytes(1 << 21);
+  EXPECT_TRUE(groups::ValidateGroupInfo(info, 4).ok()) << groups::ValidateGroupInfo(info, 4);
+}
+
 TEST(ConstantTimeEquals, ComparesContentAndLength) {
   EXPECT_TRUE(groups::ConstantTimeEquals("", ""));
   EXPECT_TRUE(groups::ConstantTimeEquals("0123abcd", "0123abcd"));

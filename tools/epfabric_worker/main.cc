@@ -59,7 +59,9 @@ ABSL_FLAG(std::string, socket, "", "Unix socket of this rank's daemon (its --cli
 ABSL_FLAG(std::string, group, "", "Group name.");
 ABSL_FLAG(int, rank, -1, "Group rank to attach as.");
 ABSL_FLAG(std::string, token, "", "The group's token.");
-ABSL_FLAG(std::string, mode, "normal", "normal or low_latency (must be the group's mode).");
+ABSL_FLAG(std::string, mode, "normal",
+          "normal or low_latency (must be the group's mode), or both: a low-latency group that serves normal mode too "
+          "(num_normal_bytes); each round is a normal round, then a low-latency round, on two Buffers of one lease.");
 ABSL_FLAG(int, tokens, 64, "Most tokens a rank dispatches per call (BufferConfig.max_tokens_per_rank).");
 ABSL_FLAG(bool, fixed_tokens, false, "Every rank dispatches exactly --tokens (else a random count in [0, tokens]).");
 ABSL_FLAG(int, hidden, 256, "Hidden size.");
@@ -132,8 +134,14 @@ void Touch(const std::string& path) { std::ofstream(path).put('\n'); }
 int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   Scenario s;
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "normal" && mode != "low_latency") {
-    std::cerr << "--mode must be normal or low_latency\n";
+  if (mode != "normal" && mode != "low_latency" && mode != "both") {
+    std::cerr << "--mode must be normal, low_latency or both\n";
+    return kExitUsage;
+  }
+  const bool both = mode == "both";
+  if (both && (absl::GetFlag(FLAGS_until_timeout) || absl::GetFlag(FLAGS_bad_input) ||
+               absl::GetFlag(FLAGS_restart_probe) || absl::GetFlag(FLAGS_region_bytes))) {
+    std::cerr << "--mode=both runs rounds only (no --until_timeout, --bad_input, --restart_probe, --region_bytes)\n";
     return kExitUsage;
   }
   s.low_latency = mode == "low_latency";
@@ -231,12 +239,23 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
   }
   if (!lease.ok()) return fail("Attach", lease.status());
-  if ((*lease)->group().low_latency() != s.low_latency) {
+  if ((*lease)->group().low_latency() != (s.low_latency || both)) {
     return fail("Attach", absl::InvalidArgumentError("--mode is not the group's mode"));
   }
   s.hosts = (*lease)->world_size() / static_cast<int>((*lease)->nvl_ranks().size());
   auto buffer = Buffer::Create(lease->get(), config);
   if (!buffer.ok()) return fail("Buffer::Create", buffer.status());
+  // --mode=both: the same lease's low-latency Buffer, in the other part of the regions.
+  Scenario ll_scenario = s;
+  ll_scenario.low_latency = true;
+  std::unique_ptr<Buffer> ll_buffer;
+  if (both) {
+    BufferConfig ll_config = config;
+    ll_config.low_latency = true;
+    auto created = Buffer::Create(lease->get(), ll_config);
+    if (!created.ok()) return fail("Buffer::Create (low latency)", created.status());
+    ll_buffer = std::move(*created);
+  }
   Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);
   Checks checks(rank);
 
@@ -260,6 +279,12 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
       absl::Status ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, round, checks, &stats)
                                        : RunNormalRound(**buffer, mem, s, round, checks, &stats);
       if (!ran.ok()) return ran;
+      if (both) {
+        RoundStats ll_stats;
+        if (absl::Status ll = RunLowLatencyRound(*ll_buffer, mem, ll_scenario, round, checks, &ll_stats); !ll.ok()) {
+          return ll;
+        }
+      }
       dispatch_ms.push_back(stats.dispatch_ms);
       combine_ms.push_back(stats.combine_ms);
       bytes = stats.bytes;

@@ -28,8 +28,10 @@ extern "C" {
  *   2: epf_low_latency_dispatch_ex / epf_low_latency_combine_ex with epf_ll_options (wait-cost statistics);
  *   3: epf_buffer_create_ex with epf_allocator (typed output allocation);
  *   4: epf_create_group_ex and epf_lease_num_normal_bytes (low-latency groups that also serve normal mode);
- *   5: epf_client_host_id (how many hosts a group over some daemons spans). */
-#define EPF_ABI_MINOR_VERSION 5
+ *   5: epf_client_host_id (how many hosts a group over some daemons spans);
+ *   6: epf_create_group_opts with epf_group_options and epf_lease_num_normal_rdma_bytes (groups across hosts that
+ *      serve both modes; the transport's rings). */
+#define EPF_ABI_MINOR_VERSION 6
 
 typedef int32_t epf_status;
 enum {
@@ -97,11 +99,27 @@ epf_status epf_client_host_id(epf_client* client, char* out, size_t capacity);
 epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                             uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency, char* token_out,
                             size_t token_capacity);
-/* As epf_create_group; num_normal_bytes > 0 (with low_latency, one host): the group also serves normal mode, whose
- * Buffers use the first num_normal_bytes (a multiple of 4096) of every NVL region; low-latency Buffers the rest. */
+/* As epf_create_group; num_normal_bytes > 0 (with low_latency, num_rdma_bytes = 0): the group also serves normal mode,
+ * whose Buffers use the first num_normal_bytes (a multiple of 4096) of every NVL region; low-latency Buffers the rest.
+ * A group with an RDMA region (across hosts) splits that too: epf_create_group_opts. */
 epf_status epf_create_group_ex(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                                uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
                                uint64_t num_normal_bytes, char* token_out, size_t token_capacity);
+/* CreateGroup's other fields (see epf_dispatch_options for struct_size; a field past it, or 0, takes the default). */
+typedef struct {
+  uint32_t struct_size;
+  /* A low-latency group that also serves normal mode: the bytes at the start of every NVL region for normal mode
+   * (a multiple of 4096); across hosts also those of every RDMA region (num_normal_rdma_bytes, needed when
+   * num_rdma_bytes > 0). Low-latency Buffers use the rest of each. */
+  uint64_t num_normal_bytes;
+  uint64_t num_normal_rdma_bytes;
+  /* Groups across hosts: transport command rings per rank (1..32) and slots per ring (a power of two). */
+  uint32_t transport_channels;
+  uint32_t ring_slots;
+} epf_group_options;
+epf_status epf_create_group_opts(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
+                                 uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
+                                 const epf_group_options* options, char* token_out, size_t token_capacity);
 epf_status epf_delete_group(epf_client* client, const char* name, const char* token);
 /* accessing_device: the CUDA device whose kernels use the regions (-1: the current one). */
 epf_status epf_attach(epf_client* client, const char* group, int rank, const char* token, int accessing_device,
@@ -114,6 +132,8 @@ int epf_lease_backend(const epf_lease* lease);
 int epf_lease_low_latency(const epf_lease* lease);
 /* A low-latency group that also serves normal mode: the bytes of each NVL region for normal mode; 0 otherwise. */
 uint64_t epf_lease_num_normal_bytes(const epf_lease* lease);
+/* The same for each RDMA region (a group across hosts that serves both modes); 0 otherwise. */
+uint64_t epf_lease_num_normal_rdma_bytes(const epf_lease* lease);
 /* Ranks on this host (the lease's NVLink peers), this rank included. */
 int epf_lease_num_nvl_ranks(const epf_lease* lease);
 /* OK while the group is usable; UNAVAILABLE when degraded. */

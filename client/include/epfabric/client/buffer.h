@@ -92,8 +92,9 @@ struct BufferConfig {
   // process need a share each (SMs / ranks on that GPU): a kernel that spins on every SM starves its peer's.
   int low_latency_sms = 0;
   // Low-latency calls (the group must have GroupInfo.low_latency), else normal-mode calls: on a normal-mode group, or
-  // on a low-latency group that also serves normal mode (GroupInfo.num_normal_bytes > 0). There each mode has its
-  // own part of the regions, so a lease may hold one Buffer of each mode at once (SGLang's auto mode).
+  // on a low-latency group that also serves normal mode (GroupInfo.num_normal_bytes > 0; across hosts also
+  // num_normal_rdma_bytes). There each mode has its own part of the regions, so a lease may hold one Buffer of each
+  // mode at once (SGLang's auto mode).
   bool low_latency = false;
   absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
   // Normal mode: run a one-host group through the internode path (RDMA stage included; needs num_rdma_bytes of
@@ -293,9 +294,11 @@ class Buffer {
                                                             std::shared_ptr<Allocator> allocator,
                                                             uint64_t region_offset = 0);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateInternode(Lease* lease, const BufferConfig& config,
-                                                                 std::shared_ptr<Allocator> allocator);
+                                                                 std::shared_ptr<Allocator> allocator,
+                                                                 uint64_t nvl_limit, uint64_t rdma_limit);
   static absl::StatusOr<std::unique_ptr<Buffer>> CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
-                                                                           std::shared_ptr<Allocator> allocator);
+                                                                           std::shared_ptr<Allocator> allocator,
+                                                                           uint64_t nvl_offset, uint64_t rdma_offset);
   std::unique_ptr<State> state_;
 };
 
