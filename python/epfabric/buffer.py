@@ -483,7 +483,7 @@ def low_latency_shape_of(hint_bytes, num_ranks=None):
     for in this process, or None. With `num_ranks`, a size that is not a hint itself (DeepEP's callers pass the larger
     of the normal-mode and the low-latency sizes) gives the largest hinted shape of that many ranks that fits in it."""
     shape = _HINTED_SHAPES.get(hint_bytes)
-    if shape is not None or num_ranks is None:
+    if num_ranks is None or (shape is not None and shape[2] == num_ranks):
         return shape
     fitting = [(hint, shape) for hint, shape in _HINTED_SHAPES.items() if shape[2] == num_ranks and hint <= hint_bytes]
     return max(fitting)[1] if fitting else None
