@@ -87,11 +87,10 @@ class InternodeTest : public ::testing::Test {
       std::replace(changed.begin(), changed.end(), std::string("--mode=both"), std::string(mode));
       return GroupBytes(changed);
     };
-    auto bytes = GroupBytes(scenario);
+    auto bytes = both ? in_mode("--mode=low_latency") : GroupBytes(scenario);
     uint64_t normal_nvl = 0, normal_rdma = 0;
     if (both) {
       auto normal = in_mode("--mode=normal");
-      bytes = in_mode("--mode=low_latency");
       if (!normal.ok()) return normal.status();
       normal_nvl = (normal->first + 4095) / 4096 * 4096;
       normal_rdma = (normal->second + 4095) / 4096 * 4096;
