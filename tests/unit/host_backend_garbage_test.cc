@@ -75,15 +75,8 @@ TEST(UntrustedIntranode, GarbageEverywhereGivesACleanErrorOrCorrectResultsThenRe
 }
 
 LowLatencyCase GarbageLowLatencyCase() {
-  LowLatencyCase c;
-  c.num_ranks = 2;
-  c.max_tokens = 8;
-  c.hidden = 256;
-  c.num_experts = 4;
-  c.num_topk = 2;
+  LowLatencyCase c = LLCase(/*ranks=*/2, /*max_tokens=*/8, /*hidden=*/256, /*experts=*/4, /*topk=*/2, /*seed=*/78);
   c.iterations = 2;
-  c.seed = 78;
-  c.routing.allow_duplicates = true;
   return c;
 }
 
