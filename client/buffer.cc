@@ -443,6 +443,35 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateInternode(Lease* lease, co
   return buffer;
 }
 
+namespace {
+
+// BufferConfig::low_latency_issue resolved for this lease (decision 84).
+absl::StatusOr<bool> IssuesFromTheDevice(const Lease& lease, const BufferConfig& config) {
+  using Issue = BufferConfig::LowLatencyIssue;
+  Issue issue = config.low_latency_issue;
+  const bool cuda = lease.backend() == v1::BACKEND_CUDA;
+  if (issue == Issue::kDevice && !cuda) {
+    return absl::InvalidArgumentError(
+        "low_latency_issue = device needs a cuda group (the host backend sends each write as it is made)");
+  }
+  if (issue == Issue::kAuto && cuda) {  // the host backend has no choice to make
+    const char* env = std::getenv("EPF_LOW_LATENCY_ISSUE");
+    const std::string choice = env != nullptr ? env : "";
+    if (choice == "device") {
+      issue = Issue::kDevice;
+    } else if (choice == "relay") {
+      issue = Issue::kRelay;
+    } else if (!choice.empty() && choice != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat("EPF_LOW_LATENCY_ISSUE='", choice,
+                                                     "': expected device, relay or auto"));
+    }
+  }
+  if (issue == Issue::kAuto) return cuda && lease.transport() == v1::TRANSPORT_VERBS;
+  return issue == Issue::kDevice;
+}
+
+}  // namespace
+
 // Low latency across hosts (internode_low_latency.h): the low-latency path over all ranks, the ranks on other hosts
 // reached through the transport (host backend: sent as written; cuda: relayed by the calling thread between steps).
 // In a group that serves both modes, low latency has the regions from `nvl_offset` / `rdma_offset` on.
@@ -482,10 +511,14 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
   path.lost_ranks = lease->lost_ranks_words(/*device=*/cuda);
   path.lost_ranks_host = lease->lost_ranks_words(/*device=*/false);
   remote->Configure(&path);
-  const bool relay = cuda || config.low_latency_relay;
-  if (relay) path.remote_put = nullptr;  // the relay sends what the steps staged
+  EPF_ASSIGN_OR_RETURN(const bool device_issue, IssuesFromTheDevice(*lease, config));
+  const bool relay = (cuda && !device_issue) || config.low_latency_relay;
+  if (relay || device_issue) path.remote_put = nullptr;  // the relay or the issue kernel sends what the steps staged
   EPF_ASSIGN_OR_RETURN(auto inner_path, internal::DataPath::Create(lease->backend(), path));
-  if (relay) {
+  if (device_issue) {
+    EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyDevicePath(std::move(inner_path), std::move(remote), lease,
+                                                                        layout, config.timeout));
+  } else if (relay) {
     // The cuda kernels cannot send over the transport themselves: the calling thread relays between steps.
     EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyRelayPath(std::move(inner_path), std::move(remote), layout,
                                                                        state->rank, path.peer_regions[state->rank],

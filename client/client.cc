@@ -254,6 +254,7 @@ int Lease::rank() const { return state_->attach.rank(); }
 int Lease::world_size() const { return state_->attach.world_size(); }
 const std::vector<int>& Lease::nvl_ranks() const { return state_->nvl_ranks; }
 v1::Backend Lease::backend() const { return state_->attach.backend(); }
+v1::Transport Lease::transport() const { return state_->attach.transport(); }
 uint64_t Lease::attach_epoch() const { return state_->attach.epoch(); }
 absl::Duration Lease::lease_ttl() const { return state_->ttl; }
 

@@ -36,13 +36,19 @@ bool RankLost(const uint64_t* lost_ranks_host, const uint64_t* ignore, int rank)
   return ((word >> (rank % 64)) & 1u) != 0;
 }
 
-absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream) {
+absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream, bool low_latency) {
   if (backend != v1::BACKEND_CUDA) return absl::OkStatus();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   EPF_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture));
   if (capture == cudaStreamCaptureStatusNone) return absl::OkStatus();
+  if (low_latency) {
+    return absl::FailedPreconditionError(
+        "this low-latency Buffer relays across hosts from the calling thread, which synchronises with the host "
+        "between the steps of a call: to capture its calls into a CUDA graph, issue from the device "
+        "(BufferConfig::low_latency_issue = kDevice, or EPF_LOW_LATENCY_ISSUE=device; the default on the verbs wire)");
+  }
   return absl::FailedPreconditionError(
-      "a group that spans hosts synchronises with the host between the steps of a call: its calls cannot be captured "
+      "normal mode across hosts synchronises with the host between the steps of a call: its calls cannot be captured "
       "into a CUDA graph (num_worst_tokens gives the worst-case shapes, not capture, across hosts)");
 }
 

@@ -16,6 +16,7 @@
 #include "epfabric/client/buffer.h"
 #include "epfabric/kernels/intranode.h"
 #include "epfabric/kernels/low_latency.h"
+#include "epfabric/kernels/low_latency_remote.h"
 
 namespace epfabric::client::internal {
 
@@ -82,6 +83,12 @@ class DataPath {
   // Low latency: int32 [num_ranks], nonzero = that rank is masked (set by the kernels when a wait on it times out,
   // or by the caller); device memory on cuda. nullptr in normal mode.
   virtual int32_t* LowLatencyRankMask() const = 0;
+  // Low latency across hosts, device-issued (kernels/low_latency_remote.h): one step's issuer on this path's context
+  // (its status word and rank mask). cuda only.
+  virtual absl::Status LowLatencyRemoteIssue(const kernels::LowLatencyRemoteRings& /*rings*/,
+                                             const kernels::LowLatencyRemoteArgs& /*args*/, cudaStream_t /*stream*/) {
+    return absl::UnimplementedError("device-issued low latency needs the cuda backend");
+  }
 
   // ---- failures ----
   // Buffer::Check and Buffer::Reset (the region's signals, the status word, the rank mask).
@@ -105,9 +112,10 @@ void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 // A host-side wait's check: the daemon published `rank` as lost and `ignore` does not hide it.
 bool RankLost(const uint64_t* lost_ranks_host, const uint64_t* ignore, int rank);
-// FailedPrecondition while `stream` is being captured (cuda backend): calls of a group that spans hosts synchronise
-// with the host between their stages, so they cannot be captured into a CUDA graph.
-absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream);
+// FailedPrecondition while `stream` is being captured (cuda backend): calls of a group that spans hosts that
+// synchronise with the host between their stages (normal mode; low latency relayed) cannot be captured into a CUDA
+// graph. The message says what to use instead.
+absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream, bool low_latency = false);
 
 // Shared by the implementations: the kernels' view of the group, for a status word and rank mask of the path's own.
 kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& config, kernels::KernelStatus* status);

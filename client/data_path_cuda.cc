@@ -219,6 +219,10 @@ class CudaDataPath final : public DataPath {
   }
   void* LowLatencyCombineInputBuffer() const override { return kernels::LowLatencyCombineInputBuffer(ll_); }
   int32_t* LowLatencyRankMask() const override { return rank_mask_; }
+  absl::Status LowLatencyRemoteIssue(const kernels::LowLatencyRemoteRings& rings,
+                                     const kernels::LowLatencyRemoteArgs& args, cudaStream_t stream) override {
+    return kernels::LowLatencyRemoteIssue(Fresh(ll_), rings, args, stream);
+  }
 
   absl::Status Check(cudaStream_t stream) override {
     absl::Status kernel = kernels::ReadKernelStatus(status_, stream);

@@ -41,6 +41,8 @@ class LowLatencyRemote {
   absl::Status Send(int dst_rank, size_t offset, size_t bytes);
   // Bit r: rank r is on another host.
   uint32_t remote_ranks() const { return remote_ranks_; }
+  // Where the low-latency part starts in the RDMA region.
+  uint64_t rdma_offset() const { return rdma_offset_; }
   // This rank's staging copy for rank r (halves only), and its inbox.
   uint8_t* staging(int r) const { return rdma_ + (1 + static_cast<size_t>(r)) * halves_bytes_; }
   uint8_t* inbox() const { return rdma_; }
@@ -114,6 +116,16 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyRelayPath(std::unique_ptr
                                                                  const kernels::LowLatencyLayout& layout, int rank,
                                                                  void* own_region, const uint64_t* lost_ranks_host,
                                                                  absl::Duration timeout);
+
+// Low latency across hosts on the cuda backend with device-issued puts (internode_low_latency_device.cc,
+// kernels/low_latency_remote.h): every step a launch on the caller's stream, every wait a kernel's, so that calls can
+// be captured into a CUDA graph. Takes the lease's low-latency channels (LowLatencyChannels); their next ring index
+// lives in device memory while the path exists and goes back to the ring when it is destroyed.
+absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_ptr<DataPath> inner,
+                                                                  std::unique_ptr<LowLatencyRemote> remote,
+                                                                  Lease* lease,
+                                                                  const kernels::LowLatencyLayout& layout,
+                                                                  absl::Duration timeout);
 
 // A DataPath that runs the host path's low-latency calls and quiets the transport after each (so that a caller
 // that detaches right after a call does not take its last sends with it), reporting failed sends.

@@ -63,13 +63,13 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
 
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
-    EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(inner_->backend(), stream));
+    EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(inner_->backend(), stream, /*low_latency=*/true));
     RefreshLostIgnore(lost_ranks_, lost_ignore_);
     absl::Status ran = RunDispatch(args, stream);
     return Finish(std::move(ran));
   }
   absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
-    EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(inner_->backend(), stream));
+    EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(inner_->backend(), stream, /*low_latency=*/true));
     RefreshLostIgnore(lost_ranks_, lost_ignore_);
     absl::Status ran = RunCombine(args, stream);
     return Finish(std::move(ran));

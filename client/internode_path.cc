@@ -22,6 +22,23 @@ constexpr uint64_t kWordBytes = sizeof(uint64_t);
 
 }  // namespace
 
+namespace {
+bool LastChannelIsLowLatencys(const Lease& lease) {
+  return lease.group().num_normal_bytes() > 0 && lease.group().transport_channels() >= 2;
+}
+}  // namespace
+
+ChannelRange NormalModeChannels(const Lease& lease) {
+  const int channels = static_cast<int>(lease.group().transport_channels());
+  return {.first = 0, .count = LastChannelIsLowLatencys(lease) ? channels - 1 : channels};
+}
+
+ChannelRange LowLatencyChannels(const Lease& lease) {
+  const int channels = static_cast<int>(lease.group().transport_channels());
+  if (LastChannelIsLowLatencys(lease)) return {.first = channels - 1, .count = 1};
+  return {.first = 0, .count = channels};
+}
+
 absl::StatusOr<InternodeGroupShape> InternodeShapeOf(const Lease& lease) {
   const std::vector<int>& nvl = lease.nvl_ranks();
   const int world = lease.world_size();
@@ -81,13 +98,13 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
         path->layout_.total_bytes, rdma_limit == UINT64_MAX ? "num_rdma_bytes" : "num_normal_rdma_bytes"));
   }
   void* commands = lease->commands_region();
-  const int channels = static_cast<int>(lease->group().transport_channels());
+  const ChannelRange channels = NormalModeChannels(*lease);
   const uint32_t slots = lease->group().ring_slots();
-  if (commands == nullptr || channels < 1) {
+  if (commands == nullptr || channels.count < 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("group '", lease->group_name(), "' has no transport command rings mapped"));
   }
-  for (int c = 0; c < channels; ++c) {
+  for (int c = channels.first; c < channels.first + channels.count; ++c) {
     EPF_ASSIGN_OR_RETURN(transport::RingIssuer ring,
                          transport::RingIssuer::Create(transport::RingAt(commands, c, slots), c, slots));
     path->rings_.push_back(ring);

@@ -36,6 +36,16 @@ struct InternodeGroupShape {
 // The shape of `lease`'s group, or InvalidArgument when its ranks are not grouped by host that way.
 absl::StatusOr<InternodeGroupShape> InternodeShapeOf(const Lease& lease);
 
+// The transport channels (command rings) each mode issues on (decision 84). In a group that serves both modes with two
+// or more channels the last one is low latency's alone: its device-side issuer keeps its ring index in device memory
+// and must not share a ring with the normal path's host-side issuers. Otherwise each mode has them all.
+struct ChannelRange {
+  int first = 0;
+  int count = 0;
+};
+ChannelRange NormalModeChannels(const Lease& lease);
+ChannelRange LowLatencyChannels(const Lease& lease);
+
 // What the inner (intranode) Buffer of an internode group is configured with: max_tokens_per_rank = hosts * the
 // outer bound (a gateway forwards what every host sent it), the host's experts, the host's ranks.
 BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupShape& shape);

@@ -43,7 +43,9 @@ kill_case() {
   "$epctl" --socket="$dir/d0.sock" delete-group --group="$name" --token="$token" >/dev/null || status=1
 }
 
+# run_internode [all|device]: every case (default), or only the low-latency cases issued from the device.
 run_internode() {
+  local only=${1:-all}
   local dir pids=() r rc epctl=$BUNDLE/bin/epctl worker=$BUNDLE/bin/epfabric_worker
   # $EPF_HOSTS x $EPF_RANKS_PER_HOST ranks (default 2 x 2; e.g. 2 x 4 on 8 GPUs, issue #17).
   local hosts=${EPF_HOSTS:-2} per_host=${EPF_RANKS_PER_HOST:-2}
@@ -102,6 +104,7 @@ run_internode() {
       sleep 0.1
     done
     local common=(--mode=normal --repeats=3 --cached --timeout_ms=60000)
+    if [[ $only == all ]]; then
     internode_case bf16 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=32 --seed=1
     internode_case fp8 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=32 --fp8 --seed=2
     internode_case h7168 no "${common[@]}" --tokens=64 --hidden=7168 --topk=8 --experts=32 --fixed_tokens --seed=3
@@ -133,9 +136,34 @@ run_internode() {
       --experts=16 --seed=27
     ((world > 8)) || kill_case "$dir" loss-ll "$hosts" "$per_host" 2000 --mode=low_latency --tokens=32 \
       --hidden=1024 --topk=4 --experts=16 --fp8 --seed=28
+    fi
+    # Low latency across hosts issued from the device (decision 84): the kernels put and wait, nothing waits on the
+    # host, so the calls can be captured into CUDA graphs (the graph cases replay a captured dispatch and combine
+    # every round with new inputs).
+    if ((world <= 8)); then
+    local dev=(--mode=low_latency --low_latency_issue=device --timeout_ms=60000)
+    internode_case dev-fp8 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 \
+      --seed=41
+    internode_case dev-bf16 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=32 \
+      --empty_fraction=0.6 --seed=42
+    internode_case dev-silent no "${dev[@]}" --repeats=4 --tokens=32 --hidden=512 --topk=4 --experts=16 \
+      --routing=silent --silent_rank=2 --seed=44
+    internode_case dev-graph no "${dev[@]}" --repeats=6 --graph --tokens=32 --hidden=1024 --topk=8 --experts=32 \
+      --fp8 --fixed_tokens --seed=45
+    internode_case dev-graph-h7168 no "${dev[@]}" --repeats=4 --graph --tokens=32 --hidden=7168 --topk=8 \
+      --experts=32 --fp8 --fixed_tokens --seed=46
+    internode_case dev-memcheck memcheck --mode=low_latency --low_latency_issue=device --repeats=2 --timeout_ms=120000 \
+      --tokens=16 --hidden=256 --topk=4 --experts=16 --seed=47
+    internode_case dev-both no --mode=both --low_latency_issue=device --repeats=3 --cached --timeout_ms=60000 \
+      --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 --seed=48
+    kill_case "$dir" loss-ll-dev "$hosts" "$per_host" 2000 --mode=low_latency --low_latency_issue=device \
+      --tokens=32 --hidden=1024 --topk=4 --experts=16 --fp8 --seed=49
+    fi
   } 2>&1 | tee "$OUT/internode.txt"
-  local cases=16 memchecks=2  # 9 normal + 6 low-latency cases + 1 of both; one memcheck case per mode
+  # all: 9 normal + 6 low-latency (relay) + 1 both + 7 device-issued cases; one memcheck case per mode and per issuer.
+  local cases=23 memchecks=3
   ((world > 8)) && cases=9 memchecks=1
+  [[ $only == device ]] && cases=7 memchecks=1
   [[ $(grep -c " ok=1 " "$OUT/internode.txt") -ge $((cases * world)) ]] ||
     { echo "internode: not every worker passed"; status=1; }
   [[ $(grep -c "ERROR SUMMARY: 0 errors" "$OUT/internode.txt") -ge $memchecks ]] ||

@@ -380,6 +380,7 @@ absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::Atta
   response.set_world_size(group.info.ranks_size());
   response.set_backend(allocator_->backend());
   response.set_epoch(view.epoch());
+  if (group.transport != nullptr && transport_ != nullptr) response.set_transport(transport_->kind());
   const std::string& my_host = view.members(self).host_id();
   for (int i = 0; i < group.info.ranks_size(); ++i) {
     if (view.members(group.info.ranks(i)).host_id() != my_host) continue;

@@ -174,10 +174,32 @@ struct CombineKernelParams {
   int64_t* wait_recv_cost_ns;  // optional [num_ranks], added to
 };
 
+// Across hosts with device-issued puts (epfabric/kernels/low_latency_remote.h): one ring as the issuer sees it.
+struct RemoteRing {
+  void* control;              // RingControl, device pointer of the mapped command region
+  unsigned long long* next;   // device memory: the next index to reserve
+  uint32_t slots;
+  int channel;
+};
+
+struct RemoteIssueKernelParams {
+  GroupView g;  // regions[r] of a rank r on another host is this rank's staging copy for it
+  RemoteRing rings[kMaxNvlPeers];
+  int num_rings;
+  uint64_t rdma_offset;
+  int step;  // LowLatencyRemoteStep
+  int num_tokens;
+  const int32_t* token_map;
+};
+
 // One cooperative grid of `num_blocks` blocks (every block must be resident: blocks wait for each other's work).
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream);
-// Loads the low-latency dispatch and combine kernels on the current device (launch.cuh, preload_kernel).
+// One block, one warp per rank on another host.
+cudaError_t LaunchRemoteIssue(const RemoteIssueKernelParams& params, cudaStream_t stream);
+// Loads the low-latency dispatch, combine and remote-issue kernels on the current device (launch.cuh,
+// preload_kernel).
 cudaError_t PreloadKernels();
+cudaError_t PreloadRemoteIssue();
 
 }  // namespace epfabric::kernels::low_latency

@@ -1,9 +1,12 @@
 // Host side of the low-latency launches: validation (before any launch), the kernels' parameter blocks and the grid
 // size. The kernels themselves are in kernels/cuda/low_latency_{dispatch,combine}.cu.
 #include "api/launch.h"
+#include "absl/strings/str_cat.h"
 #include "api/launch_error.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/low_latency.h"
+#include "epfabric/kernels/low_latency_remote.h"
+#include "epfabric/kernels/transport/ring.h"
 
 namespace epfabric::kernels {
 namespace {
@@ -82,6 +85,43 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   p.combined_x = static_cast<uint16_t*>(args.combined_x);
   p.wait_recv_cost_ns = args.wait_recv_cost_ns;
   return LaunchError(low_latency::LaunchCombine(p, blocks, stream), "low-latency combine launch");
+}
+
+absl::Status LowLatencyRemoteIssue(const LowLatencyContext& ctx, const LowLatencyRemoteRings& rings,
+                                   const LowLatencyRemoteArgs& args, cudaStream_t stream) {
+  if (ctx.remote_ranks == 0 || ctx.remote_inbox == nullptr) {
+    return absl::FailedPreconditionError("device-issued low latency: the group has no rank on another host");
+  }
+  if (rings.num_rings < 1 || rings.num_rings > kMaxNvlPeers) {
+    return absl::InvalidArgumentError(absl::StrCat("device-issued low latency: num_rings = ", rings.num_rings,
+                                                   ", expected 1 to ", kMaxNvlPeers));
+  }
+  if (args.buffer_half != 0 && args.buffer_half != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("buffer_half = ", args.buffer_half, ", expected 0 or 1"));
+  }
+  if (args.num_tokens < 0 || args.num_tokens > ctx.layout.max_tokens_per_rank) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens = ", args.num_tokens, ", expected 0 to ",
+                                                   ctx.layout.max_tokens_per_rank));
+  }
+  if (args.step == LowLatencyRemoteStep::kCombineRows && args.token_map == nullptr) {
+    return absl::InvalidArgumentError("device-issued low latency: the combine rows step needs the token map");
+  }
+  low_latency::RemoteIssueKernelParams p = {};
+  p.g = MakeGroupView(ctx, args.buffer_half, LowLatencyPhases::kSend);
+  for (int c = 0; c < rings.num_rings; ++c) {
+    const transport::DeviceRing& ring = rings.rings[c];
+    if (ring.ring == nullptr || ring.next == nullptr || !transport::ValidRingSlots(ring.slots)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device-issued low latency: ring ", c, " without memory, counter or a valid slot count"));
+    }
+    p.rings[c] = {ring.ring, ring.next, ring.slots, ring.channel};
+  }
+  p.num_rings = rings.num_rings;
+  p.rdma_offset = rings.rdma_offset;
+  p.step = static_cast<int>(args.step);
+  p.num_tokens = args.num_tokens;
+  p.token_map = args.token_map;
+  return LaunchError(low_latency::LaunchRemoteIssue(p, stream), "low-latency remote issue launch");
 }
 
 }  // namespace epfabric::kernels

@@ -284,6 +284,7 @@ cudaError_t PreloadDispatch();
 
 cudaError_t PreloadKernels() {
   if (const cudaError_t err = PreloadDispatch(); err != cudaSuccess) return err;
+  if (const cudaError_t err = PreloadRemoteIssue(); err != cudaSuccess) return err;
   return preload_kernel(combine_kernel);
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checks.h"
+#include "low_latency_graph.h"
 #include "memory.h"
 #include "worker.h"
 
@@ -109,7 +110,7 @@ LowLatencyRound MakeLowLatencyRound(const Scenario& s, int num_ranks, int rank, 
 }  // namespace
 
 absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
-                                RoundStats* stats) {
+                                RoundStats* stats, LowLatencyGraphs* graphs) {
   const int R = buffer.num_ranks(), rank = buffer.rank();
   const LowLatencyRound x = MakeLowLatencyRound(s, R, rank, round);
   const host::LowLatencyRankInput& in = x.inputs[rank];
@@ -128,9 +129,11 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   NoteCallStarted();
   MaybeDieDuringThisDispatch();
   // --hooks: odd rounds run DeepEP's receive hooks (send phase, then the hook) instead of one call.
-  const bool hook = s.hooks && round % 2 == 1;
+  const bool hook = s.hooks && round % 2 == 1 && graphs == nullptr;
   auto recv =
-      buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8, .return_recv_hook = hook});
+      graphs != nullptr
+          ? graphs->Dispatch(buffer, s, in.x, in.topk_idx, in.topk_weights, T)
+          : buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8, .return_recv_hook = hook});
   if (!recv.ok()) return recv.status();
   if (hook) {
     if (absl::Status received = recv->recv_hook(nullptr); !received.ok()) return received;
@@ -158,8 +161,11 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
     const std::vector<uint16_t> zeros(static_cast<size_t>(L) * slots * H, 0);
     auto expert_view = mem.Upload(zeros, DType::kBF16, {L, static_cast<int64_t>(slots), H});
     if (!expert_view.ok()) return expert_view.status();
-    auto combined = buffer.LowLatencyCombine(
-        {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
+    auto combined =
+        graphs != nullptr
+            ? graphs->Combine(buffer, zeros, L, static_cast<int64_t>(slots), H)
+            : buffer.LowLatencyCombine(
+                  {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
     if (!combined.ok()) return combined.status();
     if (absl::Status done = buffer.Check(); !done.ok()) return done;
     return masked_error(masked);
@@ -205,11 +211,12 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (!expert_view.ok()) return expert_view.status();
   start = std::chrono::steady_clock::now();
   NoteCallStarted();
-  auto combined = buffer.LowLatencyCombine({.x = *expert_view,
-                                            .topk_idx = *idx_view,
-                                            .topk_weights = *w_view,
-                                            .handle = recv->handle,
-                                            .return_recv_hook = hook});
+  auto combined = graphs != nullptr ? graphs->Combine(buffer, expert_out, L, static_cast<int64_t>(slots), H)
+                                    : buffer.LowLatencyCombine({.x = *expert_view,
+                                                                .topk_idx = *idx_view,
+                                                                .topk_weights = *w_view,
+                                                                .handle = recv->handle,
+                                                                .return_recv_hook = hook});
   if (!combined.ok()) return combined.status();
   if (hook) {
     if (absl::Status received = combined->recv_hook(nullptr); !received.ok()) return received;

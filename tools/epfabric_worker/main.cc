@@ -51,6 +51,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checks.h"
+#include "low_latency_graph.h"
 #include "memory.h"
 #include "restart_probe.h"
 #include "worker.h"
@@ -107,6 +108,11 @@ ABSL_FLAG(bool, hooks, false, "Low latency: odd rounds run through the receive h
 ABSL_FLAG(bool, relay, false,
           "Low latency across hosts: BufferConfig.low_latency_relay (the host backend relays between steps, as cuda "
           "does).");
+ABSL_FLAG(std::string, low_latency_issue, "auto",
+          "Low latency across hosts on cuda: BufferConfig.low_latency_issue (device, relay or auto).");
+ABSL_FLAG(bool, graph, false,
+          "Low latency on cuda: each round's dispatch and combine replay CUDA graphs captured at the first round "
+          "(needs --fixed_tokens; no --hooks, no --mode=both).");
 ABSL_FLAG(int64_t, launch_unix_ns, 0,
           "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`). Checked modes report "
           "restart_to_first_dispatch_ms from it to the first completed dispatch, which there also includes making "
@@ -174,7 +180,17 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     std::cerr << "--packed_scales needs --fp8 and a hidden size that is a multiple of 512\n";
     return kExitUsage;
   }
-  const BufferConfig config{.max_tokens_per_rank = s.tokens,
+  const std::string issue = absl::GetFlag(FLAGS_low_latency_issue);
+  if (issue != "auto" && issue != "device" && issue != "relay") {
+    std::cerr << "unknown --low_latency_issue=" << issue << "\n";
+    return kExitUsage;
+  }
+  const bool graph = absl::GetFlag(FLAGS_graph);
+  if (graph && (!s.low_latency || !s.fixed_tokens || s.hooks)) {
+    std::cerr << "--graph needs --mode=low_latency and --fixed_tokens, without --hooks\n";
+    return kExitUsage;
+  }
+  BufferConfig config{.max_tokens_per_rank = s.tokens,
                             .hidden = s.hidden,
                             .max_topk = s.topk,
                             .num_experts = s.experts,
@@ -183,6 +199,9 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
                             .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)),
                             .force_internode = s.force_internode,
                             .low_latency_relay = absl::GetFlag(FLAGS_relay)};
+  config.low_latency_issue = issue == "device"  ? BufferConfig::LowLatencyIssue::kDevice
+                             : issue == "relay" ? BufferConfig::LowLatencyIssue::kRelay
+                                                : BufferConfig::LowLatencyIssue::kAuto;
   if (absl::GetFlag(FLAGS_region_bytes) && (absl::GetFlag(FLAGS_hosts) > 1 || s.force_internode)) {
     auto bytes = client::RequiredGroupBytes(config, absl::GetFlag(FLAGS_hosts), absl::GetFlag(FLAGS_ranks));
     if (!bytes.ok()) {
@@ -243,7 +262,14 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     return fail("Attach", absl::InvalidArgumentError("--mode is not the group's mode"));
   }
   s.hosts = (*lease)->world_size() / static_cast<int>((*lease)->nvl_ranks().size());
-  auto buffer = Buffer::Create(lease->get(), config);
+  // --graph: outputs from an arena (their captured addresses stay valid), calls replayed from graphs.
+  std::shared_ptr<client::Allocator> arena;
+  std::unique_ptr<LowLatencyGraphs> graphs;
+  if (graph) {
+    arena = std::make_shared<ArenaAllocator>(size_t{1} << 30);
+    graphs = std::make_unique<LowLatencyGraphs>();
+  }
+  auto buffer = Buffer::Create(lease->get(), config, arena);
   if (!buffer.ok()) return fail("Buffer::Create", buffer.status());
   // --mode=both: the same lease's low-latency Buffer, in the other part of the regions.
   Scenario ll_scenario = s;
@@ -276,7 +302,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     // Every round runs even after a mismatch, so that the peers are not left waiting.
     for (int round = 0; round < rounds; ++round) {
       RoundStats stats;
-      absl::Status ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, round, checks, &stats)
+      absl::Status ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, round, checks, &stats, graphs.get())
                                        : RunNormalRound(**buffer, mem, s, round, checks, &stats);
       if (!ran.ok()) return ran;
       if (both) {
@@ -305,7 +331,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
         return fail("until_timeout", absl::DeadlineExceededError("no call timed out within --max_seconds"));
       }
       RoundStats stats;
-      ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, 1000 + round, checks, &stats)
+      ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, 1000 + round, checks, &stats, graphs.get())
                           : RunNormalRound(**buffer, mem, s, 1000 + round, checks, &stats);
       if (round == 0) std::cout << "EPF_EVENT rank=" << rank << " running" << std::endl;
     }

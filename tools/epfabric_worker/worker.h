@@ -112,8 +112,10 @@ int ChooseDevice(int rank);
 // `checks`.
 absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
                             RoundStats* stats);
+// `graphs` (--graph): the calls replay CUDA graphs captured at the first round (low_latency_graph.h).
+class LowLatencyGraphs;
 absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
-                                RoundStats* stats);
+                                RoundStats* stats, LowLatencyGraphs* graphs = nullptr);
 
 // --bad_input (bad_input.cc): every call must be refused with InvalidArgument, before anything runs.
 absl::Status RunBadInput(Buffer& buffer, Memory& mem, const Scenario& s, Checks& checks, int* refused, int* cases);

@@ -105,6 +105,13 @@ struct BufferConfig {
   // the cuda backend always does (instead of sending each write as it is made). For tests: the relay's logic then
   // runs without a GPU.
   bool low_latency_relay = false;
+  // Low latency across hosts on cuda: who puts the bytes for ranks on other hosts (decision 84). kDevice: a kernel
+  // after each step, and the kernels wait on the device (capturable into a CUDA graph). kRelay: the calling thread
+  // between launches, waiting on the host (never a kernel spinning while the daemon lands bytes on the same GPU; not
+  // capturable). kAuto: kDevice on the verbs wire, kRelay on the socket wire, unless the environment variable
+  // EPF_LOW_LATENCY_ISSUE says `device` or `relay`.
+  enum class LowLatencyIssue { kAuto, kRelay, kDevice };
+  LowLatencyIssue low_latency_issue = LowLatencyIssue::kAuto;
 };
 
 absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num_nvl_ranks);

@@ -80,6 +80,8 @@ class Lease {
   // Group ranks on this host (reachable through NVLink/peer access), this rank included, ascending.
   const std::vector<int>& nvl_ranks() const;
   v1::Backend backend() const;
+  // The wire of the daemon's transport (groups with an RDMA region), TRANSPORT_UNSPECIFIED otherwise.
+  v1::Transport transport() const;
   // Fabric epoch at attach time.
   uint64_t attach_epoch() const;
   absl::Duration lease_ttl() const;

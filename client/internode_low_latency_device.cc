@@ -1,0 +1,226 @@
+// Low-latency mode across hosts on the cuda backend with the puts issued from the device (internode_low_latency.h,
+// kernels/low_latency_remote.h): every step is a launch on the caller's stream and every wait is a kernel's bounded
+// wait, so a call can be captured into a CUDA graph. The relay (internode_low_latency_relay.cc) sends the same ranges
+// from the calling thread instead.
+#include <algorithm>
+#include <atomic>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "epfabric/common/status_macros.h"
+#include "epfabric/kernels/transport/issuer.h"
+#include "internode_low_latency.h"
+#include "internode_path.h"
+
+namespace epfabric::client::internal {
+namespace {
+
+namespace transport = kernels::transport;
+using kernels::LowLatencyPhases;
+using kernels::LowLatencyRemoteStep;
+
+// Copies on a private non-blocking stream: a plain cudaMemcpy waits for the legacy default stream, and so for the
+// kernels of another rank of this process (ranks sharing a GPU as threads) that may be waiting for this one.
+absl::Status CopyPrivately(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  cudaStream_t stream = nullptr;
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, kind, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  EPF_CUDA_RETURN_IF_ERROR(err);
+  return absl::OkStatus();
+}
+
+class LowLatencyDevicePath final : public LowLatencyPathAround {
+ public:
+  LowLatencyDevicePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
+                       const kernels::LowLatencyLayout& layout, kernels::LowLatencyRemoteRings rings,
+                       std::vector<transport::RingControl*> controls, unsigned long long* next, absl::Duration timeout)
+      : LowLatencyPathAround(std::move(inner)),
+        remote_(std::move(remote)),
+        l_(layout),
+        rings_(rings),
+        controls_(std::move(controls)),
+        next_(next),
+        timeout_(timeout) {}
+
+  // The last puts must reach their destinations before the lease can end (it drops what its rings hold), and the
+  // rings' next index goes back to the host side so that a later issuer on this lease carries on from it.
+  ~LowLatencyDevicePath() override {
+    QuietOnHost().IgnoreError();
+    HandBackRings();
+    cudaFree(next_);
+  }
+
+  absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
+    kernels::LowLatencyDispatchArgs step = args;
+    if (kernels::LowLatencySends(args.phases)) {
+      EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kQuiet, .buffer_half = args.buffer_half}, stream));
+      step.phases = LowLatencyPhases::kSend;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
+      EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kDispatch,
+                                 .buffer_half = args.buffer_half,
+                                 .num_tokens = args.num_tokens},
+                                stream));
+    }
+    if (kernels::LowLatencyReceives(args.phases)) {
+      step.phases = LowLatencyPhases::kRecv;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LowLatencyCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) override {
+    kernels::LowLatencyCombineArgs step = args;
+    if (kernels::LowLatencySends(args.phases)) {
+      EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kQuiet, .buffer_half = args.buffer_half}, stream));
+      step.phases = LowLatencyPhases::kCombineWeights;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
+      EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kCombineWeights,
+                                 .buffer_half = args.buffer_half,
+                                 .num_tokens = args.num_tokens},
+                                stream));
+      step.phases = LowLatencyPhases::kSendWeightsPublished;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
+      EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kCombineRows,
+                                 .buffer_half = args.buffer_half,
+                                 .token_map = args.handle.packed_recv_token_map},
+                                stream));
+    }
+    if (kernels::LowLatencyReceives(args.phases)) {
+      step.phases = LowLatencyPhases::kRecv;
+      EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  // The kernels' record first (it names the rank a wait was for), then a ring the daemon stopped (peer lost, a
+  // refused command): its puts after the failure were dropped.
+  absl::Status Check(cudaStream_t stream) override {
+    EPF_RETURN_IF_ERROR(inner_->Check(stream));
+    return RingErrors();
+  }
+
+  absl::Status Reset(cudaStream_t stream) override {
+    // Puts still queued read the staging copies' signals that are about to be zeroed.
+    EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    QuietOnHost().IgnoreError();
+    for (int half = 0; half < 2; ++half) {
+      const size_t at = half * l_.half_bytes;
+      EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(remote_->inbox() + at, 0, l_.signal_bytes, stream));
+      for (int r = 0; r < l_.num_ranks; ++r) {
+        if (((remote_->remote_ranks() >> r) & 1u) == 0) continue;
+        EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(remote_->staging(r) + at, 0, l_.signal_bytes, stream));
+      }
+    }
+    return inner_->Reset(stream);
+  }
+
+ private:
+  absl::Status Issue(const kernels::LowLatencyRemoteArgs& args, cudaStream_t stream) {
+    return inner_->LowLatencyRemoteIssue(rings_, args, stream);
+  }
+
+  absl::Status RingErrors() const {
+    for (int c = 0; c < rings_.num_rings; ++c) {
+      EPF_RETURN_IF_ERROR(transport::RingErrorStatus(rings_.rings[c].channel, *controls_[c]));
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits (bounded) until every put issued so far is complete; the caller has synchronised the streams that issue.
+  absl::Status QuietOnHost() {
+    std::vector<unsigned long long> next(rings_.num_rings);
+    EPF_RETURN_IF_ERROR(
+        CopyPrivately(next.data(), next_, sizeof(unsigned long long) * next.size(), cudaMemcpyDeviceToHost));
+    const absl::Time deadline = absl::Now() + timeout_;
+    for (int c = 0; c < rings_.num_rings; ++c) {
+      std::atomic_ref<uint64_t> completed(controls_[c]->completed);
+      while (completed.load(std::memory_order_acquire) < next[c]) {
+        if (controls_[c]->error_code != 0) break;  // a failed ring counts its skipped commands complete
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(absl::StrFormat(
+              "transport ring %d: %d of %d puts complete after %s", rings_.rings[c].channel,
+              completed.load(), next[c], absl::FormatDuration(timeout_)));
+        }
+        absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void HandBackRings() {
+    std::vector<unsigned long long> next(rings_.num_rings);
+    if (!CopyPrivately(next.data(), next_, sizeof(unsigned long long) * next.size(), cudaMemcpyDeviceToHost).ok()) {
+      return;
+    }
+    for (int c = 0; c < rings_.num_rings; ++c) {
+      std::atomic_ref<uint64_t>(controls_[c]->reserved).store(next[c], std::memory_order_release);
+    }
+  }
+
+  std::unique_ptr<LowLatencyRemote> remote_;
+  const kernels::LowLatencyLayout l_;
+  const kernels::LowLatencyRemoteRings rings_;
+  const std::vector<transport::RingControl*> controls_;  // the rings' control blocks as this process maps them
+  unsigned long long* const next_;                        // device memory, one counter per ring
+  const absl::Duration timeout_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_ptr<DataPath> inner,
+                                                                  std::unique_ptr<LowLatencyRemote> remote,
+                                                                  Lease* lease,
+                                                                  const kernels::LowLatencyLayout& layout,
+                                                                  absl::Duration timeout) {
+  const uint32_t slots = lease->group().ring_slots();
+  const ChannelRange channels = LowLatencyChannels(*lease);
+  if (lease->group().num_normal_bytes() > 0 && channels.first == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group '", lease->group_name(), "' serves both modes with one transport channel: device-issued low latency "
+        "needs a channel of its own (CreateGroup's transport_channels >= 2)"));
+  }
+  void* device_base = lease->commands_region_device();
+  void* host_base = lease->commands_region();
+  if (device_base == nullptr || host_base == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", lease->group_name(), "': the transport command rings are not mapped for CUDA"));
+  }
+  const int first = channels.first;
+  kernels::LowLatencyRemoteRings rings;
+  rings.num_rings = std::min(channels.count, kernels::kMaxNvlPeers);
+  rings.rdma_offset = remote->rdma_offset();
+  std::vector<transport::RingControl*> controls;
+  std::vector<unsigned long long> start;
+  for (int c = 0; c < rings.num_rings; ++c) {
+    auto* control = static_cast<transport::RingControl*>(transport::RingAt(host_base, first + c, slots));
+    if (control->magic != transport::kRingMagic) {
+      return absl::FailedPreconditionError(absl::StrCat("transport ring ", first + c, " is not initialised"));
+    }
+    controls.push_back(control);
+    // Host issuers may have used the ring before (a relay Buffer on this lease): carry on from their next index.
+    start.push_back(std::atomic_ref<uint64_t>(control->reserved).load(std::memory_order_acquire));
+    rings.rings[c] = {.ring = transport::RingAt(device_base, first + c, slots),
+                      .next = nullptr,
+                      .slots = slots,
+                      .channel = first + c};
+  }
+  void* next = nullptr;
+  EPF_CUDA_RETURN_IF_ERROR(cudaMalloc(&next, sizeof(unsigned long long) * rings.num_rings));
+  auto* counters = static_cast<unsigned long long*>(next);
+  if (absl::Status copied =
+          CopyPrivately(counters, start.data(), sizeof(unsigned long long) * start.size(), cudaMemcpyHostToDevice);
+      !copied.ok()) {
+    cudaFree(next);
+    return copied;
+  }
+  for (int c = 0; c < rings.num_rings; ++c) rings.rings[c].next = counters + c;
+  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyDevicePath>(
+      std::move(inner), std::move(remote), layout, rings, std::move(controls), counters, timeout));
+}
+
+}  // namespace epfabric::client::internal
