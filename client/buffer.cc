@@ -462,8 +462,8 @@ absl::StatusOr<bool> IssuesFromTheDevice(const Lease& lease, const BufferConfig&
     } else if (choice == "relay") {
       issue = Issue::kRelay;
     } else if (!choice.empty() && choice != "auto") {
-      return absl::InvalidArgumentError(absl::StrCat("EPF_LOW_LATENCY_ISSUE='", choice,
-                                                     "': expected device, relay or auto"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("EPF_LOW_LATENCY_ISSUE='", choice, "': expected device, relay or auto"));
     }
   }
   if (issue == Issue::kAuto) return cuda && lease.transport() == v1::TRANSPORT_VERBS;

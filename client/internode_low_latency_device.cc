@@ -61,10 +61,9 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
       EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kQuiet, .buffer_half = args.buffer_half}, stream));
       step.phases = LowLatencyPhases::kSend;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
-      EPF_RETURN_IF_ERROR(Issue({.step = LowLatencyRemoteStep::kDispatch,
-                                 .buffer_half = args.buffer_half,
-                                 .num_tokens = args.num_tokens},
-                                stream));
+      EPF_RETURN_IF_ERROR(Issue(
+          {.step = LowLatencyRemoteStep::kDispatch, .buffer_half = args.buffer_half, .num_tokens = args.num_tokens},
+          stream));
     }
     if (kernels::LowLatencyReceives(args.phases)) {
       step.phases = LowLatencyPhases::kRecv;
@@ -142,9 +141,9 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
       while (completed.load(std::memory_order_acquire) < next[c]) {
         if (controls_[c]->error_code != 0) break;  // a failed ring counts its skipped commands complete
         if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(absl::StrFormat(
-              "transport ring %d: %d of %d puts complete after %s", rings_.rings[c].channel,
-              completed.load(), next[c], absl::FormatDuration(timeout_)));
+          return absl::DeadlineExceededError(absl::StrFormat("transport ring %d: %d of %d puts complete after %s",
+                                                             rings_.rings[c].channel, completed.load(), next[c],
+                                                             absl::FormatDuration(timeout_)));
         }
         absl::SleepFor(absl::Microseconds(50));
       }
@@ -166,7 +165,7 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
   const kernels::LowLatencyLayout l_;
   const kernels::LowLatencyRemoteRings rings_;
   const std::vector<transport::RingControl*> controls_;  // the rings' control blocks as this process maps them
-  unsigned long long* const next_;                        // device memory, one counter per ring
+  unsigned long long* const next_;                       // device memory, one counter per ring
   const absl::Duration timeout_;
 };
 
@@ -174,15 +173,15 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
 
 absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_ptr<DataPath> inner,
                                                                   std::unique_ptr<LowLatencyRemote> remote,
-                                                                  Lease* lease,
-                                                                  const kernels::LowLatencyLayout& layout,
+                                                                  Lease* lease, const kernels::LowLatencyLayout& layout,
                                                                   absl::Duration timeout) {
   const uint32_t slots = lease->group().ring_slots();
   const ChannelRange channels = LowLatencyChannels(*lease);
   if (lease->group().num_normal_bytes() > 0 && channels.first == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "group '", lease->group_name(), "' serves both modes with one transport channel: device-issued low latency "
-        "needs a channel of its own (CreateGroup's transport_channels >= 2)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", lease->group_name(),
+                     "' serves both modes with one transport channel: device-issued low latency "
+                     "needs a channel of its own (CreateGroup's transport_channels >= 2)"));
   }
   void* device_base = lease->commands_region_device();
   void* host_base = lease->commands_region();

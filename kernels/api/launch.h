@@ -176,8 +176,8 @@ struct CombineKernelParams {
 
 // Across hosts with device-issued puts (epfabric/kernels/low_latency_remote.h): one ring as the issuer sees it.
 struct RemoteRing {
-  void* control;              // RingControl, device pointer of the mapped command region
-  unsigned long long* next;   // device memory: the next index to reserve
+  void* control;             // RingControl, device pointer of the mapped command region
+  unsigned long long* next;  // device memory: the next index to reserve
   uint32_t slots;
   int channel;
 };

@@ -1,7 +1,7 @@
 // Host side of the low-latency launches: validation (before any launch), the kernels' parameter blocks and the grid
 // size. The kernels themselves are in kernels/cuda/low_latency_{dispatch,combine}.cu.
-#include "api/launch.h"
 #include "absl/strings/str_cat.h"
+#include "api/launch.h"
 #include "api/launch_error.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/low_latency.h"
@@ -93,15 +93,15 @@ absl::Status LowLatencyRemoteIssue(const LowLatencyContext& ctx, const LowLatenc
     return absl::FailedPreconditionError("device-issued low latency: the group has no rank on another host");
   }
   if (rings.num_rings < 1 || rings.num_rings > kMaxNvlPeers) {
-    return absl::InvalidArgumentError(absl::StrCat("device-issued low latency: num_rings = ", rings.num_rings,
-                                                   ", expected 1 to ", kMaxNvlPeers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device-issued low latency: num_rings = ", rings.num_rings, ", expected 1 to ", kMaxNvlPeers));
   }
   if (args.buffer_half != 0 && args.buffer_half != 1) {
     return absl::InvalidArgumentError(absl::StrCat("buffer_half = ", args.buffer_half, ", expected 0 or 1"));
   }
   if (args.num_tokens < 0 || args.num_tokens > ctx.layout.max_tokens_per_rank) {
-    return absl::InvalidArgumentError(absl::StrCat("num_tokens = ", args.num_tokens, ", expected 0 to ",
-                                                   ctx.layout.max_tokens_per_rank));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_tokens = ", args.num_tokens, ", expected 0 to ", ctx.layout.max_tokens_per_rank));
   }
   if (args.step == LowLatencyRemoteStep::kCombineRows && args.token_map == nullptr) {
     return absl::InvalidArgumentError("device-issued low latency: the combine rows step needs the token map");

@@ -41,8 +41,8 @@ __device__ void send_dispatch(Sender& out, const int32_t* staged_signals, size_t
   const GroupView& g = out.p.g;
   const LowLatencyLayout& l = g.layout;
   const int R = g.num_ranks, M = l.max_tokens_per_rank, L = l.num_local_experts, rank = g.rank;
-  const int32_t* counts = reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) +
-                                                           l.dispatch_count_offset);
+  const int32_t* counts =
+      reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) + l.dispatch_count_offset);
   out.put(base + l.dispatch_msgs_offset + static_cast<size_t>(rank) * M * l.dispatch_msg_bytes,
           static_cast<size_t>(out.p.num_tokens) * l.dispatch_msg_bytes);
   for (int local = 0; local < L; ++local) {
@@ -65,8 +65,8 @@ __device__ void send_weights(Sender& out, const int32_t* staged_signals, size_t 
   const size_t weights_row = kLowLatencyMaxTopk * sizeof(float);
   out.put(base + l.combine_weights_offset + static_cast<size_t>(rank) * l.max_tokens_per_rank * weights_row,
           static_cast<size_t>(out.p.num_tokens) * weights_row);
-  const int32_t* flags = reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) +
-                                                          l.weights_flag_offset);
+  const int32_t* flags =
+      reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) + l.weights_flag_offset);
   if (ptx::ld_volatile_global(flags + rank) != 0) {
     out.put(base + l.weights_flag_offset + static_cast<size_t>(rank) * sizeof(int32_t), sizeof(int32_t));
   }
@@ -83,26 +83,29 @@ __device__ void send_rows(Sender& out, const int32_t* staged_signals, size_t bas
     const int t = first + lane;
     bool present = false;
     if (t < M) {
-      for (int k = 0; k < kLowLatencyMaxTopk && !present; ++k) present = map[static_cast<size_t>(t) * kLowLatencyMaxTopk + k] >= 0;
+      for (int k = 0; k < kLowLatencyMaxTopk && !present; ++k)
+        present = map[static_cast<size_t>(t) * kLowLatencyMaxTopk + k] >= 0;
     }
     uint32_t rows = __ballot_sync(0xffffffffu, present);
     if (lane == 0) {
       for (; rows != 0; rows &= rows - 1) {
         const int row = first + __ffs(rows) - 1;
-        out.put(base + l.combine_recv_offset + (static_cast<size_t>(row) * R + rank) * H * 2, static_cast<size_t>(H) * 2);
+        out.put(base + l.combine_recv_offset + (static_cast<size_t>(row) * R + rank) * H * 2,
+                static_cast<size_t>(H) * 2);
       }
     }
   }
   if (lane == 0) {
-    const int32_t* flags = reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) +
-                                                            l.combine_flag_offset);
+    const int32_t* flags =
+        reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) + l.combine_flag_offset);
     if (ptx::ld_volatile_global(flags + rank) != 0) {
       out.put(base + l.combine_flag_offset + static_cast<size_t>(rank) * sizeof(int32_t), sizeof(int32_t));
     }
   }
 }
 
-__global__ void __launch_bounds__(kMaxNvlPeers * 32) remote_issue_kernel(const __grid_constant__ RemoteIssueKernelParams p) {
+__global__ void __launch_bounds__(kMaxNvlPeers * 32)
+    remote_issue_kernel(const __grid_constant__ RemoteIssueKernelParams p) {
   const GroupView& g = p.g;
   const int lane = threadIdx.x % 32, dst = threadIdx.x / 32;
   if (p.step == kStepQuiet) {

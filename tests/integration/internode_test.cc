@@ -580,5 +580,32 @@ TEST_F(InternodeTest, TheRelayMasksARankThatStaysSilent) {
   EXPECT_EQ(static_cast<const int32_t*>(mask.data)[1], 1) << "rank 1 is not masked";
 }
 
+// Who issues low latency's puts across hosts (decision 84): the lease reports its daemon's wire, and the device-side
+// issuer is refused on the host backend with a message that says why, before anything is set up.
+TEST_F(InternodeTest, TheLowLatencyIssuerFollowsTheWireAndNeedsCudaToIssueFromTheDevice) {
+  ASSERT_NO_FATAL_FAILURE(StartFabric(2, 1));
+  client::BufferConfig config{.max_tokens_per_rank = 8,
+                              .hidden = 128,
+                              .max_topk = 2,
+                              .num_experts = 4,
+                              .low_latency = true,
+                              .timeout = absl::Seconds(5)};
+  InProcess group;
+  ASSERT_NO_FATAL_FAILURE(AttachInProcess("issuer", config, &group));  // kAuto: the host backend's own sends
+  for (const auto& lease : group.leases) EXPECT_EQ(lease->transport(), v1::TRANSPORT_SOCKET);
+  group.buffers.clear();
+  config.low_latency_issue = client::BufferConfig::LowLatencyIssue::kDevice;
+  auto refused = client::Buffer::Create(group.leases[0].get(), config);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("needs a cuda group"));
+  // The environment's choice is for cuda groups; the host backend has none to make.
+  setenv("EPF_LOW_LATENCY_ISSUE", "device", 1);
+  config.low_latency_issue = client::BufferConfig::LowLatencyIssue::kAuto;
+  auto created = client::Buffer::Create(group.leases[0].get(), config);
+  unsetenv("EPF_LOW_LATENCY_ISSUE");
+  EXPECT_TRUE(created.ok()) << created.status();
+}
+
 }  // namespace
 }  // namespace epfabric::testing

@@ -1,7 +1,8 @@
 """The drop-in: `from epfabric import deep_ep`, deep_ep.Buffer(group, ...) over a torch.distributed process group
 (gloo, file store) in 4 processes, each with its own daemon through EPFABRIC_SOCKET's {local_rank} template, on one
 host or two (the daemons' host ids). Normal and low-latency rounds, and both alternating on one low_latency_mode Buffer
-(SGLang's auto mode), checked against references; the groups rank 0 created are gone afterwards."""
+(SGLang's auto mode), checked against references; on cuda across hosts also a low-latency dispatch + combine captured
+into a CUDA graph and replayed; the groups rank 0 created are gone afterwards."""
 import os
 import subprocess
 import sys
@@ -91,6 +92,27 @@ def worker(rank, store, hosts):
     except RuntimeError as error:
         assert "without a normal-mode part" in str(error), error
     ll.destroy()
+
+    if fabric.BACKEND == "cuda" and hosts > 1:
+        # Decode from CUDA graphs across hosts: the puts issued from the device (decision 84; on the socket wire the
+        # default relays from the calling thread, which cannot be captured). Captured once, replayed with new inputs.
+        os.environ["EPF_LOW_LATENCY_ISSUE"] = "device"
+        graphed = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
+        del os.environ["EPF_LOW_LATENCY_ISSUE"]
+        low_latency_round(graphed)  # an eager call first, as DeepEP's callers do before capturing
+        static_x = dx.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            recv, _, handle, _, _ = graphed.low_latency_dispatch(static_x, didx, M, EXPERTS, use_fp8=False)
+            static_out = graphed.low_latency_combine(recv, didx, dw, handle)[0]
+        weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
+        for sign in (-1.0, 1.0):  # every rank replays with its rows negated, then as they were
+            static_x.copy_(dx * sign)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(static_out.float().cpu(), x.float() * sign * weight, rtol=2 ** -7, atol=1e-2)
+        del graph
+        graphed.destroy()
 
     # SGLang's auto mode: one low_latency_mode Buffer with both sizes alternates prefill (normal) and decode. Across
     # hosts DeepEP's callers pass the larger of the two modes' RDMA sizes; the RDMA region is split as the NVL one.

@@ -22,7 +22,8 @@ ArenaAllocator::~ArenaAllocator() { cudaFree(base_); }
 
 absl::StatusOr<void*> ArenaAllocator::Allocate(size_t bytes, cudaStream_t /*stream*/) {
   const size_t at = (used_ + 255) / 256 * 256;
-  if (at + bytes > size_) return absl::ResourceExhaustedError(absl::StrCat("the worker's arena is full (", size_, " bytes)"));
+  if (at + bytes > size_)
+    return absl::ResourceExhaustedError(absl::StrCat("the worker's arena is full (", size_, " bytes)"));
   used_ = at + bytes;
   return static_cast<char*>(base_) + at;
 }
@@ -50,10 +51,10 @@ absl::Status LowLatencyGraphs::Replay(cudaGraphExec_t exec) {
 }
 
 absl::StatusOr<client::LowLatencyDispatchResult> LowLatencyGraphs::Dispatch(Buffer& buffer, const Scenario& s,
-                                                                          const std::vector<uint16_t>& x,
-                                                                          const std::vector<int64_t>& topk_idx,
-                                                                          const std::vector<float>& topk_weights,
-                                                                          int num_tokens) {
+                                                                            const std::vector<uint16_t>& x,
+                                                                            const std::vector<int64_t>& topk_idx,
+                                                                            const std::vector<float>& topk_weights,
+                                                                            int num_tokens) {
   const int64_t T = num_tokens, H = s.hidden, K = s.topk;
   if (dispatch_ == nullptr) {
     if (cudaError_t err = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); err != cudaSuccess) {
@@ -82,7 +83,8 @@ absl::StatusOr<client::LowLatencyDispatchResult> LowLatencyGraphs::Dispatch(Buff
     }
     auto recv = buffer.LowLatencyDispatch({.x = x_, .topk_idx = topk_idx_, .use_fp8 = s.fp8}, stream_);
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!recv.ok()) return absl::Status(recv.status().code(), absl::StrCat("capturing the dispatch: ", recv.status().message()));
+    if (!recv.ok())
+      return absl::Status(recv.status().code(), absl::StrCat("capturing the dispatch: ", recv.status().message()));
     if (ended != cudaSuccess) return CudaError("end capture (dispatch)", ended);
     const cudaError_t made = cudaGraphInstantiate(&dispatch_, graph, 0);
     cudaGraphDestroy(graph);
@@ -97,9 +99,9 @@ absl::StatusOr<client::LowLatencyDispatchResult> LowLatencyGraphs::Dispatch(Buff
 }
 
 absl::StatusOr<client::LowLatencyCombineResult> LowLatencyGraphs::Combine(Buffer& buffer,
-                                                                        const std::vector<uint16_t>& expert_outputs,
-                                                                        int num_local_experts, int64_t slots,
-                                                                        int hidden) {
+                                                                          const std::vector<uint16_t>& expert_outputs,
+                                                                          int num_local_experts, int64_t slots,
+                                                                          int hidden) {
   if (combine_ == nullptr) {
     void* p = nullptr;
     const size_t bytes = static_cast<size_t>(num_local_experts) * slots * hidden * 2;

@@ -130,10 +130,10 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   MaybeDieDuringThisDispatch();
   // --hooks: odd rounds run DeepEP's receive hooks (send phase, then the hook) instead of one call.
   const bool hook = s.hooks && round % 2 == 1 && graphs == nullptr;
-  auto recv =
-      graphs != nullptr
-          ? graphs->Dispatch(buffer, s, in.x, in.topk_idx, in.topk_weights, T)
-          : buffer.LowLatencyDispatch({.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8, .return_recv_hook = hook});
+  auto recv = graphs != nullptr
+                  ? graphs->Dispatch(buffer, s, in.x, in.topk_idx, in.topk_weights, T)
+                  : buffer.LowLatencyDispatch(
+                        {.x = *x_view, .topk_idx = *idx_view, .use_fp8 = s.fp8, .return_recv_hook = hook});
   if (!recv.ok()) return recv.status();
   if (hook) {
     if (absl::Status received = recv->recv_hook(nullptr); !received.ok()) return received;

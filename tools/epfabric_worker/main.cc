@@ -191,14 +191,14 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     return kExitUsage;
   }
   BufferConfig config{.max_tokens_per_rank = s.tokens,
-                            .hidden = s.hidden,
-                            .max_topk = s.topk,
-                            .num_experts = s.experts,
-                            .num_sms = s.num_sms,
-                            .low_latency = s.low_latency,
-                            .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)),
-                            .force_internode = s.force_internode,
-                            .low_latency_relay = absl::GetFlag(FLAGS_relay)};
+                      .hidden = s.hidden,
+                      .max_topk = s.topk,
+                      .num_experts = s.experts,
+                      .num_sms = s.num_sms,
+                      .low_latency = s.low_latency,
+                      .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)),
+                      .force_internode = s.force_internode,
+                      .low_latency_relay = absl::GetFlag(FLAGS_relay)};
   config.low_latency_issue = issue == "device"  ? BufferConfig::LowLatencyIssue::kDevice
                              : issue == "relay" ? BufferConfig::LowLatencyIssue::kRelay
                                                 : BufferConfig::LowLatencyIssue::kAuto;

@@ -43,7 +43,7 @@ enum class LowLatencyRemoteStep : int32_t {
 struct LowLatencyRemoteArgs {
   LowLatencyRemoteStep step = LowLatencyRemoteStep::kQuiet;
   int buffer_half = 0;
-  int num_tokens = 0;                 // kDispatch, kCombineWeights: tokens this rank dispatched in the call
+  int num_tokens = 0;                  // kDispatch, kCombineWeights: tokens this rank dispatched in the call
   const int32_t* token_map = nullptr;  // kCombineRows: the dispatch's packed_recv_token_map [R][M][kLowLatencyMaxTopk]
 };
 
