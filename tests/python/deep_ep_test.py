@@ -96,10 +96,11 @@ def worker(rank, store, hosts):
     if fabric.BACKEND == "cuda" and hosts > 1:
         # Decode from CUDA graphs across hosts: the puts issued from the device (decision 84; on the socket wire the
         # default relays from the calling thread, which cannot be captured). Captured once, replayed with new inputs.
+        # The library's Buffer is made at the first call, which reads the variable.
         os.environ["EPF_LOW_LATENCY_ISSUE"] = "device"
         graphed = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
-        del os.environ["EPF_LOW_LATENCY_ISSUE"]
         low_latency_round(graphed)  # an eager call first, as DeepEP's callers do before capturing
+        del os.environ["EPF_LOW_LATENCY_ISSUE"]
         static_x = dx.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
