@@ -4,9 +4,12 @@
 // from the calling thread instead.
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -34,6 +37,15 @@ absl::Status CopyPrivately(void* dst, const void* src, size_t bytes, cudaMemcpyK
   return absl::OkStatus();
 }
 
+// The command regions whose low-latency rings a device-side issuer of this process holds: its ring index lives in
+// device memory, so a second issuer on the same rings (a Buffer made before the previous one went, e.g. one a garbage
+// collector has not destroyed yet) would reuse indices the daemon has already consumed and never be served.
+std::mutex rings_held_mu;
+std::set<const void*>& RingsHeld() {
+  static auto* held = new std::set<const void*>();
+  return *held;
+}
+
 class LowLatencyDevicePath final : public LowLatencyPathAround {
  public:
   LowLatencyDevicePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
@@ -53,6 +65,8 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
     QuietOnHost().IgnoreError();
     HandBackRings();
     cudaFree(next_);
+    std::lock_guard<std::mutex> lock(rings_held_mu);
+    RingsHeld().erase(controls_.front());
   }
 
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
@@ -190,6 +204,19 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_pt
         absl::StrCat("group '", lease->group_name(), "': the transport command rings are not mapped for CUDA"));
   }
   const int first = channels.first;
+  const void* held = transport::RingAt(host_base, first, slots);
+  {
+    std::lock_guard<std::mutex> lock(rings_held_mu);
+    if (!RingsHeld().insert(held).second) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", lease->group_name(), "': another low-latency Buffer of this lease issues from the device; "
+          "destroy it before making a new one (the rings' next index is in its device memory)"));
+    }
+  }
+  auto release = absl::MakeCleanup([held] {
+    std::lock_guard<std::mutex> lock(rings_held_mu);
+    RingsHeld().erase(held);
+  });
   kernels::LowLatencyRemoteRings rings;
   rings.num_rings = std::min(channels.count, kernels::kMaxNvlPeers);
   rings.rdma_offset = remote->rdma_offset();
@@ -218,6 +245,7 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_pt
     return copied;
   }
   for (int c = 0; c < rings.num_rings; ++c) rings.rings[c].next = counters + c;
+  std::move(release).Cancel();  // the path releases the rings when it goes
   return std::unique_ptr<DataPath>(std::make_unique<LowLatencyDevicePath>(
       std::move(inner), std::move(remote), layout, rings, std::move(controls), counters, timeout));
 }
