@@ -79,8 +79,10 @@ run_internode() {
       bytes=$("$worker" --region_bytes --ranks="$per_host" --hosts="$hosts" "$@") ||
         { echo "$name: --region_bytes failed"; status=1; return; }
     fi
+    # $EPF_CHANNELS: the group's transport channels (default: the daemon's, 4).
     token=$("$epctl" --socket="$dir/d0.sock" create-group --group="$name" --ranks="$ranks" "${mode[@]}" \
-      --nvl_bytes="${bytes% *}" --rdma_bytes="${bytes#* }" | awk '/^token/{print $2}')
+      --nvl_bytes="${bytes% *}" --rdma_bytes="${bytes#* }" --transport_channels="${EPF_CHANNELS:-0}" |
+      awk '/^token/{print $2}')
     [[ -n $token ]] || { echo "$name: create-group failed"; status=1; return; }
     echo "== $name: $*"
     for ((r = 0; r < world; r++)); do
@@ -93,7 +95,7 @@ run_internode() {
     for ((r = 0; r < world; r++)); do
       rc=0; wait "${wpids[$r]}" || rc=$?
       grep -E "EPF_RESULT|ERROR SUMMARY|Error" "$dir/$name.$r.out" | head -5
-      [[ $rc -eq 0 ]] || { echo "$name rank $r: exit $rc"; tail -5 "$dir/$name.$r.out"; status=1; }
+      [[ $rc -eq 0 ]] || { echo "$name rank $r: exit $rc"; tail -20 "$dir/$name.$r.out"; status=1; }
     done
     "$epctl" --socket="$dir/d0.sock" delete-group --group="$name" --token="$token" >/dev/null || true
   }
@@ -104,7 +106,8 @@ run_internode() {
       sleep 0.1
     done
     local common=(--mode=normal --repeats=3 --cached --timeout_ms=60000)
-    if [[ $only == all ]]; then
+    if [[ $only == all || $only == relay ]]; then
+    [[ $only == all ]] && {
     internode_case bf16 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=32 --seed=1
     internode_case fp8 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=32 --fp8 --seed=2
     internode_case h7168 no "${common[@]}" --tokens=64 --hidden=7168 --topk=8 --experts=32 --fixed_tokens --seed=3
@@ -115,6 +118,7 @@ run_internode() {
     internode_case silent no "${common[@]}" --tokens=64 --hidden=512 --topk=4 --experts=16 --routing=silent --silent_rank=2 --seed=7
     internode_case memcheck memcheck --mode=normal --repeats=1 --cached --timeout_ms=120000 --tokens=16 --hidden=256 \
       --topk=4 --experts=16 --seed=8
+    }
     # Low latency across hosts: the cuda relay (odd rounds through the receive hooks); at most 8 ranks in all.
     local ll=(--mode=low_latency --repeats=4 --hooks --timeout_ms=60000)
     if ((world > 8)); then
@@ -132,7 +136,7 @@ run_internode() {
       --experts=32 --fp8 --seed=29
     fi
     # A client killed mid-dispatch (issue #12's faults), both modes.
-    kill_case "$dir" loss-normal "$hosts" "$per_host" 2000 --mode=normal --tokens=128 --hidden=1024 --topk=4 \
+    [[ $only == all ]] && kill_case "$dir" loss-normal "$hosts" "$per_host" 2000 --mode=normal --tokens=128 --hidden=1024 --topk=4 \
       --experts=16 --seed=27
     ((world > 8)) || kill_case "$dir" loss-ll "$hosts" "$per_host" 2000 --mode=low_latency --tokens=32 \
       --hidden=1024 --topk=4 --experts=16 --fp8 --seed=28
@@ -140,7 +144,7 @@ run_internode() {
     # Low latency across hosts issued from the device (decision 84): the kernels put and wait, nothing waits on the
     # host, so the calls can be captured into CUDA graphs (the graph cases replay a captured dispatch and combine
     # every round with new inputs).
-    if ((world <= 8)); then
+    if ((world <= 8)) && [[ $only != relay ]]; then
     local dev=(--mode=low_latency --low_latency_issue=device --timeout_ms=60000)
     internode_case dev-fp8 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 \
       --seed=41
@@ -164,6 +168,7 @@ run_internode() {
   local cases=23 memchecks=3
   ((world > 8)) && cases=9 memchecks=1
   [[ $only == device ]] && cases=7 memchecks=1
+  [[ $only == relay ]] && cases=7 memchecks=1  # 6 relayed low-latency cases + both
   [[ $(grep -c " ok=1 " "$OUT/internode.txt") -ge $((cases * world)) ]] ||
     { echo "internode: not every worker passed"; status=1; }
   [[ $(grep -c "ERROR SUMMARY: 0 errors" "$OUT/internode.txt") -ge $memchecks ]] ||

@@ -80,10 +80,12 @@ __device__ __forceinline__ bool check_peer_value(KernelStatus* status, PeerDataF
 
 // True when the daemon published group rank `rank` as lost (status_word.h, kMaxLostRanks). `lost_ranks` may be null
 // (nothing published, e.g. kernels run by tests without a daemon) and points to mapped host memory: read it only on
-// the slow path of a wait.
+// the slow path of a wait. An acquire: what landed here before the daemon published the loss (the rank's last puts,
+// which complete before its lease ends) is visible to the reads that follow.
 __device__ __forceinline__ bool peer_lost(const uint64_t* lost_ranks, int rank) {
   if (lost_ranks == nullptr || rank < 0 || rank >= kMaxLostRanks) return false;
-  const uint64_t word = *reinterpret_cast<const volatile uint64_t*>(lost_ranks + rank / 64);
+  const uint64_t word =
+      static_cast<uint64_t>(ptx::ld_acquire_sys_global(reinterpret_cast<const int64_t*>(lost_ranks + rank / 64)));
   return ((word >> (rank % 64)) & 1u) != 0;
 }
 
@@ -122,6 +124,10 @@ __device__ __forceinline__ bool bounded_wait(Pred pred, uint64_t timeout_ns, Ker
     if ((iter & 255u) == 0) {
       if (status_failed(status)) return false;
       if (peer_lost(lost_ranks, peer_rank)) {
+        // A rank that ends its lease right after its last data landed is published as lost after that landing: data
+        // that arrived between the poll above and this read is there, and the rank was not silent (seen across
+        // hosts, where a rank's last puts land moments before it exits: 4 hosts x 2 ranks, 2026-11-26).
+        if (pred()) return true;
         if (record_loss) record_peer_lost(status, site, waiting_rank, peer_rank, channel);
         return false;
       }

@@ -154,7 +154,9 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   };
   auto masked_error = [&](const std::vector<int>& masked) {
     return absl::UnavailableError(absl::StrCat("low-latency round ", round, " ran with rank(s) ",
-                                               absl::StrJoin(masked, ","), " masked (lost or silent)"));
+                                               absl::StrJoin(masked, ","), " masked (lost or silent), seen after ",
+                                               stats->combine_ms > 0 ? "the combine" : "the dispatch", " (",
+                                               MsSince(start), " ms into it)"));
   };
   if (const std::vector<int> masked = masked_ranks(); !masked.empty()) {
     NoteMaskSeen();
