@@ -1,6 +1,7 @@
 // epfabric_worker --graph (low_latency_graph.h).
 #include "low_latency_graph.h"
 
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,23 @@ namespace {
 
 absl::Status CudaError(const char* what, cudaError_t err) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
+}
+
+// Captures what `call` launches on `stream` and instantiates it into `*exec`.
+absl::Status CaptureInto(cudaStream_t stream, const char* what, const std::function<absl::Status()>& call,
+                         cudaGraphExec_t* exec) {
+  cudaGraph_t graph = nullptr;
+  if (cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal); err != cudaSuccess) {
+    return CudaError("begin capture", err);
+  }
+  const absl::Status called = call();
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!called.ok()) return absl::Status(called.code(), absl::StrCat("capturing the ", what, ": ", called.message()));
+  if (ended != cudaSuccess) return CudaError(absl::StrCat("end capture (", what, ")").c_str(), ended);
+  const cudaError_t made = cudaGraphInstantiate(exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (made != cudaSuccess) return CudaError(absl::StrCat("instantiate (", what, ")").c_str(), made);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -77,19 +95,15 @@ absl::StatusOr<client::LowLatencyDispatchResult> LowLatencyGraphs::Dispatch(Buff
     x_ = *xv;
     topk_idx_ = *iv;
     topk_weights_ = *wv;
-    cudaGraph_t graph = nullptr;
-    if (cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); err != cudaSuccess) {
-      return CudaError("begin capture", err);
-    }
-    auto recv = buffer.LowLatencyDispatch({.x = x_, .topk_idx = topk_idx_, .use_fp8 = s.fp8}, stream_);
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!recv.ok())
-      return absl::Status(recv.status().code(), absl::StrCat("capturing the dispatch: ", recv.status().message()));
-    if (ended != cudaSuccess) return CudaError("end capture (dispatch)", ended);
-    const cudaError_t made = cudaGraphInstantiate(&dispatch_, graph, 0);
-    cudaGraphDestroy(graph);
-    if (made != cudaSuccess) return CudaError("instantiate (dispatch)", made);
-    recv_ = std::move(*recv);
+    const absl::Status captured = CaptureInto(
+        stream_, "dispatch",
+        [&]() -> absl::Status {
+          auto recv = buffer.LowLatencyDispatch({.x = x_, .topk_idx = topk_idx_, .use_fp8 = s.fp8}, stream_);
+          if (recv.ok()) recv_ = std::move(*recv);
+          return recv.status();
+        },
+        &dispatch_);
+    if (!captured.ok()) return captured;
   }
   if (absl::Status c = Copy(x_.data, x.data(), x.size() * 2); !c.ok()) return c;
   if (absl::Status c = Copy(topk_idx_.data, topk_idx.data(), topk_idx.size() * 8); !c.ok()) return c;
@@ -110,22 +124,16 @@ absl::StatusOr<client::LowLatencyCombineResult> LowLatencyGraphs::Combine(Buffer
     }
     owned_.push_back(p);
     expert_ = {.data = p, .dtype = DType::kBF16, .shape = {num_local_experts, slots, hidden}};
-    cudaGraph_t graph = nullptr;
-    if (cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal); err != cudaSuccess) {
-      return CudaError("begin capture", err);
-    }
-    auto combined = buffer.LowLatencyCombine(
-        {.x = expert_, .topk_idx = topk_idx_, .topk_weights = topk_weights_, .handle = recv_.handle}, stream_);
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!combined.ok()) {
-      return absl::Status(combined.status().code(),
-                          absl::StrCat("capturing the combine: ", combined.status().message()));
-    }
-    if (ended != cudaSuccess) return CudaError("end capture (combine)", ended);
-    const cudaError_t made = cudaGraphInstantiate(&combine_, graph, 0);
-    cudaGraphDestroy(graph);
-    if (made != cudaSuccess) return CudaError("instantiate (combine)", made);
-    combined_ = std::move(*combined);
+    const absl::Status captured = CaptureInto(
+        stream_, "combine",
+        [&]() -> absl::Status {
+          auto combined = buffer.LowLatencyCombine(
+              {.x = expert_, .topk_idx = topk_idx_, .topk_weights = topk_weights_, .handle = recv_.handle}, stream_);
+          if (combined.ok()) combined_ = std::move(*combined);
+          return combined.status();
+        },
+        &combine_);
+    if (!captured.ok()) return captured;
   }
   if (absl::Status c = Copy(expert_.data, expert_outputs.data(), expert_outputs.size() * 2); !c.ok()) return c;
   if (absl::Status replayed = Replay(combine_); !replayed.ok()) return replayed;
