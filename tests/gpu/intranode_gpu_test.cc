@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -372,45 +373,70 @@ TEST(IntranodeGpuTest, WorstCaseModeNeedsNoHostWait) {
   EXPECT_TRUE(m.empty()) << "seed " << seed << "\n" << m.ToString();
 }
 
+// Two ranks of which only rank 0 calls: the group, a case with its inputs, the layout run. Rank 0's waits end after
+// `timeout_ns`.
+struct OneRankCalls {
+  std::unique_ptr<IntranodeTestGroup> group;
+  CaseConfig c = Make(256, {64, 64}, 4, false, true, true);
+  std::unique_ptr<PipelineRunner> runner;
+
+  void SetUp(uint64_t timeout_ns) {
+    auto made = IntranodeTestGroup::Create(RegionConfig(2));
+    ASSERT_TRUE(made.ok()) << made.status();
+    group = std::move(*made);
+    std::mt19937_64 rng(FreshSeed());
+    const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
+    runner = std::make_unique<PipelineRunner>(group.get(), c);
+    ASSERT_TRUE(runner->Prepare(inputs).ok());
+    ASSERT_TRUE(runner->RunLayout().ok());
+    group->rank(0).group.timeout_ns = timeout_ns;
+  }
+
+  // Launches `call` ("notify", or "dispatch": every block waits at its barrier) on rank 0 alone; returns what its
+  // status word records, and the time it took to say so.
+  absl::Status LaunchAlone(const std::string& call, double* ms) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status launched;
+    if (call == "notify") {
+      launched = runner->LaunchNotify(0);
+    } else {
+      runner->buffers(0).num_recv_tokens = 0;
+      launched = runner->AllocateRecv(0, 128);
+      if (launched.ok()) launched = runner->LaunchDispatch(0);
+    }
+    if (!launched.ok()) return launched;
+    const absl::Status s = kernels::ReadKernelStatus(group->rank(0).group.status, group->rank(0).stream);
+    *ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::printf("[   INFO   ] %s: \"%s\" after %.1f ms\n", call.c_str(), std::string(s.message()).c_str(), *ms);
+    return s;
+  }
+
+  // After a reset of every region the group works again.
+  void ExpectWorksAfterReset() {
+    group->rank(0).group.timeout_ns = kernels::kDefaultWaitTimeoutNs;
+    ASSERT_TRUE(group->ResetAll().ok());
+    Mismatches m;
+    RunCase(*group, c, FreshSeed(), m, nullptr);
+    EXPECT_TRUE(m.empty()) << m.ToString();
+  }
+};
+
 // One rank launches, the other never does: the kernel must give up after the timeout and name the missing rank.
 TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
   EPF_REQUIRE_GPUS(1);
-  auto group_or = IntranodeTestGroup::Create(RegionConfig(2));
-  ASSERT_TRUE(group_or.ok()) << group_or.status();
-  IntranodeTestGroup& group = **group_or;
-  std::mt19937_64 rng(FreshSeed());
-  CaseConfig c = Make(256, {64, 64}, 4, false, true, true);
-  const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
-  PipelineRunner runner(&group, c);
-  ASSERT_TRUE(runner.Prepare(inputs).ok());
-  ASSERT_TRUE(runner.RunLayout().ok());
-  group.rank(0).group.timeout_ns = 50ull * 1000 * 1000;
-
-  // Notify on rank 0 only.
-  const auto start = std::chrono::steady_clock::now();
-  ASSERT_TRUE(runner.LaunchNotify(0).ok());
-  const absl::Status s = kernels::ReadKernelStatus(group.rank(0).group.status, group.rank(0).stream);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-  EXPECT_NE(s.message().find("rank 0 timed out waiting for barrier from rank 1"), std::string::npos) << s;
-  EXPECT_LT(ms, 2000.0);
-  std::printf("[   INFO   ] notify timeout: \"%s\" after %.1f ms\n", std::string(s.message()).c_str(), ms);
-
-  // Dispatch on rank 0 only (all 24 blocks wait at their barrier).
-  ASSERT_TRUE(group.ResetAll().ok());
-  runner.buffers(0).num_recv_tokens = 0;
-  ASSERT_TRUE(runner.AllocateRecv(0, 128).ok());
-  ASSERT_TRUE(runner.LaunchDispatch(0).ok());
-  const absl::Status d = kernels::ReadKernelStatus(group.rank(0).group.status, group.rank(0).stream);
-  EXPECT_EQ(d.code(), absl::StatusCode::kDeadlineExceeded) << d;
-  EXPECT_NE(d.message().find("from rank 1"), std::string::npos) << d;
-
-  // After a reset of every region the group works again.
-  group.rank(0).group.timeout_ns = kernels::kDefaultWaitTimeoutNs;
-  ASSERT_TRUE(group.ResetAll().ok());
-  Mismatches m;
-  RunCase(group, c, FreshSeed(), m, nullptr);
-  EXPECT_TRUE(m.empty()) << m.ToString();
+  OneRankCalls t;
+  ASSERT_NO_FATAL_FAILURE(t.SetUp(50ull * 1000 * 1000));
+  for (const char* call : {"notify", "dispatch"}) {
+    ASSERT_TRUE(t.group->ResetAll().ok());
+    double ms = 0;
+    const absl::Status s = t.LaunchAlone(call, &ms);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << call << ": " << s;
+    const std::string want =
+        std::string(call) == "notify" ? "rank 0 timed out waiting for barrier from rank 1" : "from rank 1";
+    EXPECT_NE(s.message().find(want), std::string::npos) << call << ": " << s;
+    EXPECT_LT(ms, 2000.0) << call;
+  }
+  ASSERT_NO_FATAL_FAILURE(t.ExpectWorksAfterReset());
 }
 
 // A rank whose call failed elsewhere (a group across hosts) marks its departure (IntranodeAbandonCall): a peer waiting
@@ -419,47 +445,20 @@ TEST(IntranodeGpuTest, MissingPeerTimesOutAndNamesIt) {
 // arrivals would report bad peer data (DATA_LOSS) instead.
 TEST(IntranodeGpuTest, APeerThatLeftTheCallEndsTheWaitAtOnce) {
   EPF_REQUIRE_GPUS(1);
-  auto group_or = IntranodeTestGroup::Create(RegionConfig(2));
-  ASSERT_TRUE(group_or.ok()) << group_or.status();
-  IntranodeTestGroup& group = **group_or;
-  std::mt19937_64 rng(FreshSeed());
-  CaseConfig c = Make(256, {64, 64}, 4, false, true, true);
-  const std::vector<ref::RankInput> inputs = MakeInputs(c, rng);
-  PipelineRunner runner(&group, c);
-  ASSERT_TRUE(runner.Prepare(inputs).ok());
-  ASSERT_TRUE(runner.RunLayout().ok());
-  group.rank(0).group.timeout_ns = 10ull * 1000 * 1000 * 1000;
-  auto abandon = [&] {
-    ASSERT_EQ(cudaSetDevice(group.rank(1).device), cudaSuccess);
-    ASSERT_TRUE(kernels::IntranodeAbandonCall(group.rank(1).group).ok());
-  };
-
-  // Notify (one barrier lane) and dispatch (every block's lane) on rank 0 only, rank 1 having left.
+  OneRankCalls t;
+  ASSERT_NO_FATAL_FAILURE(t.SetUp(10ull * 1000 * 1000 * 1000));
   for (const char* call : {"notify", "dispatch"}) {
-    ASSERT_TRUE(group.ResetAll().ok());
-    abandon();
-    const auto start = std::chrono::steady_clock::now();
-    if (std::string(call) == "notify") {
-      ASSERT_TRUE(runner.LaunchNotify(0).ok());
-    } else {
-      runner.buffers(0).num_recv_tokens = 0;
-      ASSERT_TRUE(runner.AllocateRecv(0, 128).ok());
-      ASSERT_TRUE(runner.LaunchDispatch(0).ok());
-    }
-    const absl::Status s = kernels::ReadKernelStatus(group.rank(0).group.status, group.rank(0).stream);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    ASSERT_TRUE(t.group->ResetAll().ok());
+    ASSERT_EQ(cudaSetDevice(t.group->rank(1).device), cudaSuccess);
+    ASSERT_TRUE(kernels::IntranodeAbandonCall(t.group->rank(1).group).ok());
+    double ms = 0;
+    const absl::Status s = t.LaunchAlone(call, &ms);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << call << ": " << s;
     EXPECT_NE(s.message().find("rank 1 left the call"), std::string::npos) << call << ": " << s;
     EXPECT_LT(ms, 2000.0) << call;
-    std::printf("[   INFO   ] %s: \"%s\" after %.1f ms\n", call, std::string(s.message()).c_str(), ms);
-    ASSERT_TRUE(kernels::ClearKernelStatus(group.rank(0).group.status, group.rank(0).stream).ok());
+    ASSERT_TRUE(kernels::ClearKernelStatus(t.group->rank(0).group.status, t.group->rank(0).stream).ok());
   }
-
-  group.rank(0).group.timeout_ns = kernels::kDefaultWaitTimeoutNs;
-  ASSERT_TRUE(group.ResetAll().ok());
-  Mismatches m;
-  RunCase(group, c, FreshSeed(), m, nullptr);
-  EXPECT_TRUE(m.empty()) << m.ToString();
+  ASSERT_NO_FATAL_FAILURE(t.ExpectWorksAfterReset());
 }
 
 // The placement itself (no GPU needed): rank r on GPU r mod n, n = min(visible, ranks).
