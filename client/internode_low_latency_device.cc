@@ -208,9 +208,10 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_pt
   {
     std::lock_guard<std::mutex> lock(rings_held_mu);
     if (!RingsHeld().insert(held).second) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "group '", lease->group_name(), "': another low-latency Buffer of this lease issues from the device; "
-          "destroy it before making a new one (the rings' next index is in its device memory)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("group '", lease->group_name(),
+                       "': another low-latency Buffer of this lease issues from the device; "
+                       "destroy it before making a new one (the rings' next index is in its device memory)"));
     }
   }
   auto release = absl::MakeCleanup([held] {

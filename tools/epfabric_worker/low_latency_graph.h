@@ -23,7 +23,7 @@ class ArenaAllocator final : public client::Allocator {
   explicit ArenaAllocator(size_t bytes);
   ~ArenaAllocator() override;
   absl::StatusOr<void*> Allocate(size_t bytes, cudaStream_t stream) override;
-  void Free(void* ptr, cudaStream_t stream) override {}
+  void Free(void* /*ptr*/, cudaStream_t /*stream*/) override {}
 
  private:
   void* base_ = nullptr;
