@@ -473,7 +473,8 @@ absl::StatusOr<bool> IssuesFromTheDevice(const Lease& lease, const BufferConfig&
 }  // namespace
 
 // Low latency across hosts (internode_low_latency.h): the low-latency path over all ranks, the ranks on other hosts
-// reached through the transport (host backend: sent as written; cuda: relayed by the calling thread between steps).
+// reached through the transport (host backend: sent as written; cuda: put by an issue kernel after each step, or
+// relayed by the calling thread between steps, IssuesFromTheDevice).
 // In a group that serves both modes, low latency has the regions from `nvl_offset` / `rdma_offset` on.
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
                                                                           std::shared_ptr<Allocator> allocator,

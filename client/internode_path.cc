@@ -20,22 +20,21 @@ namespace transport = kernels::transport;
 
 constexpr uint64_t kWordBytes = sizeof(uint64_t);
 
-}  // namespace
-
-namespace {
-bool LastChannelIsLowLatencys(const Lease& lease) {
+// Decision 84: in a group that serves both modes, with two channels or more, the last one is low latency's alone.
+bool LowLatencyHasTheLastChannel(const Lease& lease) {
   return lease.group().num_normal_bytes() > 0 && lease.group().transport_channels() >= 2;
 }
+
 }  // namespace
 
 ChannelRange NormalModeChannels(const Lease& lease) {
   const int channels = static_cast<int>(lease.group().transport_channels());
-  return {.first = 0, .count = LastChannelIsLowLatencys(lease) ? channels - 1 : channels};
+  return {.first = 0, .count = LowLatencyHasTheLastChannel(lease) ? channels - 1 : channels};
 }
 
 ChannelRange LowLatencyChannels(const Lease& lease) {
   const int channels = static_cast<int>(lease.group().transport_channels());
-  if (LastChannelIsLowLatencys(lease)) return {.first = channels - 1, .count = 1};
+  if (LowLatencyHasTheLastChannel(lease)) return {.first = channels - 1, .count = 1};
   return {.first = 0, .count = channels};
 }
 
