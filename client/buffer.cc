@@ -454,17 +454,16 @@ absl::StatusOr<bool> IssuesFromTheDevice(const Lease& lease, const BufferConfig&
     return absl::InvalidArgumentError(
         "low_latency_issue = device needs a cuda group (the host backend sends each write as it is made)");
   }
-  if (issue == Issue::kAuto && cuda) {  // the host backend has no choice to make
+  if (issue == Issue::kAuto) {
     const char* env = std::getenv("EPF_LOW_LATENCY_ISSUE");
     const std::string choice = env != nullptr ? env : "";
-    if (choice == "device") {
-      issue = Issue::kDevice;
-    } else if (choice == "relay") {
-      issue = Issue::kRelay;
-    } else if (!choice.empty() && choice != "auto") {
+    if (!choice.empty() && choice != "auto" && choice != "device" && choice != "relay") {
       return absl::InvalidArgumentError(
           absl::StrCat("EPF_LOW_LATENCY_ISSUE='", choice, "': expected device, relay or auto"));
     }
+    // A valid choice applies to cuda groups: the host backend has none to make.
+    if (cuda && choice == "device") issue = Issue::kDevice;
+    if (cuda && choice == "relay") issue = Issue::kRelay;
   }
   if (issue == Issue::kAuto) return cuda && lease.transport() == v1::TRANSPORT_VERBS;
   return issue == Issue::kDevice;

@@ -61,6 +61,17 @@ void LowLatencyRemote::Configure(DataPathConfig* config) const {
   config->remote_put_arg = const_cast<LowLatencyRemote*>(this);
 }
 
+std::vector<uint8_t*> LowLatencyRemote::SignalHalves() const {
+  std::vector<uint8_t*> bases = {inbox()};
+  for (uint32_t bits = remote_ranks_; bits != 0; bits &= bits - 1) bases.push_back(staging(__builtin_ctz(bits)));
+  std::vector<uint8_t*> halves;
+  for (uint8_t* base : bases) {
+    halves.push_back(base);
+    halves.push_back(base + halves_bytes_ / 2);
+  }
+  return halves;
+}
+
 // One ring per destination (its rank modulo the rings), so that a destination sees this rank's sends in order.
 absl::Status LowLatencyRemote::Send(int dst_rank, size_t offset, size_t bytes) {
   transport::RingIssuer& ring = rings_[dst_rank % rings_.size()];

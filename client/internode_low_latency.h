@@ -46,6 +46,9 @@ class LowLatencyRemote {
   // This rank's staging copy for rank r (halves only), and its inbox.
   uint8_t* staging(int r) const { return rdma_ + (1 + static_cast<size_t>(r)) * halves_bytes_; }
   uint8_t* inbox() const { return rdma_; }
+  // Both halves of the inbox and of every staging copy (a rank on another host's): where the signals that the paths
+  // across hosts read and send start (Reset zeroes the layout's signal_bytes at each).
+  std::vector<uint8_t*> SignalHalves() const;
   // Waits until every send so far is in place at its destination.
   absl::Status Quiet();
   // The first send that failed since the last call (then cleared).

@@ -11,8 +11,6 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/transport/issuer.h"
 #include "internode_low_latency.h"
@@ -63,7 +61,6 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
   // rings' next index goes back to the host side so that a later issuer on this lease carries on from it.
   ~LowLatencyDevicePath() override {
     QuietOnHost().IgnoreError();
-    HandBackRings();
     cudaFree(next_);
     std::lock_guard<std::mutex> lock(rings_held_mu);
     RingsHeld().erase(controls_.front());
@@ -121,13 +118,8 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
     // Puts still queued read the staging copies' signals that are about to be zeroed.
     EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     QuietOnHost().IgnoreError();
-    for (int half = 0; half < 2; ++half) {
-      const size_t at = half * l_.half_bytes;
-      EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(remote_->inbox() + at, 0, l_.signal_bytes, stream));
-      for (int r = 0; r < l_.num_ranks; ++r) {
-        if (((remote_->remote_ranks() >> r) & 1u) == 0) continue;
-        EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(remote_->staging(r) + at, 0, l_.signal_bytes, stream));
-      }
+    for (uint8_t* half : remote_->SignalHalves()) {
+      EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(half, 0, l_.signal_bytes, stream));
     }
     return inner_->Reset(stream);
   }
@@ -144,35 +136,20 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
     return absl::OkStatus();
   }
 
-  // Waits (bounded) until every put issued so far is complete; the caller has synchronised the streams that issue.
+  // Publishes the device-side next index of each ring as the ring's `reserved` (where a host issuer carries on
+  // from), then waits (bounded) until every put issued so far is complete, as a host issuer's quiet does. The caller
+  // has synchronised the streams that issue.
   absl::Status QuietOnHost() {
     std::vector<unsigned long long> next(rings_.num_rings);
     EPF_RETURN_IF_ERROR(
         CopyPrivately(next.data(), next_, sizeof(unsigned long long) * next.size(), cudaMemcpyDeviceToHost));
-    const absl::Time deadline = absl::Now() + timeout_;
-    for (int c = 0; c < rings_.num_rings; ++c) {
-      std::atomic_ref<uint64_t> completed(controls_[c]->completed);
-      while (completed.load(std::memory_order_acquire) < next[c]) {
-        if (controls_[c]->error_code != 0) break;  // a failed ring counts its skipped commands complete
-        if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(absl::StrFormat("transport ring %d: %d of %d puts complete after %s",
-                                                             rings_.rings[c].channel, completed.load(), next[c],
-                                                             absl::FormatDuration(timeout_)));
-        }
-        absl::SleepFor(absl::Microseconds(50));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  void HandBackRings() {
-    std::vector<unsigned long long> next(rings_.num_rings);
-    if (!CopyPrivately(next.data(), next_, sizeof(unsigned long long) * next.size(), cudaMemcpyDeviceToHost).ok()) {
-      return;
-    }
+    absl::Status quiet;
     for (int c = 0; c < rings_.num_rings; ++c) {
       std::atomic_ref<uint64_t>(controls_[c]->reserved).store(next[c], std::memory_order_release);
+      auto ring = transport::RingIssuer::Create(controls_[c], rings_.rings[c].channel, rings_.rings[c].slots);
+      if (ring.ok()) quiet.Update(ring->Quiet(timeout_));
     }
+    return quiet;
   }
 
   std::unique_ptr<LowLatencyRemote> remote_;

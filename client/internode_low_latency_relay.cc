@@ -77,13 +77,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   absl::Status Reset(cudaStream_t stream) override {
     remote_->TakeError().IgnoreError();
     // The inner path zeroes this rank's own signals; the inbox's and the staging copies' are this path's.
-    for (int half = 0; half < 2; ++half) {
-      const size_t at = half * l_.half_bytes;
-      EPF_RETURN_IF_ERROR(access_->Zero(remote_->inbox() + at, l_.signal_bytes, stream));
-      for (int r = 0; r < num_ranks_; ++r) {
-        if (Remote(r)) EPF_RETURN_IF_ERROR(access_->Zero(remote_->staging(r) + at, l_.signal_bytes, stream));
-      }
-    }
+    for (uint8_t* half : remote_->SignalHalves()) EPF_RETURN_IF_ERROR(access_->Zero(half, l_.signal_bytes, stream));
     return inner_->Reset(stream);
   }
 
