@@ -26,7 +26,9 @@ struct DataPathConfig {
   int rank = 0;
   int num_ranks = 0;
   int experts_per_rank = 0;
-  void* peer_regions[kernels::kMaxNvlPeers] = {};  // every rank's region as mapped in this process
+  // Every rank's region as mapped in this process (normal mode: at most kMaxNvlPeers; low latency across hosts: an
+  // outbox for a rank on another host, LowLatencyRemote::Configure).
+  void* peer_regions[kernels::kMaxLowLatencyRanks] = {};
   // The daemon's lost-ranks words for these ranks (Lease::lost_ranks_words; null: not published, or the ranks are
   // not the group's ranks in order).
   const uint64_t* lost_ranks = nullptr;
@@ -35,7 +37,7 @@ struct DataPathConfig {
   // The outer path of a group that spans hosts: only Layout and the expert-index checks are used (no regions).
   bool layout_only = false;
   // Low latency across hosts (host backend): see LowLatencyContext::remote_ranks.
-  uint32_t remote_ranks = 0;
+  uint64_t remote_ranks = 0;
   void* remote_inbox = nullptr;
   kernels::LowLatencyRemotePut remote_put = nullptr;
   void* remote_put_arg = nullptr;

@@ -11,7 +11,8 @@ namespace epfabric::client::internal {
 namespace transport = kernels::transport;
 
 uint64_t LowLatencyInternodeRdmaBytes(const kernels::LowLatencyLayout& layout) {
-  return static_cast<uint64_t>(1 + layout.num_ranks) * 2 * layout.half_bytes;
+  return 2 * static_cast<uint64_t>(layout.half_bytes) +
+         2 * static_cast<uint64_t>(layout.num_ranks) * layout.outbox_half_bytes;
 }
 
 absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease* lease,
@@ -22,7 +23,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease
   remote->lease_ = lease;
   remote->timeout_ = timeout;
   remote->rdma_offset_ = rdma_offset;
-  remote->halves_bytes_ = 2 * layout.half_bytes;
+  remote->layout_ = layout;
   const uint64_t need = LowLatencyInternodeRdmaBytes(layout);
   const uint64_t size = lease->rdma_region_bytes();
   const uint64_t available = size > rdma_offset ? size - rdma_offset : 0;
@@ -34,7 +35,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease
   }
   remote->rdma_ = static_cast<uint8_t*>(lease->rdma_region()) + rdma_offset;
   for (int r = 0; r < lease->world_size(); ++r) {
-    if (lease->region(r) == nullptr) remote->remote_ranks_ |= 1u << r;
+    if (lease->region(r) == nullptr) remote->remote_ranks_ |= 1ull << r;
   }
   void* commands = lease->commands_region();
   const int channels = static_cast<int>(lease->group().transport_channels());
@@ -53,7 +54,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease
 
 void LowLatencyRemote::Configure(DataPathConfig* config) const {
   for (int r = 0; r < config->num_ranks; ++r) {
-    if ((remote_ranks_ >> r) & 1u) config->peer_regions[r] = rdma_ + (1 + static_cast<size_t>(r)) * halves_bytes_;
+    if (remote(r)) config->peer_regions[r] = outbox(r);
   }
   config->remote_ranks = remote_ranks_;
   config->remote_inbox = rdma_;
@@ -61,27 +62,27 @@ void LowLatencyRemote::Configure(DataPathConfig* config) const {
   config->remote_put_arg = const_cast<LowLatencyRemote*>(this);
 }
 
-std::vector<uint8_t*> LowLatencyRemote::SignalHalves() const {
-  std::vector<uint8_t*> bases = {inbox()};
-  for (uint32_t bits = remote_ranks_; bits != 0; bits &= bits - 1) bases.push_back(staging(__builtin_ctz(bits)));
-  std::vector<uint8_t*> halves;
-  for (uint8_t* base : bases) {
-    halves.push_back(base);
-    halves.push_back(base + halves_bytes_ / 2);
+std::vector<LowLatencyRemote::SignalRange> LowLatencyRemote::SignalRanges() const {
+  std::vector<SignalRange> ranges;
+  for (int half = 0; half < 2; ++half) {
+    ranges.push_back({inbox() + half * layout_.half_bytes, layout_.signal_bytes});
+    for (int r = 0; r < layout_.num_ranks; ++r) {
+      if (remote(r)) ranges.push_back({outbox(r) + half * layout_.outbox_half_bytes, layout_.outbox_signal_bytes});
+    }
   }
-  return halves;
+  return ranges;
 }
 
 // One ring per destination (its rank modulo the rings), so that a destination sees this rank's sends in order.
-absl::Status LowLatencyRemote::Send(int dst_rank, size_t offset, size_t bytes) {
+absl::Status LowLatencyRemote::Send(int dst_rank, size_t outbox_offset, size_t inbox_offset, size_t bytes) {
   transport::RingIssuer& ring = rings_[dst_rank % rings_.size()];
-  const uint64_t staging = (1 + static_cast<uint64_t>(dst_rank)) * halves_bytes_;
-  return ring.Put(dst_rank, rdma_offset_ + offset, rdma_offset_ + staging + offset, bytes, timeout_);
+  return ring.Put(dst_rank, rdma_offset_ + inbox_offset, rdma_offset_ + OutboxOffset(dst_rank) + outbox_offset, bytes,
+                  timeout_);
 }
 
-bool LowLatencyRemote::Put(void* self, int dst_rank, size_t offset, size_t bytes) {
+bool LowLatencyRemote::Put(void* self, int dst_rank, size_t outbox_offset, size_t inbox_offset, size_t bytes) {
   auto* remote = static_cast<LowLatencyRemote*>(self);
-  absl::Status sent = remote->Send(dst_rank, offset, bytes);
+  absl::Status sent = remote->Send(dst_rank, outbox_offset, inbox_offset, bytes);
   if (sent.ok()) return true;
   std::lock_guard<std::mutex> lock(remote->mu_);
   if (remote->error_.ok()) remote->error_ = sent;

@@ -1,11 +1,12 @@
-// Internal: low-latency mode for a group that spans hosts, on the host backend (issue #12;
-// docs/internode-dispatch.md). The host backend's low-latency code runs over all ranks as usual; a rank on another
-// host gets a staging copy in this rank's RDMA region as its "region", and every range written there is put over the
-// transport into that rank's inbox (the first part of its RDMA region), ordered per destination by the rings. What
-// the other hosts send this rank is read from its own inbox.
+// Internal: low-latency mode for a group that spans hosts (issue #12; docs/internode-dispatch.md). The low-latency
+// code runs over all ranks as usual; for a rank on another host this rank writes its own slots of that rank's half
+// into an outbox in its RDMA region (compact: LowLatencyLayout::outbox), and every range written there is put over
+// the transport into the same slots of that rank's inbox (the first part of its RDMA region, full halves), ordered
+// per destination by the rings. What the other hosts send this rank is read from its own inbox.
 //
-// RDMA region of a rank (its low-latency part): [inbox: 2 halves][staging for rank 0: 2 halves]...[staging for rank
-// 2 halves].
+// RDMA region of a rank (its low-latency part): [inbox: 2 halves][outbox for rank 0: 2 outbox halves]...[outbox for
+// rank R-1] (an outbox for every rank, so that its place follows from the rank; those of same-host ranks go unused).
+// Linear in the ranks: 2 * half_bytes + R * 2 * outbox_half_bytes.
 #pragma once
 
 #include <cstdint>
@@ -33,22 +34,27 @@ class LowLatencyRemote {
   // serves both modes; GroupInfo.num_normal_rdma_bytes), the same on every rank.
   static absl::StatusOr<std::unique_ptr<LowLatencyRemote>> Create(Lease* lease, const kernels::LowLatencyLayout& layout,
                                                                   absl::Duration timeout, uint64_t rdma_offset = 0);
-  // Fills the context fields of a DataPathConfig: the ranks on other hosts, their staging copies as peer regions,
-  // the inbox and the put function.
+  // Fills the context fields of a DataPathConfig: the ranks on other hosts, their outboxes as peer regions, the
+  // inbox and the put function.
   void Configure(DataPathConfig* config) const;
-  // Sends `bytes` at `offset` of this rank's staging copy for `dst_rank` to the same offset of dst_rank's inbox, on
+  // Sends `bytes` at `outbox_offset` of this rank's outbox for `dst_rank` to `inbox_offset` of dst_rank's inbox, on
   // the ring of that destination (so that its sends arrive in order). Fails when the command cannot be queued.
-  absl::Status Send(int dst_rank, size_t offset, size_t bytes);
+  absl::Status Send(int dst_rank, size_t outbox_offset, size_t inbox_offset, size_t bytes);
   // Bit r: rank r is on another host.
-  uint32_t remote_ranks() const { return remote_ranks_; }
+  uint64_t remote_ranks() const { return remote_ranks_; }
+  bool remote(int r) const { return ((remote_ranks_ >> r) & 1ull) != 0; }
   // Where the low-latency part starts in the RDMA region.
   uint64_t rdma_offset() const { return rdma_offset_; }
-  // This rank's staging copy for rank r (halves only), and its inbox.
-  uint8_t* staging(int r) const { return rdma_ + (1 + static_cast<size_t>(r)) * halves_bytes_; }
+  // This rank's outbox for rank r (two outbox halves), and its inbox.
+  uint8_t* outbox(int r) const { return rdma_ + OutboxOffset(r); }
   uint8_t* inbox() const { return rdma_; }
-  // Both halves of the inbox and of every staging copy (a rank on another host's): where the signals that the paths
-  // across hosts read and send start (Reset zeroes the layout's signal_bytes at each).
-  std::vector<uint8_t*> SignalHalves() const;
+  // Where the signals that the paths across hosts read and send lie: both halves of the inbox (the layout's
+  // signal_bytes) and of every outbox of a rank on another host (outbox_signal_bytes). Reset zeroes them.
+  struct SignalRange {
+    uint8_t* at;
+    size_t bytes;
+  };
+  std::vector<SignalRange> SignalRanges() const;
   // Waits until every send so far is in place at its destination.
   absl::Status Quiet();
   // The first send that failed since the last call (then cleared).
@@ -56,13 +62,16 @@ class LowLatencyRemote {
 
  private:
   LowLatencyRemote() = default;
-  static bool Put(void* self, int dst_rank, size_t offset, size_t bytes);
+  static bool Put(void* self, int dst_rank, size_t outbox_offset, size_t inbox_offset, size_t bytes);
+  uint64_t OutboxOffset(int r) const {
+    return 2 * layout_.half_bytes + 2 * static_cast<uint64_t>(r) * layout_.outbox_half_bytes;
+  }
 
   Lease* lease_ = nullptr;
+  kernels::LowLatencyLayout layout_;
   uint8_t* rdma_ = nullptr;   // the low-latency part of this rank's RDMA region
   uint64_t rdma_offset_ = 0;  // ... at this offset of the region (the rings' offsets are the region's)
-  size_t halves_bytes_ = 0;   // 2 * half_bytes: the inbox and each staging copy
-  uint32_t remote_ranks_ = 0;
+  uint64_t remote_ranks_ = 0;
   absl::Duration timeout_;
   std::vector<kernels::transport::RingIssuer> rings_;
   std::mutex mu_;
@@ -109,7 +118,7 @@ class LowLatencyPathAround : public DataPath {
 };
 
 // Low latency across hosts on the cuda backend (internode_low_latency_relay.cc): the calling thread relays. Each
-// step's kernel writes a remote rank's part into its staging copy; after the step the thread sends exactly what was
+// step's kernel writes a remote rank's part into its outbox; after the step the thread sends exactly what was
 // written, waits on the host until what this rank's next step needs has arrived (so that no kernel spins while the
 // daemon lands bytes on the same GPU), then launches the next step. `inner` is the cuda DataPath over all ranks,
 // configured by remote->Configure; `own_region` this rank's low-latency region; `lost_ranks_host` the daemon's

@@ -115,11 +115,11 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
   }
 
   absl::Status Reset(cudaStream_t stream) override {
-    // Puts still queued read the staging copies' signals that are about to be zeroed.
+    // Puts still queued read the outboxes' signals that are about to be zeroed.
     EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     QuietOnHost().IgnoreError();
-    for (uint8_t* half : remote_->SignalHalves()) {
-      EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(half, 0, l_.signal_bytes, stream));
+    for (const LowLatencyRemote::SignalRange& range : remote_->SignalRanges()) {
+      EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(range.at, 0, range.bytes, stream));
     }
     return inner_->Reset(stream);
   }

@@ -1,8 +1,8 @@
 // Low-latency mode across hosts on the cuda backend: the calling thread relays between launches
 // (internode_low_latency.h, docs/internode-dispatch.md "Low latency across hosts").
 //
-// The kernels are the intranode low-latency kernels over all ranks, with each rank on another host mapped to a
-// staging copy in this rank's RDMA region (writes) and the inbox (reads). A call runs as steps:
+// The kernels are the intranode low-latency kernels over all ranks, with each rank on another host mapped to an
+// outbox in this rank's RDMA region (writes: this rank's slots, compact) and the inbox (reads). A call runs as steps:
 //   dispatch: send kernel -> send the staged messages, routing lists, then counts -> wait (host) for every source's
 //             counts -> receive kernel;
 //   combine:  weights kernel -> send the staged weights, then weights flags -> wait for every source's weights ->
@@ -54,6 +54,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
         remote_(std::move(remote)),
         access_(std::move(access)),
         l_(layout),
+        own_(kernels::LowLatencySourceSlots(layout, rank)),
         rank_(rank),
         own_region_(static_cast<uint8_t*>(own_region)),
         num_ranks_(layout.num_ranks),
@@ -76,13 +77,16 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
   absl::Status Reset(cudaStream_t stream) override {
     remote_->TakeError().IgnoreError();
-    // The inner path zeroes this rank's own signals; the inbox's and the staging copies' are this path's.
-    for (uint8_t* half : remote_->SignalHalves()) EPF_RETURN_IF_ERROR(access_->Zero(half, l_.signal_bytes, stream));
+    // The inner path zeroes this rank's own signals; the inbox's and the outboxes' are this path's.
+    for (const LowLatencyRemote::SignalRange& range : remote_->SignalRanges()) {
+      EPF_RETURN_IF_ERROR(access_->Zero(range.at, range.bytes, stream));
+    }
     return inner_->Reset(stream);
   }
 
  private:
-  bool Remote(int r) const { return ((remote_->remote_ranks() >> r) & 1u) != 0; }
+  bool Remote(int r) const { return remote_->remote(r); }
+  static bool In(uint64_t ranks, int r) { return ((ranks >> r) & 1ull) != 0; }
 
   // The sends were queued in order; the quiet makes them complete before the call returns (a caller that detaches
   // right after would otherwise take them with it). A failed send explains the call best, then the steps' error,
@@ -96,28 +100,36 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     return timed_out;
   }
 
-  absl::Status Send(int r, size_t offset, size_t bytes) {
+  // Sends a field of this call's half of the outbox for r (at `outbox_field` in the outbox layout) to this rank's
+  // slots of r's inbox (at `inbox_field` in the full layout).
+  absl::Status Send(int r, int half, size_t outbox_field, size_t inbox_field, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();
-    return remote_->Send(r, offset, bytes);
+    return remote_->Send(r, half * l_.outbox_half_bytes + outbox_field, half * l_.half_bytes + inbox_field, bytes);
   }
 
   // The rank mask as the kernels see it (bit r: rank r takes no part).
-  absl::StatusOr<uint32_t> Masked(cudaStream_t stream) {
-    int32_t mask[kernels::kMaxNvlPeers] = {};
-    EPF_RETURN_IF_ERROR(access_->ToHost(mask, inner_->LowLatencyRankMask(), sizeof(int32_t) * num_ranks_, stream));
-    uint32_t bits = 0;
-    for (int r = 0; r < num_ranks_; ++r) bits |= mask[r] != 0 ? 1u << r : 0u;
+  absl::StatusOr<uint64_t> Masked(cudaStream_t stream) {
+    std::vector<int32_t> mask(num_ranks_);
+    EPF_RETURN_IF_ERROR(
+        access_->ToHost(mask.data(), inner_->LowLatencyRankMask(), sizeof(int32_t) * num_ranks_, stream));
+    uint64_t bits = 0;
+    for (int r = 0; r < num_ranks_; ++r) bits |= mask[r] != 0 ? 1ull << r : 0ull;
     return bits;
   }
 
-  // The signals at the start of `half_base` (a half of this rank's region, the inbox or a staging copy), now.
-  absl::Status ReadSignals(const uint8_t* half_base, std::vector<int32_t>* out) {
-    const int words = static_cast<int>(l_.signal_bytes / sizeof(uint64_t));
+  // The `bytes` of signals at the start of `half_base` (a half of this rank's region or of the inbox: signal_bytes;
+  // of an outbox: outbox_signal_bytes), now.
+  absl::Status ReadSignals(const uint8_t* half_base, size_t bytes, std::vector<int32_t>* out) {
+    const int words = static_cast<int>(bytes / sizeof(uint64_t));
     std::vector<uint64_t> raw(words);
     EPF_RETURN_IF_ERROR(access_->ReadWords(half_base, raw.data(), words));
-    out->resize(l_.signal_bytes / sizeof(int32_t));
-    std::memcpy(out->data(), raw.data(), l_.signal_bytes);
+    out->resize(bytes / sizeof(int32_t));
+    std::memcpy(out->data(), raw.data(), bytes);
     return absl::OkStatus();
+  }
+  // This call's half of the outbox for r: its signals.
+  absl::Status ReadOutboxSignals(int r, int half, std::vector<int32_t>* out) {
+    return ReadSignals(remote_->outbox(r) + half * l_.outbox_half_bytes, l_.outbox_signal_bytes, out);
   }
 
   int32_t SignalAt(const std::vector<int32_t>& signals, size_t offset, int index) const {
@@ -144,27 +156,27 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   // kernel then masks it without failing the call, as within one host). A rank still silent at the deadline is masked
   // for this and later calls and the call reports DEADLINE_EXCEEDED naming it, after the kernel ran without it.
   // The time waited for each remote rank is added to `wait_cost` (device int64 [num_ranks]) when given.
-  absl::Status Await(Awaited what, uint32_t sources, int half, int64_t* wait_cost, cudaStream_t stream) {
+  absl::Status Await(Awaited what, uint64_t sources, int half, int64_t* wait_cost, cudaStream_t stream) {
     const uint8_t* own = own_region_ + half * l_.half_bytes;
     const uint8_t* inbox = remote_->inbox() + half * l_.half_bytes;
     std::vector<int32_t> own_signals, inbox_signals;
     std::vector<int64_t> waited(num_ranks_, 0);
     const auto start = std::chrono::steady_clock::now();
     const absl::Time deadline = absl::Now() + timeout_;
-    uint32_t pending = sources;
+    uint64_t pending = sources;
     for (int polls = 0; pending != 0; ++polls) {
       bool need_own = false, need_inbox = false;
       for (int s = 0; s < num_ranks_; ++s) {
-        if ((pending >> s) & 1u) (Remote(s) ? need_inbox : need_own) = true;
+        if (In(pending, s)) (Remote(s) ? need_inbox : need_own) = true;
       }
-      if (need_own) EPF_RETURN_IF_ERROR(ReadSignals(own, &own_signals));
-      if (need_inbox) EPF_RETURN_IF_ERROR(ReadSignals(inbox, &inbox_signals));
+      if (need_own) EPF_RETURN_IF_ERROR(ReadSignals(own, l_.signal_bytes, &own_signals));
+      if (need_inbox) EPF_RETURN_IF_ERROR(ReadSignals(inbox, l_.signal_bytes, &inbox_signals));
       const int64_t now_ns =
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
       for (int s = 0; s < num_ranks_; ++s) {
-        if (((pending >> s) & 1u) == 0) continue;
+        if (!In(pending, s)) continue;
         if (Arrived(what, Remote(s) ? inbox_signals : own_signals, s) || RankLost(lost_ranks_, lost_ignore_, s)) {
-          pending &= ~(1u << s);
+          pending &= ~(1ull << s);
           waited[s] = now_ns;
         }
       }
@@ -176,7 +188,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     if (pending != 0) {
       int first = -1;
       for (int s = 0; s < num_ranks_; ++s) {
-        if (((pending >> s) & 1u) == 0) continue;
+        if (!In(pending, s)) continue;
         if (first < 0) first = s;
         const int32_t one = 1;
         EPF_RETURN_IF_ERROR(access_->FromHost(inner_->LowLatencyRankMask() + s, &one, sizeof(one), stream));
@@ -192,7 +204,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       std::vector<int64_t> cost(num_ranks_);
       EPF_RETURN_IF_ERROR(access_->ToHost(cost.data(), wait_cost, sizeof(int64_t) * num_ranks_, stream));
       for (int s = 0; s < num_ranks_; ++s) {
-        if (Remote(s) && ((sources >> s) & 1u)) cost[s] += std::max<int64_t>(waited[s], 1);
+        if (Remote(s) && In(sources, s)) cost[s] += std::max<int64_t>(waited[s], 1);
       }
       EPF_RETURN_IF_ERROR(access_->FromHost(wait_cost, cost.data(), sizeof(int64_t) * num_ranks_, stream));
     }
@@ -200,46 +212,45 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
 
   // Every rank not masked, this one included (its own signals come from its own send step).
-  absl::StatusOr<uint32_t> Sources(cudaStream_t stream) {
-    EPF_ASSIGN_OR_RETURN(const uint32_t masked, Masked(stream));
-    return ((1u << num_ranks_) - 1u) & ~masked;  // num_ranks_ <= kMaxNvlPeers
+  absl::StatusOr<uint64_t> Sources(cudaStream_t stream) {
+    EPF_ASSIGN_OR_RETURN(const uint64_t masked, Masked(stream));
+    const uint64_t all = num_ranks_ >= 64 ? ~0ull : (1ull << num_ranks_) - 1;  // num_ranks_ <= kMaxLowLatencyRanks
+    return all & ~masked;
   }
 
   absl::Status RunDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) {
-    const int R = num_ranks_, M = l_.max_tokens_per_rank, L = l_.num_local_experts;
-    const size_t base = args.buffer_half * l_.half_bytes;
+    const int M = l_.max_tokens_per_rank, L = l_.num_local_experts, half = args.buffer_half;
+    const kernels::LowLatencySlots& o = l_.outbox;
     kernels::LowLatencyDispatchArgs step = args;
     if (kernels::LowLatencySends(args.phases)) {
       step.phases = LowLatencyPhases::kSend;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
-      EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
+      EPF_ASSIGN_OR_RETURN(const uint64_t sources, Sources(stream));
       std::vector<int32_t> staged;
-      for (int r = 0; r < R; ++r) {
-        if (!Remote(r) || ((sources >> r) & 1u) == 0) continue;
-        EPF_RETURN_IF_ERROR(ReadSignals(remote_->staging(r) + base, &staged));
-        // Messages sit at slot [this rank][token]; the receiver reads only the listed tokens' slots.
+      for (int r = 0; r < num_ranks_; ++r) {
+        if (!Remote(r) || !In(sources, r)) continue;
+        EPF_RETURN_IF_ERROR(ReadOutboxSignals(r, half, &staged));
+        // The messages of this rank's tokens; the receiver reads only the listed tokens' slots.
         EPF_RETURN_IF_ERROR(
-            Send(r, base + l_.dispatch_msgs_offset + static_cast<size_t>(rank_) * M * l_.dispatch_msg_bytes,
-                 static_cast<size_t>(args.num_tokens) * l_.dispatch_msg_bytes));
+            Send(r, half, o.msgs, own_.msgs, static_cast<size_t>(args.num_tokens) * l_.dispatch_msg_bytes));
         for (int local = 0; local < L; ++local) {
-          const int32_t value = SignalAt(staged, l_.dispatch_count_offset, local * R + rank_);
+          const int32_t value = SignalAt(staged, o.count, local);
           const int64_t count = value == 0 ? 0 : -1 - static_cast<int64_t>(value);
           if (count <= 0 || count > M) continue;  // the kernel's own count: 0 .. M
-          EPF_RETURN_IF_ERROR(Send(r,
-                                   base + l_.dispatch_table_offset + (static_cast<size_t>(local) * R + rank_) * M * 4,
+          EPF_RETURN_IF_ERROR(Send(r, half, o.table + local * o.table_stride, own_.table + local * own_.table_stride,
                                    static_cast<size_t>(count) * sizeof(int32_t)));
         }
         for (int local = 0; local < L; ++local) {
-          if (SignalAt(staged, l_.dispatch_count_offset, local * R + rank_) == 0) continue;
-          EPF_RETURN_IF_ERROR(
-              Send(r, base + l_.dispatch_count_offset + (static_cast<size_t>(local) * R + rank_) * 4, sizeof(int32_t)));
+          if (SignalAt(staged, o.count, local) == 0) continue;
+          EPF_RETURN_IF_ERROR(Send(r, half, o.count + local * o.count_stride, own_.count + local * own_.count_stride,
+                                   sizeof(int32_t)));
         }
       }
     }
     if (kernels::LowLatencyReceives(args.phases)) {
-      EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
-      EPF_RETURN_IF_ERROR(Await(Awaited::kDispatchCounts, sources, args.buffer_half, args.wait_recv_cost_ns, stream));
+      EPF_ASSIGN_OR_RETURN(const uint64_t sources, Sources(stream));
+      EPF_RETURN_IF_ERROR(Await(Awaited::kDispatchCounts, sources, half, args.wait_recv_cost_ns, stream));
       step.phases = LowLatencyPhases::kRecv;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
@@ -248,29 +259,29 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
 
   absl::Status RunCombine(const kernels::LowLatencyCombineArgs& args, cudaStream_t stream) {
-    const int R = num_ranks_, M = l_.max_tokens_per_rank, H = l_.hidden;
-    const size_t base = args.buffer_half * l_.half_bytes;
+    const int M = l_.max_tokens_per_rank, half = args.buffer_half;
+    const kernels::LowLatencySlots& o = l_.outbox;
+    const size_t row_bytes = static_cast<size_t>(l_.hidden) * 2;
     kernels::LowLatencyCombineArgs step = args;
     if (kernels::LowLatencySends(args.phases)) {
       // 1. This rank's weights to every rank, then the weights flags.
       step.phases = LowLatencyPhases::kCombineWeights;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
-      EPF_ASSIGN_OR_RETURN(uint32_t sources, Sources(stream));
+      EPF_ASSIGN_OR_RETURN(uint64_t sources, Sources(stream));
       std::vector<int32_t> staged;
-      const size_t weights_row = kernels::kLowLatencyMaxTopk * sizeof(float);
-      for (int r = 0; r < R; ++r) {
-        if (!Remote(r) || ((sources >> r) & 1u) == 0) continue;
-        EPF_RETURN_IF_ERROR(ReadSignals(remote_->staging(r) + base, &staged));
-        EPF_RETURN_IF_ERROR(Send(r, base + l_.combine_weights_offset + static_cast<size_t>(rank_) * M * weights_row,
-                                 static_cast<size_t>(args.num_tokens) * weights_row));
-        if (SignalAt(staged, l_.weights_flag_offset, rank_) != 0) {
-          EPF_RETURN_IF_ERROR(Send(r, base + l_.weights_flag_offset + rank_ * sizeof(int32_t), sizeof(int32_t)));
+      for (int r = 0; r < num_ranks_; ++r) {
+        if (!Remote(r) || !In(sources, r)) continue;
+        EPF_RETURN_IF_ERROR(ReadOutboxSignals(r, half, &staged));
+        EPF_RETURN_IF_ERROR(Send(r, half, o.weights, own_.weights,
+                                 static_cast<size_t>(args.num_tokens) * kernels::kLowLatencyMaxTopk * sizeof(float)));
+        if (SignalAt(staged, o.weights_flag, 0) != 0) {
+          EPF_RETURN_IF_ERROR(Send(r, half, o.weights_flag, own_.weights_flag, sizeof(int32_t)));
         }
       }
       // 2. Every source's weights here, then the partial sums.
-      sources &= ~(1u << rank_);  // this rank's own weights are its inputs
-      EPF_RETURN_IF_ERROR(Await(Awaited::kWeightsFlag, sources, args.buffer_half, nullptr, stream));
+      sources &= ~(1ull << rank_);  // this rank's own weights are its inputs
+      EPF_RETURN_IF_ERROR(Await(Awaited::kWeightsFlag, sources, half, nullptr, stream));
       step.phases = LowLatencyPhases::kSendWeightsPublished;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
@@ -278,8 +289,8 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       //    then the combine flags.
       EPF_ASSIGN_OR_RETURN(sources, Sources(stream));
       std::vector<int32_t> map(static_cast<size_t>(M) * kernels::kLowLatencyMaxTopk);
-      for (int s = 0; s < R; ++s) {
-        if (!Remote(s) || ((sources >> s) & 1u) == 0) continue;
+      for (int s = 0; s < num_ranks_; ++s) {
+        if (!Remote(s) || !In(sources, s)) continue;
         EPF_RETURN_IF_ERROR(access_->ToHost(
             map.data(), args.handle.packed_recv_token_map + static_cast<size_t>(s) * M * kernels::kLowLatencyMaxTopk,
             map.size() * sizeof(int32_t), stream));
@@ -289,18 +300,18 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
             present = map[static_cast<size_t>(t) * kernels::kLowLatencyMaxTopk + k] >= 0;
           }
           if (!present) continue;
-          EPF_RETURN_IF_ERROR(Send(s, base + l_.combine_recv_offset + (static_cast<size_t>(t) * R + rank_) * H * 2,
-                                   static_cast<size_t>(H) * 2));
+          EPF_RETURN_IF_ERROR(
+              Send(s, half, o.recv + t * o.recv_stride, own_.recv + t * own_.recv_stride, row_bytes));
         }
-        EPF_RETURN_IF_ERROR(ReadSignals(remote_->staging(s) + base, &staged));
-        if (SignalAt(staged, l_.combine_flag_offset, rank_) != 0) {
-          EPF_RETURN_IF_ERROR(Send(s, base + l_.combine_flag_offset + rank_ * sizeof(int32_t), sizeof(int32_t)));
+        EPF_RETURN_IF_ERROR(ReadOutboxSignals(s, half, &staged));
+        if (SignalAt(staged, o.combine_flag, 0) != 0) {
+          EPF_RETURN_IF_ERROR(Send(s, half, o.combine_flag, own_.combine_flag, sizeof(int32_t)));
         }
       }
     }
     if (kernels::LowLatencyReceives(args.phases)) {
-      EPF_ASSIGN_OR_RETURN(const uint32_t sources, Sources(stream));
-      EPF_RETURN_IF_ERROR(Await(Awaited::kCombineFlag, sources, args.buffer_half, args.wait_recv_cost_ns, stream));
+      EPF_ASSIGN_OR_RETURN(const uint64_t sources, Sources(stream));
+      EPF_RETURN_IF_ERROR(Await(Awaited::kCombineFlag, sources, half, args.wait_recv_cost_ns, stream));
       step.phases = LowLatencyPhases::kRecv;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
@@ -311,6 +322,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   std::unique_ptr<LowLatencyRemote> remote_;
   std::unique_ptr<RegionAccess> access_;
   const kernels::LowLatencyLayout l_;
+  const kernels::LowLatencySlots own_;  // this rank's slots in a full half (where its puts land in an inbox)
   const int rank_;
   uint8_t* const own_region_;  // this rank's low-latency region (where same-host ranks write)
   const int num_ranks_;

@@ -51,6 +51,8 @@ run_internode() {
   local hosts=${EPF_HOSTS:-2} per_host=${EPF_RANKS_PER_HOST:-2}
   local world=$((hosts * per_host)) ranks
   ranks=$(seq -s, 0 $((world - 1)))
+  # Expert counts that the ranks divide: 16 and 32 up to 8 ranks (and 16), the next multiple of the ranks beyond.
+  local e16=$(((16 + world - 1) / world * world)) e32=$(((32 + world - 1) / world * world))
   dir=$(mktemp -d /tmp/epf-in.XXXXXX)
   for ((r = 0; r < world; r++)); do
     local role=(--coordinator=127.0.0.1:7900)
@@ -108,65 +110,60 @@ run_internode() {
     local common=(--mode=normal --repeats=3 --cached --timeout_ms=60000)
     if [[ $only == all || $only == relay ]]; then
     [[ $only == all ]] && {
-    internode_case bf16 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=32 --seed=1
-    internode_case fp8 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=32 --fp8 --seed=2
-    internode_case h7168 no "${common[@]}" --tokens=64 --hidden=7168 --topk=8 --experts=32 --fixed_tokens --seed=3
-    internode_case h7168fp8 no "${common[@]}" --tokens=64 --hidden=7168 --topk=8 --experts=32 --fp8 --seed=4
-    internode_case ue8m0 no "${common[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 --packed_scales --seed=9
-    internode_case oneexpert no "${common[@]}" --tokens=64 --hidden=512 --topk=4 --experts=16 --routing=one_expert --seed=5
-    internode_case minusone no "${common[@]}" --tokens=64 --hidden=512 --topk=8 --experts=16 --empty_fraction=0.6 --seed=6
-    internode_case silent no "${common[@]}" --tokens=64 --hidden=512 --topk=4 --experts=16 --routing=silent --silent_rank=2 --seed=7
+    internode_case bf16 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=$e32 --seed=1
+    internode_case fp8 no "${common[@]}" --tokens=128 --hidden=1024 --topk=8 --experts=$e32 --fp8 --seed=2
+    internode_case h7168 no "${common[@]}" --tokens=64 --hidden=7168 --topk=8 --experts=$e32 --fixed_tokens --seed=3
+    internode_case h7168fp8 no "${common[@]}" --tokens=64 --hidden=7168 --topk=8 --experts=$e32 --fp8 --seed=4
+    internode_case ue8m0 no "${common[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --fp8 --packed_scales --seed=9
+    internode_case oneexpert no "${common[@]}" --tokens=64 --hidden=512 --topk=4 --experts=$e16 --routing=one_expert --seed=5
+    internode_case minusone no "${common[@]}" --tokens=64 --hidden=512 --topk=8 --experts=$e16 --empty_fraction=0.6 --seed=6
+    internode_case silent no "${common[@]}" --tokens=64 --hidden=512 --topk=4 --experts=$e16 --routing=silent --silent_rank=2 --seed=7
     internode_case memcheck memcheck --mode=normal --repeats=1 --cached --timeout_ms=120000 --tokens=16 --hidden=256 \
-      --topk=4 --experts=16 --seed=8
+      --topk=4 --experts=$e16 --seed=8
     }
-    # Low latency across hosts: the cuda relay (odd rounds through the receive hooks); at most 8 ranks in all.
+    # Low latency across hosts: the cuda relay (odd rounds through the receive hooks); up to 64 ranks in all.
     local ll=(--mode=low_latency --repeats=4 --hooks --timeout_ms=60000)
-    if ((world > 8)); then
-      echo "low latency: skipped ($world ranks; the low-latency limit is 8)"
-    else
-    internode_case ll-fp8 no "${ll[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 --seed=21
-    internode_case ll-bf16 no "${ll[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=32 --empty_fraction=0.6 --seed=22
-    internode_case ll-h7168 no "${ll[@]}" --tokens=32 --hidden=7168 --topk=8 --experts=32 --fp8 --fixed_tokens --seed=23
-    internode_case ll-silent no "${ll[@]}" --tokens=32 --hidden=512 --topk=4 --experts=16 --routing=silent --silent_rank=2 --seed=24
-    internode_case ll-oneexpert no "${ll[@]}" --tokens=32 --hidden=512 --topk=4 --experts=16 --routing=one_expert --seed=25
+    internode_case ll-fp8 no "${ll[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --fp8 --seed=21
+    internode_case ll-bf16 no "${ll[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --empty_fraction=0.6 --seed=22
+    internode_case ll-h7168 no "${ll[@]}" --tokens=32 --hidden=7168 --topk=8 --experts=$e32 --fp8 --fixed_tokens --seed=23
+    internode_case ll-silent no "${ll[@]}" --tokens=32 --hidden=512 --topk=4 --experts=$e16 --routing=silent --silent_rank=2 --seed=24
+    internode_case ll-oneexpert no "${ll[@]}" --tokens=32 --hidden=512 --topk=4 --experts=$e16 --routing=one_expert --seed=25
     internode_case ll-memcheck memcheck --mode=low_latency --repeats=2 --hooks --timeout_ms=120000 --tokens=16 \
-      --hidden=256 --topk=4 --experts=16 --seed=26
+      --hidden=256 --topk=4 --experts=$e16 --seed=26
     # SGLang's auto mode across hosts: a normal round, then a low-latency round, on one group's two parts.
     internode_case both no --mode=both --repeats=3 --cached --timeout_ms=60000 --tokens=64 --hidden=1024 --topk=8 \
-      --experts=32 --fp8 --seed=29
-    fi
+      --experts=$e32 --fp8 --seed=29
     # A client killed mid-dispatch (issue #12's faults), both modes.
     [[ $only == all ]] && kill_case "$dir" loss-normal "$hosts" "$per_host" 2000 --mode=normal --tokens=128 --hidden=1024 --topk=4 \
-      --experts=16 --seed=27
-    ((world > 8)) || kill_case "$dir" loss-ll "$hosts" "$per_host" 2000 --mode=low_latency --tokens=32 \
-      --hidden=1024 --topk=4 --experts=16 --fp8 --seed=28
+      --experts=$e16 --seed=27
+    kill_case "$dir" loss-ll "$hosts" "$per_host" 2000 --mode=low_latency --tokens=32 \
+      --hidden=1024 --topk=4 --experts=$e16 --fp8 --seed=28
     fi
     # Low latency across hosts issued from the device (decision 84): the kernels put and wait, nothing waits on the
     # host, so the calls can be captured into CUDA graphs (the graph cases replay a captured dispatch and combine
     # every round with new inputs).
-    if ((world <= 8)) && [[ $only != relay ]]; then
+    if [[ $only != relay ]]; then
     local dev=(--mode=low_latency --low_latency_issue=device --timeout_ms=60000)
-    internode_case dev-fp8 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 \
+    internode_case dev-fp8 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --fp8 \
       --seed=41
-    internode_case dev-bf16 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=32 \
+    internode_case dev-bf16 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=$e32 \
       --empty_fraction=0.6 --seed=42
-    internode_case dev-silent no "${dev[@]}" --repeats=4 --tokens=32 --hidden=512 --topk=4 --experts=16 \
+    internode_case dev-silent no "${dev[@]}" --repeats=4 --tokens=32 --hidden=512 --topk=4 --experts=$e16 \
       --routing=silent --silent_rank=2 --seed=44
-    internode_case dev-graph no "${dev[@]}" --repeats=6 --graph --tokens=32 --hidden=1024 --topk=8 --experts=32 \
+    internode_case dev-graph no "${dev[@]}" --repeats=6 --graph --tokens=32 --hidden=1024 --topk=8 --experts=$e32 \
       --fp8 --fixed_tokens --seed=45
     internode_case dev-graph-h7168 no "${dev[@]}" --repeats=4 --graph --tokens=32 --hidden=7168 --topk=8 \
-      --experts=32 --fp8 --fixed_tokens --seed=46
+      --experts=$e32 --fp8 --fixed_tokens --seed=46
     internode_case dev-memcheck memcheck --mode=low_latency --low_latency_issue=device --repeats=2 --timeout_ms=120000 \
-      --tokens=16 --hidden=256 --topk=4 --experts=16 --seed=47
+      --tokens=16 --hidden=256 --topk=4 --experts=$e16 --seed=47
     internode_case dev-both no --mode=both --low_latency_issue=device --repeats=3 --cached --timeout_ms=60000 \
-      --tokens=64 --hidden=1024 --topk=8 --experts=32 --fp8 --seed=48
+      --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --fp8 --seed=48
     kill_case "$dir" loss-ll-dev "$hosts" "$per_host" 2000 --mode=low_latency --low_latency_issue=device \
-      --tokens=32 --hidden=1024 --topk=4 --experts=16 --fp8 --seed=49
+      --tokens=32 --hidden=1024 --topk=4 --experts=$e16 --fp8 --seed=49
     fi
   } 2>&1 | tee "$OUT/internode.txt"
   # all: 9 normal + 6 low-latency (relay) + 1 both + 7 device-issued cases; one memcheck case per mode and per issuer.
   local cases=23 memchecks=3
-  ((world > 8)) && cases=9 memchecks=1
   [[ $only == device ]] && cases=7 memchecks=1
   [[ $only == relay ]] && cases=7 memchecks=1  # 6 relayed low-latency cases + both
   [[ $(grep -c " ok=1 " "$OUT/internode.txt") -ge $((cases * world)) ]] ||

@@ -123,14 +123,16 @@ namespace epfabric::kernels::low_latency {
 // What both low-latency kernels get: where the regions are, which half and phases the call uses, how to fail.
 struct GroupView {
   LowLatencyLayout layout;
-  uint8_t* regions[kMaxNvlPeers];
+  uint8_t* regions[kMaxLowLatencyRanks];
   int rank;
   int num_ranks;
   int half;
   int phases;  // LowLatencyPhases bits: 1 = send, 2 = receive, 4 = combine weights only, 8 = weights published
+  // This rank's slots in a full half (LowLatencySourceSlots(layout, rank)): where it writes a same-host rank's half.
+  LowLatencySlots own;
   // Across hosts (LowLatencyContext::remote_ranks): bit r = rank r is on another host, regions[r] is then this rank's
-  // staging copy for it, and what it sends this rank is read from `inbox` (halves only).
-  uint32_t remote;
+  // outbox for it (layout.outbox), and what it sends this rank is read from `inbox` (full halves).
+  uint64_t remote;
   uint8_t* inbox;
   int32_t* rank_mask;
   KernelStatus* status;
@@ -183,7 +185,7 @@ struct RemoteRing {
 };
 
 struct RemoteIssueKernelParams {
-  GroupView g;  // regions[r] of a rank r on another host is this rank's staging copy for it
+  GroupView g;  // regions[r] of a rank r on another host is this rank's outbox for it
   RemoteRing rings[kMaxNvlPeers];
   int num_rings;
   uint64_t rdma_offset;
@@ -195,7 +197,7 @@ struct RemoteIssueKernelParams {
 // One cooperative grid of `num_blocks` blocks (every block must be resident: blocks wait for each other's work).
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream);
-// One block, one warp per rank on another host.
+// One warp per rank of the group, 8 per block; the warps of ranks on other hosts issue.
 cudaError_t LaunchRemoteIssue(const RemoteIssueKernelParams& params, cudaStream_t stream);
 // Loads the low-latency dispatch, combine and remote-issue kernels on the current device (launch.cuh,
 // preload_kernel).

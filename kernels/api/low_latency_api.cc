@@ -14,7 +14,8 @@ namespace {
 low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, LowLatencyPhases phases) {
   low_latency::GroupView g = {};
   g.layout = ctx.layout;
-  for (int r = 0; r < kMaxNvlPeers; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
+  for (int r = 0; r < kMaxLowLatencyRanks; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
+  g.own = LowLatencySourceSlots(ctx.layout, ctx.rank);
   g.rank = ctx.rank;
   g.num_ranks = ctx.num_ranks;
   g.half = half;

@@ -17,7 +17,8 @@ absl::Status CheckShape(int max_tokens_per_rank, int hidden, int num_ranks, int 
     return InvalidValue("max_tokens_per_rank", max_tokens_per_rank, "must be in [1, 65535]");
   if (hidden <= 0 || hidden % kFp8GroupSize != 0)
     return InvalidValue("hidden", hidden, "must be a positive multiple of 128");
-  if (num_ranks <= 0 || num_ranks > kMaxNvlPeers) return InvalidValue("num_ranks", num_ranks, "must be in [1, 8]");
+  if (num_ranks <= 0 || num_ranks > kMaxLowLatencyRanks)
+    return InvalidValue("num_ranks", num_ranks, absl::StrFormat("must be in [1, %d]", kMaxLowLatencyRanks));
   if (num_experts <= 0 || num_experts % num_ranks != 0)
     return InvalidValue("num_experts", num_experts, "must be a positive multiple of num_ranks");
   return absl::OkStatus();
@@ -25,8 +26,8 @@ absl::Status CheckShape(int max_tokens_per_rank, int hidden, int num_ranks, int 
 
 absl::Status CheckContext(const LowLatencyContext& ctx, int max_tokens_per_rank, int hidden, int num_experts) {
   const LowLatencyLayout& l = ctx.layout;
-  if (ctx.num_ranks <= 0 || ctx.num_ranks > kMaxNvlPeers)
-    return InvalidValue("ctx.num_ranks", ctx.num_ranks, "not in [1, 8]");
+  if (ctx.num_ranks <= 0 || ctx.num_ranks > kMaxLowLatencyRanks)
+    return InvalidValue("ctx.num_ranks", ctx.num_ranks, absl::StrFormat("not in [1, %d]", kMaxLowLatencyRanks));
   if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks) return InvalidValue("ctx.rank", ctx.rank, "not in [0, num_ranks)");
   if (l.num_ranks != ctx.num_ranks) return InvalidValue("layout.num_ranks", l.num_ranks, "differs from ctx.num_ranks");
   for (int r = 0; r < ctx.num_ranks; ++r) {
@@ -101,7 +102,43 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
   l.half_bytes = off;
   l.combine_send_offset = 2 * l.half_bytes;
   l.total_bytes = AlignUp(l.combine_send_offset + static_cast<size_t>(l.num_local_experts) * num_ranks * m * h * 2);
+
+  // The outbox: one source's slots, compact.
+  LowLatencySlots& o = l.outbox;
+  off = 0;
+  o.count = off;
+  o.count_stride = sizeof(int32_t);
+  off += static_cast<size_t>(l.num_local_experts) * sizeof(int32_t);
+  o.weights_flag = off;
+  off += sizeof(int32_t);
+  o.combine_flag = off;
+  off += sizeof(int32_t);
+  l.outbox_signal_bytes = AlignUp(off);
+  o.table = l.outbox_signal_bytes;
+  o.table_stride = m * sizeof(int32_t);
+  o.msgs = AlignUp(o.table + static_cast<size_t>(l.num_local_experts) * o.table_stride);
+  o.weights = AlignUp(o.msgs + m * l.dispatch_msg_bytes);
+  o.recv = AlignUp(o.weights + m * kLowLatencyMaxTopk * sizeof(float));
+  o.recv_stride = h * 2;
+  l.outbox_half_bytes = AlignUp(o.recv + m * o.recv_stride);
   return l;
+}
+
+LowLatencySlots LowLatencySourceSlots(const LowLatencyLayout& l, int src) {
+  const size_t s = static_cast<size_t>(src), r = static_cast<size_t>(l.num_ranks);
+  const size_t m = static_cast<size_t>(l.max_tokens_per_rank), row = static_cast<size_t>(l.hidden) * 2;
+  LowLatencySlots slots;
+  slots.count = l.dispatch_count_offset + s * sizeof(int32_t);
+  slots.count_stride = r * sizeof(int32_t);
+  slots.weights_flag = l.weights_flag_offset + s * sizeof(int32_t);
+  slots.combine_flag = l.combine_flag_offset + s * sizeof(int32_t);
+  slots.table = l.dispatch_table_offset + s * m * sizeof(int32_t);
+  slots.table_stride = r * m * sizeof(int32_t);
+  slots.msgs = l.dispatch_msgs_offset + s * m * l.dispatch_msg_bytes;
+  slots.weights = l.combine_weights_offset + s * m * kLowLatencyMaxTopk * sizeof(float);
+  slots.recv = l.combine_recv_offset + s * row;
+  slots.recv_stride = r * row;
+  return slots;
 }
 
 absl::StatusOr<size_t> LowLatencyRegionBytes(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts) {

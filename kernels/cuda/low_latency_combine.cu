@@ -23,10 +23,10 @@ namespace {
 using CombineParams = CombineKernelParams;  // api/launch.h
 
 // Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
-__device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t masked) {
+__device__ __forceinline__ void publish_weights(const CombineParams& p, uint64_t masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
-  const int K = p.num_topk, L = l.num_local_experts, E = l.num_experts, M = l.max_tokens_per_rank;
+  const int K = p.num_topk, L = l.num_local_experts, E = l.num_experts;
   // One thread per token: the whole row is loaded at once (independent loads), then handled in registers.
   for (int t = threadIdx.x; t < p.num_tokens; t += blockDim.x) {
     int64_t row[kLowLatencyMaxTopk];
@@ -41,7 +41,7 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t
       const int64_t e = row[k];
       if (k >= K || e < 0 || e >= E) continue;
       const int r = static_cast<int>(e / L);
-      if ((masked >> r) & 1u) continue;
+      if (is_masked(masked, r)) continue;
       bool first = true;
 #pragma unroll
       for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
@@ -51,19 +51,17 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint32_t
       for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
         if (kk < K && row[kk] == e) sum = sum + w[kk];
       }
-      float* weights = reinterpret_cast<float*>(half_base(g, r) + l.combine_weights_offset);
-      weights[(static_cast<size_t>(g.rank) * M + t) * kLowLatencyMaxTopk + k] = sum;
+      dst_half(g, r).weights(t)[k] = sum;
     }
   }
   __syncthreads();
-  if (threadIdx.x < g.num_ranks && ((masked >> threadIdx.x) & 1u) == 0) {
+  if (threadIdx.x < g.num_ranks && !is_masked(masked, threadIdx.x)) {
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(reinterpret_cast<int32_t*>(half_base(g, threadIdx.x) + l.weights_flag_offset) + g.rank,
-                               1);
+    ptx::st_release_sys_global(dst_half(g, threadIdx.x).weights_flag(), 1);
   }
 }
 
-__device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t masked, int lane, int warp_global,
+__device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -81,13 +79,13 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
   const int slices = max(1, min((row_int4 + 31) / 32, total_warps / num_rows));
   const int slice_int4 = (row_int4 + slices - 1) / slices;
   const int num_items = num_rows * slices;
-  uint32_t have_weights = 0;  // source ranks whose weights this warp has seen arrive
+  uint64_t have_weights = 0;  // source ranks whose weights this warp has seen arrive
   int items_done = 0;
   for (int item = warp_global; item < num_items; item += total_warps) {
     ++items_done;
     const int row = item / slices, slice = item % slices;
     const int s = row / M, t = row % M;
-    if ((masked >> s) & 1u) continue;
+    if (is_masked(masked, s)) continue;
     const int32_t* map = p.token_map + static_cast<size_t>(row) * kLowLatencyMaxTopk;
     const int32_t slot = lane < kLowLatencyMaxTopk ? __ldg(map + lane) : -1;
     uint32_t present = __ballot_sync(0xffffffffu, slot >= 0);  // bit k: top-k position k is an expert here
@@ -108,7 +106,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
     } else {
       // What s published: in this rank's half, or in the inbox when s is on another host.
       const uint8_t* from = in_half(g, s);
-      if (((have_weights >> s) & 1u) == 0) {
+      if (((have_weights >> s) & 1ull) == 0) {
         bool ok = true;
         if (lane == 0) {
           const int32_t* weights_flag = reinterpret_cast<const int32_t*>(from + l.weights_flag_offset) + s;
@@ -119,10 +117,10 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
         }
         ok = __shfl_sync(0xffffffffu, ok, 0);
         if (!ok) {
-          masked |= 1u << s;
+          masked |= 1ull << s;
           continue;
         }
-        have_weights |= 1u << s;
+        have_weights |= 1ull << s;
       }
       __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
       w = slot >= 0 ? __int_as_float(
@@ -142,8 +140,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
       row_weights[j] = __shfl_sync(0xffffffffu, w, k);
     }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
-    int4* dst = reinterpret_cast<int4*>(half_base(g, s) + l.combine_recv_offset +
-                                        (static_cast<size_t>(t) * R + g.rank) * H * 2);
+    int4* dst = reinterpret_cast<int4*>(dst_half(g, s).recv_row(t));
     for (int i = lo + lane; i < hi; i += 32) {
       int4 v[kLowLatencyMaxTopk];
 #pragma unroll
@@ -176,24 +173,23 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint32_t mask
   if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);  // see dispatch
 
   // Every item was counted once; +1 for the cleaning.
-  if (blockIdx.x == 0 && threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
+  if (blockIdx.x == 0 && threadIdx.x < R && !is_masked(masked, threadIdx.x)) {
     const int target = num_items + 1;
     if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
       ptx::fence_acq_rel_sys();
-      ptx::st_release_sys_global(reinterpret_cast<int32_t*>(half_base(g, threadIdx.x) + l.combine_flag_offset) + g.rank,
-                                 1);
+      ptx::st_release_sys_global(dst_half(g, threadIdx.x).combine_flag(), 1);
     }
   }
 }
 
-__device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t masked) {
+__device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, R = g.num_ranks, L = l.num_local_experts, E = l.num_experts, K = p.num_topk;
-  __shared__ uint32_t block_masked;
+  __shared__ unsigned long long block_masked;
   if (threadIdx.x == 0) block_masked = masked;
   __syncthreads();
-  if (threadIdx.x < R && ((masked >> threadIdx.x) & 1u) == 0) {
+  if (threadIdx.x < R && !is_masked(masked, threadIdx.x)) {
     const int32_t* flag =
         reinterpret_cast<const int32_t*>(in_half(g, threadIdx.x) + l.combine_flag_offset) + threadIdx.x;
     const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
@@ -203,12 +199,12 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
     // Every block waits for every flag; block 0's wait is the one counted.
     if (p.wait_recv_cost_ns != nullptr && blockIdx.x == 0) add_wait_cost(p.wait_recv_cost_ns + threadIdx.x, wait_start);
     if (!ok) {
-      atomicOr(&block_masked, 1u << threadIdx.x);
+      atomicOr(&block_masked, 1ull << threadIdx.x);
       mask_rank(g, threadIdx.x);
     }
   }
   __syncthreads();
-  const uint32_t skip = block_masked;
+  const uint64_t skip = block_masked;
 
   // Work items: (token, slice of hidden) per warp. Lanes < K read the token's top-k row once for the whole slice
   // (which ranks hold its experts), then every lane adds the partial rows of those ranks for its channels.
@@ -220,28 +216,43 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint32_t mask
   for (int item = warp_global; item < p.num_tokens * slices; item += total_warps) {
     const int t = item / slices, slice = item % slices;
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-    const uint32_t bit = (e >= 0 && e < E) ? (1u << static_cast<int>(e / L)) : 0u;
-    const uint32_t ranks = __reduce_or_sync(0xffffffffu, bit) & ~skip;
+    const uint64_t bit = (e >= 0 && e < E) ? 1ull << static_cast<int>(e / L) : 0ull;
+    uint64_t ranks = warp_or_ranks(bit) & ~skip;
+    // The ranks that hold the token's experts, in increasing order (at most kLowLatencyMaxTopk).
+    int rank_list[kLowLatencyMaxTopk];
+    int num_listed = 0;
+#pragma unroll
+    for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
+      rank_list[j] = ranks != 0 ? lowest_rank(ranks) : 0;
+      if (ranks != 0) ++num_listed;
+      ranks &= ranks - 1;
+    }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
     for (int v = lo + lane; v < hi; v += 32) {
-      int4 parts[kMaxNvlPeers];
-#pragma unroll
-      for (int r = 0; r < kMaxNvlPeers; ++r) {
-        if ((ranks >> r) & 1u)
-          parts[r] = ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset +
-                                                                           (static_cast<size_t>(t) * R + r) * H * 2) +
-                                             v);
-      }
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      // Rank order, kMaxNvlPeers loads in flight at a time (one round within one host).
 #pragma unroll
-      for (int r = 0; r < kMaxNvlPeers; ++r) {
-        if ((ranks >> r) & 1u) {
-          const uint32_t words[4] = {static_cast<uint32_t>(parts[r].x), static_cast<uint32_t>(parts[r].y),
-                                     static_cast<uint32_t>(parts[r].z), static_cast<uint32_t>(parts[r].w)};
+      for (int first = 0; first < kLowLatencyMaxTopk; first += kMaxNvlPeers) {
+        if (first >= num_listed) break;
+        int4 parts[kMaxNvlPeers];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
-            acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+        for (int j = 0; j < kMaxNvlPeers; ++j) {
+          const int r = rank_list[first + j];
+          if (first + j < num_listed)
+            parts[j] = ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset +
+                                                                             (static_cast<size_t>(t) * R + r) * H * 2) +
+                                               v);
+        }
+#pragma unroll
+        for (int j = 0; j < kMaxNvlPeers; ++j) {
+          if (first + j < num_listed) {
+            const uint32_t words[4] = {static_cast<uint32_t>(parts[j].x), static_cast<uint32_t>(parts[j].y),
+                                       static_cast<uint32_t>(parts[j].z), static_cast<uint32_t>(parts[j].w)};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
+              acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+            }
           }
         }
       }
@@ -260,7 +271,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
-  const uint32_t masked = read_masked_ranks(p.g);
+  const uint64_t masked = read_masked_ranks(p.g);
   if (weights_only(p.g)) {  // across hosts: the first launch of the send phase
     int32_t* done = reinterpret_cast<int32_t*>(half_base(p.g, p.g.rank) + p.g.layout.combine_done_offset);
     clean_other_half_signals(p.g, done);

@@ -28,10 +28,41 @@ __device__ __forceinline__ uint8_t* other_half_base(const GroupView& g, int r) {
   return g.regions[r] + g.layout.half_bytes * (g.half ^ 1);
 }
 // Where what rank s sent this rank lies: this rank's own half, or the inbox when s is on another host.
+__device__ __forceinline__ bool is_remote(const GroupView& g, int r) { return ((g.remote >> r) & 1ull) != 0; }
 __device__ __forceinline__ const uint8_t* in_half(const GroupView& g, int s) {
-  const uint8_t* base = ((g.remote >> s) & 1u) != 0 ? g.inbox : g.regions[g.rank];
+  const uint8_t* base = is_remote(g, s) ? g.inbox : g.regions[g.rank];
   return base + g.layout.half_bytes * g.half;
 }
+
+// Where this rank writes its slots of rank r's half in this call: r's region (same host), or this rank's outbox for
+// r (another host: the slots are then compact, and an issuer puts them into r's inbox).
+struct DstHalf {
+  uint8_t* base;
+  const LowLatencySlots* slots;
+
+  __device__ __forceinline__ uint8_t* msg(int t, size_t msg_bytes) const { return base + slots->msgs + t * msg_bytes; }
+  __device__ __forceinline__ int32_t* table(int local) const {
+    return reinterpret_cast<int32_t*>(base + slots->table + local * slots->table_stride);
+  }
+  __device__ __forceinline__ int32_t* count(int local) const {
+    return reinterpret_cast<int32_t*>(base + slots->count + local * slots->count_stride);
+  }
+  __device__ __forceinline__ float* weights(int t) const {
+    return reinterpret_cast<float*>(base + slots->weights) + static_cast<size_t>(t) * kLowLatencyMaxTopk;
+  }
+  __device__ __forceinline__ int32_t* weights_flag() const {
+    return reinterpret_cast<int32_t*>(base + slots->weights_flag);
+  }
+  __device__ __forceinline__ int32_t* combine_flag() const {
+    return reinterpret_cast<int32_t*>(base + slots->combine_flag);
+  }
+  __device__ __forceinline__ uint8_t* recv_row(int t) const { return base + slots->recv + t * slots->recv_stride; }
+};
+__device__ __forceinline__ DstHalf dst_half(const GroupView& g, int r) {
+  if (is_remote(g, r)) return DstHalf{g.regions[r] + g.layout.outbox_half_bytes * g.half, &g.layout.outbox};
+  return DstHalf{half_base(g, r), &g.own};
+}
+
 __device__ __forceinline__ bool sends(const GroupView& g) { return (g.phases & 1) != 0; }
 __device__ __forceinline__ bool receives(const GroupView& g) { return (g.phases & 2) != 0; }
 // Combine across hosts (LowLatencyPhases): a launch that only cleans and publishes the weights, and a send phase
@@ -39,17 +70,31 @@ __device__ __forceinline__ bool receives(const GroupView& g) { return (g.phases 
 __device__ __forceinline__ bool weights_only(const GroupView& g) { return g.phases == 4; }
 __device__ __forceinline__ bool weights_published(const GroupView& g) { return (g.phases & 8) != 0; }
 
+static_assert(kMaxLowLatencyRanks <= 64, "rank sets are 64-bit masks; the dispatch receive reads 2 sources per lane");
+
 // Bit r set = rank r is masked. Read once per thread at kernel start.
-__device__ __forceinline__ uint32_t read_masked_ranks(const GroupView& g) {
-  uint32_t bits = 0;
+__device__ __forceinline__ uint64_t read_masked_ranks(const GroupView& g) {
+  uint64_t bits = 0;
   if (g.rank_mask != nullptr) {
-    int32_t values[kMaxNvlPeers];
+    // Eight loads in flight at a time; one round within one host.
+    for (int first = 0; first < g.num_ranks; first += kMaxNvlPeers) {
+      int32_t values[kMaxNvlPeers];
 #pragma unroll
-    for (int r = 0; r < kMaxNvlPeers; ++r) values[r] = r < g.num_ranks ? g.rank_mask[r] : 0;  // all in flight
+      for (int i = 0; i < kMaxNvlPeers; ++i) values[i] = first + i < g.num_ranks ? g.rank_mask[first + i] : 0;
 #pragma unroll
-    for (int r = 0; r < kMaxNvlPeers; ++r) bits |= values[r] != 0 ? 1u << r : 0u;
+      for (int i = 0; i < kMaxNvlPeers; ++i) bits |= values[i] != 0 ? 1ull << (first + i) : 0ull;
+    }
   }
   return bits;
+}
+__device__ __forceinline__ bool is_masked(uint64_t masked, int r) { return ((masked >> r) & 1ull) != 0; }
+// The lowest rank in a nonempty rank set.
+__device__ __forceinline__ int lowest_rank(uint64_t bits) { return __ffsll(static_cast<long long>(bits)) - 1; }
+// The union over a warp of every lane's rank set.
+__device__ __forceinline__ uint64_t warp_or_ranks(uint64_t bits) {
+  const uint32_t lo = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits));
+  const uint32_t hi = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits >> 32));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
 // After a timeout waiting for `peer`, later calls skip it (Mooncake EP's rank masking).
@@ -67,14 +112,16 @@ __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int
   int32_t* signals = reinterpret_cast<int32_t*>(other_half_base(g, g.rank));
   const int num_ints = static_cast<int>(g.layout.signal_bytes / sizeof(int32_t));
   for (int i = threadIdx.x; i < num_ints; i += blockDim.x) signals[i] = 0;
-  // Across hosts: the inbox's other half, and that of every staging copy (the calling thread sends a staging copy's
-  // signal only when it is nonzero, so a stale one from two calls ago must not survive).
+  // Across hosts: the inbox's other half, and that of every outbox (an issuer sends an outbox's signal only when it
+  // is nonzero, so a stale one from two calls ago must not survive).
   if (g.remote != 0) {
     int32_t* inbox = reinterpret_cast<int32_t*>(g.inbox + g.layout.half_bytes * (g.half ^ 1));
     for (int i = threadIdx.x; i < num_ints; i += blockDim.x) inbox[i] = 0;
-    for (uint32_t bits = g.remote; bits != 0; bits &= bits - 1) {
-      int32_t* staging = reinterpret_cast<int32_t*>(other_half_base(g, __ffs(bits) - 1));
-      for (int i = threadIdx.x; i < num_ints; i += blockDim.x) staging[i] = 0;
+    const int outbox_ints = static_cast<int>(g.layout.outbox_signal_bytes / sizeof(int32_t));
+    for (uint64_t bits = g.remote; bits != 0; bits &= bits - 1) {
+      int32_t* outbox =
+          reinterpret_cast<int32_t*>(g.regions[lowest_rank(bits)] + g.layout.outbox_half_bytes * (g.half ^ 1));
+      for (int i = threadIdx.x; i < outbox_ints; i += blockDim.x) outbox[i] = 0;
     }
   }
   for (int i = threadIdx.x; i < fill_count; i += blockDim.x) fill[i] = -1;

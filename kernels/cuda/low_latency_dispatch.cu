@@ -52,7 +52,7 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
 }
 
 template <bool kUseFP8>
-__device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t masked, int lane, int warp_global,
+__device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -91,23 +91,20 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       v1 = ptx::ld_nc_global(src + 1);
     }
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-    const uint32_t bit = (e >= 0 && e < E) ? (1u << static_cast<int>(e / L)) : 0u;
-    uint32_t dst_ranks = __reduce_or_sync(0xffffffffu, bit) & ~masked;
-    // message_per_expert (measurement only): one copy per distinct expert of the token on the rank; 4 bits per
-    // rank (at most kLowLatencyMaxTopk = 16 experts, stored as count - 1), the same value in every lane.
-    uint32_t extra_copies = 0;
+    const int e_rank = (e >= 0 && e < E) ? static_cast<int>(e / L) : -1;
+    uint64_t dst_ranks = warp_or_ranks(e_rank >= 0 ? 1ull << e_rank : 0ull) & ~masked;
+    // message_per_expert (measurement only): one copy per distinct expert of the token on the rank.
+    bool first_of_expert = false;
     if (p.message_per_expert) {
-      bool first = e >= 0 && e < E;
+      first_of_expert = e_rank >= 0;
       for (int k = 0; k < K; ++k) {  // an expert listed twice counts once
         const int64_t other = __shfl_sync(0xffffffffu, e, k);
-        if (k < lane && other == e) first = false;
-      }
-      for (int r = 0; r < R; ++r) {
-        const int n = __popc(__ballot_sync(0xffffffffu, first && static_cast<int>(e / L) == r));
-        extra_copies |= static_cast<uint32_t>(max(0, n - 1) & 15) << (4 * r);
+        if (k < lane && other == e) first_of_expert = false;
       }
     }
-    const size_t msg_offset = l.dispatch_msgs_offset + (static_cast<size_t>(g.rank) * M + t) * l.dispatch_msg_bytes;
+    auto copies_for = [&](int r) {
+      return p.message_per_expert ? max(1, __popc(__ballot_sync(0xffffffffu, first_of_expert && e_rank == r))) : 1;
+    };
     if constexpr (kUseFP8) {
       const uint32_t w[8] = {static_cast<uint32_t>(v0.x), static_cast<uint32_t>(v0.y), static_cast<uint32_t>(v0.z),
                              static_cast<uint32_t>(v0.w), static_cast<uint32_t>(v1.x), static_cast<uint32_t>(v1.y),
@@ -132,10 +129,10 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
           static_cast<int>(fp8x4(f[0], f[1], f[2], f[3])), static_cast<int>(fp8x4(f[4], f[5], f[6], f[7])),
           static_cast<int>(fp8x4(f[8], f[9], f[10], f[11])), static_cast<int>(fp8x4(f[12], f[13], f[14], f[15])));
       while (dst_ranks != 0) {
-        const int r = __ffs(dst_ranks) - 1;
+        const int r = lowest_rank(dst_ranks);
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = half_base(g, r) + msg_offset;
-        const int copies = 1 + static_cast<int>((extra_copies >> (4 * r)) & 15u);
+        uint8_t* msg = dst_half(g, r).msg(t, l.dispatch_msg_bytes);
+        const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
           ptx::st_na_global(reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + c0), q);
           if ((lane & 7) == 0) {
@@ -146,10 +143,10 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       }
     } else {
       while (dst_ranks != 0) {
-        const int r = __ffs(dst_ranks) - 1;
+        const int r = lowest_rank(dst_ranks);
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = half_base(g, r) + msg_offset;
-        const int copies = 1 + static_cast<int>((extra_copies >> (4 * r)) & 15u);
+        uint8_t* msg = dst_half(g, r).msg(t, l.dispatch_msg_bytes);
+        const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
           int4* dst = reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + static_cast<size_t>(c0) * 2);
           ptx::st_na_global(dst, v0);
@@ -170,9 +167,9 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
   // Routing items, handed out from the last warp down so that they land on warps without data items.
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
     const int r = e / L, local = e % L;
-    if ((masked >> r) & 1u) continue;
-    int32_t* table = reinterpret_cast<int32_t*>(half_base(g, r) + l.dispatch_table_offset) +
-                     (static_cast<size_t>(local) * R + g.rank) * M;
+    if (is_masked(masked, r)) continue;
+    const DstHalf dst = dst_half(g, r);
+    int32_t* table = dst.table(local);
     int count = 0;
     for (int t0 = 0; t0 < p.num_tokens; t0 += 32) {
       const int t = t0 + lane;
@@ -200,15 +197,14 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint32_t mas
       const int target = num_items + 1;
       if (wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, e) >= 0) {
         ptx::fence_acq_rel_sys();
-        ptx::st_release_sys_global(
-            reinterpret_cast<int32_t*>(half_base(g, r) + l.dispatch_count_offset) + local * R + g.rank, -count - 1);
+        ptx::st_release_sys_global(dst.count(local), -count - 1);
       }
     }
   }
 }
 
 template <bool kUseFP8>
-__device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t masked, int lane, int warp_global,
+__device__ __forceinline__ void recv_phase(const DispatchParams& p, uint64_t masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -232,10 +228,11 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
 
   for (int item = group; item < num_items; item += groups) {
     const int local = item / R, s = item % R;
-    int my_count = 0;
-    if (lane < R && ((masked >> lane) & 1u) == 0) {
+    // Source `src`'s count for this expert (0 when masked, lost or silent), read by one lane.
+    auto read_count = [&](int src) {
+      if (src >= R || is_masked(masked, src)) return 0;
       const int32_t* signal =
-          reinterpret_cast<const int32_t*>(in_half(g, lane) + l.dispatch_count_offset) + local * R + lane;
+          reinterpret_cast<const int32_t*>(in_half(g, src) + l.dispatch_count_offset) + local * R + src;
       int32_t value = 0;
       const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
       const bool ok = bounded_wait(
@@ -243,24 +240,30 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint32_t mas
             value = ptx::ld_acquire_sys_global(signal);
             return value != 0;
           },
-          g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, lane, local, loss_words(g, lane),
+          g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, src, local, loss_words(g, src),
           /*record_loss=*/false);
       // Every warp of the item waits on every source (for `begin`); the item's own (local, s) wait is counted once.
-      if (p.wait_recv_cost_ns != nullptr && sub == 0 && lane == s) add_wait_cost(p.wait_recv_cost_ns + s, wait_start);
-      if (ok) {
-        // Peer data: at most M tokens per (expert, source), so the compact rows of all sources fit R * M slots. A
-        // bad count is recorded and counts as 0.
-        const int32_t count = -1 - value;  // no overflow for any int32
-        if (check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, lane, local, count, 0, M)) {
-          my_count = count;
-        }
-      } else {
-        mask_rank(g, lane);
+      if (p.wait_recv_cost_ns != nullptr && sub == 0 && src == s) add_wait_cost(p.wait_recv_cost_ns + s, wait_start);
+      if (!ok) {
+        mask_rank(g, src);
+        return 0;
       }
+      // Peer data: at most M tokens per (expert, source), so the compact rows of all sources fit R * M slots. A bad
+      // count is recorded and counts as 0.
+      const int32_t count = -1 - value;  // no overflow for any int32
+      return check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, src, local, count, 0, M) ? count
+                                                                                                             : 0;
+    };
+    // Sources lane and lane + 32 (groups of more than 32 ranks, across hosts).
+    const int count_lo = read_count(lane);
+    const int count_hi = R > 32 ? read_count(lane + 32) : 0;
+    int begin = __reduce_add_sync(0xffffffffu, lane < s ? count_lo : 0);
+    int total = __reduce_add_sync(0xffffffffu, count_lo);
+    if (R > 32) {
+      begin += __reduce_add_sync(0xffffffffu, lane + 32 < s ? count_hi : 0);
+      total += __reduce_add_sync(0xffffffffu, count_hi);
     }
-    const int begin = __reduce_add_sync(0xffffffffu, lane < s ? my_count : 0);
-    const int total = __reduce_add_sync(0xffffffffu, my_count);
-    const int count = __shfl_sync(0xffffffffu, my_count, s);
+    const int count = __shfl_sync(0xffffffffu, s < 32 ? count_lo : count_hi, s & 31);
     __syncwarp();  // orders the acquiring lanes' loads before every lane's reads of the payload
     if (sub == 0 && lane == 0) {
       p.packed_recv_layout_range[local * R + s] = (static_cast<int64_t>(begin) << 32) | static_cast<uint32_t>(count);
@@ -336,7 +339,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
-  const uint32_t masked = read_masked_ranks(p.g);
+  const uint64_t masked = read_masked_ranks(p.g);
   if (sends(p.g)) {
     send_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);

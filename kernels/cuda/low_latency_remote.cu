@@ -2,7 +2,8 @@
 // combine kernel has staged what goes to the ranks on other hosts, this kernel puts exactly those ranges into their
 // inboxes, in the relay's order (client/internode_low_latency_relay.cc): data first, then the signal that publishes
 // it, on one ring per destination. One warp per destination; lane 0 issues (the ring keeps a warp's commands in
-// program order), the other lanes help find the rows to send.
+// program order), the other lanes help find the rows to send. What is put comes from this rank's outbox for the
+// destination (compact) and lands in this rank's slots of the destination's inbox.
 #include "api/launch.h"
 #include "launch.cuh"
 #include "low_latency_common.cuh"
@@ -19,65 +20,63 @@ __device__ __forceinline__ transport_device::Ring ring_of(const RemoteRing& r) {
                                 r.channel};
 }
 
-// Lane 0's sends to one destination. Offsets are inside a rank's low-latency part (a half's base included): the
-// source is the same offset of this rank's staging copy for `dst`, the destination that of dst's inbox.
+constexpr int kIssueWarpsPerBlock = 8;
+
+// Lane 0's sends to one destination: a range of this rank's outbox for `dst` (compact slots, `outbox`) to the same
+// slots of dst's inbox (the full layout, this rank's slots `own`). Offsets are the RDMA region's.
 struct Sender {
   const RemoteIssueKernelParams& p;
   transport_device::Ring ring;
   int dst;
-  uint64_t staging;  // the staging copy's offset in this rank's RDMA region
+  uint64_t outbox;  // this call's half of the outbox for dst
+  uint64_t inbox;   // this call's half of dst's inbox
   bool ok;
 
-  __device__ void put(size_t offset, size_t bytes) {
+  __device__ void put(size_t outbox_offset, size_t inbox_offset, size_t bytes) {
     if (!ok || bytes == 0) return;
-    ok = transport_device::issue(ring, transport::Opcode::kPut, dst, p.rdma_offset + offset, staging + offset, bytes,
-                                 p.g.timeout_ns, p.g.status, p.g.rank);
+    ok = transport_device::issue(ring, transport::Opcode::kPut, dst, inbox + inbox_offset, outbox + outbox_offset,
+                                 bytes, p.g.timeout_ns, p.g.status, p.g.rank);
   }
 };
 
-// What a dispatch's send phase staged for `dst`: the messages of this rank's tokens (slot [rank][token]), the
-// entries of each routing list, then the counts (nonzero once staged: -1 - count).
-__device__ void send_dispatch(Sender& out, const int32_t* staged_signals, size_t base) {
+// What a dispatch's send phase staged for `dst` (`staged`: this call's half of its outbox, device memory): the
+// messages of this rank's tokens, the entries of each routing list, then the counts (nonzero once staged: -1 - count).
+__device__ void send_dispatch(Sender& out, const uint8_t* staged) {
   const GroupView& g = out.p.g;
   const LowLatencyLayout& l = g.layout;
-  const int R = g.num_ranks, M = l.max_tokens_per_rank, L = l.num_local_experts, rank = g.rank;
-  const int32_t* counts =
-      reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) + l.dispatch_count_offset);
-  out.put(base + l.dispatch_msgs_offset + static_cast<size_t>(rank) * M * l.dispatch_msg_bytes,
-          static_cast<size_t>(out.p.num_tokens) * l.dispatch_msg_bytes);
+  const LowLatencySlots &o = l.outbox, &own = g.own;
+  const int M = l.max_tokens_per_rank, L = l.num_local_experts;
+  const int32_t* counts = reinterpret_cast<const int32_t*>(staged + o.count);
+  out.put(o.msgs, own.msgs, static_cast<size_t>(out.p.num_tokens) * l.dispatch_msg_bytes);
   for (int local = 0; local < L; ++local) {
-    const int32_t value = ptx::ld_volatile_global(counts + local * R + rank);
+    const int32_t value = ptx::ld_volatile_global(counts + local);
     const int64_t count = value == 0 ? 0 : -1 - static_cast<int64_t>(value);
     if (count <= 0 || count > M) continue;  // the kernel's own count: 0 .. M
-    out.put(base + l.dispatch_table_offset + (static_cast<size_t>(local) * R + rank) * M * sizeof(int32_t),
+    out.put(o.table + local * o.table_stride, own.table + local * own.table_stride,
             static_cast<size_t>(count) * sizeof(int32_t));
   }
   for (int local = 0; local < L; ++local) {
-    if (ptx::ld_volatile_global(counts + local * R + rank) == 0) continue;
-    out.put(base + l.dispatch_count_offset + (static_cast<size_t>(local) * R + rank) * sizeof(int32_t),
-            sizeof(int32_t));
+    if (ptx::ld_volatile_global(counts + local) == 0) continue;
+    out.put(o.count + local * o.count_stride, own.count + local * own.count_stride, sizeof(int32_t));
   }
 }
 
-__device__ void send_weights(Sender& out, const int32_t* staged_signals, size_t base) {
-  const LowLatencyLayout& l = out.p.g.layout;
-  const int rank = out.p.g.rank;
-  const size_t weights_row = kLowLatencyMaxTopk * sizeof(float);
-  out.put(base + l.combine_weights_offset + static_cast<size_t>(rank) * l.max_tokens_per_rank * weights_row,
-          static_cast<size_t>(out.p.num_tokens) * weights_row);
-  const int32_t* flags =
-      reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) + l.weights_flag_offset);
-  if (ptx::ld_volatile_global(flags + rank) != 0) {
-    out.put(base + l.weights_flag_offset + static_cast<size_t>(rank) * sizeof(int32_t), sizeof(int32_t));
+__device__ void send_weights(Sender& out, const uint8_t* staged) {
+  const LowLatencySlots &o = out.p.g.layout.outbox, &own = out.p.g.own;
+  out.put(o.weights, own.weights, static_cast<size_t>(out.p.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
+  if (ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(staged + o.weights_flag)) != 0) {
+    out.put(o.weights_flag, own.weights_flag, sizeof(int32_t));
   }
 }
 
 // The partial-sum rows of dst's tokens that this rank holds experts of (the dispatch's token map lists them), then
 // the combine flag. The whole warp scans the map, 32 tokens at a time; lane 0 sends in token order.
-__device__ void send_rows(Sender& out, const int32_t* staged_signals, size_t base, int lane) {
+__device__ void send_rows(Sender& out, const uint8_t* staged, int lane) {
   const GroupView& g = out.p.g;
   const LowLatencyLayout& l = g.layout;
-  const int R = g.num_ranks, M = l.max_tokens_per_rank, H = l.hidden, rank = g.rank;
+  const LowLatencySlots &o = l.outbox, &own = g.own;
+  const int M = l.max_tokens_per_rank;
+  const size_t row_bytes = static_cast<size_t>(l.hidden) * 2;
   const int32_t* map = out.p.token_map + static_cast<size_t>(out.dst) * M * kLowLatencyMaxTopk;
   for (int first = 0; first < M; first += 32) {
     const int t = first + lane;
@@ -90,49 +89,47 @@ __device__ void send_rows(Sender& out, const int32_t* staged_signals, size_t bas
     if (lane == 0) {
       for (; rows != 0; rows &= rows - 1) {
         const int row = first + __ffs(rows) - 1;
-        out.put(base + l.combine_recv_offset + (static_cast<size_t>(row) * R + rank) * H * 2,
-                static_cast<size_t>(H) * 2);
+        out.put(o.recv + row * o.recv_stride, own.recv + row * own.recv_stride, row_bytes);
       }
     }
   }
-  if (lane == 0) {
-    const int32_t* flags =
-        reinterpret_cast<const int32_t*>(reinterpret_cast<const uint8_t*>(staged_signals) + l.combine_flag_offset);
-    if (ptx::ld_volatile_global(flags + rank) != 0) {
-      out.put(base + l.combine_flag_offset + static_cast<size_t>(rank) * sizeof(int32_t), sizeof(int32_t));
-    }
+  if (lane == 0 && ptx::ld_volatile_global(reinterpret_cast<const int32_t*>(staged + o.combine_flag)) != 0) {
+    out.put(o.combine_flag, own.combine_flag, sizeof(int32_t));
   }
 }
 
-__global__ void __launch_bounds__(kMaxNvlPeers * 32)
+__global__ void __launch_bounds__(kIssueWarpsPerBlock * 32)
     remote_issue_kernel(const __grid_constant__ RemoteIssueKernelParams p) {
   const GroupView& g = p.g;
-  const int lane = threadIdx.x % 32, dst = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, dst = blockIdx.x * kIssueWarpsPerBlock + threadIdx.x / 32;
   if (p.step == kStepQuiet) {
     // Every ring this rank issues on, in parallel: a failed ring ends its wait (the host reads why from the ring).
-    if (threadIdx.x < p.num_rings) {
+    if (blockIdx.x == 0 && threadIdx.x < p.num_rings) {
       transport_device::quiet(ring_of(p.rings[threadIdx.x]), g.timeout_ns, g.status, g.rank);
     }
     return;
   }
-  if (dst >= g.num_ranks || ((g.remote >> dst) & 1u) == 0) return;
+  if (dst >= g.num_ranks || !is_remote(g, dst)) return;
   if (g.rank_mask != nullptr && ptx::ld_volatile_global(g.rank_mask + dst) != 0) return;  // masked: nothing to send
-  const size_t base = g.layout.half_bytes * g.half;
-  const int32_t* staged_signals = reinterpret_cast<const int32_t*>(half_base(g, dst));  // the staging copy's half
-  Sender out{p, ring_of(p.rings[dst % p.num_rings]), dst,
-             p.rdma_offset + (1 + static_cast<uint64_t>(dst)) * 2 * g.layout.half_bytes, true};
+  const LowLatencyLayout& l = g.layout;
+  const uint64_t outbox_half = 2 * l.half_bytes + (2 * static_cast<uint64_t>(dst) + g.half) * l.outbox_half_bytes;
+  Sender out{p, ring_of(p.rings[dst % p.num_rings]), dst, p.rdma_offset + outbox_half,
+             p.rdma_offset + g.half * l.half_bytes, true};
+  const uint8_t* staged = g.regions[dst] + g.half * l.outbox_half_bytes;  // the same half of the outbox, mapped
   if (p.step == kStepCombineRows) {
-    send_rows(out, staged_signals, base, lane);
+    send_rows(out, staged, lane);
   } else if (lane == 0) {
-    if (p.step == kStepDispatch) send_dispatch(out, staged_signals, base);
-    if (p.step == kStepCombineWeights) send_weights(out, staged_signals, base);
+    if (p.step == kStepDispatch) send_dispatch(out, staged);
+    if (p.step == kStepCombineWeights) send_weights(out, staged);
   }
 }
 
 }  // namespace
 
 cudaError_t LaunchRemoteIssue(const RemoteIssueKernelParams& params, cudaStream_t stream) {
-  return launch_kernel(remote_issue_kernel, params, LaunchShape{.blocks = 1, .threads = kMaxNvlPeers * 32}, stream);
+  const int blocks = params.step == kStepQuiet ? 1 : (params.g.num_ranks + kIssueWarpsPerBlock - 1) / kIssueWarpsPerBlock;
+  return launch_kernel(remote_issue_kernel, params, LaunchShape{.blocks = blocks, .threads = kIssueWarpsPerBlock * 32},
+                       stream);
 }
 
 cudaError_t PreloadRemoteIssue() { return preload_kernel(remote_issue_kernel); }

@@ -54,44 +54,53 @@ struct View {
   int half;
   int rank;
   int num_ranks;
-  uint32_t masked = 0;  // bit r: rank r takes no part (ctx.rank_mask, plus peers that timed out in this call)
+  LowLatencySlots own;  // this rank's slots in a full half
+  uint64_t masked = 0;  // bit r: rank r takes no part (ctx.rank_mask, plus peers that timed out in this call)
 
-  uint8_t* HalfBase(int r) const { return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * half; }
-  uint8_t* OtherHalfBase(int r) const { return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * (half ^ 1); }
-  bool Masked(int r) const { return ((masked >> r) & 1u) != 0; }
-  // Across hosts (LowLatencyContext::remote_ranks): rank r is on another host; HalfBase(r) is then this rank's
-  // staging copy for r, and what r sends this rank lands in the inbox.
-  bool Remote(int r) const { return ((ctx.remote_ranks >> r) & 1u) != 0; }
+  uint8_t* OwnHalf(int h) const { return static_cast<uint8_t*>(ctx.peer_regions[rank]) + l.half_bytes * h; }
+  bool Masked(int r) const { return ((masked >> r) & 1ull) != 0; }
+  // Across hosts (LowLatencyContext::remote_ranks): rank r is on another host; this rank writes its slots of r's half
+  // into its outbox for r (compact), and what r sends this rank lands in the inbox.
+  bool Remote(int r) const { return ((ctx.remote_ranks >> r) & 1ull) != 0; }
   const uint8_t* InHalf(int s) const {
     const void* base = Remote(s) ? ctx.remote_inbox : ctx.peer_regions[rank];
     return static_cast<const uint8_t*>(base) + l.half_bytes * half;
   }
-  // After writing `bytes` at `at` inside HalfBase(r): sends the range on when r is on another host (the transport
-  // keeps the order of one rank's sends, so a signal sent after data arrives after it). A failed send is recorded by
-  // the caller's put function; the receiver's bounded wait ends the call.
-  void Sent(int r, const void* at, size_t bytes) const {
-    // Without a put function the caller relays the staging copies itself between phases (cuda's relay, run here by
-    // the tests: client/internode_low_latency_relay.cc).
-    if (!Remote(r) || bytes == 0 || ctx.remote_put == nullptr) return;
-    const size_t offset = static_cast<const uint8_t*>(at) - static_cast<const uint8_t*>(ctx.peer_regions[r]);
-    (void)ctx.remote_put(ctx.remote_put_arg, r, offset, bytes);
+  // Where this rank writes a field of its slots of rank r's half (`field` maps slots to the field's offset): r's
+  // region, or its outbox for r.
+  template <typename Field>
+  uint8_t* Dst(int r, Field field) const {
+    if (Remote(r)) return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.outbox_half_bytes * half + field(l.outbox);
+    return static_cast<uint8_t*>(ctx.peer_regions[r]) + l.half_bytes * half + field(own);
   }
-  void Signal(int r, int32_t* word, int32_t value) const {
-    StoreRelease(word, value);
-    Sent(r, word, sizeof(int32_t));
+  // After writing `bytes` at Dst(r, field): sends the range to the same slots of r's inbox when r is on another host
+  // (the transport keeps the order of one rank's sends, so a signal sent after data arrives after it). A failed send
+  // is recorded by the caller's put function; the receiver's bounded wait ends the call.
+  template <typename Field>
+  void Sent(int r, Field field, size_t bytes) const {
+    // Without a put function the caller relays the outboxes itself between phases (cuda's relay, run here by the
+    // tests: client/internode_low_latency_relay.cc).
+    if (!Remote(r) || bytes == 0 || ctx.remote_put == nullptr) return;
+    (void)ctx.remote_put(ctx.remote_put_arg, r, l.outbox_half_bytes * half + field(l.outbox),
+                         l.half_bytes * half + field(own), bytes);
+  }
+  template <typename Field>
+  void Signal(int r, Field field, int32_t value) const {
+    StoreRelease(reinterpret_cast<int32_t*>(Dst(r, field)), value);
+    Sent(r, field, sizeof(int32_t));
   }
   // A peer that did not answer in time: skipped for the rest of the call and, as on the GPU, in later calls.
   void MaskAfterTimeout(int r) {
-    masked |= 1u << r;
+    masked |= 1ull << r;
     if (ctx.rank_mask != nullptr) internal::StoreRelease(ctx.rank_mask + r, int32_t{1});
   }
 };
 
 View MakeView(const LowLatencyContext& ctx, int half) {
-  View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks};
+  View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks, LowLatencySourceSlots(ctx.layout, ctx.rank)};
   if (ctx.rank_mask != nullptr) {
     for (int r = 0; r < ctx.num_ranks; ++r) {
-      if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked |= 1u << r;
+      if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked |= 1ull << r;
     }
   }
   return v;
@@ -99,13 +108,16 @@ View MakeView(const LowLatencyContext& ctx, int half) {
 
 // Zeroes the signals of the half the previous call used and the next call will use (see the file comment).
 void CleanOtherHalfSignals(const View& v) {
-  std::memset(v.OtherHalfBase(v.rank), 0, v.l.signal_bytes);
+  std::memset(v.OwnHalf(v.half ^ 1), 0, v.l.signal_bytes);
   if (v.ctx.remote_inbox != nullptr) {
     std::memset(static_cast<uint8_t*>(v.ctx.remote_inbox) + v.l.half_bytes * (v.half ^ 1), 0, v.l.signal_bytes);
   }
-  // The staging copies too: a relay sends a staged signal only when it is nonzero (as the cuda kernels do).
+  // The outboxes too: a relay sends a staged signal only when it is nonzero (as the cuda kernels do).
   for (int r = 0; r < v.num_ranks; ++r) {
-    if (v.Remote(r)) std::memset(v.OtherHalfBase(r), 0, v.l.signal_bytes);
+    if (v.Remote(r)) {
+      std::memset(static_cast<uint8_t*>(v.ctx.peer_regions[r]) + v.l.outbox_half_bytes * (v.half ^ 1), 0,
+                  v.l.outbox_signal_bytes);
+    }
   }
   // The release stores that follow publish the zeroes together with the data.
 }
@@ -128,19 +140,19 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
   std::vector<float> scales(a.use_fp8 ? G : 0);
   // Messages: one per (token, destination rank holding at least one of its experts).
   for (int t = 0; t < a.num_tokens; ++t) {
-    uint32_t dst_ranks = 0;
+    uint64_t dst_ranks = 0;
     for (int k = 0; k < K; ++k) {
       const int64_t e = a.topk_idx[static_cast<size_t>(t) * K + k];
-      if (e >= 0 && e < E) dst_ranks |= 1u << static_cast<int>(e / L);
+      if (e >= 0 && e < E) dst_ranks |= 1ull << static_cast<int>(e / L);
     }
     dst_ranks &= ~v.masked;
     if (dst_ranks == 0) continue;
     const uint16_t* row = x + static_cast<size_t>(t) * H;
     if (a.use_fp8) internal::QuantizeRowFp8Fast(row, H, a.round_scale, fp8.data(), scales.data());
-    const size_t msg_offset = l.dispatch_msgs_offset + (static_cast<size_t>(v.rank) * M + t) * l.dispatch_msg_bytes;
+    const auto msg_field = [&](const LowLatencySlots& s) { return s.msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes; };
     for (int r = 0; r < v.num_ranks; ++r) {
-      if (((dst_ranks >> r) & 1u) == 0) continue;
-      uint8_t* msg = v.HalfBase(r) + msg_offset;
+      if (((dst_ranks >> r) & 1ull) == 0) continue;
+      uint8_t* msg = v.Dst(r, msg_field);
       const int32_t header[4] = {t, 0, 0, 0};
       std::memcpy(msg, header, sizeof(header));
       uint8_t* payload = msg + kLowLatencyMessageHeaderBytes;
@@ -150,7 +162,8 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
       } else {
         std::memcpy(payload, row, static_cast<size_t>(H) * 2);
       }
-      v.Sent(r, msg, kLowLatencyMessageHeaderBytes + (a.use_fp8 ? H + G * sizeof(float) : static_cast<size_t>(H) * 2));
+      v.Sent(r, msg_field,
+             kLowLatencyMessageHeaderBytes + (a.use_fp8 ? H + G * sizeof(float) : static_cast<size_t>(H) * 2));
     }
   }
   // Routing: per global expert, the tokens that chose it (first top-k position), ascending, then the count. The
@@ -158,8 +171,9 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
   for (int e = 0; e < E; ++e) {
     const int r = e / L, local = e % L;
     if (v.Masked(r)) continue;
-    int32_t* table = reinterpret_cast<int32_t*>(v.HalfBase(r) + l.dispatch_table_offset) +
-                     (static_cast<size_t>(local) * v.num_ranks + v.rank) * M;
+    const auto table_field = [&](const LowLatencySlots& s) { return s.table + local * s.table_stride; };
+    const auto count_field = [&](const LowLatencySlots& s) { return s.count + local * s.count_stride; };
+    int32_t* table = reinterpret_cast<int32_t*>(v.Dst(r, table_field));
     int count = 0;
     for (int t = 0; t < a.num_tokens; ++t) {
       const int64_t* row = a.topk_idx + static_cast<size_t>(t) * K;
@@ -170,9 +184,8 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
         }
       }
     }
-    v.Sent(r, table, static_cast<size_t>(count) * sizeof(int32_t));
-    v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.dispatch_count_offset) + local * v.num_ranks + v.rank,
-             -count - 1);
+    v.Sent(r, table_field, static_cast<size_t>(count) * sizeof(int32_t));
+    v.Signal(r, count_field, -count - 1);
   }
 }
 
@@ -266,6 +279,7 @@ void CombinePublishWeights(View& v, const LowLatencyCombineArgs& a) {
   const int M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
   const int K = a.num_topk;
   CleanOtherHalfSignals(v);
+  const auto weights_field = [](const LowLatencySlots& s) { return s.weights; };
   // This rank's weights into every expert's rank (duplicates of an expert summed into its first position), then the
   // weights flags (release: the weights before them).
   for (int t = 0; t < a.num_tokens; ++t) {
@@ -283,16 +297,13 @@ void CombinePublishWeights(View& v, const LowLatencyCombineArgs& a) {
       for (int kk = k + 1; kk < K; ++kk) {
         if (row[kk] == e) sum = sum + w[kk];
       }
-      reinterpret_cast<float*>(
-          v.HalfBase(r) + l.combine_weights_offset)[(static_cast<size_t>(v.rank) * M + t) * kLowLatencyMaxTopk + k] =
-          sum;
+      reinterpret_cast<float*>(v.Dst(r, weights_field))[static_cast<size_t>(t) * kLowLatencyMaxTopk + k] = sum;
     }
   }
   for (int r = 0; r < R; ++r) {
     if (v.Masked(r)) continue;
-    v.Sent(r, v.HalfBase(r) + l.combine_weights_offset + static_cast<size_t>(v.rank) * M * kLowLatencyMaxTopk * 4,
-           static_cast<size_t>(a.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
-    v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.weights_flag_offset) + v.rank, 1);
+    v.Sent(r, weights_field, static_cast<size_t>(a.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
+    v.Signal(r, [](const LowLatencySlots& s) { return s.weights_flag; }, 1);
   }
 }
 
@@ -302,7 +313,7 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
   const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks;
   // Partial sums per (source rank, token) over this rank's experts, in top-k order.
   // What source s published lands in its own inbox half (InHalf(s)).
-  uint32_t have_weights = 0;
+  uint64_t have_weights = 0;
   std::vector<float> acc(H);
   int32_t rows[kLowLatencyMaxTopk];
   float row_weights[kLowLatencyMaxTopk];
@@ -315,7 +326,7 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
         if (map[k] >= 0) rows[num_present++] = map[k];
       }
       if (num_present == 0) continue;
-      if (((have_weights >> s) & 1u) == 0) {
+      if (((have_weights >> s) & 1ull) == 0) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
         bool lost = false;
         if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns,
@@ -324,7 +335,7 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
           v.MaskAfterTimeout(s);
           break;
         }
-        have_weights |= 1u << s;
+        have_weights |= 1ull << s;
       }
       num_present = 0;
       for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
@@ -337,14 +348,13 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
       for (int j = 0; j < num_present; ++j) {
         internal::FmaBf16Row(acc.data(), x + static_cast<size_t>(rows[j]) * H, row_weights[j], H);
       }
-      uint16_t* dst = reinterpret_cast<uint16_t*>(v.HalfBase(s) + l.combine_recv_offset) +
-                      (static_cast<size_t>(t) * R + v.rank) * H;
-      internal::StoreBf16Row(dst, acc.data(), H);
-      v.Sent(s, dst, static_cast<size_t>(H) * 2);
+      const auto row_field = [&](const LowLatencySlots& slots) { return slots.recv + t * slots.recv_stride; };
+      internal::StoreBf16Row(reinterpret_cast<uint16_t*>(v.Dst(s, row_field)), acc.data(), H);
+      v.Sent(s, row_field, static_cast<size_t>(H) * 2);
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (!v.Masked(r)) v.Signal(r, reinterpret_cast<int32_t*>(v.HalfBase(r) + l.combine_flag_offset) + v.rank, 1);
+    if (!v.Masked(r)) v.Signal(r, [](const LowLatencySlots& slots) { return slots.combine_flag; }, 1);
   }
 }
 
@@ -365,15 +375,15 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
   uint16_t* out = static_cast<uint16_t*>(a.combined_x);
   std::vector<float> acc(H);
   for (int t = 0; t < a.num_tokens; ++t) {
-    uint32_t ranks = 0;
+    uint64_t ranks = 0;
     for (int k = 0; k < K; ++k) {
       const int64_t e = a.topk_idx[static_cast<size_t>(t) * K + k];
-      if (e >= 0 && e < E) ranks |= 1u << static_cast<int>(e / L);
+      if (e >= 0 && e < E) ranks |= 1ull << static_cast<int>(e / L);
     }
     ranks &= ~v.masked;
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int r = 0; r < R; ++r) {
-      if (((ranks >> r) & 1u) == 0) continue;
+      if (((ranks >> r) & 1ull) == 0) continue;
       const uint16_t* recv = reinterpret_cast<const uint16_t*>(v.InHalf(r) + l.combine_recv_offset);
       internal::AddBf16Row(acc.data(), recv + (static_cast<size_t>(t) * R + r) * H, H);
     }
@@ -413,7 +423,7 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
 }
 
 absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {
-  if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks || ctx.num_ranks > kMaxNvlPeers) {
+  if (ctx.rank < 0 || ctx.rank >= ctx.num_ranks || ctx.num_ranks > kMaxLowLatencyRanks) {
     return InvalidValue("ctx.rank", ctx.rank, "must be in [0, num_ranks)");
   }
   if (ctx.peer_regions[ctx.rank] == nullptr) {

@@ -222,6 +222,22 @@ void RunShape(LowLatencyCase c, int num_ranks) {
 TEST_P(LowLatencyCases, TwoRanksMatchReference) { RunShape(GetParam().c, 2); }
 TEST_P(LowLatencyCases, FourRanksMatchReference) { RunShape(GetParam().c, 4); }
 
+// Groups across hosts run these kernels over more ranks than one NVLink domain holds. Here every rank is in one
+// process (regions in one GPU's memory): 16 ranks (past 8) and 40 (past 32: two sources per lane in the dispatch
+// receive, the upper half of the 64-bit rank sets, the combine receive's second round of loads for tokens whose
+// experts span more than 8 ranks), FP8 and BF16, checked against the reference like the shapes above.
+TEST(LowLatencyGpu, SixteenAndFortyRanksMatchReference) {
+  for (int ranks : {16, 40}) {
+    for (bool fp8 : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << ranks << " ranks, " << (fp8 ? "FP8" : "BF16"));
+      RunShape({.num_experts = 3 * ranks, .hidden = 1024, .max_tokens_per_rank = 32, .num_topk = 12, .use_fp8 = fp8,
+                .seed = static_cast<uint64_t>(ranks + fp8)},
+               ranks);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, LowLatencyCases, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<NamedCase>& info) { return std::string(info.param.name); });
 

@@ -2,8 +2,8 @@
 // several hosts (--host_id), the transport on its socket wire, one epfabric_worker process per rank. Every worker
 // computes every rank's inputs from the seed and checks its outputs element by element against the internode
 // reference (kernels/reference/internode_reference.h): dispatch outputs and combine exactly, combine also against the
-// weighted sum in double precision. Shapes: 2 hosts x 2 ranks, 3 x 1, 2 x 3, and one host forced through the
-// internode path (which must give the intranode reference's bits).
+// weighted sum in double precision. Shapes: 2 hosts x 2 ranks, 3 x 1, 2 x 3, 3 x 4 (low latency past 8 ranks), and
+// one host forced through the internode path (which must give the intranode reference's bits).
 #include "integration/internode_fixture.h"
 
 namespace epfabric::testing {
@@ -58,6 +58,14 @@ TEST_F(InternodeTest, TwoHostsOfThreeRanks) {
   Run("ll", LowLatency(16, 256, 4, 12, false, 33));
   Run("ll-relay", LowLatency(16, 256, 4, 12, false, 34, {"--relay", "--hooks", "--empty_fraction=0.4"}));
   Run("both-modes", BothModes(16, 256, 4, 12, false, 35));
+}
+
+// Low latency past one NVLink domain's 8 ranks: 12 ranks on 3 hosts. Each rank writes its slots for the 8 ranks on
+// other hosts into compact outboxes that are put into their inboxes; sent as written, and relayed (cuda's way).
+TEST_F(InternodeTest, ThreeHostsOfFourRanksInLowLatency) {
+  ASSERT_NO_FATAL_FAILURE(StartFabric(3, 4));
+  Run("ll", LowLatency(8, 128, 6, 24, true, 71));
+  Run("ll-relay", LowLatency(8, 128, 6, 24, false, 72, {"--relay", "--hooks", "--empty_fraction=0.4"}));
 }
 
 // A one-host group forced through the internode path (RDMA stage included) gives the intranode path's bits: the

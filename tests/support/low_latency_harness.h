@@ -119,7 +119,7 @@ class LowLatencyGroup {
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.region, layout_.total_bytes));
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(k.region, 0, layout_.total_bytes), "memset region"));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.status, sizeof(kernels::KernelStatus)));
-      EPF_LL_RETURN_IF_ERROR(Alloc(&k.mask, sizeof(int32_t) * kernels::kMaxNvlPeers));
+      EPF_LL_RETURN_IF_ERROR(Alloc(&k.mask, sizeof(int32_t) * kernels::kMaxLowLatencyRanks));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.x, M * H * 2));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.topk_idx, M * K * 8));
       EPF_LL_RETURN_IF_ERROR(Alloc(&k.topk_weights, M * K * 4));
@@ -337,7 +337,7 @@ class LowLatencyGroup {
   absl::Status ResetStatus(int r) {
     EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(ranks_[r].device), "cudaSetDevice"));
     EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(ranks_[r].status, 0, sizeof(kernels::KernelStatus)), "status"));
-    EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(ranks_[r].mask, 0, sizeof(int32_t) * kernels::kMaxNvlPeers), "mask"));
+    EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemset(ranks_[r].mask, 0, sizeof(int32_t) * kernels::kMaxLowLatencyRanks), "mask"));
     return Cuda(cudaMemset(ranks_[r].cumulative_stats, 0, sizeof(int32_t) * layout_.num_local_experts), "stats");
   }
 

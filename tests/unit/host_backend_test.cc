@@ -208,9 +208,10 @@ TEST(HostIntranode, AWaitOnAPeerThatLeftTheCallEndsAtOnce) {
 
 // ---------------------------------------------------------------------------------------------------------------
 
-std::string RunLowLatency(const LowLatencyCase& c) {
+// `ranks_per_host` > 0: the ranks form hosts (LowLatencyRegions).
+std::string RunLowLatency(const LowLatencyCase& c, int ranks_per_host = 0) {
   const std::vector<LowLatencyIteration> its = MakeLowLatencyExpected(c);
-  LowLatencyRegions regions(c);
+  LowLatencyRegions regions(c, ranks_per_host);
   // With masked ranks: each running rank has its own mask (device memory per rank on the GPU); masked ranks run
   // nothing.
   std::vector<std::vector<int32_t>> masks(c.num_ranks, std::vector<int32_t>(c.num_ranks, 0));
@@ -222,6 +223,17 @@ std::string RunLowLatency(const LowLatencyCase& c) {
     RunLowLatencyCase(regions.Context(rank, kTestTimeoutNs, nullptr, c.masked.empty() ? nullptr : masks[rank].data()),
                       c, its, m);
   });
+}
+
+// Across hosts, past one NVLink domain's 8 ranks and past 32 (the upper half of the 64-bit rank sets): what a rank
+// writes for a rank on another host goes through its compact outbox into that rank's inbox (a 4-byte put last).
+TEST(HostLowLatency, RanksOnSeveralHostsThroughOutboxes) {
+  for (const auto& [ranks, per_host] : std::vector<std::pair<int, int>>{{4, 2}, {12, 4}, {40, 8}}) {
+    LowLatencyCase c = LLCase(ranks, 6, 256, 2 * ranks, 8, 40 + ranks);
+    c.fp8 = ranks != 12;
+    c.iterations = 3;
+    EXPECT_EQ(RunLowLatency(c, per_host), "") << ranks << " ranks, " << per_host << " per host";
+  }
 }
 
 TEST(HostLowLatency, OneRankFp8AndBf16) {

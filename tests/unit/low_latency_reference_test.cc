@@ -192,7 +192,46 @@ TEST(LowLatencyLayout, RejectsBadShapesNamingTheField) {
             "hidden = 7000: must be a positive multiple of 128");
   EXPECT_EQ(MakeLowLatencyLayout(128, 7168, 2, 287).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeLowLatencyLayout(0, 7168, 2, 288).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeLowLatencyLayout(128, 7168, 9, 288).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeLowLatencyLayout(128, 7168, 65, 65 * 4).status().message(), "num_ranks = 65: must be in [1, 64]");
+  EXPECT_TRUE(MakeLowLatencyLayout(128, 7168, 9, 288).ok());  // beyond one host's 8 (across hosts)
+}
+
+// Across hosts a rank writes its slots of a remote rank's half into a compact outbox: the same fields as its slots
+// in the full half, of the same sizes, in memory that does not grow with the ranks.
+TEST(LowLatencyLayout, TheOutboxHoldsOneSourcesSlotsCompactly) {
+  for (int ranks : {2, 16, 64}) {
+    absl::StatusOr<LowLatencyLayout> l = MakeLowLatencyLayout(128, 7168, ranks, 4 * ranks);
+    ASSERT_TRUE(l.ok()) << l.status();
+    const size_t m = 128, row = 7168 * 2, L = 4;
+    const LowLatencySlots& o = l->outbox;
+    EXPECT_EQ(o.count, 0u);
+    EXPECT_EQ(o.count_stride, 4u);
+    EXPECT_GE(o.weights_flag, L * 4);
+    EXPECT_GE(o.combine_flag, o.weights_flag + 4);
+    EXPECT_LE(o.combine_flag + 4, l->outbox_signal_bytes);
+    EXPECT_GE(o.table, l->outbox_signal_bytes);
+    EXPECT_GE(o.msgs, o.table + L * o.table_stride);
+    EXPECT_GE(o.weights, o.msgs + m * l->dispatch_msg_bytes);
+    EXPECT_GE(o.recv, o.weights + m * kLowLatencyMaxTopk * 4);
+    EXPECT_EQ(o.recv_stride, row);
+    EXPECT_GE(l->outbox_half_bytes, o.recv + m * row);
+    EXPECT_LT(l->outbox_half_bytes, m * (l->dispatch_msg_bytes + row + kLowLatencyMaxTopk * 4 + L * 4) + 1024);
+    for (int s : {0, ranks - 1}) {
+      const LowLatencySlots full = LowLatencySourceSlots(*l, s);
+      EXPECT_EQ(full.count, l->dispatch_count_offset + 4u * s);
+      EXPECT_EQ(full.count_stride, 4u * ranks);
+      EXPECT_EQ(full.weights_flag, l->weights_flag_offset + 4u * s);
+      EXPECT_EQ(full.combine_flag, l->combine_flag_offset + 4u * s);
+      EXPECT_EQ(full.table, l->dispatch_table_offset + 4u * m * s);
+      EXPECT_EQ(full.table_stride, 4u * m * ranks);
+      EXPECT_EQ(full.msgs, l->dispatch_msgs_offset + m * l->dispatch_msg_bytes * s);
+      EXPECT_EQ(full.weights, l->combine_weights_offset + m * kLowLatencyMaxTopk * 4 * s);
+      EXPECT_EQ(full.recv, l->combine_recv_offset + row * s);
+      EXPECT_EQ(full.recv_stride, row * ranks);
+      // The last source's last row ends inside the half.
+      EXPECT_LE(full.recv + (m - 1) * full.recv_stride + row, l->half_bytes);
+    }
+  }
 }
 
 TEST(LowLatencyValidate, RefusesBeforeLaunch) {

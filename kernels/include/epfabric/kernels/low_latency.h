@@ -21,13 +21,17 @@ namespace epfabric::kernels {
 absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, int hidden, int num_ranks,
                                                       int num_experts);
 
+// Source rank `src`'s slots in a full half of `layout` (a rank's region or an inbox).
+LowLatencySlots LowLatencySourceSlots(const LowLatencyLayout& layout, int src);
+
 // Bytes of one rank's region (what the daemon allocates per rank for a low-latency group).
 absl::StatusOr<size_t> LowLatencyRegionBytes(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts);
 
-// Groups across hosts (host backend only, docs/internode-dispatch.md): called after this rank wrote `bytes` at `offset`
-// of peer_regions[dst_rank] (its staging copy for a rank on another host) so that the range is sent to the same
-// offset of dst_rank's inbox. Returns false when the send could not be queued (the caller records why).
-using LowLatencyRemotePut = bool (*)(void* arg, int dst_rank, size_t offset, size_t bytes);
+// Groups across hosts (host backend only, docs/internode-dispatch.md): called after this rank wrote `bytes` at
+// `src_offset` of peer_regions[dst_rank] (its outbox for a rank on another host) so that the range is sent to
+// `dst_offset` of dst_rank's inbox (the same slots in the full layout). Returns false when the send could not be
+// queued (the caller records why).
+using LowLatencyRemotePut = bool (*)(void* arg, int dst_rank, size_t src_offset, size_t dst_offset, size_t bytes);
 
 // What a rank's kernels need to reach the group: its own and its peers' regions, the failure controls.
 struct LowLatencyContext {
@@ -35,7 +39,7 @@ struct LowLatencyContext {
   int num_ranks = 1;
   // Base of every rank's region as mapped in this process (index = rank; peer_regions[rank] is this rank's own).
   // Each region is one contiguous allocation of layout.total_bytes, zeroed before first use.
-  void* peer_regions[kMaxNvlPeers] = {};
+  void* peer_regions[kMaxLowLatencyRanks] = {};
   LowLatencyLayout layout;
   // Optional device int32[num_ranks]: a nonzero entry masks that rank (no data is sent to it, nothing is awaited
   // from it, its expert outputs count as zero). A kernel that times out waiting for a rank sets its entry.
@@ -50,11 +54,12 @@ struct LowLatencyContext {
   // and masks the rank (as a timeout does, but without failing the call). Device-readable for CUDA.
   const uint64_t* lost_ranks = nullptr;
   uint64_t lost_ignore[kLostRankWords] = {};  // see IntranodeGroup::lost_ignore
-  // Across hosts: bit r set = rank r is on another host. For such a rank peer_regions[r] is a staging copy (halves
-  // only) in this rank's RDMA region, and what r sends this rank is read from remote_inbox (the same layout, halves
-  // only) instead of peer_regions[rank]. The host backend calls remote_put (when set) after every write into a staging
-  // copy; without it, and always on cuda, the calling thread sends the staged bytes between launches (the relay).
-  uint32_t remote_ranks = 0;
+  // Across hosts: bit r set = rank r is on another host. For such a rank peer_regions[r] is this rank's outbox for
+  // it (two halves of layout.outbox_half_bytes) in its RDMA region, and what r sends this rank is read from
+  // remote_inbox (the full layout, halves only) instead of peer_regions[rank]. The host backend calls remote_put (when
+  // set) after every write into an outbox; without it the calling thread (cuda's relay) or an issue kernel sends the
+  // staged bytes after each step.
+  uint64_t remote_ranks = 0;
   void* remote_inbox = nullptr;
   LowLatencyRemotePut remote_put = nullptr;
   void* remote_put_arg = nullptr;

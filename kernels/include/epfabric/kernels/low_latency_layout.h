@@ -18,6 +18,26 @@ inline constexpr int kUe8m0ScalesPerInt32 = 4;
 inline constexpr size_t kLowLatencyMessageHeaderBytes = 16;
 // Largest number of tokens per rank: routing entries pack the token index into 16 bits.
 inline constexpr int kLowLatencyMaxTokensPerRank = 65535;
+// Largest group in low-latency mode: the kernels keep a rank set in 64-bit masks. Within one host the NVLink domain
+// (kMaxNvlPeers) is the limit; across hosts, this.
+inline constexpr int kMaxLowLatencyRanks = 64;
+
+// Where one source rank's slots lie inside a half, as offsets from the half's start: in a full half (a rank's region
+// or an inbox, where every source has slots) for a given source, or in an outbox (one source only: this rank's part
+// of what goes to one rank on another host; see LowLatencyLayout::outbox). Writers address through this, so the same
+// code fills a peer's half over NVLink and an outbox that is put into the peer's inbox.
+struct LowLatencySlots {
+  size_t count = 0;  // int32 dispatch count of local expert e at count + e * count_stride
+  size_t count_stride = 0;
+  size_t weights_flag = 0;  // int32
+  size_t combine_flag = 0;  // int32
+  size_t table = 0;         // int32 token list of local expert e at table + e * table_stride
+  size_t table_stride = 0;
+  size_t msgs = 0;     // the message of source token t at msgs + t * dispatch_msg_bytes
+  size_t weights = 0;  // float [max_tokens][kLowLatencyMaxTopk]
+  size_t recv = 0;     // bf16 partial-sum row for source token t at recv + t * recv_stride
+  size_t recv_stride = 0;
+};
 
 // The one description of a rank's low-latency region. Every size the daemon must allocate and every offset the
 // kernels carve come from MakeLowLatencyLayout, so the two cannot disagree. All offsets are in bytes, 128-byte
@@ -40,6 +60,12 @@ inline constexpr int kLowLatencyMaxTokensPerRank = 65535;
 //     combine_recv       bf16 [max_tokens][num_ranks][hidden]  per token of this rank, the partial sum that expert
 //                        rank r computed over its own experts
 //   combine_send at 2 * half_bytes: bf16 [num_local_experts][num_ranks * max_tokens][hidden] (zero-copy input)
+//
+// Across hosts a rank also has, per rank on another host, an outbox of two halves (outbox_half_bytes each) holding
+// only its own slots of that rank's half, compact (`outbox`): counts [L], weights flag, combine flag (the first
+// outbox_signal_bytes), token lists [L][M], messages [M], weights [M][kLowLatencyMaxTopk], partial-sum rows [M]. What
+// is written there is put to the same slots of the destination's inbox, so the memory across hosts grows linearly
+// with the ranks (docs/internode-dispatch.md).
 struct LowLatencyLayout {
   int max_tokens_per_rank = 0;
   int hidden = 0;
@@ -65,6 +91,11 @@ struct LowLatencyLayout {
   // Offsets from the start of the region.
   size_t combine_send_offset = 0;
   size_t total_bytes = 0;
+
+  // The outbox (across hosts), offsets inside one outbox half.
+  LowLatencySlots outbox;
+  size_t outbox_signal_bytes = 0;
+  size_t outbox_half_bytes = 0;
 };
 
 }  // namespace epfabric::kernels

@@ -8,8 +8,8 @@
 //   dispatch: kQuiet -> dispatch kernel (kSend) -> kDispatch -> dispatch kernel (kRecv)
 //   combine:  kQuiet -> combine kernel (kCombineWeights) -> kCombineWeights -> combine kernel (kSendWeightsPublished)
 //             -> kCombineRows -> combine kernel (kRecv)
-// kQuiet waits until the puts of earlier calls are complete: the call about to start cleans and rewrites staging
-// copies those puts may still be reading.
+// kQuiet waits until the puts of earlier calls are complete: the call about to start cleans and rewrites outboxes
+// those puts may still be reading.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,8 @@ struct LowLatencyRemoteRings {
   transport::DeviceRing rings[kMaxNvlPeers];
   int num_rings = 0;
   // Where the low-latency part starts in the RDMA region (after a normal-mode part; LowLatencyRemote): the rings'
-  // offsets are the region's. The inbox is at this offset, rank r's staging copy after 1 + r pairs of halves.
+  // offsets are the region's. The inbox (two layout halves) is at this offset, this rank's outbox for rank r (two
+  // outbox halves) after it, at 2 * half_bytes + r * 2 * outbox_half_bytes.
   uint64_t rdma_offset = 0;
 };
 
