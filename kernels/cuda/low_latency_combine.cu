@@ -23,6 +23,7 @@ namespace {
 using CombineParams = CombineKernelParams;  // api/launch.h
 
 // Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
+template <bool kAcrossHosts>
 __device__ __forceinline__ void publish_weights(const CombineParams& p, uint64_t masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -51,16 +52,17 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint64_t
       for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
         if (kk < K && row[kk] == e) sum = sum + w[kk];
       }
-      dst_half(g, r).weights(t)[k] = sum;
+      dst_half<kAcrossHosts>(g, r).weights(t)[k] = sum;
     }
   }
   __syncthreads();
   if (threadIdx.x < g.num_ranks && !is_masked(masked, threadIdx.x)) {
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(dst_half(g, threadIdx.x).weights_flag(), 1);
+    ptx::st_release_sys_global(dst_half<kAcrossHosts>(g, threadIdx.x).weights_flag(), 1);
   }
 }
 
+template <bool kAcrossHosts>
 __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
@@ -71,7 +73,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
   int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
   if (!weights_published(g)) {  // else a kCombineWeights launch did both (across hosts)
     clean_other_half_signals(g, done);
-    if (blockIdx.x == 0) publish_weights(p, masked);
+    if (blockIdx.x == 0) publish_weights<kAcrossHosts>(p, masked);
   }
 
   // Work items: (source rank, token) x slices of hidden (each slice a multiple of 32 int4 where possible).
@@ -79,7 +81,9 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
   const int slices = max(1, min((row_int4 + 31) / 32, total_warps / num_rows));
   const int slice_int4 = (row_int4 + slices - 1) / slices;
   const int num_items = num_rows * slices;
-  uint64_t have_weights = 0;  // source ranks whose weights this warp has seen arrive
+  // The source whose weights this warp saw arrive last (a warp's items are mostly of one source; one register, not
+  // a set of 64 ranks, for this register-bound loop).
+  int weights_seen = -1;
   int items_done = 0;
   for (int item = warp_global; item < num_items; item += total_warps) {
     ++items_done;
@@ -106,7 +110,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
     } else {
       // What s published: in this rank's half, or in the inbox when s is on another host.
       const uint8_t* from = in_half(g, s);
-      if (((have_weights >> s) & 1ull) == 0) {
+      if (weights_seen != s) {
         bool ok = true;
         if (lane == 0) {
           const int32_t* weights_flag = reinterpret_cast<const int32_t*>(from + l.weights_flag_offset) + s;
@@ -120,7 +124,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
           masked |= 1ull << s;
           continue;
         }
-        have_weights |= 1ull << s;
+        weights_seen = s;
       }
       __syncwarp();  // lane 0's acquire of the flag orders every lane's weight loads
       w = slot >= 0 ? __int_as_float(
@@ -140,7 +144,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
       row_weights[j] = __shfl_sync(0xffffffffu, w, k);
     }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
-    int4* dst = reinterpret_cast<int4*>(dst_half(g, s).recv_row(t));
+    int4* dst = reinterpret_cast<int4*>(dst_half<kAcrossHosts>(g, s).recv_row(t));
     for (int i = lo + lane; i < hi; i += 32) {
       int4 v[kLowLatencyMaxTopk];
 #pragma unroll
@@ -177,7 +181,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
     const int target = num_items + 1;
     if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
       ptx::fence_acq_rel_sys();
-      ptx::st_release_sys_global(dst_half(g, threadIdx.x).combine_flag(), 1);
+      ptx::st_release_sys_global(dst_half<kAcrossHosts>(g, threadIdx.x).combine_flag(), 1);
     }
   }
 }
@@ -217,44 +221,54 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t mask
     const int t = item / slices, slice = item % slices;
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
     const uint64_t bit = (e >= 0 && e < E) ? 1ull << static_cast<int>(e / L) : 0ull;
-    uint64_t ranks = warp_or_ranks(bit) & ~skip;
-    // The ranks that hold the token's experts, in increasing order (at most kLowLatencyMaxTopk).
-    int rank_list[kLowLatencyMaxTopk];
-    int num_listed = 0;
-#pragma unroll
-    for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
-      rank_list[j] = ranks != 0 ? lowest_rank(ranks) : 0;
-      if (ranks != 0) ++num_listed;
-      ranks &= ranks - 1;
-    }
+    const uint64_t ranks = warp_or_ranks(bit) & ~skip;
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
     for (int v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      // Rank order, kMaxNvlPeers loads in flight at a time (one round within one host).
+      auto part = [&](int r) {
+        return ptx::ld_volatile_global(
+            reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset + (static_cast<size_t>(t) * R + r) * H * 2) +
+            v);
+      };
+      auto add = [&](const int4& part) {
+        const uint32_t words[4] = {static_cast<uint32_t>(part.x), static_cast<uint32_t>(part.y),
+                                   static_cast<uint32_t>(part.z), static_cast<uint32_t>(part.w)};
 #pragma unroll
-      for (int first = 0; first < kLowLatencyMaxTopk; first += kMaxNvlPeers) {
-        if (first >= num_listed) break;
-        int4 parts[kMaxNvlPeers];
+        for (int q = 0; q < 4; ++q) {
+          acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
+          acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+        }
+      };
+      // The partial rows in rank order, kMaxNvlPeers loads in flight at a time.
+      int4 parts[kMaxNvlPeers];
+      if (R <= kMaxNvlPeers) {
+        // One host's worth of ranks: a load per rank index (the fast path within one host).
 #pragma unroll
-        for (int j = 0; j < kMaxNvlPeers; ++j) {
-          const int r = rank_list[first + j];
-          if (first + j < num_listed)
-            parts[j] = ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset +
-                                                                             (static_cast<size_t>(t) * R + r) * H * 2) +
-                                               v);
+        for (int r = 0; r < kMaxNvlPeers; ++r) {
+          if ((ranks >> r) & 1ull) parts[r] = part(r);
         }
 #pragma unroll
-        for (int j = 0; j < kMaxNvlPeers; ++j) {
-          if (first + j < num_listed) {
-            const uint32_t words[4] = {static_cast<uint32_t>(parts[j].x), static_cast<uint32_t>(parts[j].y),
-                                       static_cast<uint32_t>(parts[j].z), static_cast<uint32_t>(parts[j].w)};
+        for (int r = 0; r < kMaxNvlPeers; ++r) {
+          if ((ranks >> r) & 1ull) add(parts[r]);
+        }
+      } else {
+        // More ranks (across hosts): the token's ranks (at most kLowLatencyMaxTopk), eight at a time.
+        uint64_t rest = ranks;
+        do {
+          uint32_t loaded = 0;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              acc[2 * q] = __fadd_rn(acc[2 * q], bf16_bits_to_float(words[q] & 0xFFFFu));
-              acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], bf16_bits_to_float(words[q] >> 16));
+          for (int j = 0; j < kMaxNvlPeers; ++j) {
+            if (rest != 0) {
+              parts[j] = part(lowest_rank(rest));
+              rest &= rest - 1;
+              loaded |= 1u << j;
             }
           }
-        }
+#pragma unroll
+          for (int j = 0; j < kMaxNvlPeers; ++j) {
+            if ((loaded >> j) & 1u) add(parts[j]);
+          }
+        } while (rest != 0);
       }
       int4 out;
       out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
@@ -266,6 +280,7 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t mask
   }
 }
 
+template <bool kAcrossHosts>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineParams p) {
   const int lane = threadIdx.x % 32;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
@@ -275,10 +290,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   if (weights_only(p.g)) {  // across hosts: the first launch of the send phase
     int32_t* done = reinterpret_cast<int32_t*>(half_base(p.g, p.g.rank) + p.g.layout.combine_done_offset);
     clean_other_half_signals(p.g, done);
-    if (blockIdx.x == 0) publish_weights(p, masked);
+    if (blockIdx.x == 0) publish_weights<kAcrossHosts>(p, masked);
   }
   if (sends(p.g)) {
-    send_phase(p, masked, lane, warp_global, total_warps);
+    send_phase<kAcrossHosts>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);
   }
   if (receives(p.g)) recv_phase(p, masked);
@@ -288,7 +303,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
 }  // namespace
 
 cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream) {
-  return launch_kernel(combine_kernel, params, cooperative_shape(num_blocks), stream);
+  if (params.g.remote != 0) return launch_kernel(combine_kernel<true>, params, cooperative_shape(num_blocks), stream);
+  return launch_kernel(combine_kernel<false>, params, cooperative_shape(num_blocks), stream);
 }
 
 cudaError_t PreloadDispatch();
@@ -296,7 +312,8 @@ cudaError_t PreloadDispatch();
 cudaError_t PreloadKernels() {
   if (const cudaError_t err = PreloadDispatch(); err != cudaSuccess) return err;
   if (const cudaError_t err = PreloadRemoteIssue(); err != cudaSuccess) return err;
-  return preload_kernel(combine_kernel);
+  if (const cudaError_t err = preload_kernel(combine_kernel<true>); err != cudaSuccess) return err;
+  return preload_kernel(combine_kernel<false>);
 }
 
 }  // namespace epfabric::kernels::low_latency

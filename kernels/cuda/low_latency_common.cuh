@@ -35,32 +35,46 @@ __device__ __forceinline__ const uint8_t* in_half(const GroupView& g, int s) {
 }
 
 // Where this rank writes its slots of rank r's half in this call: r's region (same host), or this rank's outbox for
-// r (another host: the slots are then compact, and an issuer puts them into r's inbox).
+// r (another host: the slots are then compact, and an issuer puts them into r's inbox). Each field picks its offset
+// by value: a pointer to one of the two slot structs would make the compiler copy them out of the parameter space.
 struct DstHalf {
+  const GroupView& g;
   uint8_t* base;
-  const LowLatencySlots* slots;
+  bool remote;
 
-  __device__ __forceinline__ uint8_t* msg(int t, size_t msg_bytes) const { return base + slots->msgs + t * msg_bytes; }
+  __device__ __forceinline__ size_t pick(size_t outbox, size_t own) const { return remote ? outbox : own; }
+  __device__ __forceinline__ uint8_t* msg(int t, size_t msg_bytes) const {
+    return base + pick(g.layout.outbox.msgs, g.own.msgs) + t * msg_bytes;
+  }
   __device__ __forceinline__ int32_t* table(int local) const {
-    return reinterpret_cast<int32_t*>(base + slots->table + local * slots->table_stride);
+    return reinterpret_cast<int32_t*>(base + pick(g.layout.outbox.table, g.own.table) +
+                                      local * pick(g.layout.outbox.table_stride, g.own.table_stride));
   }
   __device__ __forceinline__ int32_t* count(int local) const {
-    return reinterpret_cast<int32_t*>(base + slots->count + local * slots->count_stride);
+    return reinterpret_cast<int32_t*>(base + pick(g.layout.outbox.count, g.own.count) +
+                                      local * pick(g.layout.outbox.count_stride, g.own.count_stride));
   }
   __device__ __forceinline__ float* weights(int t) const {
-    return reinterpret_cast<float*>(base + slots->weights) + static_cast<size_t>(t) * kLowLatencyMaxTopk;
+    return reinterpret_cast<float*>(base + pick(g.layout.outbox.weights, g.own.weights)) +
+           static_cast<size_t>(t) * kLowLatencyMaxTopk;
   }
   __device__ __forceinline__ int32_t* weights_flag() const {
-    return reinterpret_cast<int32_t*>(base + slots->weights_flag);
+    return reinterpret_cast<int32_t*>(base + pick(g.layout.outbox.weights_flag, g.own.weights_flag));
   }
   __device__ __forceinline__ int32_t* combine_flag() const {
-    return reinterpret_cast<int32_t*>(base + slots->combine_flag);
+    return reinterpret_cast<int32_t*>(base + pick(g.layout.outbox.combine_flag, g.own.combine_flag));
   }
-  __device__ __forceinline__ uint8_t* recv_row(int t) const { return base + slots->recv + t * slots->recv_stride; }
+  __device__ __forceinline__ uint8_t* recv_row(int t) const {
+    return base + pick(g.layout.outbox.recv, g.own.recv) + t * pick(g.layout.outbox.recv_stride, g.own.recv_stride);
+  }
 };
+// kAcrossHosts: the kernel instantiation for groups with ranks on other hosts. Within one host `remote` is false at
+// compile time and every field is the own slots' (no choice at run time: the intranode kernels stay as lean as
+// before outboxes existed).
+template <bool kAcrossHosts>
 __device__ __forceinline__ DstHalf dst_half(const GroupView& g, int r) {
-  if (is_remote(g, r)) return DstHalf{g.regions[r] + g.layout.outbox_half_bytes * g.half, &g.layout.outbox};
-  return DstHalf{half_base(g, r), &g.own};
+  if (kAcrossHosts && is_remote(g, r)) return DstHalf{g, g.regions[r] + g.layout.outbox_half_bytes * g.half, true};
+  return DstHalf{g, half_base(g, r), false};
 }
 
 __device__ __forceinline__ bool sends(const GroupView& g) { return (g.phases & 1) != 0; }

@@ -51,7 +51,7 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
   return (lo & 0xFFFFu) | (hi << 16);
 }
 
-template <bool kUseFP8>
+template <bool kUseFP8, bool kAcrossHosts>
 __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
@@ -131,7 +131,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
       while (dst_ranks != 0) {
         const int r = lowest_rank(dst_ranks);
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = dst_half(g, r).msg(t, l.dispatch_msg_bytes);
+        uint8_t* msg = dst_half<kAcrossHosts>(g, r).msg(t, l.dispatch_msg_bytes);
         const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
           ptx::st_na_global(reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + c0), q);
@@ -145,7 +145,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
       while (dst_ranks != 0) {
         const int r = lowest_rank(dst_ranks);
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = dst_half(g, r).msg(t, l.dispatch_msg_bytes);
+        uint8_t* msg = dst_half<kAcrossHosts>(g, r).msg(t, l.dispatch_msg_bytes);
         const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
           int4* dst = reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + static_cast<size_t>(c0) * 2);
@@ -168,7 +168,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
     const int r = e / L, local = e % L;
     if (is_masked(masked, r)) continue;
-    const DstHalf dst = dst_half(g, r);
+    const DstHalf dst = dst_half<kAcrossHosts>(g, r);
     int32_t* table = dst.table(local);
     int count = 0;
     for (int t0 = 0; t0 < p.num_tokens; t0 += 32) {
@@ -333,7 +333,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint64_t mas
   }
 }
 
-template <bool kUseFP8>
+template <bool kUseFP8, bool kAcrossHosts>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __grid_constant__ DispatchParams p) {
   const int lane = threadIdx.x % 32;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
@@ -341,7 +341,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
   const uint64_t masked = read_masked_ranks(p.g);
   if (sends(p.g)) {
-    send_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
+    send_phase<kUseFP8, kAcrossHosts>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);
   }
   if (receives(p.g)) recv_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
@@ -351,13 +351,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
 }  // namespace
 
 cudaError_t PreloadDispatch() {
-  const cudaError_t err = preload_kernel(dispatch_kernel<true>);
-  return err != cudaSuccess ? err : preload_kernel(dispatch_kernel<false>);
+  for (cudaError_t err : {preload_kernel(dispatch_kernel<true, false>), preload_kernel(dispatch_kernel<false, false>),
+                          preload_kernel(dispatch_kernel<true, true>), preload_kernel(dispatch_kernel<false, true>)}) {
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream) {
-  if (params.use_fp8) return launch_kernel(dispatch_kernel<true>, params, cooperative_shape(num_blocks), stream);
-  return launch_kernel(dispatch_kernel<false>, params, cooperative_shape(num_blocks), stream);
+  const LaunchShape shape = cooperative_shape(num_blocks);
+  if (params.g.remote != 0) {
+    return params.use_fp8 ? launch_kernel(dispatch_kernel<true, true>, params, shape, stream)
+                          : launch_kernel(dispatch_kernel<false, true>, params, shape, stream);
+  }
+  return params.use_fp8 ? launch_kernel(dispatch_kernel<true, false>, params, shape, stream)
+                        : launch_kernel(dispatch_kernel<false, false>, params, shape, stream);
 }
 
 }  // namespace epfabric::kernels::low_latency
