@@ -23,8 +23,8 @@ namespace {
 using CombineParams = CombineKernelParams;  // api/launch.h
 
 // Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
-template <bool kAcrossHosts>
-__device__ __forceinline__ void publish_weights(const CombineParams& p, uint64_t masked) {
+template <bool kWide>
+__device__ __forceinline__ void publish_weights(const CombineParams& p, RankSet<kWide> masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int K = p.num_topk, L = l.num_local_experts, E = l.num_experts;
@@ -52,18 +52,18 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, uint64_t
       for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
         if (kk < K && row[kk] == e) sum = sum + w[kk];
       }
-      dst_half<kAcrossHosts>(g, r).weights(t)[k] = sum;
+      dst_half<kWide>(g, r).weights(t)[k] = sum;
     }
   }
   __syncthreads();
   if (threadIdx.x < g.num_ranks && !is_masked(masked, threadIdx.x)) {
     ptx::fence_acq_rel_sys();
-    ptx::st_release_sys_global(dst_half<kAcrossHosts>(g, threadIdx.x).weights_flag(), 1);
+    ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), 1);
   }
 }
 
-template <bool kAcrossHosts>
-__device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t masked, int lane, int warp_global,
+template <bool kWide>
+__device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide> masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -73,7 +73,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
   int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
   if (!weights_published(g)) {  // else a kCombineWeights launch did both (across hosts)
     clean_other_half_signals(g, done);
-    if (blockIdx.x == 0) publish_weights<kAcrossHosts>(p, masked);
+    if (blockIdx.x == 0) publish_weights<kWide>(p, masked);
   }
 
   // Work items: (source rank, token) x slices of hidden (each slice a multiple of 32 int4 where possible).
@@ -121,7 +121,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
         }
         ok = __shfl_sync(0xffffffffu, ok, 0);
         if (!ok) {
-          masked |= 1ull << s;
+          masked |= RankSet<kWide>{1} << s;
           continue;
         }
         weights_seen = s;
@@ -144,7 +144,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
       row_weights[j] = __shfl_sync(0xffffffffu, w, k);
     }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
-    int4* dst = reinterpret_cast<int4*>(dst_half<kAcrossHosts>(g, s).recv_row(t));
+    int4* dst = reinterpret_cast<int4*>(dst_half<kWide>(g, s).recv_row(t));
     for (int i = lo + lane; i < hi; i += 32) {
       int4 v[kLowLatencyMaxTopk];
 #pragma unroll
@@ -181,16 +181,17 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, uint64_t mask
     const int target = num_items + 1;
     if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
       ptx::fence_acq_rel_sys();
-      ptx::st_release_sys_global(dst_half<kAcrossHosts>(g, threadIdx.x).combine_flag(), 1);
+      ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).combine_flag(), 1);
     }
   }
 }
 
-__device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t masked) {
+template <bool kWide>
+__device__ __forceinline__ void recv_phase(const CombineParams& p, RankSet<kWide> masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, R = g.num_ranks, L = l.num_local_experts, E = l.num_experts, K = p.num_topk;
-  __shared__ unsigned long long block_masked;
+  __shared__ RankSet<kWide> block_masked;
   if (threadIdx.x == 0) block_masked = masked;
   __syncthreads();
   if (threadIdx.x < R && !is_masked(masked, threadIdx.x)) {
@@ -203,12 +204,12 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t mask
     // Every block waits for every flag; block 0's wait is the one counted.
     if (p.wait_recv_cost_ns != nullptr && blockIdx.x == 0) add_wait_cost(p.wait_recv_cost_ns + threadIdx.x, wait_start);
     if (!ok) {
-      atomicOr(&block_masked, 1ull << threadIdx.x);
+      atomicOr(&block_masked, RankSet<kWide>{1} << threadIdx.x);
       mask_rank(g, threadIdx.x);
     }
   }
   __syncthreads();
-  const uint64_t skip = block_masked;
+  const RankSet<kWide> skip = block_masked;
 
   // Work items: (token, slice of hidden) per warp. Lanes < K read the token's top-k row once for the whole slice
   // (which ranks hold its experts), then every lane adds the partial rows of those ranks for its channels.
@@ -220,8 +221,8 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t mask
   for (int item = warp_global; item < p.num_tokens * slices; item += total_warps) {
     const int t = item / slices, slice = item % slices;
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-    const uint64_t bit = (e >= 0 && e < E) ? 1ull << static_cast<int>(e / L) : 0ull;
-    const uint64_t ranks = warp_or_ranks(bit) & ~skip;
+    const RankSet<kWide> bit = (e >= 0 && e < E) ? RankSet<kWide>{1} << static_cast<int>(e / L) : 0;
+    const RankSet<kWide> ranks = warp_or_ranks(bit) & ~skip;
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
     for (int v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -241,19 +242,19 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t mask
       };
       // The partial rows in rank order, kMaxNvlPeers loads in flight at a time.
       int4 parts[kMaxNvlPeers];
-      if (R <= kMaxNvlPeers) {
-        // One host's worth of ranks: a load per rank index (the fast path within one host).
+      if constexpr (!kWide) {
+        // One NVLink domain: a load per rank index.
 #pragma unroll
         for (int r = 0; r < kMaxNvlPeers; ++r) {
-          if ((ranks >> r) & 1ull) parts[r] = part(r);
+          if ((ranks >> r) & 1u) parts[r] = part(r);
         }
 #pragma unroll
         for (int r = 0; r < kMaxNvlPeers; ++r) {
-          if ((ranks >> r) & 1ull) add(parts[r]);
+          if ((ranks >> r) & 1u) add(parts[r]);
         }
       } else {
-        // More ranks (across hosts): the token's ranks (at most kLowLatencyMaxTopk), eight at a time.
-        uint64_t rest = ranks;
+        // Any group: the token's ranks (at most kLowLatencyMaxTopk), eight at a time.
+        RankSet<kWide> rest = ranks;
         do {
           uint32_t loaded = 0;
 #pragma unroll
@@ -280,30 +281,30 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, uint64_t mask
   }
 }
 
-template <bool kAcrossHosts>
+template <bool kWide>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineParams p) {
   const int lane = threadIdx.x % 32;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
-  const uint64_t masked = read_masked_ranks(p.g);
+  const RankSet<kWide> masked = read_masked_ranks<kWide>(p.g);
   if (weights_only(p.g)) {  // across hosts: the first launch of the send phase
     int32_t* done = reinterpret_cast<int32_t*>(half_base(p.g, p.g.rank) + p.g.layout.combine_done_offset);
     clean_other_half_signals(p.g, done);
-    if (blockIdx.x == 0) publish_weights<kAcrossHosts>(p, masked);
+    if (blockIdx.x == 0) publish_weights<kWide>(p, masked);
   }
   if (sends(p.g)) {
-    send_phase<kAcrossHosts>(p, masked, lane, warp_global, total_warps);
+    send_phase<kWide>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);
   }
-  if (receives(p.g)) recv_phase(p, masked);
+  if (receives(p.g)) recv_phase<kWide>(p, masked);
   if (lane == 0) profile_warp_end(p.g.profile, threadIdx.x / 32);
 }
 
 }  // namespace
 
 cudaError_t LaunchCombine(const CombineKernelParams& params, int num_blocks, cudaStream_t stream) {
-  if (params.g.remote != 0) return launch_kernel(combine_kernel<true>, params, cooperative_shape(num_blocks), stream);
+  if (WideGroup(params.g)) return launch_kernel(combine_kernel<true>, params, cooperative_shape(num_blocks), stream);
   return launch_kernel(combine_kernel<false>, params, cooperative_shape(num_blocks), stream);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -68,12 +69,11 @@ struct DstHalf {
     return base + pick(g.layout.outbox.recv, g.own.recv) + t * pick(g.layout.outbox.recv_stride, g.own.recv_stride);
   }
 };
-// kAcrossHosts: the kernel instantiation for groups with ranks on other hosts. Within one host `remote` is false at
-// compile time and every field is the own slots' (no choice at run time: the intranode kernels stay as lean as
-// before outboxes existed).
-template <bool kAcrossHosts>
+// Within one NVLink domain (!kWide) `remote` is false at compile time and every field is the own slots' (no choice
+// at run time, which would make the compiler read the slot offsets through generic pointers).
+template <bool kWide>
 __device__ __forceinline__ DstHalf dst_half(const GroupView& g, int r) {
-  if (kAcrossHosts && is_remote(g, r)) return DstHalf{g, g.regions[r] + g.layout.outbox_half_bytes * g.half, true};
+  if (kWide && is_remote(g, r)) return DstHalf{g, g.regions[r] + g.layout.outbox_half_bytes * g.half, true};
   return DstHalf{g, half_base(g, r), false};
 }
 
@@ -86,29 +86,45 @@ __device__ __forceinline__ bool weights_published(const GroupView& g) { return (
 
 static_assert(kMaxLowLatencyRanks <= 64, "rank sets are 64-bit masks; the dispatch receive reads 2 sources per lane");
 
+// The kernels come in two instantiations (kWide): one NVLink domain of at most kMaxNvlPeers ranks (32-bit rank sets,
+// no outboxes: the code as lean as before groups spanned hosts), and any group (across hosts or past 8 ranks: 64-bit
+// rank sets, outboxes for ranks on other hosts). WideGroup says which a group needs.
+template <bool kWide>
+using RankSet = std::conditional_t<kWide, unsigned long long, unsigned int>;
+inline bool WideGroup(const GroupView& g) { return g.remote != 0 || g.num_ranks > kMaxNvlPeers; }
+
 // Bit r set = rank r is masked. Read once per thread at kernel start.
-__device__ __forceinline__ uint64_t read_masked_ranks(const GroupView& g) {
-  uint64_t bits = 0;
-  if (g.rank_mask != nullptr) {
-    // Eight loads in flight at a time; one round within one host.
-    for (int first = 0; first < g.num_ranks; first += kMaxNvlPeers) {
-      int32_t values[kMaxNvlPeers];
+template <bool kWide>
+__device__ __forceinline__ RankSet<kWide> read_masked_ranks(const GroupView& g) {
+  RankSet<kWide> bits = 0;
+  if (g.rank_mask == nullptr) return bits;
+  // Eight loads in flight at a time (one round within one host).
+  for (int first = 0; first < (kWide ? g.num_ranks : 1); first += kMaxNvlPeers) {
+    int32_t values[kMaxNvlPeers];
 #pragma unroll
-      for (int i = 0; i < kMaxNvlPeers; ++i) values[i] = first + i < g.num_ranks ? g.rank_mask[first + i] : 0;
+    for (int i = 0; i < kMaxNvlPeers; ++i) values[i] = first + i < g.num_ranks ? g.rank_mask[first + i] : 0;
 #pragma unroll
-      for (int i = 0; i < kMaxNvlPeers; ++i) bits |= values[i] != 0 ? 1ull << (first + i) : 0ull;
-    }
+    for (int i = 0; i < kMaxNvlPeers; ++i) bits |= values[i] != 0 ? RankSet<kWide>{1} << (first + i) : 0;
   }
   return bits;
 }
-__device__ __forceinline__ bool is_masked(uint64_t masked, int r) { return ((masked >> r) & 1ull) != 0; }
+template <typename Set>
+__device__ __forceinline__ bool is_masked(Set masked, int r) {
+  return ((masked >> r) & 1) != 0;
+}
 // The lowest rank in a nonempty rank set.
-__device__ __forceinline__ int lowest_rank(uint64_t bits) { return __ffsll(static_cast<long long>(bits)) - 1; }
+__device__ __forceinline__ int lowest_rank(unsigned int bits) { return __ffs(static_cast<int>(bits)) - 1; }
+__device__ __forceinline__ int lowest_rank(unsigned long long bits) {
+  return __ffsll(static_cast<long long>(bits)) - 1;
+}
 // The union over a warp of every lane's rank set.
-__device__ __forceinline__ uint64_t warp_or_ranks(uint64_t bits) {
+__device__ __forceinline__ unsigned int warp_or_ranks(unsigned int bits) {
+  return __reduce_or_sync(0xffffffffu, bits);
+}
+__device__ __forceinline__ unsigned long long warp_or_ranks(unsigned long long bits) {
   const uint32_t lo = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits));
   const uint32_t hi = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits >> 32));
-  return (static_cast<uint64_t>(hi) << 32) | lo;
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
 }
 
 // After a timeout waiting for `peer`, later calls skip it (Mooncake EP's rank masking).
@@ -132,7 +148,7 @@ __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int
     int32_t* inbox = reinterpret_cast<int32_t*>(g.inbox + g.layout.half_bytes * (g.half ^ 1));
     for (int i = threadIdx.x; i < num_ints; i += blockDim.x) inbox[i] = 0;
     const int outbox_ints = static_cast<int>(g.layout.outbox_signal_bytes / sizeof(int32_t));
-    for (uint64_t bits = g.remote; bits != 0; bits &= bits - 1) {
+    for (unsigned long long bits = g.remote; bits != 0; bits &= bits - 1) {
       int32_t* outbox =
           reinterpret_cast<int32_t*>(g.regions[lowest_rank(bits)] + g.layout.outbox_half_bytes * (g.half ^ 1));
       for (int i = threadIdx.x; i < outbox_ints; i += blockDim.x) outbox[i] = 0;

@@ -51,8 +51,8 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
   return (lo & 0xFFFFu) | (hi << 16);
 }
 
-template <bool kUseFP8, bool kAcrossHosts>
-__device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t masked, int lane, int warp_global,
+template <bool kUseFP8, bool kWide>
+__device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWide> masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -92,7 +92,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
     }
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
     const int e_rank = (e >= 0 && e < E) ? static_cast<int>(e / L) : -1;
-    uint64_t dst_ranks = warp_or_ranks(e_rank >= 0 ? 1ull << e_rank : 0ull) & ~masked;
+    RankSet<kWide> dst_ranks = warp_or_ranks(e_rank >= 0 ? RankSet<kWide>{1} << e_rank : RankSet<kWide>{0}) & ~masked;
     // message_per_expert (measurement only): one copy per distinct expert of the token on the rank.
     bool first_of_expert = false;
     if (p.message_per_expert) {
@@ -104,6 +104,11 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
     }
     auto copies_for = [&](int r) {
       return p.message_per_expert ? max(1, __popc(__ballot_sync(0xffffffffu, first_of_expert && e_rank == r))) : 1;
+    };
+    // The token's message in rank r's half (its slot [this rank][t]), or in this rank's outbox for r.
+    const size_t msg_offset = g.own.msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes;
+    auto msg_of = [&](int r) {
+      return kWide ? dst_half<kWide>(g, r).msg(t, l.dispatch_msg_bytes) : half_base(g, r) + msg_offset;
     };
     if constexpr (kUseFP8) {
       const uint32_t w[8] = {static_cast<uint32_t>(v0.x), static_cast<uint32_t>(v0.y), static_cast<uint32_t>(v0.z),
@@ -131,7 +136,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
       while (dst_ranks != 0) {
         const int r = lowest_rank(dst_ranks);
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = dst_half<kAcrossHosts>(g, r).msg(t, l.dispatch_msg_bytes);
+        uint8_t* msg = msg_of(r);
         const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
           ptx::st_na_global(reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + c0), q);
@@ -145,7 +150,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
       while (dst_ranks != 0) {
         const int r = lowest_rank(dst_ranks);
         dst_ranks &= dst_ranks - 1;
-        uint8_t* msg = dst_half<kAcrossHosts>(g, r).msg(t, l.dispatch_msg_bytes);
+        uint8_t* msg = msg_of(r);
         const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
           int4* dst = reinterpret_cast<int4*>(msg + kLowLatencyMessageHeaderBytes + static_cast<size_t>(c0) * 2);
@@ -168,7 +173,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
     const int r = e / L, local = e % L;
     if (is_masked(masked, r)) continue;
-    const DstHalf dst = dst_half<kAcrossHosts>(g, r);
+    const DstHalf dst = dst_half<kWide>(g, r);
     int32_t* table = dst.table(local);
     int count = 0;
     for (int t0 = 0; t0 < p.num_tokens; t0 += 32) {
@@ -203,8 +208,8 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, uint64_t mas
   }
 }
 
-template <bool kUseFP8>
-__device__ __forceinline__ void recv_phase(const DispatchParams& p, uint64_t masked, int lane, int warp_global,
+template <bool kUseFP8, bool kWide>
+__device__ __forceinline__ void recv_phase(const DispatchParams& p, RankSet<kWide> masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
@@ -256,10 +261,10 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint64_t mas
     };
     // Sources lane and lane + 32 (groups of more than 32 ranks, across hosts).
     const int count_lo = read_count(lane);
-    const int count_hi = R > 32 ? read_count(lane + 32) : 0;
+    const int count_hi = kWide && R > 32 ? read_count(lane + 32) : 0;
     int begin = __reduce_add_sync(0xffffffffu, lane < s ? count_lo : 0);
     int total = __reduce_add_sync(0xffffffffu, count_lo);
-    if (R > 32) {
+    if (kWide && R > 32) {
       begin += __reduce_add_sync(0xffffffffu, lane + 32 < s ? count_hi : 0);
       total += __reduce_add_sync(0xffffffffu, count_hi);
     }
@@ -333,18 +338,18 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, uint64_t mas
   }
 }
 
-template <bool kUseFP8, bool kAcrossHosts>
+template <bool kUseFP8, bool kWide>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __grid_constant__ DispatchParams p) {
   const int lane = threadIdx.x % 32;
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
-  const uint64_t masked = read_masked_ranks(p.g);
+  const RankSet<kWide> masked = read_masked_ranks<kWide>(p.g);
   if (sends(p.g)) {
-    send_phase<kUseFP8, kAcrossHosts>(p, masked, lane, warp_global, total_warps);
+    send_phase<kUseFP8, kWide>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);
   }
-  if (receives(p.g)) recv_phase<kUseFP8>(p, masked, lane, warp_global, total_warps);
+  if (receives(p.g)) recv_phase<kUseFP8, kWide>(p, masked, lane, warp_global, total_warps);
   if (lane == 0) profile_warp_end(p.g.profile, threadIdx.x / 32);
 }
 
@@ -360,7 +365,7 @@ cudaError_t PreloadDispatch() {
 
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, int num_blocks, cudaStream_t stream) {
   const LaunchShape shape = cooperative_shape(num_blocks);
-  if (params.g.remote != 0) {
+  if (WideGroup(params.g)) {
     return params.use_fp8 ? launch_kernel(dispatch_kernel<true, true>, params, shape, stream)
                           : launch_kernel(dispatch_kernel<false, true>, params, shape, stream);
   }
