@@ -214,8 +214,11 @@ std::shared_ptr<Allocator> DefaultAllocator(v1::Backend backend) {
 }
 
 absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num_nvl_ranks) {
-  if (num_nvl_ranks < 1 || num_nvl_ranks > kernels::kMaxNvlPeers) {
-    return InvalidValue("num_nvl_ranks", num_nvl_ranks, absl::StrCat("must be in [1, ", kernels::kMaxNvlPeers, "]"));
+  // A low-latency region holds the layout over every rank of the group, across hosts too (DeepEP's size hint takes
+  // the whole group): up to kMaxLowLatencyRanks. Normal mode's spans one NVLink domain.
+  const int max_ranks = config.low_latency ? kernels::kMaxLowLatencyRanks : kernels::kMaxNvlPeers;
+  if (num_nvl_ranks < 1 || num_nvl_ranks > max_ranks) {
+    return InvalidValue("num_nvl_ranks", num_nvl_ranks, absl::StrCat("must be in [1, ", max_ranks, "]"));
   }
   if (config.max_tokens_per_rank < 1) {
     return InvalidValue("config.max_tokens_per_rank", config.max_tokens_per_rank, "must be >= 1");

@@ -55,9 +55,10 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
     (get_low_latency_rdma_size_hint); a low_latency_mode Buffer with both sizes also runs normal mode in its NVL buffer
     (SGLang's auto mode): the group gets a normal-mode part of num_nvl_bytes, then the low-latency part.
     Across hosts: normal mode takes both sizes as given (the RDMA region holds the tokens between hosts); low latency
-    keeps its layout over all ranks in the NVL region (the size hint) and needs, in the RDMA region, an inbox and one
-    staging copy per rank of its two halves: exact when the size came from get_low_latency_rdma_size_hint in this
-    process (the shape is known), else (1 + group_size) times the size, an upper bound, with a warning. A
+    keeps its layout over all ranks in the NVL region (the size hint) and needs, in the RDMA region, an inbox (its two
+    halves) and an outbox per rank (this rank's slots only): exact when the size came from
+    get_low_latency_rdma_size_hint in this process (the shape is known), else 2 x the size + 4096 bytes per rank, an
+    upper bound (the inbox is at most the size, the outboxes together about one half more), with a warning. A
     low_latency_mode Buffer with both sizes (auto mode) gets both: normal-mode parts of num_nvl_bytes and
     num_rdma_bytes (DeepEP's callers pass the larger of the two modes' RDMA sizes there), then low latency's."""
     if num_hosts == 1:
@@ -77,9 +78,9 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
                                                      group_size // num_hosts)
         else:
             warnings.warn(f"epfabric: {region} bytes did not come from get_low_latency_rdma_size_hint({group_size} "
-                          f"ranks) in this process: the RDMA region gets (1 + {group_size}) times that, an upper bound",
-                          RuntimeWarning, stacklevel=3)
-            nvl, rdma = region, (1 + group_size) * region
+                          f"ranks) in this process: the RDMA region gets 2 x that + 4096 x {group_size}, an upper "
+                          "bound", RuntimeWarning, stacklevel=3)
+            nvl, rdma = region, 2 * region + 4096 * group_size
         if not both:
             return nvl, rdma, 0, 0
         normal, normal_rdma = _align(num_nvl_bytes), _align(num_rdma_bytes)

@@ -80,15 +80,20 @@ class GroupShapeTest(unittest.TestCase):
         self.assertEqual(deep_ep._group_bytes(64 * mib, 32 * mib, False, 4, 2), (64 * mib, 32 * mib, 0, 0))
         with self.assertRaisesRegex(ValueError, "num_rdma_bytes"):
             deep_ep._group_bytes(64 * mib, 0, False, 4, 2)
-        # Low latency across hosts: the layout in NVL, an inbox and a staging copy per rank in RDMA; exact for a size
-        # from the hint (DeepEP-sized shapes: 288 experts make the RDMA region far smaller than 5x the hint).
+        # Low latency across hosts: the layout in NVL, an inbox and an outbox per rank in RDMA; exact for a size from
+        # the hint, else a bound that holds for every shape (checked here up to 64 ranks and down to one token).
         hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 4, 288)
         exact = epfabric.required_group_bytes(128, 7168, 9, 288, True, 2, 2)
         self.assertEqual(deep_ep._group_bytes(0, hint, True, 4, 2), (exact[0], exact[1], 0, 0))
         self.assertEqual(exact[0], hint)
-        self.assertLess(exact[1], 5 * hint)
+        for tokens, hidden, hosts, per_host in ((128, 7168, 2, 2), (128, 7168, 2, 8), (128, 7168, 8, 8),
+                                                (1, 128, 8, 8), (256, 4096, 4, 4)):
+            ranks = hosts * per_host
+            hinted = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, ranks, 256)
+            rdma = epfabric.required_group_bytes(tokens, hidden, 9, 256, True, hosts, per_host)[1]
+            self.assertLessEqual(rdma, 2 * hinted + 4096 * ranks, (tokens, hidden, ranks))
         with self.assertWarnsRegex(RuntimeWarning, "upper bound"):
-            self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 15 * mib, 0, 0))
+            self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 6 * mib + 4 * 4096, 0, 0))
         # Both sizes across hosts (SGLang's auto mode): normal-mode parts of the two sizes (rounded up to 4096),
         # then low latency's, exact when a hint of this many ranks fits in the RDMA size (DeepEP's callers pass the
         # larger of the two modes' sizes), else the bound with a warning.
@@ -100,7 +105,7 @@ class GroupShapeTest(unittest.TestCase):
                              (aligned + exact[0], rounded + exact[1], aligned, rounded))
         with self.assertWarnsRegex(RuntimeWarning, "upper bound"):
             self.assertEqual(deep_ep._group_bytes(64 * mib, 3 * mib, True, 8, 2),
-                             (67 * mib, 3 * mib + 27 * mib, 64 * mib, 3 * mib))
+                             (67 * mib, 3 * mib + 6 * mib + 8 * 4096, 64 * mib, 3 * mib))
 
 
 class ApiTest(unittest.TestCase):
