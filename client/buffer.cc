@@ -483,8 +483,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
                                                                           uint64_t nvl_offset, uint64_t rdma_offset) {
   const int world = lease->world_size();
   if (world > kernels::kMaxLowLatencyRanks) {
-    return InvalidValue("world_size", world,
-                        absl::StrCat("at most ", kernels::kMaxLowLatencyRanks, " ranks in low-latency mode across hosts"));
+    return InvalidValue(
+        "world_size", world,
+        absl::StrCat("at most ", kernels::kMaxLowLatencyRanks, " ranks in low-latency mode across hosts"));
   }
   EPF_ASSIGN_OR_RETURN(const internal::InternodeGroupShape shape, internal::InternodeShapeOf(*lease));
   EPF_ASSIGN_OR_RETURN(const GroupBytes bytes, RequiredGroupBytes(config, shape.num_hosts, shape.ranks_per_host));

@@ -243,8 +243,8 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
         }
         for (int local = 0; local < L; ++local) {
           if (SignalAt(staged, o.count, local) == 0) continue;
-          EPF_RETURN_IF_ERROR(Send(r, half, o.count + local * o.count_stride, own_.count + local * own_.count_stride,
-                                   sizeof(int32_t)));
+          EPF_RETURN_IF_ERROR(
+              Send(r, half, o.count + local * o.count_stride, own_.count + local * own_.count_stride, sizeof(int32_t)));
         }
       }
     }
@@ -300,8 +300,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
             present = map[static_cast<size_t>(t) * kernels::kLowLatencyMaxTopk + k] >= 0;
           }
           if (!present) continue;
-          EPF_RETURN_IF_ERROR(
-              Send(s, half, o.recv + t * o.recv_stride, own_.recv + t * own_.recv_stride, row_bytes));
+          EPF_RETURN_IF_ERROR(Send(s, half, o.recv + t * o.recv_stride, own_.recv + t * own_.recv_stride, row_bytes));
         }
         EPF_RETURN_IF_ERROR(ReadOutboxSignals(s, half, &staged));
         if (SignalAt(staged, o.combine_flag, 0) != 0) {

@@ -227,9 +227,9 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, RankSet<kWide
     for (int v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       auto part = [&](int r) {
-        return ptx::ld_volatile_global(
-            reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset + (static_cast<size_t>(t) * R + r) * H * 2) +
-            v);
+        return ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset +
+                                                                     (static_cast<size_t>(t) * R + r) * H * 2) +
+                                       v);
       };
       auto add = [&](const int4& part) {
         const uint32_t words[4] = {static_cast<uint32_t>(part.x), static_cast<uint32_t>(part.y),

@@ -118,9 +118,7 @@ __device__ __forceinline__ int lowest_rank(unsigned long long bits) {
   return __ffsll(static_cast<long long>(bits)) - 1;
 }
 // The union over a warp of every lane's rank set.
-__device__ __forceinline__ unsigned int warp_or_ranks(unsigned int bits) {
-  return __reduce_or_sync(0xffffffffu, bits);
-}
+__device__ __forceinline__ unsigned int warp_or_ranks(unsigned int bits) { return __reduce_or_sync(0xffffffffu, bits); }
 __device__ __forceinline__ unsigned long long warp_or_ranks(unsigned long long bits) {
   const uint32_t lo = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits));
   const uint32_t hi = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits >> 32));

@@ -257,7 +257,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, RankSet<kWid
       // count is recorded and counts as 0.
       const int32_t count = -1 - value;  // no overflow for any int32
       return check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, src, local, count, 0, M) ? count
-                                                                                                             : 0;
+                                                                                                              : 0;
     };
     // Sources lane and lane + 32 (groups of more than 32 ranks, across hosts).
     const int count_lo = read_count(lane);

@@ -113,8 +113,9 @@ __global__ void __launch_bounds__(kIssueWarpsPerBlock * 32)
   if (g.rank_mask != nullptr && ptx::ld_volatile_global(g.rank_mask + dst) != 0) return;  // masked: nothing to send
   const LowLatencyLayout& l = g.layout;
   const uint64_t outbox_half = 2 * l.half_bytes + (2 * static_cast<uint64_t>(dst) + g.half) * l.outbox_half_bytes;
-  Sender out{p, ring_of(p.rings[dst % p.num_rings]), dst, p.rdma_offset + outbox_half,
-             p.rdma_offset + g.half * l.half_bytes, true};
+  Sender out{
+      p,   ring_of(p.rings[dst % p.num_rings]), dst, p.rdma_offset + outbox_half, p.rdma_offset + g.half * l.half_bytes,
+      true};
   const uint8_t* staged = g.regions[dst] + g.half * l.outbox_half_bytes;  // the same half of the outbox, mapped
   if (p.step == kStepCombineRows) {
     send_rows(out, staged, lane);
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(kIssueWarpsPerBlock * 32)
 }  // namespace
 
 cudaError_t LaunchRemoteIssue(const RemoteIssueKernelParams& params, cudaStream_t stream) {
-  const int blocks = params.step == kStepQuiet ? 1 : (params.g.num_ranks + kIssueWarpsPerBlock - 1) / kIssueWarpsPerBlock;
+  const int blocks =
+      params.step == kStepQuiet ? 1 : (params.g.num_ranks + kIssueWarpsPerBlock - 1) / kIssueWarpsPerBlock;
   return launch_kernel(remote_issue_kernel, params, LaunchShape{.blocks = blocks, .threads = kIssueWarpsPerBlock * 32},
                        stream);
 }

@@ -132,7 +132,7 @@ absl::Status ValidateContext(const LowLatencyContext& ctx, KernelStatus* dummy, 
 
 void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
   const LowLatencyLayout& l = v.l;
-  const int H = l.hidden, M = l.max_tokens_per_rank, L = l.num_local_experts, E = l.num_experts, K = a.num_topk;
+  const int H = l.hidden, L = l.num_local_experts, E = l.num_experts, K = a.num_topk;
   const int G = H / kFp8GroupSize;
   CleanOtherHalfSignals(v);
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
@@ -149,7 +149,9 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
     if (dst_ranks == 0) continue;
     const uint16_t* row = x + static_cast<size_t>(t) * H;
     if (a.use_fp8) internal::QuantizeRowFp8Fast(row, H, a.round_scale, fp8.data(), scales.data());
-    const auto msg_field = [&](const LowLatencySlots& s) { return s.msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes; };
+    const auto msg_field = [&](const LowLatencySlots& s) {
+      return s.msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes;
+    };
     for (int r = 0; r < v.num_ranks; ++r) {
       if (((dst_ranks >> r) & 1ull) == 0) continue;
       uint8_t* msg = v.Dst(r, msg_field);
@@ -276,7 +278,7 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
 // The first part of combine's send phase (alone: LowLatencyPhases::kCombineWeights).
 void CombinePublishWeights(View& v, const LowLatencyCombineArgs& a) {
   const LowLatencyLayout& l = v.l;
-  const int M = l.max_tokens_per_rank, R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
+  const int R = v.num_ranks, L = l.num_local_experts, E = l.num_experts;
   const int K = a.num_topk;
   CleanOtherHalfSignals(v);
   const auto weights_field = [](const LowLatencySlots& s) { return s.weights; };
@@ -303,7 +305,8 @@ void CombinePublishWeights(View& v, const LowLatencyCombineArgs& a) {
   for (int r = 0; r < R; ++r) {
     if (v.Masked(r)) continue;
     v.Sent(r, weights_field, static_cast<size_t>(a.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
-    v.Signal(r, [](const LowLatencySlots& s) { return s.weights_flag; }, 1);
+    v.Signal(
+        r, [](const LowLatencySlots& s) { return s.weights_flag; }, 1);
   }
 }
 
@@ -354,7 +357,9 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (!v.Masked(r)) v.Signal(r, [](const LowLatencySlots& slots) { return slots.combine_flag; }, 1);
+    if (!v.Masked(r))
+      v.Signal(
+          r, [](const LowLatencySlots& slots) { return slots.combine_flag; }, 1);
   }
 }
 

@@ -230,7 +230,11 @@ TEST(LowLatencyGpu, SixteenAndFortyRanksMatchReference) {
   for (int ranks : {16, 40}) {
     for (bool fp8 : {true, false}) {
       SCOPED_TRACE(::testing::Message() << ranks << " ranks, " << (fp8 ? "FP8" : "BF16"));
-      RunShape({.num_experts = 3 * ranks, .hidden = 1024, .max_tokens_per_rank = 32, .num_topk = 12, .use_fp8 = fp8,
+      RunShape({.num_experts = 3 * ranks,
+                .hidden = 1024,
+                .max_tokens_per_rank = 32,
+                .num_topk = 12,
+                .use_fp8 = fp8,
                 .seed = static_cast<uint64_t>(ranks + fp8)},
                ranks);
       if (::testing::Test::HasFatalFailure()) return;
