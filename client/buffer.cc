@@ -521,7 +521,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::CreateLowLatencyInternode(Lease*
   EPF_ASSIGN_OR_RETURN(auto inner_path, internal::DataPath::Create(lease->backend(), path));
   if (device_issue) {
     EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyDevicePath(std::move(inner_path), std::move(remote), lease,
-                                                                        layout, config.timeout));
+                                                                        config.timeout));
   } else if (relay) {
     // The cuda kernels cannot send over the transport themselves: the calling thread relays between steps.
     EPF_ASSIGN_OR_RETURN(state->path, internal::NewLowLatencyRelayPath(std::move(inner_path), std::move(remote), layout,

@@ -135,8 +135,7 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyRelayPath(std::unique_ptr
 // lives in device memory while the path exists and goes back to the ring when it is destroyed.
 absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_ptr<DataPath> inner,
                                                                   std::unique_ptr<LowLatencyRemote> remote,
-                                                                  Lease* lease, const kernels::LowLatencyLayout& layout,
-                                                                  absl::Duration timeout);
+                                                                  Lease* lease, absl::Duration timeout);
 
 // A DataPath that runs the host path's low-latency calls and quiets the transport after each (so that a caller
 // that detaches right after a call does not take its last sends with it), reporting failed sends.

@@ -47,11 +47,10 @@ std::set<const void*>& RingsHeld() {
 class LowLatencyDevicePath final : public LowLatencyPathAround {
  public:
   LowLatencyDevicePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
-                       const kernels::LowLatencyLayout& layout, kernels::LowLatencyRemoteRings rings,
-                       std::vector<transport::RingControl*> controls, unsigned long long* next, absl::Duration timeout)
+                       kernels::LowLatencyRemoteRings rings, std::vector<transport::RingControl*> controls,
+                       unsigned long long* next, absl::Duration timeout)
       : LowLatencyPathAround(std::move(inner)),
         remote_(std::move(remote)),
-        l_(layout),
         rings_(rings),
         controls_(std::move(controls)),
         next_(next),
@@ -153,7 +152,6 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
   }
 
   std::unique_ptr<LowLatencyRemote> remote_;
-  const kernels::LowLatencyLayout l_;
   const kernels::LowLatencyRemoteRings rings_;
   const std::vector<transport::RingControl*> controls_;  // the rings' control blocks as this process maps them
   unsigned long long* const next_;                       // device memory, one counter per ring
@@ -164,8 +162,7 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
 
 absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_ptr<DataPath> inner,
                                                                   std::unique_ptr<LowLatencyRemote> remote,
-                                                                  Lease* lease, const kernels::LowLatencyLayout& layout,
-                                                                  absl::Duration timeout) {
+                                                                  Lease* lease, absl::Duration timeout) {
   const uint32_t slots = lease->group().ring_slots();
   const ChannelRange channels = LowLatencyChannels(*lease);
   if (lease->group().num_normal_bytes() > 0 && channels.first == 0) {
@@ -224,8 +221,8 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_pt
   }
   for (int c = 0; c < rings.num_rings; ++c) rings.rings[c].next = counters + c;
   std::move(release).Cancel();  // the path releases the rings when it goes
-  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyDevicePath>(
-      std::move(inner), std::move(remote), layout, rings, std::move(controls), counters, timeout));
+  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyDevicePath>(std::move(inner), std::move(remote), rings,
+                                                                          std::move(controls), counters, timeout));
 }
 
 }  // namespace epfabric::client::internal
