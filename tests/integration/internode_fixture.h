@@ -177,6 +177,13 @@ class InternodeTest : public ::testing::Test {
   std::unique_ptr<FabricUnderTest> fabric_;
 };
 
+// The workers' Buffer timeout: 10 s, x5 under sanitizers. A wait that a fault ends (a kill, a lost daemon) must end
+// well within it (the tests check 2 s, x5 under sanitizers); a slow CI machine under ASan with 12 daemons and 12
+// workers on 2 cores took more than 10 s for one relayed round's wait, with nothing lost.
+inline std::string WorkerTimeoutFlag() {
+  return absl::StrCat("--timeout_ms=", static_cast<int>(10000 * kSanitizerSlowdown));
+}
+
 // Worker arguments of a scenario (epfabric_worker's flags): low latency, normal (with a cached dispatch), both modes.
 inline std::vector<std::string> LowLatency(int tokens, int hidden, int topk, int experts, bool fp8, int seed,
                                            std::vector<std::string> extra = {}) {
@@ -187,7 +194,7 @@ inline std::vector<std::string> LowLatency(int tokens, int hidden, int topk, int
                                    absl::StrCat("--experts=", experts),
                                    absl::StrCat("--seed=", seed),
                                    "--repeats=4",
-                                   "--timeout_ms=10000"};
+                                   WorkerTimeoutFlag()};
   if (fp8) args.push_back("--fp8");
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
@@ -203,7 +210,7 @@ inline std::vector<std::string> Scenario(int tokens, int hidden, int topk, int e
                                    absl::StrCat("--seed=", seed),
                                    "--repeats=3",
                                    "--cached",
-                                   "--timeout_ms=10000"};
+                                   WorkerTimeoutFlag()};
   if (fp8) args.push_back("--fp8");
   args.insert(args.end(), extra.begin(), extra.end());
   return args;

@@ -91,12 +91,12 @@ bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names,
 // lost (issue #14): a wait on it ends at once with UNAVAILABLE (the RDMA stage's waits poll those bits by group
 // rank, the NVLink stage's by index on the host); a survivor whose call fails (rank 1 or 2, waiting for rank 3's rows
 // or in a stage with it) tells the ranks that wait for it, so rank 0's wait for them ends at once too (UNAVAILABLE,
-// "left the call"), in its NVLink stage or its RDMA stage. The Buffer timeout is 10 s, so that only the loss and those
-// marks can end a wait within the 2 s (x5 under sanitizers), and every survivor's error is UNAVAILABLE. Every survivor
-// resets, a new process takes rank 3, and all four finish checked rounds on the group.
+// "left the call"), in its NVLink stage or its RDMA stage. The Buffer timeout is 10 s (WorkerTimeoutFlag; both x5
+// under sanitizers), so that only the loss and those marks can end a wait within the 2 s, and every survivor's error
+// is UNAVAILABLE. Every survivor resets, a new process takes rank 3, and all four finish checked rounds on the group.
 TEST_F(InternodeTest, AKilledClientTimesOutItsPeersAndTheRankRejoins) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(2, 2));
-  KillAndRejoin("kill", Scenario(32, 512, 4, 16, false, 61));  // 10 s timeout
+  KillAndRejoin("kill", Scenario(32, 512, 4, 16, false, 61));
 }
 
 // Low latency through the relay (the cuda path's, run by the host backend): the survivors mask the killed rank (their
