@@ -36,8 +36,8 @@ struct DataPathConfig {
   std::shared_ptr<Allocator> allocator;       // outputs (e.g. the host path's invalid top-k count)
   // The outer path of a group that spans hosts: only Layout and the expert-index checks are used (no regions).
   bool layout_only = false;
-  // Low latency across hosts (host backend): see LowLatencyContext::remote_ranks.
-  uint64_t remote_ranks = 0;
+  // Low latency across hosts: see LowLatencyContext::remote_ranks.
+  kernels::LowLatencyRankSet remote_ranks;
   void* remote_inbox = nullptr;
   kernels::LowLatencyRemotePut remote_put = nullptr;
   void* remote_put_arg = nullptr;

@@ -117,6 +117,10 @@ class CudaDataPath final : public DataPath {
     if (config_.layout_only) return absl::OkStatus();
     if (config_.config.low_latency) {
       EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, status_, rank_mask_));
+      if (kernels::LowLatencyWideGroup(ll_)) {  // the kernels read the regions from device memory
+        EPF_ASSIGN_OR_RETURN(region_table_, kernels::LowLatencyRegionTable::Create(ll_, init_stream));
+        ll_.peer_region_table = region_table_.get();
+      }
     } else {
       group_ = MakeIntranodeGroup(config_, status_);
     }
@@ -278,8 +282,9 @@ class CudaDataPath final : public DataPath {
   int32_t* device_counters_ = nullptr;       // the device view of host_counters_
   int32_t* rank_mask_ = nullptr;             // low latency, device memory
   std::shared_ptr<MappedWordPool> invalid_topk_words_;
-  kernels::IntranodeGroup group_;  // normal mode
-  kernels::LowLatencyContext ll_;  // low-latency mode
+  kernels::IntranodeGroup group_;                // normal mode
+  kernels::LowLatencyContext ll_;                // low-latency mode
+  kernels::LowLatencyRegionTable region_table_;  // ll_.peer_region_table of a wide group
 };
 
 }  // namespace

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease
   }
   remote->rdma_ = static_cast<uint8_t*>(lease->rdma_region()) + rdma_offset;
   for (int r = 0; r < lease->world_size(); ++r) {
-    if (lease->region(r) == nullptr) remote->remote_ranks_ |= 1ull << r;
+    if (lease->region(r) == nullptr) remote->remote_ranks_.add(r);
   }
   void* commands = lease->commands_region();
   const int channels = static_cast<int>(lease->group().transport_channels());

@@ -40,9 +40,9 @@ class LowLatencyRemote {
   // Sends `bytes` at `outbox_offset` of this rank's outbox for `dst_rank` to `inbox_offset` of dst_rank's inbox, on
   // the ring of that destination (so that its sends arrive in order). Fails when the command cannot be queued.
   absl::Status Send(int dst_rank, size_t outbox_offset, size_t inbox_offset, size_t bytes);
-  // Bit r: rank r is on another host.
-  uint64_t remote_ranks() const { return remote_ranks_; }
-  bool remote(int r) const { return ((remote_ranks_ >> r) & 1ull) != 0; }
+  // The ranks on other hosts.
+  const kernels::LowLatencyRankSet& remote_ranks() const { return remote_ranks_; }
+  bool remote(int r) const { return remote_ranks_.has(r); }
   // Where the low-latency part starts in the RDMA region.
   uint64_t rdma_offset() const { return rdma_offset_; }
   // This rank's outbox for rank r (two outbox halves), and its inbox.
@@ -71,7 +71,7 @@ class LowLatencyRemote {
   kernels::LowLatencyLayout layout_;
   uint8_t* rdma_ = nullptr;   // the low-latency part of this rank's RDMA region
   uint64_t rdma_offset_ = 0;  // ... at this offset of the region (the rings' offsets are the region's)
-  uint64_t remote_ranks_ = 0;
+  kernels::LowLatencyRankSet remote_ranks_;
   absl::Duration timeout_;
   std::vector<kernels::transport::RingIssuer> rings_;
   std::mutex mu_;

@@ -86,7 +86,8 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
 
  private:
   bool Remote(int r) const { return remote_->remote(r); }
-  static bool In(uint64_t ranks, int r) { return ((ranks >> r) & 1ull) != 0; }
+  using RankSet = kernels::LowLatencyRankSet;
+  static bool In(const RankSet& ranks, int r) { return ranks.has(r); }
 
   // The sends were queued in order; the quiet makes them complete before the call returns (a caller that detaches
   // right after would otherwise take them with it). A failed send explains the call best, then the steps' error,
@@ -108,12 +109,14 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
 
   // The rank mask as the kernels see it (bit r: rank r takes no part).
-  absl::StatusOr<uint64_t> Masked(cudaStream_t stream) {
+  absl::StatusOr<RankSet> Masked(cudaStream_t stream) {
     std::vector<int32_t> mask(num_ranks_);
     EPF_RETURN_IF_ERROR(
         access_->ToHost(mask.data(), inner_->LowLatencyRankMask(), sizeof(int32_t) * num_ranks_, stream));
-    uint64_t bits = 0;
-    for (int r = 0; r < num_ranks_; ++r) bits |= mask[r] != 0 ? 1ull << r : 0ull;
+    RankSet bits;
+    for (int r = 0; r < num_ranks_; ++r) {
+      if (mask[r] != 0) bits.add(r);
+    }
     return bits;
   }
 
@@ -156,15 +159,15 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   // kernel then masks it without failing the call, as within one host). A rank still silent at the deadline is masked
   // for this and later calls and the call reports DEADLINE_EXCEEDED naming it, after the kernel ran without it.
   // The time waited for each remote rank is added to `wait_cost` (device int64 [num_ranks]) when given.
-  absl::Status Await(Awaited what, uint64_t sources, int half, int64_t* wait_cost, cudaStream_t stream) {
+  absl::Status Await(Awaited what, const RankSet& sources, int half, int64_t* wait_cost, cudaStream_t stream) {
     const uint8_t* own = own_region_ + half * l_.half_bytes;
     const uint8_t* inbox = remote_->inbox() + half * l_.half_bytes;
     std::vector<int32_t> own_signals, inbox_signals;
     std::vector<int64_t> waited(num_ranks_, 0);
     const auto start = std::chrono::steady_clock::now();
     const absl::Time deadline = absl::Now() + timeout_;
-    uint64_t pending = sources;
-    for (int polls = 0; pending != 0; ++polls) {
+    RankSet pending = sources;
+    for (int polls = 0; !pending.empty(); ++polls) {
       bool need_own = false, need_inbox = false;
       for (int s = 0; s < num_ranks_; ++s) {
         if (In(pending, s)) (Remote(s) ? need_inbox : need_own) = true;
@@ -176,16 +179,16 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       for (int s = 0; s < num_ranks_; ++s) {
         if (!In(pending, s)) continue;
         if (Arrived(what, Remote(s) ? inbox_signals : own_signals, s) || RankLost(lost_ranks_, lost_ignore_, s)) {
-          pending &= ~(1ull << s);
+          pending.remove(s);
           waited[s] = now_ns;
         }
       }
-      if (pending == 0) break;
+      if (pending.empty()) break;
       if (absl::Now() > deadline) break;
       // Polling costs a small device-to-host copy; after the first rounds, leave the CPU to others between reads.
       if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
-    if (pending != 0) {
+    if (!pending.empty()) {
       int first = -1;
       for (int s = 0; s < num_ranks_; ++s) {
         if (!In(pending, s)) continue;
@@ -212,10 +215,13 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   }
 
   // Every rank not masked, this one included (its own signals come from its own send step).
-  absl::StatusOr<uint64_t> Sources(cudaStream_t stream) {
-    EPF_ASSIGN_OR_RETURN(const uint64_t masked, Masked(stream));
-    const uint64_t all = num_ranks_ >= 64 ? ~0ull : (1ull << num_ranks_) - 1;  // num_ranks_ <= kMaxLowLatencyRanks
-    return all & ~masked;
+  absl::StatusOr<RankSet> Sources(cudaStream_t stream) {
+    EPF_ASSIGN_OR_RETURN(const RankSet masked, Masked(stream));
+    RankSet sources;
+    for (int r = 0; r < num_ranks_; ++r) {
+      if (!masked.has(r)) sources.add(r);
+    }
+    return sources;
   }
 
   absl::Status RunDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) {
@@ -226,7 +232,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       step.phases = LowLatencyPhases::kSend;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
-      EPF_ASSIGN_OR_RETURN(const uint64_t sources, Sources(stream));
+      EPF_ASSIGN_OR_RETURN(const RankSet sources, Sources(stream));
       std::vector<int32_t> staged;
       for (int r = 0; r < num_ranks_; ++r) {
         if (!Remote(r) || !In(sources, r)) continue;
@@ -249,7 +255,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       }
     }
     if (kernels::LowLatencyReceives(args.phases)) {
-      EPF_ASSIGN_OR_RETURN(const uint64_t sources, Sources(stream));
+      EPF_ASSIGN_OR_RETURN(const RankSet sources, Sources(stream));
       EPF_RETURN_IF_ERROR(Await(Awaited::kDispatchCounts, sources, half, args.wait_recv_cost_ns, stream));
       step.phases = LowLatencyPhases::kRecv;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyDispatch(step, stream));
@@ -268,7 +274,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       step.phases = LowLatencyPhases::kCombineWeights;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
       EPF_RETURN_IF_ERROR(access_->Sync(stream));
-      EPF_ASSIGN_OR_RETURN(uint64_t sources, Sources(stream));
+      EPF_ASSIGN_OR_RETURN(RankSet sources, Sources(stream));
       std::vector<int32_t> staged;
       for (int r = 0; r < num_ranks_; ++r) {
         if (!Remote(r) || !In(sources, r)) continue;
@@ -280,7 +286,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
         }
       }
       // 2. Every source's weights here, then the partial sums.
-      sources &= ~(1ull << rank_);  // this rank's own weights are its inputs
+      sources.remove(rank_);  // this rank's own weights are its inputs
       EPF_RETURN_IF_ERROR(Await(Awaited::kWeightsFlag, sources, half, nullptr, stream));
       step.phases = LowLatencyPhases::kSendWeightsPublished;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));
@@ -309,7 +315,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       }
     }
     if (kernels::LowLatencyReceives(args.phases)) {
-      EPF_ASSIGN_OR_RETURN(const uint64_t sources, Sources(stream));
+      EPF_ASSIGN_OR_RETURN(const RankSet sources, Sources(stream));
       EPF_RETURN_IF_ERROR(Await(Awaited::kCombineFlag, sources, half, args.wait_recv_cost_ns, stream));
       step.phases = LowLatencyPhases::kRecv;
       EPF_RETURN_IF_ERROR(inner_->LowLatencyCombine(step, stream));

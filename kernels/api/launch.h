@@ -123,16 +123,20 @@ namespace epfabric::kernels::low_latency {
 // What both low-latency kernels get: where the regions are, which half and phases the call uses, how to fail.
 struct GroupView {
   LowLatencyLayout layout;
-  uint8_t* regions[kMaxLowLatencyRanks];
+  // Every rank's region by rank: in the parameters for one NVLink domain (at most kMaxNvlPeers ranks), in device
+  // memory (LowLatencyContext::peer_region_table, [num_ranks]) for a wide group. `self` is this rank's own.
+  uint8_t* regions[kMaxNvlPeers];
+  uint8_t* const* region_table;
+  uint8_t* self;
   int rank;
   int num_ranks;
   int half;
   int phases;  // LowLatencyPhases bits: 1 = send, 2 = receive, 4 = combine weights only, 8 = weights published
   // This rank's slots in a full half (LowLatencySourceSlots(layout, rank)): where it writes a same-host rank's half.
   LowLatencySlots own;
-  // Across hosts (LowLatencyContext::remote_ranks): bit r = rank r is on another host, regions[r] is then this rank's
-  // outbox for it (layout.outbox), and what it sends this rank is read from `inbox` (full halves).
-  uint64_t remote;
+  // Across hosts (LowLatencyContext::remote_ranks): the ranks on other hosts; a region of such a rank r is this
+  // rank's outbox for it (layout.outbox), and what r sends this rank is read from `inbox` (full halves).
+  LowLatencyRankSet remote;
   uint8_t* inbox;
   int32_t* rank_mask;
   KernelStatus* status;
@@ -185,7 +189,7 @@ struct RemoteRing {
 };
 
 struct RemoteIssueKernelParams {
-  GroupView g;  // regions[r] of a rank r on another host is this rank's outbox for it
+  GroupView g;  // the region of a rank r on another host is this rank's outbox for it
   RemoteRing rings[kMaxNvlPeers];
   int num_rings;
   uint64_t rdma_offset;

@@ -14,7 +14,9 @@ namespace {
 low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, LowLatencyPhases phases) {
   low_latency::GroupView g = {};
   g.layout = ctx.layout;
-  for (int r = 0; r < kMaxLowLatencyRanks; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
+  for (int r = 0; r < kMaxNvlPeers && r < ctx.num_ranks; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
+  g.region_table = reinterpret_cast<uint8_t* const*>(ctx.peer_region_table);
+  g.self = static_cast<uint8_t*>(ctx.peer_regions[ctx.rank]);
   g.own = LowLatencySourceSlots(ctx.layout, ctx.rank);
   g.rank = ctx.rank;
   g.num_ranks = ctx.num_ranks;
@@ -31,6 +33,16 @@ low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, Low
   return g;
 }
 
+// A wide group's kernels read region addresses from ctx.peer_region_table (low_latency_common.cuh).
+absl::Status CheckRegionTable(const LowLatencyContext& ctx) {
+  if (LowLatencyWideGroup(ctx) && ctx.peer_region_table == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("ctx.peer_region_table is null: a group of ", ctx.num_ranks,
+                                                   " ranks (across hosts or more than ", kMaxNvlPeers,
+                                                   ") needs its regions in device memory (LowLatencyRegionTable)"));
+  }
+  return absl::OkStatus();
+}
+
 // Blocks per launch: ctx.num_blocks or the device's SM count.
 absl::StatusOr<int> BlocksFor(const LowLatencyContext& ctx) {
   if (ctx.num_blocks > 0) return ctx.num_blocks;
@@ -42,12 +54,43 @@ absl::StatusOr<int> BlocksFor(const LowLatencyContext& ctx) {
 
 }  // namespace
 
+bool LowLatencyWideGroup(const LowLatencyContext& ctx) {
+  return !ctx.remote_ranks.empty() || ctx.num_ranks > kMaxNvlPeers;
+}
+
+absl::StatusOr<LowLatencyRegionTable> LowLatencyRegionTable::Create(const LowLatencyContext& ctx, cudaStream_t stream) {
+  if (ctx.num_ranks <= 0 || ctx.num_ranks > kMaxLowLatencyRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ctx.num_ranks = ", ctx.num_ranks, ", expected 1 to ", kMaxLowLatencyRanks));
+  }
+  LowLatencyRegionTable table;
+  const size_t bytes = sizeof(void*) * ctx.num_ranks;
+  EPF_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&table.table_), bytes));
+  EPF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(table.table_, ctx.peer_regions, bytes, cudaMemcpyHostToDevice, stream));
+  EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return table;
+}
+
+LowLatencyRegionTable& LowLatencyRegionTable::operator=(LowLatencyRegionTable&& other) noexcept {
+  if (this != &other) {
+    if (table_ != nullptr) cudaFree(table_);
+    table_ = other.table_;
+    other.table_ = nullptr;
+  }
+  return *this;
+}
+
+LowLatencyRegionTable::~LowLatencyRegionTable() {
+  if (table_ != nullptr) cudaFree(table_);
+}
+
 absl::Status LowLatencyPreloadKernels() {
   return LaunchError(low_latency::PreloadKernels(), "loading the low-latency kernels");
 }
 
 absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDispatchArgs& args, cudaStream_t stream) {
   EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(ctx, args));
+  EPF_RETURN_IF_ERROR(CheckRegionTable(ctx));
   EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));
   low_latency::DispatchKernelParams p = {};
   p.g = MakeGroupView(ctx, args.buffer_half, args.phases);
@@ -74,6 +117,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
 
 absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCombineArgs& args, cudaStream_t stream) {
   EPF_RETURN_IF_ERROR(ValidateLowLatencyCombine(ctx, args));
+  EPF_RETURN_IF_ERROR(CheckRegionTable(ctx));
   EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));
   low_latency::CombineKernelParams p = {};
   p.g = MakeGroupView(ctx, args.buffer_half, args.phases);
@@ -90,9 +134,10 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
 
 absl::Status LowLatencyRemoteIssue(const LowLatencyContext& ctx, const LowLatencyRemoteRings& rings,
                                    const LowLatencyRemoteArgs& args, cudaStream_t stream) {
-  if (ctx.remote_ranks == 0 || ctx.remote_inbox == nullptr) {
+  if (ctx.remote_ranks.empty() || ctx.remote_inbox == nullptr) {
     return absl::FailedPreconditionError("device-issued low latency: the group has no rank on another host");
   }
+  EPF_RETURN_IF_ERROR(CheckRegionTable(ctx));
   if (rings.num_rings < 1 || rings.num_rings > kMaxNvlPeers) {
     return absl::InvalidArgumentError(
         absl::StrCat("device-issued low latency: num_rings = ", rings.num_rings, ", expected 1 to ", kMaxNvlPeers));

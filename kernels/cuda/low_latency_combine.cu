@@ -24,7 +24,7 @@ using CombineParams = CombineKernelParams;  // api/launch.h
 
 // Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
 template <bool kWide>
-__device__ __forceinline__ void publish_weights(const CombineParams& p, RankSet<kWide> masked) {
+__device__ __forceinline__ void publish_weights(const CombineParams& p, const MaskedRanks<kWide>& masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int K = p.num_topk, L = l.num_local_experts, E = l.num_experts;
@@ -42,7 +42,7 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, RankSet<
       const int64_t e = row[k];
       if (k >= K || e < 0 || e >= E) continue;
       const int r = static_cast<int>(e / L);
-      if (is_masked(masked, r)) continue;
+      if (masked.has(r)) continue;
       bool first = true;
 #pragma unroll
       for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
@@ -56,23 +56,22 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, RankSet<
     }
   }
   __syncthreads();
-  if (threadIdx.x < g.num_ranks && !is_masked(masked, threadIdx.x)) {
+  if (threadIdx.x < g.num_ranks && !masked.has(threadIdx.x)) {
     ptx::fence_acq_rel_sys();
     ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), 1);
   }
 }
 
 template <bool kWide>
-__device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide> masked, int lane, int warp_global,
+__device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<kWide> masked, int lane, int warp_global,
                                            int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, K = p.num_topk;
   const int row_int4 = H / 8;
-  uint8_t* my_half = half_base(g, g.rank);
-  int32_t* done = reinterpret_cast<int32_t*>(my_half + l.combine_done_offset);
+  int32_t* done = reinterpret_cast<int32_t*>(own_half(g) + l.combine_done_offset);
   if (!weights_published(g)) {  // else a kCombineWeights launch did both (across hosts)
-    clean_other_half_signals(g, done);
+    clean_other_half_signals<kWide>(g, done);
     if (blockIdx.x == 0) publish_weights<kWide>(p, masked);
   }
 
@@ -89,7 +88,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide
     ++items_done;
     const int row = item / slices, slice = item % slices;
     const int s = row / M, t = row % M;
-    if (is_masked(masked, s)) continue;
+    if (masked.has(s)) continue;
     const int32_t* map = p.token_map + static_cast<size_t>(row) * kLowLatencyMaxTopk;
     const int32_t slot = lane < kLowLatencyMaxTopk ? __ldg(map + lane) : -1;
     uint32_t present = __ballot_sync(0xffffffffu, slot >= 0);  // bit k: top-k position k is an expert here
@@ -109,7 +108,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide
       w = slot >= 0 ? sum : 0.0f;
     } else {
       // What s published: in this rank's half, or in the inbox when s is on another host.
-      const uint8_t* from = in_half(g, s);
+      const uint8_t* from = in_half<kWide>(g, s);
       if (weights_seen != s) {
         bool ok = true;
         if (lane == 0) {
@@ -121,7 +120,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide
         }
         ok = __shfl_sync(0xffffffffu, ok, 0);
         if (!ok) {
-          masked |= RankSet<kWide>{1} << s;
+          masked.add(s);
           continue;
         }
         weights_seen = s;
@@ -177,7 +176,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide
   if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);  // see dispatch
 
   // Every item was counted once; +1 for the cleaning.
-  if (blockIdx.x == 0 && threadIdx.x < R && !is_masked(masked, threadIdx.x)) {
+  if (blockIdx.x == 0 && threadIdx.x < R && !masked.has(threadIdx.x)) {
     const int target = num_items + 1;
     if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
       ptx::fence_acq_rel_sys();
@@ -187,16 +186,19 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, RankSet<kWide
 }
 
 template <bool kWide>
-__device__ __forceinline__ void recv_phase(const CombineParams& p, RankSet<kWide> masked) {
+__device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<kWide> masked) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, R = g.num_ranks, L = l.num_local_experts, E = l.num_experts, K = p.num_topk;
-  __shared__ RankSet<kWide> block_masked;
-  if (threadIdx.x == 0) block_masked = masked;
+  // The ranks this block skips: one NVLink domain, a shared copy of the set; wide, the set is in shared memory.
+  __shared__ unsigned int block_masked;
+  if constexpr (!kWide) {
+    if (threadIdx.x == 0) block_masked = masked.bits;
+  }
   __syncthreads();
-  if (threadIdx.x < R && !is_masked(masked, threadIdx.x)) {
+  if (threadIdx.x < R && !masked.has(threadIdx.x)) {
     const int32_t* flag =
-        reinterpret_cast<const int32_t*>(in_half(g, threadIdx.x) + l.combine_flag_offset) + threadIdx.x;
+        reinterpret_cast<const int32_t*>(in_half<kWide>(g, threadIdx.x) + l.combine_flag_offset) + threadIdx.x;
     const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
     const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
                                  WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1,
@@ -204,12 +206,17 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, RankSet<kWide
     // Every block waits for every flag; block 0's wait is the one counted.
     if (p.wait_recv_cost_ns != nullptr && blockIdx.x == 0) add_wait_cost(p.wait_recv_cost_ns + threadIdx.x, wait_start);
     if (!ok) {
-      atomicOr(&block_masked, RankSet<kWide>{1} << threadIdx.x);
+      if constexpr (kWide) {
+        masked.add(threadIdx.x);
+      } else {
+        atomicOr(&block_masked, 1u << threadIdx.x);
+      }
       mask_rank(g, threadIdx.x);
     }
   }
   __syncthreads();
-  const RankSet<kWide> skip = block_masked;
+  MaskedRanks<kWide> skip = masked;
+  if constexpr (!kWide) skip.bits = block_masked;
 
   // Work items: (token, slice of hidden) per warp. Lanes < K read the token's top-k row once for the whole slice
   // (which ranks hold its experts), then every lane adds the partial rows of those ranks for its channels.
@@ -221,13 +228,12 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, RankSet<kWide
   for (int item = warp_global; item < p.num_tokens * slices; item += total_warps) {
     const int t = item / slices, slice = item % slices;
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-    const RankSet<kWide> bit = (e >= 0 && e < E) ? RankSet<kWide>{1} << static_cast<int>(e / L) : 0;
-    const RankSet<kWide> ranks = warp_or_ranks(bit) & ~skip;
+    const TokenRanks<kWide> ranks = token_ranks<kWide>((e >= 0 && e < E) ? static_cast<int>(e / L) : -1, skip);
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
     for (int v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       auto part = [&](int r) {
-        return ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half(g, r) + l.combine_recv_offset +
+        return ptx::ld_volatile_global(reinterpret_cast<const int4*>(in_half<kWide>(g, r) + l.combine_recv_offset +
                                                                      (static_cast<size_t>(t) * R + r) * H * 2) +
                                        v);
       };
@@ -246,30 +252,33 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, RankSet<kWide
         // One NVLink domain: a load per rank index.
 #pragma unroll
         for (int r = 0; r < kMaxNvlPeers; ++r) {
-          if ((ranks >> r) & 1u) parts[r] = part(r);
+          if ((ranks.bits >> r) & 1u) parts[r] = part(r);
         }
 #pragma unroll
         for (int r = 0; r < kMaxNvlPeers; ++r) {
-          if ((ranks >> r) & 1u) add(parts[r]);
+          if ((ranks.bits >> r) & 1u) add(parts[r]);
         }
       } else {
-        // Any group: the token's ranks (at most kLowLatencyMaxTopk), eight at a time.
-        RankSet<kWide> rest = ranks;
-        do {
+        // Any group: the token's ranks (at most kLowLatencyMaxTopk) in rank order, eight at a time.
+        TokenRanks<kWide> rest = ranks;
+        bool more = true;
+        while (more) {
           uint32_t loaded = 0;
 #pragma unroll
           for (int j = 0; j < kMaxNvlPeers; ++j) {
-            if (rest != 0) {
-              parts[j] = part(lowest_rank(rest));
-              rest &= rest - 1;
+            const int r = more ? rest.next() : -1;
+            if (r >= 0) {
+              parts[j] = part(r);
               loaded |= 1u << j;
+            } else {
+              more = false;
             }
           }
 #pragma unroll
           for (int j = 0; j < kMaxNvlPeers; ++j) {
             if ((loaded >> j) & 1u) add(parts[j]);
           }
-        } while (rest != 0);
+        }
       }
       int4 out;
       out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
@@ -287,10 +296,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
-  const RankSet<kWide> masked = read_masked_ranks<kWide>(p.g);
+  const MaskedRanks<kWide> masked = read_masked_ranks<kWide>(p.g);
   if (weights_only(p.g)) {  // across hosts: the first launch of the send phase
-    int32_t* done = reinterpret_cast<int32_t*>(half_base(p.g, p.g.rank) + p.g.layout.combine_done_offset);
-    clean_other_half_signals(p.g, done);
+    int32_t* done = reinterpret_cast<int32_t*>(own_half(p.g) + p.g.layout.combine_done_offset);
+    clean_other_half_signals<kWide>(p.g, done);
     if (blockIdx.x == 0) publish_weights<kWide>(p, masked);
   }
   if (sends(p.g)) {

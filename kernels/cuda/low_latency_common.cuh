@@ -21,17 +21,37 @@ inline constexpr int kWarpsPerBlock = kThreadsPerBlock / 32;
 // Receive/combine-send work items are (local expert, source rank) pairs; up to this many warps share one.
 inline constexpr int kMaxWarpsPerItem = 8;
 
-// Addressing the double buffer of rank r (GroupView, api/launch.h) and the phases of the call.
-__device__ __forceinline__ uint8_t* half_base(const GroupView& g, int r) {
-  return g.regions[r] + g.layout.half_bytes * g.half;
+// The kernels come in two instantiations (kWide): one NVLink domain of at most kMaxNvlPeers ranks (32-bit rank sets in
+// registers, region addresses in the launch parameters, no outboxes: the code as lean as before groups spanned hosts),
+// and any group (across hosts or past kMaxNvlPeers ranks, up to kMaxLowLatencyRanks: region addresses from a device
+// table, the masked ranks in shared memory, outboxes for ranks on other hosts). WideGroup says which a group needs.
+inline bool WideGroup(const GroupView& g) { return !g.remote.empty() || g.num_ranks > kMaxNvlPeers; }
+static_assert(kMaxLowLatencyRanks <= kThreadsPerBlock, "the per-rank signal loops take one thread per rank");
+static_assert(kMaxLowLatencyRanks <= 32 * kWarpsPerBlock, "read_masked_ranks takes one warp per 32 ranks");
+
+// Rank r's region: from the launch parameters (one NVLink domain) or the device table (wide).
+template <bool kWide>
+__device__ __forceinline__ uint8_t* region(const GroupView& g, int r) {
+  if constexpr (kWide) {
+    return reinterpret_cast<uint8_t*>(__ldg(reinterpret_cast<const unsigned long long*>(g.region_table) + r));
+  } else {
+    return g.regions[r];
+  }
 }
-__device__ __forceinline__ uint8_t* other_half_base(const GroupView& g, int r) {
-  return g.regions[r] + g.layout.half_bytes * (g.half ^ 1);
+// Addressing the double buffer of rank r (GroupView, api/launch.h) and the phases of the call.
+template <bool kWide>
+__device__ __forceinline__ uint8_t* half_base(const GroupView& g, int r) {
+  return region<kWide>(g, r) + g.layout.half_bytes * g.half;
+}
+__device__ __forceinline__ uint8_t* own_half(const GroupView& g) { return g.self + g.layout.half_bytes * g.half; }
+__device__ __forceinline__ uint8_t* own_other_half(const GroupView& g) {
+  return g.self + g.layout.half_bytes * (g.half ^ 1);
 }
 // Where what rank s sent this rank lies: this rank's own half, or the inbox when s is on another host.
-__device__ __forceinline__ bool is_remote(const GroupView& g, int r) { return ((g.remote >> r) & 1ull) != 0; }
+__device__ __forceinline__ bool is_remote(const GroupView& g, int r) { return g.remote.has(r); }
+template <bool kWide>
 __device__ __forceinline__ const uint8_t* in_half(const GroupView& g, int s) {
-  const uint8_t* base = is_remote(g, s) ? g.inbox : g.regions[g.rank];
+  const uint8_t* base = kWide && is_remote(g, s) ? g.inbox : g.self;
   return base + g.layout.half_bytes * g.half;
 }
 
@@ -73,8 +93,8 @@ struct DstHalf {
 // at run time, which would make the compiler read the slot offsets through generic pointers).
 template <bool kWide>
 __device__ __forceinline__ DstHalf dst_half(const GroupView& g, int r) {
-  if (kWide && is_remote(g, r)) return DstHalf{g, g.regions[r] + g.layout.outbox_half_bytes * g.half, true};
-  return DstHalf{g, half_base(g, r), false};
+  if (kWide && is_remote(g, r)) return DstHalf{g, region<kWide>(g, r) + g.layout.outbox_half_bytes * g.half, true};
+  return DstHalf{g, half_base<kWide>(g, r), false};
 }
 
 __device__ __forceinline__ bool sends(const GroupView& g) { return (g.phases & 1) != 0; }
@@ -84,45 +104,81 @@ __device__ __forceinline__ bool receives(const GroupView& g) { return (g.phases 
 __device__ __forceinline__ bool weights_only(const GroupView& g) { return g.phases == 4; }
 __device__ __forceinline__ bool weights_published(const GroupView& g) { return (g.phases & 8) != 0; }
 
-static_assert(kMaxLowLatencyRanks <= 64, "rank sets are 64-bit masks; the dispatch receive reads 2 sources per lane");
-
-// The kernels come in two instantiations (kWide): one NVLink domain of at most kMaxNvlPeers ranks (32-bit rank sets,
-// no outboxes: the code as lean as before groups spanned hosts), and any group (across hosts or past 8 ranks: 64-bit
-// rank sets, outboxes for ranks on other hosts). WideGroup says which a group needs.
+// The ranks a kernel skips (masked: set in rank_mask, or given up on during this launch), read at kernel start.
+// One NVLink domain: a register per thread. Wide: one bit per rank in shared memory, shared by the block.
 template <bool kWide>
-using RankSet = std::conditional_t<kWide, unsigned long long, unsigned int>;
-inline bool WideGroup(const GroupView& g) { return g.remote != 0 || g.num_ranks > kMaxNvlPeers; }
+struct MaskedRanks;
+template <>
+struct MaskedRanks<false> {
+  unsigned int bits;
+  __device__ __forceinline__ bool has(int r) const { return ((bits >> r) & 1u) != 0; }
+  __device__ __forceinline__ void add(int r) { bits |= 1u << r; }
+};
+template <>
+struct MaskedRanks<true> {
+  uint32_t* words;  // shared memory, kMaxLowLatencyRanks / 32
+  __device__ __forceinline__ bool has(int r) const { return ((words[r >> 5] >> (r & 31)) & 1u) != 0; }
+  __device__ __forceinline__ void add(int r) { atomicOr(words + (r >> 5), 1u << (r & 31)); }
+};
 
-// Bit r set = rank r is masked. Read once per thread at kernel start.
+// Reads g.rank_mask (nonzero = masked). Wide: every thread of the block must call it (a block barrier).
 template <bool kWide>
-__device__ __forceinline__ RankSet<kWide> read_masked_ranks(const GroupView& g) {
-  RankSet<kWide> bits = 0;
-  if (g.rank_mask == nullptr) return bits;
-  // Eight loads in flight at a time (one round within one host).
-  for (int first = 0; first < (kWide ? g.num_ranks : 1); first += kMaxNvlPeers) {
+__device__ __forceinline__ MaskedRanks<kWide> read_masked_ranks(const GroupView& g) {
+  if constexpr (kWide) {
+    __shared__ uint32_t words[kMaxLowLatencyRanks / 32];
+    const int warp = threadIdx.x / 32, r = warp * 32 + threadIdx.x % 32;
+    if (warp < kMaxLowLatencyRanks / 32) {
+      const bool masked = g.rank_mask != nullptr && r < g.num_ranks && g.rank_mask[r] != 0;
+      const uint32_t bits = __ballot_sync(0xffffffffu, masked);
+      if (threadIdx.x % 32 == 0) words[warp] = bits;
+    }
+    __syncthreads();
+    return MaskedRanks<true>{words};
+  } else {
+    unsigned int bits = 0;
+    if (g.rank_mask == nullptr) return MaskedRanks<false>{bits};
+    // Eight loads in flight at once (the whole domain).
     int32_t values[kMaxNvlPeers];
 #pragma unroll
-    for (int i = 0; i < kMaxNvlPeers; ++i) values[i] = first + i < g.num_ranks ? g.rank_mask[first + i] : 0;
+    for (int i = 0; i < kMaxNvlPeers; ++i) values[i] = i < g.num_ranks ? g.rank_mask[i] : 0;
 #pragma unroll
-    for (int i = 0; i < kMaxNvlPeers; ++i) bits |= values[i] != 0 ? RankSet<kWide>{1} << (first + i) : 0;
+    for (int i = 0; i < kMaxNvlPeers; ++i) bits |= values[i] != 0 ? 1u << i : 0u;
+    return MaskedRanks<false>{bits};
   }
-  return bits;
 }
-template <typename Set>
-__device__ __forceinline__ bool is_masked(Set masked, int r) {
-  return ((masked >> r) & 1) != 0;
-}
-// The lowest rank in a nonempty rank set.
-__device__ __forceinline__ int lowest_rank(unsigned int bits) { return __ffs(static_cast<int>(bits)) - 1; }
-__device__ __forceinline__ int lowest_rank(unsigned long long bits) {
-  return __ffsll(static_cast<long long>(bits)) - 1;
-}
-// The union over a warp of every lane's rank set.
-__device__ __forceinline__ unsigned int warp_or_ranks(unsigned int bits) { return __reduce_or_sync(0xffffffffu, bits); }
-__device__ __forceinline__ unsigned long long warp_or_ranks(unsigned long long bits) {
-  const uint32_t lo = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits));
-  const uint32_t hi = __reduce_or_sync(0xffffffffu, static_cast<uint32_t>(bits >> 32));
-  return (static_cast<unsigned long long>(hi) << 32) | lo;
+
+// The distinct ranks among a warp's lanes' `r` (-1: none), minus the masked ones, taken in increasing order by next()
+// (-1 when none is left). The whole warp calls next() together. One NVLink domain: a 32-bit set; wide: each lane
+// keeps its own rank and next() takes the minimum over the warp.
+template <bool kWide>
+struct TokenRanks;
+template <>
+struct TokenRanks<false> {
+  unsigned int bits;
+  __device__ __forceinline__ int next() {
+    if (bits == 0) return -1;
+    const int r = __ffs(static_cast<int>(bits)) - 1;
+    bits &= bits - 1;
+    return r;
+  }
+};
+template <>
+struct TokenRanks<true> {
+  unsigned int r;  // this lane's rank, or UINT_MAX
+  __device__ __forceinline__ int next() {
+    const unsigned int lowest = __reduce_min_sync(0xffffffffu, r);
+    if (lowest == 0xffffffffu) return -1;
+    if (r == lowest) r = 0xffffffffu;
+    return static_cast<int>(lowest);
+  }
+};
+template <bool kWide>
+__device__ __forceinline__ TokenRanks<kWide> token_ranks(int r, const MaskedRanks<kWide>& masked) {
+  if constexpr (kWide) {
+    return TokenRanks<true>{r >= 0 && !masked.has(r) ? static_cast<unsigned int>(r) : 0xffffffffu};
+  } else {
+    return TokenRanks<false>{__reduce_or_sync(0xffffffffu, r >= 0 ? 1u << r : 0u) & ~masked.bits};
+  }
 }
 
 // After a timeout waiting for `peer`, later calls skip it (Mooncake EP's rank masking).
@@ -134,21 +190,22 @@ __device__ __forceinline__ void mask_rank(const GroupView& g, int peer) {
 // start of a send phase; its completion is counted into `done_counter` so that no signal leaves this rank before
 // the cleaning is visible (peers may write into the cleaned half as soon as they see this call's signals).
 // `fill`/`fill_count` (optional) is another local array that must be set to -1 before this call's receive phase.
+template <bool kWide>
 __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int32_t* done_counter,
                                                          int32_t* fill = nullptr, int fill_count = 0) {
   if (blockIdx.x != 0) return;
-  int32_t* signals = reinterpret_cast<int32_t*>(other_half_base(g, g.rank));
+  int32_t* signals = reinterpret_cast<int32_t*>(own_other_half(g));
   const int num_ints = static_cast<int>(g.layout.signal_bytes / sizeof(int32_t));
   for (int i = threadIdx.x; i < num_ints; i += blockDim.x) signals[i] = 0;
   // Across hosts: the inbox's other half, and that of every outbox (an issuer sends an outbox's signal only when it
   // is nonzero, so a stale one from two calls ago must not survive).
-  if (g.remote != 0) {
+  if (kWide && !g.remote.empty()) {
     int32_t* inbox = reinterpret_cast<int32_t*>(g.inbox + g.layout.half_bytes * (g.half ^ 1));
     for (int i = threadIdx.x; i < num_ints; i += blockDim.x) inbox[i] = 0;
     const int outbox_ints = static_cast<int>(g.layout.outbox_signal_bytes / sizeof(int32_t));
-    for (unsigned long long bits = g.remote; bits != 0; bits &= bits - 1) {
-      int32_t* outbox =
-          reinterpret_cast<int32_t*>(g.regions[lowest_rank(bits)] + g.layout.outbox_half_bytes * (g.half ^ 1));
+    for (int r = 0; r < g.num_ranks; ++r) {
+      if (!is_remote(g, r)) continue;
+      int32_t* outbox = reinterpret_cast<int32_t*>(region<kWide>(g, r) + g.layout.outbox_half_bytes * (g.half ^ 1));
       for (int i = threadIdx.x; i < outbox_ints; i += blockDim.x) outbox[i] = 0;
     }
   }

@@ -52,15 +52,15 @@ __device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
 }
 
 template <bool kUseFP8, bool kWide>
-__device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWide> masked, int lane, int warp_global,
-                                           int total_warps) {
+__device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<kWide> masked, int lane,
+                                           int warp_global, int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, L = l.num_local_experts;
   const int E = l.num_experts, K = p.num_topk;
-  int32_t* done = reinterpret_cast<int32_t*>(half_base(g, g.rank) + l.dispatch_done_offset);
+  int32_t* done = reinterpret_cast<int32_t*>(own_half(g) + l.dispatch_done_offset);
   // The token map (an output) is reset here, before this call's receive phase fills it.
-  clean_other_half_signals(g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk);
+  clean_other_half_signals<kWide>(g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk);
 
   // Blocks that hold routing warps (see below) first copy topk_idx into shared memory, so that each routing warp
   // scans it at shared-memory latency instead of through dependent rounds of global loads.
@@ -92,7 +92,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWid
     }
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
     const int e_rank = (e >= 0 && e < E) ? static_cast<int>(e / L) : -1;
-    RankSet<kWide> dst_ranks = warp_or_ranks(e_rank >= 0 ? RankSet<kWide>{1} << e_rank : RankSet<kWide>{0}) & ~masked;
+    TokenRanks<kWide> dst_ranks = token_ranks<kWide>(e_rank, masked);
     // message_per_expert (measurement only): one copy per distinct expert of the token on the rank.
     bool first_of_expert = false;
     if (p.message_per_expert) {
@@ -108,7 +108,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWid
     // The token's message in rank r's half (its slot [this rank][t]), or in this rank's outbox for r.
     const size_t msg_offset = g.own.msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes;
     auto msg_of = [&](int r) {
-      return kWide ? dst_half<kWide>(g, r).msg(t, l.dispatch_msg_bytes) : half_base(g, r) + msg_offset;
+      return kWide ? dst_half<kWide>(g, r).msg(t, l.dispatch_msg_bytes) : half_base<kWide>(g, r) + msg_offset;
     };
     if constexpr (kUseFP8) {
       const uint32_t w[8] = {static_cast<uint32_t>(v0.x), static_cast<uint32_t>(v0.y), static_cast<uint32_t>(v0.z),
@@ -133,9 +133,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWid
       const int4 q = make_int4(
           static_cast<int>(fp8x4(f[0], f[1], f[2], f[3])), static_cast<int>(fp8x4(f[4], f[5], f[6], f[7])),
           static_cast<int>(fp8x4(f[8], f[9], f[10], f[11])), static_cast<int>(fp8x4(f[12], f[13], f[14], f[15])));
-      while (dst_ranks != 0) {
-        const int r = lowest_rank(dst_ranks);
-        dst_ranks &= dst_ranks - 1;
+      for (int r = dst_ranks.next(); r >= 0; r = dst_ranks.next()) {
         uint8_t* msg = msg_of(r);
         const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
@@ -147,9 +145,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWid
         if (chunk == 0 && lane == 0) *reinterpret_cast<int4*>(msg) = make_int4(t, 0, 0, 0);
       }
     } else {
-      while (dst_ranks != 0) {
-        const int r = lowest_rank(dst_ranks);
-        dst_ranks &= dst_ranks - 1;
+      for (int r = dst_ranks.next(); r >= 0; r = dst_ranks.next()) {
         uint8_t* msg = msg_of(r);
         const int copies = copies_for(r);
         for (int copy = 0; copy < copies && active; ++copy) {
@@ -172,7 +168,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWid
   // Routing items, handed out from the last warp down so that they land on warps without data items.
   for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
     const int r = e / L, local = e % L;
-    if (is_masked(masked, r)) continue;
+    if (masked.has(r)) continue;
     const DstHalf dst = dst_half<kWide>(g, r);
     int32_t* table = dst.table(local);
     int count = 0;
@@ -209,14 +205,14 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, RankSet<kWid
 }
 
 template <bool kUseFP8, bool kWide>
-__device__ __forceinline__ void recv_phase(const DispatchParams& p, RankSet<kWide> masked, int lane, int warp_global,
-                                           int total_warps) {
+__device__ __forceinline__ void recv_phase(const DispatchParams& p, MaskedRanks<kWide> masked, int lane,
+                                           int warp_global, int total_warps) {
   const GroupView& g = p.g;
   const LowLatencyLayout& l = g.layout;
   const int H = l.hidden, M = l.max_tokens_per_rank, R = g.num_ranks, L = l.num_local_experts;
   const int G = H / kFp8GroupSize;
   const size_t slots = static_cast<size_t>(R) * M;
-  const uint8_t* my_half = half_base(g, g.rank);
+  const uint8_t* my_half = own_half(g);
   const int num_items = L * R;
   const int warps_per_item = max(1, min(kMaxWarpsPerItem, total_warps / num_items));
   const int groups = total_warps / warps_per_item;
@@ -235,9 +231,9 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, RankSet<kWid
     const int local = item / R, s = item % R;
     // Source `src`'s count for this expert (0 when masked, lost or silent), read by one lane.
     auto read_count = [&](int src) {
-      if (src >= R || is_masked(masked, src)) return 0;
+      if (src >= R || masked.has(src)) return 0;
       const int32_t* signal =
-          reinterpret_cast<const int32_t*>(in_half(g, src) + l.dispatch_count_offset) + local * R + src;
+          reinterpret_cast<const int32_t*>(in_half<kWide>(g, src) + l.dispatch_count_offset) + local * R + src;
       int32_t value = 0;
       const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
       const bool ok = bounded_wait(
@@ -259,16 +255,21 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, RankSet<kWid
       return check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, src, local, count, 0, M) ? count
                                                                                                               : 0;
     };
-    // Sources lane and lane + 32 (groups of more than 32 ranks, across hosts).
-    const int count_lo = read_count(lane);
-    const int count_hi = kWide && R > 32 ? read_count(lane + 32) : 0;
-    int begin = __reduce_add_sync(0xffffffffu, lane < s ? count_lo : 0);
-    int total = __reduce_add_sync(0xffffffffu, count_lo);
-    if (kWide && R > 32) {
-      begin += __reduce_add_sync(0xffffffffu, lane + 32 < s ? count_hi : 0);
-      total += __reduce_add_sync(0xffffffffu, count_hi);
+    // Every source's count, a source per lane (32 at a time in a wide group): begin = the counts of lower sources.
+    int begin = 0, total = 0, count = 0;
+    if constexpr (kWide) {
+      for (int first = 0; first < R; first += 32) {
+        const int mine = read_count(first + lane);
+        begin += __reduce_add_sync(0xffffffffu, first + lane < s ? mine : 0);
+        total += __reduce_add_sync(0xffffffffu, mine);
+        if (s >= first && s < first + 32) count = __shfl_sync(0xffffffffu, mine, s - first);
+      }
+    } else {
+      const int mine = read_count(lane);
+      begin = __reduce_add_sync(0xffffffffu, lane < s ? mine : 0);
+      total = __reduce_add_sync(0xffffffffu, mine);
+      count = __shfl_sync(0xffffffffu, mine, s);
     }
-    const int count = __shfl_sync(0xffffffffu, s < 32 ? count_lo : count_hi, s & 31);
     __syncwarp();  // orders the acquiring lanes' loads before every lane's reads of the payload
     if (sub == 0 && lane == 0) {
       p.packed_recv_layout_range[local * R + s] = (static_cast<int64_t>(begin) << 32) | static_cast<uint32_t>(count);
@@ -278,7 +279,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, RankSet<kWid
         atomicAdd(reinterpret_cast<unsigned long long*>(p.expert_load) + local, static_cast<unsigned long long>(count));
       }
     }
-    const uint8_t* from = in_half(g, s);  // this rank's half, or the inbox for a rank on another host
+    const uint8_t* from = in_half<kWide>(g, s);  // this rank's half, or the inbox for a rank on another host
     const int32_t* table =
         reinterpret_cast<const int32_t*>(from + l.dispatch_table_offset) + (static_cast<size_t>(local) * R + s) * M;
     const uint8_t* msgs = from + l.dispatch_msgs_offset + static_cast<size_t>(s) * M * l.dispatch_msg_bytes;
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int total_warps = gridDim.x * kWarpsPerBlock;
   if (threadIdx.x == 0) profile_mark(p.g.profile, 0);
-  const RankSet<kWide> masked = read_masked_ranks<kWide>(p.g);
+  const MaskedRanks<kWide> masked = read_masked_ranks<kWide>(p.g);
   if (sends(p.g)) {
     send_phase<kUseFP8, kWide>(p, masked, lane, warp_global, total_warps);
     if (lane == 0) profile_mark(p.g.profile, 1);

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kIssueWarpsPerBlock * 32)
   Sender out{
       p,   ring_of(p.rings[dst % p.num_rings]), dst, p.rdma_offset + outbox_half, p.rdma_offset + g.half * l.half_bytes,
       true};
-  const uint8_t* staged = g.regions[dst] + g.half * l.outbox_half_bytes;  // the same half of the outbox, mapped
+  const uint8_t* staged = region<true>(g, dst) + g.half * l.outbox_half_bytes;  // the same half of the outbox, mapped
   if (p.step == kStepCombineRows) {
     send_rows(out, staged, lane);
   } else if (lane == 0) {

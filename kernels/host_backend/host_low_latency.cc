@@ -54,14 +54,14 @@ struct View {
   int half;
   int rank;
   int num_ranks;
-  LowLatencySlots own;  // this rank's slots in a full half
-  uint64_t masked = 0;  // bit r: rank r takes no part (ctx.rank_mask, plus peers that timed out in this call)
+  LowLatencySlots own;       // this rank's slots in a full half
+  LowLatencyRankSet masked;  // ranks that take no part (ctx.rank_mask, plus peers that timed out in this call)
 
   uint8_t* OwnHalf(int h) const { return static_cast<uint8_t*>(ctx.peer_regions[rank]) + l.half_bytes * h; }
-  bool Masked(int r) const { return ((masked >> r) & 1ull) != 0; }
+  bool Masked(int r) const { return masked.has(r); }
   // Across hosts (LowLatencyContext::remote_ranks): rank r is on another host; this rank writes its slots of r's half
   // into its outbox for r (compact), and what r sends this rank lands in the inbox.
-  bool Remote(int r) const { return ((ctx.remote_ranks >> r) & 1ull) != 0; }
+  bool Remote(int r) const { return ctx.remote_ranks.has(r); }
   const uint8_t* InHalf(int s) const {
     const void* base = Remote(s) ? ctx.remote_inbox : ctx.peer_regions[rank];
     return static_cast<const uint8_t*>(base) + l.half_bytes * half;
@@ -91,7 +91,7 @@ struct View {
   }
   // A peer that did not answer in time: skipped for the rest of the call and, as on the GPU, in later calls.
   void MaskAfterTimeout(int r) {
-    masked |= 1ull << r;
+    masked.add(r);
     if (ctx.rank_mask != nullptr) internal::StoreRelease(ctx.rank_mask + r, int32_t{1});
   }
 };
@@ -100,7 +100,7 @@ View MakeView(const LowLatencyContext& ctx, int half) {
   View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks, LowLatencySourceSlots(ctx.layout, ctx.rank)};
   if (ctx.rank_mask != nullptr) {
     for (int r = 0; r < ctx.num_ranks; ++r) {
-      if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked |= 1ull << r;
+      if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked.add(r);
     }
   }
   return v;
@@ -140,20 +140,19 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
   std::vector<float> scales(a.use_fp8 ? G : 0);
   // Messages: one per (token, destination rank holding at least one of its experts).
   for (int t = 0; t < a.num_tokens; ++t) {
-    uint64_t dst_ranks = 0;
+    LowLatencyRankSet dst_ranks;
     for (int k = 0; k < K; ++k) {
       const int64_t e = a.topk_idx[static_cast<size_t>(t) * K + k];
-      if (e >= 0 && e < E) dst_ranks |= 1ull << static_cast<int>(e / L);
+      if (e >= 0 && e < E && !v.Masked(static_cast<int>(e / L))) dst_ranks.add(static_cast<int>(e / L));
     }
-    dst_ranks &= ~v.masked;
-    if (dst_ranks == 0) continue;
+    if (dst_ranks.empty()) continue;
     const uint16_t* row = x + static_cast<size_t>(t) * H;
     if (a.use_fp8) internal::QuantizeRowFp8Fast(row, H, a.round_scale, fp8.data(), scales.data());
     const auto msg_field = [&](const LowLatencySlots& s) {
       return s.msgs + static_cast<size_t>(t) * l.dispatch_msg_bytes;
     };
     for (int r = 0; r < v.num_ranks; ++r) {
-      if (((dst_ranks >> r) & 1ull) == 0) continue;
+      if (!dst_ranks.has(r)) continue;
       uint8_t* msg = v.Dst(r, msg_field);
       const int32_t header[4] = {t, 0, 0, 0};
       std::memcpy(msg, header, sizeof(header));
@@ -316,7 +315,7 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
   const int H = l.hidden, M = l.max_tokens_per_rank, R = v.num_ranks;
   // Partial sums per (source rank, token) over this rank's experts, in top-k order.
   // What source s published lands in its own inbox half (InHalf(s)).
-  uint64_t have_weights = 0;
+  LowLatencyRankSet have_weights;
   std::vector<float> acc(H);
   int32_t rows[kLowLatencyMaxTopk];
   float row_weights[kLowLatencyMaxTopk];
@@ -329,7 +328,7 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
         if (map[k] >= 0) rows[num_present++] = map[k];
       }
       if (num_present == 0) continue;
-      if (((have_weights >> s) & 1ull) == 0) {
+      if (!have_weights.has(s)) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
         bool lost = false;
         if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns,
@@ -338,7 +337,7 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
           v.MaskAfterTimeout(s);
           break;
         }
-        have_weights |= 1ull << s;
+        have_weights.add(s);
       }
       num_present = 0;
       for (int k = 0; k < kLowLatencyMaxTopk; ++k) {
@@ -380,15 +379,14 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
   uint16_t* out = static_cast<uint16_t*>(a.combined_x);
   std::vector<float> acc(H);
   for (int t = 0; t < a.num_tokens; ++t) {
-    uint64_t ranks = 0;
+    LowLatencyRankSet ranks;
     for (int k = 0; k < K; ++k) {
       const int64_t e = a.topk_idx[static_cast<size_t>(t) * K + k];
-      if (e >= 0 && e < E) ranks |= 1ull << static_cast<int>(e / L);
+      if (e >= 0 && e < E && !v.Masked(static_cast<int>(e / L))) ranks.add(static_cast<int>(e / L));
     }
-    ranks &= ~v.masked;
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int r = 0; r < R; ++r) {
-      if (((ranks >> r) & 1ull) == 0) continue;
+      if (!ranks.has(r)) continue;
       const uint16_t* recv = reinterpret_cast<const uint16_t*>(v.InHalf(r) + l.combine_recv_offset);
       internal::AddBf16Row(acc.data(), recv + (static_cast<size_t>(t) * R + r) * H, H);
     }

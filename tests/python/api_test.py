@@ -81,16 +81,18 @@ class GroupShapeTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "num_rdma_bytes"):
             deep_ep._group_bytes(64 * mib, 0, False, 4, 2)
         # Low latency across hosts: the layout in NVL, an inbox and an outbox per rank in RDMA; exact for a size from
-        # the hint, else a bound that holds for every shape (checked here up to 64 ranks and down to one token).
+        # the hint, else a bound that holds for every shape (checked here up to 256 ranks and down to one token).
         hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(128, 7168, 4, 288)
         exact = epfabric.required_group_bytes(128, 7168, 9, 288, True, 2, 2)
         self.assertEqual(deep_ep._group_bytes(0, hint, True, 4, 2), (exact[0], exact[1], 0, 0))
         self.assertEqual(exact[0], hint)
         for tokens, hidden, hosts, per_host in ((128, 7168, 2, 2), (128, 7168, 2, 8), (128, 7168, 8, 8),
-                                                (1, 128, 8, 8), (256, 4096, 4, 4)):
+                                                (1, 128, 8, 8), (256, 4096, 4, 4), (128, 7168, 18, 8),
+                                                (1, 128, 32, 8)):
             ranks = hosts * per_host
-            hinted = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, ranks, 256)
-            rdma = epfabric.required_group_bytes(tokens, hidden, 9, 256, True, hosts, per_host)[1]
+            experts = -(-256 // ranks) * ranks  # a multiple of the ranks
+            hinted = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, hidden, ranks, experts)
+            rdma = epfabric.required_group_bytes(tokens, hidden, 9, experts, True, hosts, per_host)[1]
             self.assertLessEqual(rdma, 2 * hinted + 4096 * ranks, (tokens, hidden, ranks))
         with self.assertWarnsRegex(RuntimeWarning, "upper bound"):
             self.assertEqual(deep_ep._group_bytes(0, 3 * mib, True, 4, 2), (3 * mib, 6 * mib + 4 * 4096, 0, 0))

@@ -50,6 +50,7 @@ struct LowLatencyRank {
   int device = 0;
   cudaStream_t stream = nullptr;
   kernels::LowLatencyContext ctx;
+  kernels::LowLatencyRegionTable region_table;  // ctx.peer_region_table of a wide group (more than 8 ranks)
   void* region = nullptr;
   kernels::KernelStatus* status = nullptr;
   int32_t* mask = nullptr;
@@ -143,7 +144,14 @@ class LowLatencyGroup {
       k.ctx.num_blocks = default_num_blocks_;
     }
     for (int r = 0; r < c.num_ranks; ++r) {
-      for (int q = 0; q < c.num_ranks; ++q) ranks_[r].ctx.peer_regions[q] = ranks_[q].region;
+      LowLatencyRank& k = ranks_[r];
+      for (int q = 0; q < c.num_ranks; ++q) k.ctx.peer_regions[q] = ranks_[q].region;
+      if (!kernels::LowLatencyWideGroup(k.ctx)) continue;
+      EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(k.device), "cudaSetDevice"));
+      absl::StatusOr<kernels::LowLatencyRegionTable> table = kernels::LowLatencyRegionTable::Create(k.ctx, k.stream);
+      if (!table.ok()) return table.status();
+      k.region_table = std::move(*table);
+      k.ctx.peer_region_table = k.region_table.get();
     }
     return Sync();
   }

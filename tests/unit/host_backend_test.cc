@@ -225,10 +225,11 @@ std::string RunLowLatency(const LowLatencyCase& c, int ranks_per_host = 0) {
   });
 }
 
-// Across hosts, past one NVLink domain's 8 ranks and past 32 (the upper half of the 64-bit rank sets): what a rank
-// writes for a rank on another host goes through its compact outbox into that rank's inbox (a 4-byte put last).
+// Across hosts, past one NVLink domain's 8 ranks, and past 64 and 128 (the second and third words of the rank sets):
+// what a rank writes for a rank on another host goes through its compact outbox into that rank's inbox (a 4-byte put
+// last).
 TEST(HostLowLatency, RanksOnSeveralHostsThroughOutboxes) {
-  for (const auto& [ranks, per_host] : std::vector<std::pair<int, int>>{{4, 2}, {12, 4}, {40, 8}}) {
+  for (const auto& [ranks, per_host] : std::vector<std::pair<int, int>>{{4, 2}, {12, 4}, {40, 8}, {72, 8}, {136, 8}}) {
     LowLatencyCase c = LLCase(ranks, 6, 256, 2 * ranks, 8, 40 + ranks);
     c.fp8 = ranks != 12;
     c.iterations = 3;

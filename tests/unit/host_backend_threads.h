@@ -113,7 +113,7 @@ class LowLatencyRegions {
     if (ranks_per_host_ > 0) {
       for (int r = 0; r < layout_.num_ranks; ++r) {
         if (r / ranks_per_host_ == rank / ranks_per_host_) continue;
-        ctx.remote_ranks |= 1ull << r;
+        ctx.remote_ranks.add(r);
         ctx.peer_regions[r] = remote_[rank].Outbox(r);
       }
       ctx.remote_inbox = remote_[rank].memory.data;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "epfabric/kernels/low_latency.h"
@@ -192,8 +193,9 @@ TEST(LowLatencyLayout, RejectsBadShapesNamingTheField) {
             "hidden = 7000: must be a positive multiple of 128");
   EXPECT_EQ(MakeLowLatencyLayout(128, 7168, 2, 287).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeLowLatencyLayout(0, 7168, 2, 288).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeLowLatencyLayout(128, 7168, 65, 65 * 4).status().message(), "num_ranks = 65: must be in [1, 64]");
-  EXPECT_TRUE(MakeLowLatencyLayout(128, 7168, 9, 288).ok());  // beyond one host's 8 (across hosts)
+  EXPECT_EQ(MakeLowLatencyLayout(128, 7168, 257, 257).status().message(), "num_ranks = 257: must be in [1, 256]");
+  EXPECT_TRUE(MakeLowLatencyLayout(128, 7168, 9, 288).ok());    // beyond one host's 8 (across hosts)
+  EXPECT_TRUE(MakeLowLatencyLayout(128, 7168, 256, 256).ok());  // 32 hosts of 8
 }
 
 // Across hosts a rank writes its slots of a remote rank's half into a compact outbox: the same fields as its slots
@@ -266,6 +268,41 @@ TEST(LowLatencyValidate, RefusesBeforeLaunch) {
   a.num_topk = 8;
   a.hidden = 2048;
   EXPECT_EQ(ValidateLowLatencyDispatch(ctx, a).message(), "hidden = 2048: differs from the layout's");
+}
+
+// A group across hosts or past one NVLink domain runs the wide kernels, which read the regions from device memory: a
+// context without that table is refused before anything is launched (no GPU needed to see it).
+TEST(LowLatencyValidate, AWideGroupNeedsItsRegionTable) {
+  LowLatencyContext ctx;
+  ctx.num_ranks = 8;
+  EXPECT_FALSE(LowLatencyWideGroup(ctx));
+  ctx.remote_ranks.add(7);
+  EXPECT_TRUE(LowLatencyWideGroup(ctx));
+  ctx = LowLatencyContext{};
+  ctx.num_ranks = 72;
+  EXPECT_TRUE(LowLatencyWideGroup(ctx));
+  ctx.rank = 70;
+  ctx.layout = *MakeLowLatencyLayout(8, 128, 72, 72);
+  int dummy = 0;
+  for (int r = 0; r < 72; ++r) ctx.peer_regions[r] = &dummy;
+  KernelStatus status{};
+  ctx.status = &status;
+  LowLatencyDispatchArgs a;
+  a.x = &dummy;
+  a.topk_idx = reinterpret_cast<const int64_t*>(&dummy);
+  a.num_tokens = 8;
+  a.num_topk = 2;
+  a.hidden = 128;
+  a.max_tokens_per_rank = 8;
+  a.num_experts = 72;
+  a.packed_recv_x = a.packed_recv_x_scales = &dummy;
+  a.packed_recv_count = a.packed_recv_src_info = a.packed_recv_topk_slot = &dummy;
+  a.packed_recv_layout_range = reinterpret_cast<int64_t*>(&dummy);
+  a.packed_recv_token_map = &dummy;
+  ASSERT_TRUE(ValidateLowLatencyDispatch(ctx, a).ok());
+  const absl::Status refused = LowLatencyDispatch(ctx, a, nullptr);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("peer_region_table is null"));
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ struct LowLatencyContext {
   // Base of every rank's region as mapped in this process (index = rank; peer_regions[rank] is this rank's own).
   // Each region is one contiguous allocation of layout.total_bytes, zeroed before first use.
   void* peer_regions[kMaxLowLatencyRanks] = {};
+  // CUDA, groups the kernels treat as wide (LowLatencyWideGroup: across hosts or past kMaxNvlPeers ranks): device
+  // memory holding peer_regions[0 .. num_ranks), where the kernels read the addresses (their launch parameters hold
+  // kMaxNvlPeers). LowLatencyRegionTable makes one. Not used by the host backend.
+  void* const* peer_region_table = nullptr;
   LowLatencyLayout layout;
   // Optional device int32[num_ranks]: a nonzero entry masks that rank (no data is sent to it, nothing is awaited
   // from it, its expert outputs count as zero). A kernel that times out waiting for a rank sets its entry.
@@ -54,15 +58,37 @@ struct LowLatencyContext {
   // and masks the rank (as a timeout does, but without failing the call). Device-readable for CUDA.
   const uint64_t* lost_ranks = nullptr;
   uint64_t lost_ignore[kLostRankWords] = {};  // see IntranodeGroup::lost_ignore
-  // Across hosts: bit r set = rank r is on another host. For such a rank peer_regions[r] is this rank's outbox for
-  // it (two halves of layout.outbox_half_bytes) in its RDMA region, and what r sends this rank is read from
+  // Across hosts: remote_ranks holds the ranks on other hosts. For such a rank r, peer_regions[r] is this rank's
+  // outbox for it (two halves of layout.outbox_half_bytes) in its RDMA region, and what r sends this rank is read from
   // remote_inbox (the full layout, halves only) instead of peer_regions[rank]. The host backend calls remote_put (when
   // set) after every write into an outbox; without it the calling thread (cuda's relay) or an issue kernel sends the
   // staged bytes after each step.
-  uint64_t remote_ranks = 0;
+  LowLatencyRankSet remote_ranks;
   void* remote_inbox = nullptr;
   LowLatencyRemotePut remote_put = nullptr;
   void* remote_put_arg = nullptr;
+};
+
+// Whether the kernels take `ctx`'s group as wide (their second instantiation: ranks on other hosts, or more than
+// kMaxNvlPeers ranks), which needs ctx.peer_region_table on CUDA.
+bool LowLatencyWideGroup(const LowLatencyContext& ctx);
+
+// Device memory holding a context's peer_regions (LowLatencyContext::peer_region_table), freed with this object.
+class LowLatencyRegionTable {
+ public:
+  // On the current device: `ctx.peer_regions[0 .. ctx.num_ranks)` as they are now, copied on `stream` (waited for;
+  // a non-blocking stream keeps the copy from waiting for other streams' kernels, e.g. another rank's in this process).
+  static absl::StatusOr<LowLatencyRegionTable> Create(const LowLatencyContext& ctx, cudaStream_t stream);
+  LowLatencyRegionTable() = default;
+  LowLatencyRegionTable(LowLatencyRegionTable&& other) noexcept : table_(other.table_) { other.table_ = nullptr; }
+  LowLatencyRegionTable& operator=(LowLatencyRegionTable&& other) noexcept;
+  LowLatencyRegionTable(const LowLatencyRegionTable&) = delete;
+  LowLatencyRegionTable& operator=(const LowLatencyRegionTable&) = delete;
+  ~LowLatencyRegionTable();
+  void* const* get() const { return table_; }
+
+ private:
+  void** table_ = nullptr;
 };
 
 // Which phases a launch runs. kSendAndRecv is the ordinary call; with a receive hook the caller launches kSend,

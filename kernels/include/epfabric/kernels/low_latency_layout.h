@@ -18,9 +18,32 @@ inline constexpr int kUe8m0ScalesPerInt32 = 4;
 inline constexpr size_t kLowLatencyMessageHeaderBytes = 16;
 // Largest number of tokens per rank: routing entries pack the token index into 16 bits.
 inline constexpr int kLowLatencyMaxTokensPerRank = 65535;
-// Largest group in low-latency mode: the kernels keep a rank set in 64-bit masks. Within one host the NVLink domain
-// (kMaxNvlPeers) is the limit; across hosts, this.
-inline constexpr int kMaxLowLatencyRanks = 64;
+// Largest group in low-latency mode across hosts (within one host the NVLink domain, kMaxNvlPeers, is the limit): the
+// daemon's lost-ranks words cover as many (kMaxLostRanks), and the kernels' per-rank signal loops take one thread per
+// rank of a block.
+inline constexpr int kMaxLowLatencyRanks = 256;
+
+// A set of group ranks, for groups of up to kMaxLowLatencyRanks: bit r % 64 of words[r / 64]. Device-safe (the
+// kernels' launch parameters carry one).
+struct LowLatencyRankSet {
+  uint64_t words[kMaxLowLatencyRanks / 64] = {};
+
+  constexpr bool has(int r) const { return ((words[r >> 6] >> (r & 63)) & 1u) != 0; }
+  constexpr void add(int r) { words[r >> 6] |= uint64_t{1} << (r & 63); }
+  constexpr void remove(int r) { words[r >> 6] &= ~(uint64_t{1} << (r & 63)); }
+  constexpr bool empty() const {
+    for (uint64_t w : words) {
+      if (w != 0) return false;
+    }
+    return true;
+  }
+  // Ranks 0 .. n-1.
+  static constexpr LowLatencyRankSet First(int n) {
+    LowLatencyRankSet set;
+    for (int r = 0; r < n; ++r) set.add(r);
+    return set;
+  }
+};
 
 // Where one source rank's slots lie inside a half, as offsets from the half's start: in a full half (a rank's region
 // or an inbox, where every source has slots) for a given source, or in an outbox (one source only: this rank's part
