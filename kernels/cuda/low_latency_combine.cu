@@ -228,7 +228,18 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<k
   for (int item = warp_global; item < p.num_tokens * slices; item += total_warps) {
     const int t = item / slices, slice = item % slices;
     const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-    const TokenRanks<kWide> ranks = token_ranks<kWide>((e >= 0 && e < E) ? static_cast<int>(e / L) : -1, skip);
+    TokenRanks<kWide> ranks = token_ranks<kWide>((e >= 0 && e < E) ? static_cast<int>(e / L) : -1, skip);
+    // Wide: the token's ranks in increasing order, taken here by the whole warp (next() is a warp collective, and the
+    // lanes' loop over the slice below may diverge).
+    int order[kLowLatencyMaxTopk];
+    int num_parts = 0;
+    if constexpr (kWide) {
+#pragma unroll
+      for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
+        order[j] = num_parts == j ? ranks.next() : -1;
+        if (order[j] >= 0) ++num_parts;
+      }
+    }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
     for (int v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -260,23 +271,17 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<k
         }
       } else {
         // Any group: the token's ranks (at most kLowLatencyMaxTopk) in rank order, eight at a time.
-        TokenRanks<kWide> rest = ranks;
-        bool more = true;
-        while (more) {
-          uint32_t loaded = 0;
+        static_assert(kLowLatencyMaxTopk % kMaxNvlPeers == 0);
+#pragma unroll
+        for (int round = 0; round < kLowLatencyMaxTopk / kMaxNvlPeers; ++round) {
+          if (round * kMaxNvlPeers >= num_parts) break;
 #pragma unroll
           for (int j = 0; j < kMaxNvlPeers; ++j) {
-            const int r = more ? rest.next() : -1;
-            if (r >= 0) {
-              parts[j] = part(r);
-              loaded |= 1u << j;
-            } else {
-              more = false;
-            }
+            if (round * kMaxNvlPeers + j < num_parts) parts[j] = part(order[round * kMaxNvlPeers + j]);
           }
 #pragma unroll
           for (int j = 0; j < kMaxNvlPeers; ++j) {
-            if ((loaded >> j) & 1u) add(parts[j]);
+            if (round * kMaxNvlPeers + j < num_parts) add(parts[j]);
           }
         }
       }
