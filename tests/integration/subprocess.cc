@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -41,23 +43,58 @@ std::string MakeTempDir() {
   return pattern;
 }
 
+// The child dies with the test: a test process killed by a signal (a timeout's SIGTERM or SIGKILL, ^C) runs no
+// destructor, and its daemons and workers would otherwise live on and load the machine for the tests after it (40
+// daemons did, session 12). PR_SET_PDEATHSIG fires when the thread that forked exits, so children are started from
+// threads that outlive them (every test here starts them from its main thread). Between fork and exec the child calls
+// only async-signal-safe functions (the test process has threads).
 absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv) {
   Subprocess process;
   process.dir_ = MakeTempDir();
   if (process.dir_.empty()) return absl::InternalError("mkdtemp failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, (process.dir_ + "/stdout").c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, (process.dir_ + "/stderr").c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::string out_path = process.dir_ + "/stdout", err_path = process.dir_ + "/stderr";
   std::vector<char*> args;
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
-  const int rc = posix_spawn(&process.pid_, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return absl::InternalError(absl::StrCat("posix_spawn ", argv[0], ": ", strerror(rc)));
+  // A close-on-exec pipe tells the parent why the child could not start (nothing arrives once exec succeeded).
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int fork_errno = errno;
+    close(report[0]);
+    close(report[1]);
+    return absl::InternalError(absl::StrCat("fork for ", argv[0], ": ", strerror(fork_errno)));
+  }
+  if (pid == 0) {
+    close(report[0]);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(126);  // the test is already gone
+    const int in = open("/dev/null", O_RDONLY);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in >= 0 && out >= 0 && err >= 0 && dup2(in, STDIN_FILENO) >= 0 && dup2(out, STDOUT_FILENO) >= 0 &&
+        dup2(err, STDERR_FILENO) >= 0) {
+      execve(args[0], args.data(), environ);
+    }
+    const int child_errno = errno;
+    (void)!write(report[1], &child_errno, sizeof(child_errno));
+    _exit(127);
+  }
+  close(report[1]);
+  int child_errno = 0;
+  ssize_t got;
+  do {
+    got = read(report[0], &child_errno, sizeof(child_errno));
+  } while (got < 0 && errno == EINTR);
+  close(report[0]);
+  process.pid_ = pid;
+  if (got == static_cast<ssize_t>(sizeof(child_errno))) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    process.exit_code_ = DecodeStatus(status);
+    return absl::InternalError(absl::StrCat("starting ", argv[0], ": ", strerror(child_errno)));
+  }
   return process;
 }
 
