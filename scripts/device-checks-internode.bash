@@ -43,7 +43,9 @@ kill_case() {
   "$epctl" --socket="$dir/d0.sock" delete-group --group="$name" --token="$token" >/dev/null || status=1
 }
 
-# run_internode [all|device]: every case (default), or only the low-latency cases issued from the device.
+# run_internode [all|device|relay|wide]: every case (default), only the low-latency cases issued from the device or
+# relayed, or (wide) two small low-latency cases, relayed and device-issued, meant for large groups (e.g.
+# EPF_HOSTS=9 EPF_RANKS_PER_HOST=8: 72 daemons and workers, past the rank sets' first 64-bit word).
 run_internode() {
   local only=${1:-all}
   local dir pids=() r rc epctl=$BUNDLE/bin/epctl worker=$BUNDLE/bin/epfabric_worker
@@ -107,6 +109,19 @@ run_internode() {
       "$epctl" --socket="$dir/d$((world - 1)).sock" --service=epfabric.v1.Fabric health >/dev/null 2>&1 && break
       sleep 0.1
     done
+    # Every member up as rank 0 sees it (a large fabric takes a while to form), at most 120 s.
+    local up=0
+    for _ in $(seq 240); do
+      up=$("$epctl" --socket="$dir/d0.sock" fabric 2>/dev/null | grep -cE '^  [0-9]+ +UP ')
+      ((up == world)) && break
+      sleep 0.5
+    done
+    echo "fabric: $up of $world members up"
+    if [[ $only == wide ]]; then
+      local wide=(--mode=low_latency --repeats=2 --timeout_ms=120000 --tokens=8 --hidden=256 --topk=8 --experts=$e16)
+      internode_case wide-relay no "${wide[@]}" --hooks --fp8 --seed=61
+      internode_case wide-device no "${wide[@]}" --low_latency_issue=device --seed=62
+    fi
     local common=(--mode=normal --repeats=3 --cached --timeout_ms=60000)
     if [[ $only == all || $only == relay ]]; then
     [[ $only == all ]] && {
@@ -142,7 +157,7 @@ run_internode() {
     # Low latency across hosts issued from the device (decision 84): the kernels put and wait, nothing waits on the
     # host, so the calls can be captured into CUDA graphs (the graph cases replay a captured dispatch and combine
     # every round with new inputs).
-    if [[ $only != relay ]]; then
+    if [[ $only == all || $only == device ]]; then
     local dev=(--mode=low_latency --low_latency_issue=device --timeout_ms=60000)
     internode_case dev-fp8 no "${dev[@]}" --repeats=4 --hooks --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --fp8 \
       --seed=41
@@ -166,6 +181,7 @@ run_internode() {
   local cases=23 memchecks=3
   [[ $only == device ]] && cases=7 memchecks=1
   [[ $only == relay ]] && cases=7 memchecks=1  # 6 relayed low-latency cases + both
+  [[ $only == wide ]] && cases=2 memchecks=0
   [[ $(grep -c " ok=1 " "$OUT/internode.txt") -ge $((cases * world)) ]] ||
     { echo "internode: not every worker passed"; status=1; }
   [[ $(grep -c "ERROR SUMMARY: 0 errors" "$OUT/internode.txt") -ge $memchecks ]] ||
