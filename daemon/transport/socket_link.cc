@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -40,7 +41,13 @@ class Connection {
         address_(std::move(address)),
         options_(options),
         peer_(absl::StrCat("group '", setup.group, "' rank ", dest_rank, " (channel ", channel, ", ", address_, ")")) {
-    sender_ = std::thread([this] { Send(); });
+    // A host can run out of threads (three per peer and channel on this wire, both sides counted: a group of many
+    // ranks with several channels needs thousands): the connection then fails with the reason instead of the daemon.
+    try {
+      sender_ = std::thread([this] { Send(); });
+    } catch (const std::system_error& e) {
+      Fail(OutOfThreads("sender", e));
+    }
   }
   ~Connection() { Shutdown(); }
 
@@ -86,6 +93,13 @@ class Connection {
     for (uint64_t cookie : cookies) setup_.sink->Complete(cookie, failed);
   }
 
+  absl::Status OutOfThreads(const char* role, const std::system_error& e) const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        peer_, ": cannot start its ", role, " thread (", e.what(),
+        "): this host has too many threads; the socket wire takes three per (peer rank, channel): fewer transport "
+        "channels (CreateGroup's transport_channels) or the verbs wire"));
+  }
+
   absl::Status Handshake(int fd) {
     Hello hello = {};
     hello.magic = kHelloMagic;
@@ -123,7 +137,11 @@ class Connection {
       if (!failed_.ok()) return;
     }
     if (absl::Status shaken = Handshake(*fd); !shaken.ok()) return Fail(shaken);
-    acker_ = std::thread([this, fd = *fd] { Acknowledge(fd); });
+    try {
+      acker_ = std::thread([this, fd = *fd] { Acknowledge(fd); });
+    } catch (const std::system_error& e) {
+      return Fail(OutOfThreads("acknowledgement", e));
+    }
     std::unique_ptr<RegionIo> io;
     uint64_t seq = 0;
     while (true) {
@@ -214,14 +232,10 @@ class SocketLink final : public GroupLink {
       absl::MutexLock lock(&local_mutex_);
       local_ = std::move(local);
     }
+    absl::MutexLock lock(&connections_mutex_);
+    addresses_.clear();
+    for (const v1::TransportEndpoint& member : members) addresses_.push_back(member.data_address());
     connections_.resize(static_cast<size_t>(setup_.world) * setup_.channels);
-    for (int rank = 0; rank < setup_.world; ++rank) {
-      if (rank == setup_.self_rank) continue;
-      for (int c = 0; c < setup_.channels; ++c) {
-        connections_[rank * setup_.channels + c] =
-            std::make_unique<Connection>(setup_, rank, c, members[rank].data_address(), options_);
-      }
-    }
     return absl::OkStatus();
   }
 
@@ -253,23 +267,49 @@ class SocketLink final : public GroupLink {
   }
 
   void Shutdown() override {
-    for (auto& connection : connections_) {
-      if (connection != nullptr) connection->Shutdown();
+    // Not under the lock: a connection's shutdown completes its commands (the sink), while a proxy thread may be
+    // waiting in Route for the lock. No connection is made after this, and none is destroyed before the link.
+    std::vector<Connection*> made;
+    {
+      absl::MutexLock lock(&connections_mutex_);
+      shut_down_ = true;
+      for (auto& connection : connections_) {
+        if (connection != nullptr) made.push_back(connection.get());
+      }
     }
+    for (Connection* connection : made) connection->Shutdown();
   }
 
  private:
+  // A (rank, channel) connection is made when its first command comes: the paths use few of them (normal mode one
+  // peer per host on one ring, low latency one ring per rank on another host), and each costs three threads across
+  // the two daemons, so a group of many ranks would otherwise start thousands (72 ranks x 4 channels ran a host out
+  // of threads).
   void Route(int channel, int dst_rank, const Item& item) {
     const size_t at = static_cast<size_t>(dst_rank) * setup_.channels + channel;
-    if (at >= connections_.size() || connections_[at] == nullptr) {
+    Connection* connection = nullptr;
+    {
+      absl::MutexLock lock(&connections_mutex_);
+      if (!shut_down_ && at < connections_.size() && dst_rank >= 0 && dst_rank != setup_.self_rank) {
+        if (connections_[at] == nullptr) {
+          connections_[at] = std::make_unique<Connection>(setup_, dst_rank, channel, addresses_[dst_rank], options_);
+        }
+        connection = connections_[at].get();
+      }
+    }
+    if (connection == nullptr) {
       return setup_.sink->Complete(item.cookie, absl::FailedPreconditionError("transport: not connected"));
     }
-    connections_[at]->Enqueue(item);
+    connection->Enqueue(item);  // a connection lives until the link is destroyed
   }
 
   const GroupSetup setup_;
   const LinkOptions options_;
-  std::vector<std::unique_ptr<Connection>> connections_;  // [rank * channels + channel]; null for this member
+  absl::Mutex connections_mutex_;
+  std::vector<std::string> addresses_ ABSL_GUARDED_BY(connections_mutex_);  // [rank]: its data address
+  // [rank * channels + channel], made on first use; null for this member.
+  std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(connections_mutex_);
+  bool shut_down_ ABSL_GUARDED_BY(connections_mutex_) = false;
   absl::Mutex local_mutex_;
   std::unique_ptr<RegionIo> local_ ABSL_GUARDED_BY(local_mutex_);
 };

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -194,7 +195,16 @@ class SocketWireImpl final : public SocketWire {
         }
         ++receivers_;
       }
-      std::thread([this, fd] { Receive(fd); }).detach();
+      try {
+        std::thread([this, fd] { Receive(fd); }).detach();
+      } catch (const std::system_error& e) {
+        // Out of threads: the peer's connection fails (its issuer reports the rank), this daemon stays up.
+        Logger("transport")->warn("refused a data connection: cannot start a receiver thread ({})", e.what());
+        close(fd);
+        absl::MutexLock lock(&mutex_);
+        --receivers_;
+        ++counters_.connections_refused;
+      }
     }
   }
 
