@@ -188,6 +188,6 @@ run_internode() {
     { echo "internode: no clean memcheck summary"; status=1; }
   for pid in "${pids[@]}"; do kill -TERM "$pid"; done
   for pid in "${pids[@]}"; do rc=0; wait "$pid" || rc=$?; [[ $rc -eq 0 ]] || status=1; done
-  grep -h -i "error\|warn" "$dir"/daemon*.log | head -20 >>"$OUT/internode.txt"
+  grep -h -i "error\|warn\|terminate\|what()" "$dir"/daemon*.log | head -20 >>"$OUT/internode.txt"
   rm -rf "$dir"
 }
