@@ -84,7 +84,7 @@ run_internode() {
         { echo "$name: --region_bytes failed"; status=1; return; }
     fi
     # $EPF_CHANNELS: the group's transport channels (default: the daemon's, 4).
-    token=$("$epctl" --socket="$dir/d0.sock" create-group --group="$name" --ranks="$ranks" "${mode[@]}" \
+    token=$("$epctl" --socket="$dir/d0.sock" --timeout_ms=60000 create-group --group="$name" --ranks="$ranks" "${mode[@]}" \
       --nvl_bytes="${bytes% *}" --rdma_bytes="${bytes#* }" --transport_channels="${EPF_CHANNELS:-0}" |
       awk '/^token/{print $2}')
     [[ -n $token ]] || { echo "$name: create-group failed"; status=1; return; }
@@ -101,7 +101,7 @@ run_internode() {
       grep -E "EPF_RESULT|ERROR SUMMARY|Error" "$dir/$name.$r.out" | head -5
       [[ $rc -eq 0 ]] || { echo "$name rank $r: exit $rc"; tail -20 "$dir/$name.$r.out"; status=1; }
     done
-    "$epctl" --socket="$dir/d0.sock" delete-group --group="$name" --token="$token" >/dev/null || true
+    "$epctl" --socket="$dir/d0.sock" --timeout_ms=60000 delete-group --group="$name" --token="$token" >/dev/null || true
   }
   {
     echo "internode: $hosts hosts x $per_host ranks"
