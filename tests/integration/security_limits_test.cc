@@ -215,17 +215,6 @@ TEST(Limits, GroupQuotaAndClippedNames) {
   EXPECT_LT(status.error_message().size(), 400u);
 }
 
-int Threads(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    int threads = 0;
-    if (absl::StartsWith(line, "Threads:") && absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &threads))
-      return threads;
-  }
-  return -1;
-}
-
 double CpuSeconds(pid_t pid) {
   std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
   std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
@@ -255,13 +244,13 @@ TEST(Limits, ConnectionFloodsAreCappedAndTheDaemonRecovers) {
   const pid_t pid = (*daemon)->process().pid();
   RunResult limited = RunBinary({"/usr/bin/prlimit", absl::StrCat("--pid=", pid), "--nofile=160:160"});
   ASSERT_EQ(limited.exit_code, 0) << limited.err;
-  const int threads_before = Threads(pid);
+  const int threads_before = (*daemon)->process().Threads();
   const double cpu_before = CpuSeconds(pid);
   std::vector<common::UniqueFd> side = Flood((*daemon)->socket() + ".fds", 300);
   std::vector<common::UniqueFd> main = Flood((*daemon)->socket(), 300);
   absl::SleepFor(absl::Seconds(2));
   const double cpu = CpuSeconds(pid) - cpu_before;
-  const int threads = Threads(pid);
+  const int threads = (*daemon)->process().Threads();
   std::cout << "[ FLOOD    ] 300+300 connections: daemon threads " << threads_before << " -> " << threads << ", CPU "
             << cpu << " s in 2 s, stderr " << (*daemon)->process().Stderr().size() << " bytes\n";
   EXPECT_TRUE((*daemon)->process().running());

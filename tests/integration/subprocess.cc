@@ -13,7 +13,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 
 extern char** environ;
@@ -151,6 +154,17 @@ RunResult RunBinary(const std::vector<std::string>& argv, absl::Duration timeout
   result.out = process->Stdout();
   result.err = process->Stderr();
   return result;
+}
+
+int Subprocess::Threads() const {
+  std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    int threads = 0;
+    if (absl::StartsWith(line, "Threads:") && absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &threads))
+      return threads;
+  }
+  return -1;
 }
 
 }  // namespace epfabric::testing

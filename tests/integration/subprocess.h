@@ -30,6 +30,8 @@ class Subprocess {
   std::string Stdout() const;
   std::string Stderr() const;
   pid_t pid() const { return pid_; }
+  // The process' thread count now (/proc/<pid>/status), -1 when it cannot be read.
+  int Threads() const;
 
  private:
   Subprocess() = default;

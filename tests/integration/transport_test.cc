@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -198,33 +197,21 @@ TEST_F(TransportTest, RandomCommandsOnEveryChannelMatchTheModel) {
   RunAll("conformance", token, {"--commands=6250", "--seed=11"});
 }
 
-// /proc/<pid>/status's thread count, -1 when unreadable.
-int Threads(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    int threads = 0;
-    if (absl::StartsWith(line, "Threads:") && absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &threads))
-      return threads;
-  }
-  return -1;
-}
-
 // The socket wire makes a (rank, channel) connection on its first command: creating a group starts none of the three
 // threads each costs across the two daemons (all 3 peers x 4 channels would be 24 issuer threads on every daemon at
 // once: groups of many ranks ran a host out of threads), and commands to every peer on every channel still land.
 TEST_F(TransportTest, ConnectionsAreMadeOnFirstUse) {
-  const pid_t daemon = fabric_->daemon(0).process().pid();
-  const int before = Threads(daemon);
+  const Subprocess& daemon = fabric_->daemon(0).process();
+  const int before = daemon.Threads();
   auto bytes = RegionBytes({"--world=4", "--channels=4"});
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   const std::string token = CreateGroup("lazy", {0, 1, 2, 3}, *bytes);
   absl::SleepFor(absl::Milliseconds(200));  // what eager connections would have started by now
-  const int after = Threads(daemon);
+  const int after = daemon.Threads();
   ASSERT_GT(before, 0);
   EXPECT_LT(after - before, 6) << "threads before the group " << before << ", after " << after;
   RunAll("lazy", token, {"--commands=400", "--seed=13"});
-  EXPECT_GT(Threads(daemon) - before, 6) << "the commands used every peer and channel";
+  EXPECT_GT(daemon.Threads() - before, 6) << "the commands used every peer and channel";
 }
 
 // Rings of 16 slots: issuers keep finding them full and wait for the proxy. The group's name has the longest length

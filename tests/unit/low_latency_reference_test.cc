@@ -236,6 +236,23 @@ TEST(LowLatencyLayout, TheOutboxHoldsOneSourcesSlotsCompactly) {
   }
 }
 
+// Dispatch arguments of that shape whose every pointer is `dummy` (checks that run before a launch only).
+LowLatencyDispatchArgs ArgsPointingAt(int* dummy, int tokens, int topk, int hidden, int max_tokens, int experts) {
+  LowLatencyDispatchArgs a;
+  a.x = dummy;
+  a.topk_idx = reinterpret_cast<const int64_t*>(dummy);
+  a.num_tokens = tokens;
+  a.num_topk = topk;
+  a.hidden = hidden;
+  a.max_tokens_per_rank = max_tokens;
+  a.num_experts = experts;
+  a.packed_recv_x = a.packed_recv_x_scales = dummy;
+  a.packed_recv_count = a.packed_recv_src_info = a.packed_recv_topk_slot = dummy;
+  a.packed_recv_layout_range = reinterpret_cast<int64_t*>(dummy);
+  a.packed_recv_token_map = dummy;
+  return a;
+}
+
 TEST(LowLatencyValidate, RefusesBeforeLaunch) {
   LowLatencyContext ctx;
   ctx.num_ranks = 2;
@@ -244,18 +261,7 @@ TEST(LowLatencyValidate, RefusesBeforeLaunch) {
   ctx.peer_regions[0] = ctx.peer_regions[1] = &dummy;
   KernelStatus status{};
   ctx.status = &status;
-  LowLatencyDispatchArgs a;
-  a.x = &dummy;
-  a.topk_idx = reinterpret_cast<const int64_t*>(&dummy);
-  a.num_tokens = 129;
-  a.num_topk = 8;
-  a.hidden = 4096;
-  a.max_tokens_per_rank = 128;
-  a.num_experts = 16;
-  a.packed_recv_x = a.packed_recv_x_scales = &dummy;
-  a.packed_recv_count = a.packed_recv_src_info = a.packed_recv_topk_slot = &dummy;
-  a.packed_recv_layout_range = reinterpret_cast<int64_t*>(&dummy);
-  a.packed_recv_token_map = &dummy;
+  LowLatencyDispatchArgs a = ArgsPointingAt(&dummy, 129, 8, 4096, 128, 16);
   EXPECT_EQ(ValidateLowLatencyDispatch(ctx, a).message(), "num_tokens = 129: must be in [0, max_tokens_per_rank]");
   a.num_tokens = 128;
   EXPECT_TRUE(ValidateLowLatencyDispatch(ctx, a).ok());
@@ -287,18 +293,7 @@ TEST(LowLatencyValidate, AWideGroupNeedsItsRegionTable) {
   for (int r = 0; r < 72; ++r) ctx.peer_regions[r] = &dummy;
   KernelStatus status{};
   ctx.status = &status;
-  LowLatencyDispatchArgs a;
-  a.x = &dummy;
-  a.topk_idx = reinterpret_cast<const int64_t*>(&dummy);
-  a.num_tokens = 8;
-  a.num_topk = 2;
-  a.hidden = 128;
-  a.max_tokens_per_rank = 8;
-  a.num_experts = 72;
-  a.packed_recv_x = a.packed_recv_x_scales = &dummy;
-  a.packed_recv_count = a.packed_recv_src_info = a.packed_recv_topk_slot = &dummy;
-  a.packed_recv_layout_range = reinterpret_cast<int64_t*>(&dummy);
-  a.packed_recv_token_map = &dummy;
+  LowLatencyDispatchArgs a = ArgsPointingAt(&dummy, 8, 2, 128, 8, 72);
   ASSERT_TRUE(ValidateLowLatencyDispatch(ctx, a).ok());
   const absl::Status refused = LowLatencyDispatch(ctx, a, nullptr);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
