@@ -439,6 +439,12 @@ absl::Status LowLatencyResetRegion(const LowLatencyContext& ctx) {
     if (ctx.remote_inbox != nullptr) {
       std::memset(static_cast<uint8_t*>(ctx.remote_inbox) + half * ctx.layout.half_bytes, 0, ctx.layout.signal_bytes);
     }
+    // The outboxes' signals too, as the cuda paths' resets do: a relay sends a staged signal that is nonzero.
+    for (int r = 0; r < ctx.num_ranks; ++r) {
+      if (!ctx.remote_ranks.has(r) || ctx.peer_regions[r] == nullptr) continue;
+      std::memset(static_cast<uint8_t*>(ctx.peer_regions[r]) + half * ctx.layout.outbox_half_bytes, 0,
+                  ctx.layout.outbox_signal_bytes);
+    }
   }
   return absl::OkStatus();
 }

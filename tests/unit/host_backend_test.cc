@@ -1,7 +1,9 @@
 // The host backend with ranks as threads over malloc'ed regions: every data-path operation compared element by
 // element with the host references (intranode_reference, low_latency_reference) on fresh random inputs, edge cases,
 // back-to-back calls, and a rank that never takes part (bounded wait, error naming it, clean call afterwards).
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -234,6 +236,29 @@ TEST(HostLowLatency, RanksOnSeveralHostsThroughOutboxes) {
     c.fp8 = ranks != 12;
     c.iterations = 3;
     EXPECT_EQ(RunLowLatency(c, per_host), "") << ranks << " ranks, " << per_host << " per host";
+  }
+}
+
+// A reset clears every signal a later call could take for this call's: both halves of the own region and of the inbox,
+// and of the outbox for every rank on another host (what a relay sends when it finds it nonzero).
+TEST(HostLowLatency, ResetClearsTheInboxAndOutboxSignals) {
+  const LowLatencyCase c = LLCase(4, 4, 256, 8, 2, 50);
+  LowLatencyRegions regions(c, /*ranks_per_host=*/2);
+  const LowLatencyContext ctx = regions.Context(0);
+  const LowLatencyLayout& l = regions.layout();
+  std::vector<std::pair<uint8_t*, size_t>> signals;
+  for (int half = 0; half < 2; ++half) {
+    signals.push_back({static_cast<uint8_t*>(ctx.peer_regions[0]) + half * l.half_bytes, l.signal_bytes});
+    signals.push_back({static_cast<uint8_t*>(ctx.remote_inbox) + half * l.half_bytes, l.signal_bytes});
+    for (int r : {2, 3}) {
+      signals.push_back(
+          {static_cast<uint8_t*>(ctx.peer_regions[r]) + half * l.outbox_half_bytes, l.outbox_signal_bytes});
+    }
+  }
+  for (const auto& [at, bytes] : signals) std::memset(at, 0x5a, bytes);
+  ASSERT_TRUE(host_backend::LowLatencyResetRegion(ctx).ok());
+  for (const auto& [at, bytes] : signals) {
+    EXPECT_EQ(std::count(at, at + bytes, 0), static_cast<std::ptrdiff_t>(bytes)) << "a signal range kept its bytes";
   }
 }
 
