@@ -136,7 +136,7 @@ run_internode() {
     internode_case memcheck memcheck --mode=normal --repeats=1 --cached --timeout_ms=120000 --tokens=16 --hidden=256 \
       --topk=4 --experts=$e16 --seed=8
     }
-    # Low latency across hosts: the cuda relay (odd rounds through the receive hooks); up to 64 ranks in all.
+    # Low latency across hosts: the cuda relay (odd rounds through the receive hooks); up to 256 ranks in all.
     local ll=(--mode=low_latency --repeats=4 --hooks --timeout_ms=60000)
     internode_case ll-fp8 no "${ll[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --fp8 --seed=21
     internode_case ll-bf16 no "${ll[@]}" --tokens=64 --hidden=1024 --topk=8 --experts=$e32 --empty_fraction=0.6 --seed=22

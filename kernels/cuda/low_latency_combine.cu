@@ -81,7 +81,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
   const int slice_int4 = (row_int4 + slices - 1) / slices;
   const int num_items = num_rows * slices;
   // The source whose weights this warp saw arrive last (a warp's items are mostly of one source; one register, not
-  // a set of 64 ranks, for this register-bound loop).
+  // a rank set, for this register-bound loop).
   int weights_seen = -1;
   int items_done = 0;
   for (int item = warp_global; item < num_items; item += total_warps) {

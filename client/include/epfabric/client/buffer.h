@@ -115,7 +115,7 @@ struct BufferConfig {
 };
 
 // `num_nvl_ranks`: the ranks of one NVLink domain (at most 8); in low-latency mode the region holds the layout over
-// the whole group, so the group's ranks (at most 64, across hosts).
+// the whole group, so the group's ranks (at most kMaxLowLatencyRanks, 256, across hosts).
 absl::StatusOr<uint64_t> RequiredRegionBytes(const BufferConfig& config, int num_nvl_ranks);
 
 // A normal-mode group over `num_hosts` hosts of `ranks_per_host` ranks each (rank = host * ranks_per_host + local
