@@ -323,7 +323,30 @@ epf_status epf_buffer_create(epf_lease* lease, const epf_buffer_config* config, 
 
 epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
                                 epf_buffer** out) {
+  return epf_buffer_create_opts(lease, config, allocator, nullptr, out);
+}
+
+epf_status epf_buffer_create_opts(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
+                                  const epf_buffer_options* options, epf_buffer** out) {
   if (lease == nullptr || config == nullptr || out == nullptr) return Fail(Null("lease, config or out"));
+  epfabric::client::BufferConfig buffer_config = ToConfig(*config);
+  if (HasOption(options, &epf_buffer_options::low_latency_issue)) {
+    using Issue = epfabric::client::BufferConfig::LowLatencyIssue;
+    switch (options->low_latency_issue) {
+      case EPF_LL_ISSUE_AUTO:
+        buffer_config.low_latency_issue = Issue::kAuto;
+        break;
+      case EPF_LL_ISSUE_RELAY:
+        buffer_config.low_latency_issue = Issue::kRelay;
+        break;
+      case EPF_LL_ISSUE_DEVICE:
+        buffer_config.low_latency_issue = Issue::kDevice;
+        break;
+      default:
+        return Fail(absl::InvalidArgumentError(absl::StrCat("options->low_latency_issue = ", options->low_latency_issue,
+                                                            ": expected EPF_LL_ISSUE_AUTO, _RELAY or _DEVICE")));
+    }
+  }
   std::shared_ptr<epfabric::client::Allocator> callbacks;
   if (allocator != nullptr) {
     if (allocator->struct_size < offsetof(epf_allocator, alloc_tensor)) {
@@ -337,7 +360,7 @@ epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* confi
           std::make_shared<CallbackAllocator>(allocator->alloc, allocator->free_fn, allocator->ctx, alloc_tensor);
     }
   }
-  auto buffer = epfabric::client::Buffer::Create(lease->lease.get(), ToConfig(*config), std::move(callbacks));
+  auto buffer = epfabric::client::Buffer::Create(lease->lease.get(), buffer_config, std::move(callbacks));
   if (!buffer.ok()) return Fail(buffer.status());
   *out = new epf_buffer{std::move(*buffer)};
   return Report(absl::OkStatus());

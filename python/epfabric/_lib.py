@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 6  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 7  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -107,6 +107,14 @@ class AllocatorCallbacks(ctypes.Structure):  # epf_allocator
     _fields_ = [("struct_size", ctypes.c_uint32), ("alloc", ALLOC_FN), ("free_fn", FREE_FN), ("ctx", ctypes.c_void_p),
                 ("alloc_tensor", ALLOC_TENSOR_FN)]
 
+class BufferOptions(ctypes.Structure):  # epf_buffer_options
+    _fields_ = [("struct_size", ctypes.c_uint32), ("low_latency_issue", ctypes.c_int32)]
+
+
+# epf_buffer_options.low_latency_issue (EPF_LL_ISSUE_*): who puts low latency's bytes for ranks on other hosts.
+LOW_LATENCY_ISSUE = {"auto": 0, "relay": 1, "device": 2}
+
+
 class GroupOptions(ctypes.Structure):  # epf_group_options
     _fields_ = [("struct_size", ctypes.c_uint32), ("num_normal_bytes", ctypes.c_uint64),
                 ("num_normal_rdma_bytes", ctypes.c_uint64), ("transport_channels", ctypes.c_uint32),
@@ -150,6 +158,8 @@ _SIGNATURES = {
                                       ctypes.POINTER(ctypes.c_uint64)]),
     "epf_buffer_create": (_S, [_P, ctypes.POINTER(BufferConfig), ALLOC_FN, FREE_FN, _P, _PP]),
     "epf_buffer_create_ex": (_S, [_P, ctypes.POINTER(BufferConfig), ctypes.POINTER(AllocatorCallbacks), _PP]),
+    "epf_buffer_create_opts": (_S, [_P, ctypes.POINTER(BufferConfig), ctypes.POINTER(AllocatorCallbacks),
+                                    ctypes.POINTER(BufferOptions), _PP]),
     "epf_buffer_destroy": (None, [_P]),
     "epf_buffer_check": (_S, [_P, _P]),
     "epf_buffer_reset": (_S, [_P, _P]),

@@ -111,11 +111,19 @@ class Hook:
             lib.epf_hook_destroy(self._c)
 
 
+def _issue_code(low_latency_issue):
+    """epf_buffer_options.low_latency_issue for Buffer's low_latency_issue argument."""
+    if low_latency_issue not in _lib.LOW_LATENCY_ISSUE:
+        raise ValueError(f"low_latency_issue={low_latency_issue!r}: expected one of {', '.join(_lib.LOW_LATENCY_ISSUE)}")
+    return _lib.LOW_LATENCY_ISSUE[low_latency_issue]
+
+
 class Buffer(LowLatencyMixin):
     num_sms = 20  # DeepEP's class-wide SM count (set_num_sms)
 
-    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None, low_latency_sms=0):
+    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None, low_latency_sms=0, low_latency_issue="auto"):
         """Use Buffer.attach (or epfabric.deep_ep.Buffer): this takes an attached lease."""
+        self._low_latency_issue = _issue_code(low_latency_issue)
         self._client = client
         self._lease = lease
         # One C Buffer per mode, made by the first call of that mode (its shapes set it up): normal mode's, and
@@ -151,15 +159,19 @@ class Buffer(LowLatencyMixin):
 
     @classmethod
     def attach(cls, socket, group, rank, token, *, timeout_s=5.0, num_sms=None, low_latency_sms=0,
-               client_name="epfabric-python"):
+               low_latency_issue="auto", client_name="epfabric-python"):
         """Attaches group rank `rank` of `group` through the daemon at `socket` (the daemon that serves that rank).
         On cuda groups the current CUDA device is the one whose kernels use the regions. num_sms: normal mode's SMs
         (default Buffer.num_sms); low_latency_sms: low-latency blocks per launch (0: every SM; ranks sharing a GPU
-        in one process each need a share)."""
+        in one process each need a share). low_latency_issue: who puts low latency's bytes for ranks on other hosts
+        on cuda: "device" (kernels; capturable into CUDA graphs), "relay" (the calling thread between launches), or
+        "auto" (device on the verbs wire, relay on the socket wire, unless EPF_LOW_LATENCY_ISSUE says)."""
+        _issue_code(low_latency_issue)  # refused before anything is attached
         client = Client(socket, client_name=client_name)
         lease = ctypes.c_void_p()
         call("epf_attach", client.handle, group.encode(), int(rank), token.encode(), -1, ctypes.byref(lease))
-        return cls(client, lease, timeout_s=timeout_s, num_sms=num_sms, low_latency_sms=low_latency_sms)
+        return cls(client, lease, timeout_s=timeout_s, num_sms=num_sms, low_latency_sms=low_latency_sms,
+                   low_latency_issue=low_latency_issue)
 
     # ---- DeepEP's static calls ----
 
@@ -418,8 +430,9 @@ class Buffer(LowLatencyMixin):
 
     def _new_cbuf(self, config):
         cbuf = ctypes.c_void_p()
-        call("epf_buffer_create_ex", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
-             ctypes.byref(cbuf))
+        options = _lib.BufferOptions(ctypes.sizeof(_lib.BufferOptions), self._low_latency_issue)
+        call("epf_buffer_create_opts", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
+             ctypes.byref(options), ctypes.byref(cbuf))
         return cbuf
 
     def _create(self, key, config):

@@ -183,6 +183,34 @@ class ApiTest(unittest.TestCase):
         self.assertEqual(caught.exception.code_name, "INVALID_ARGUMENT")
         self.valid_round()  # nothing was launched: every rank's next call works
 
+    def test_low_latency_issue_is_a_buffer_option(self):
+        """Who puts low latency's bytes across hosts is a Buffer option (epf_buffer_options): a value outside the three
+        is a ValueError; "device" on the host backend is refused when the low-latency Buffer is made (at its first
+        call), with the reason; "relay" and "auto" are taken."""
+        with self.assertRaisesRegex(ValueError, "low_latency_issue='bogus'"):
+            epfabric.Buffer.attach(self.fabric.sockets[0], "api-normal", 0, self.token, low_latency_issue="bogus")
+        if fabric.BACKEND != "host":
+            self.skipTest("the refusal of device issue is the host backend's")
+        with fabric.Fabric(2, hosts=2) as fab:
+            client = epfabric.Client(fab.sockets[0])
+            nvl, rdma = epfabric.required_group_bytes(8, HIDDEN, TOPK, EXPERTS, True, 2, 1)
+            token = client.create_group("api-ll-issue", [0, 1], nvl, rdma, True)
+            for issue, refused in (("device", True), ("relay", False), ("auto", False)):
+                with self.subTest(issue):
+                    b = epfabric.Buffer.attach(fab.sockets[0], "api-ll-issue", 0, token, low_latency_issue=issue)
+                    try:
+                        if refused:
+                            with self.assertRaises(epfabric.EpfError) as caught:
+                                b._ensure_low_latency(8, HIDDEN, TOPK, EXPERTS)
+                            self.assertEqual(caught.exception.code_name, "INVALID_ARGUMENT")
+                            self.assertIn("needs a cuda group", str(caught.exception))
+                        else:
+                            b._ensure_low_latency(8, HIDDEN, TOPK, EXPERTS)  # made; no call goes out
+                    finally:
+                        b.destroy()
+            client.delete_group("api-ll-issue", token)
+            client.close()
+
     def test_local_buffer_tensor_and_hints(self):
         b = self.bufs[1]
         t = b.get_local_buffer_tensor(torch.int32, size=(4, 4), offset=64)

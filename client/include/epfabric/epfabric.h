@@ -30,8 +30,9 @@ extern "C" {
  *   4: epf_create_group_ex and epf_lease_num_normal_bytes (low-latency groups that also serve normal mode);
  *   5: epf_client_host_id (how many hosts a group over some daemons spans);
  *   6: epf_create_group_opts with epf_group_options and epf_lease_num_normal_rdma_bytes (groups across hosts that
- *      serve both modes; the transport's rings). */
-#define EPF_ABI_MINOR_VERSION 6
+ *      serve both modes; the transport's rings);
+ *   7: epf_buffer_create_opts with epf_buffer_options (who issues low latency's puts across hosts). */
+#define EPF_ABI_MINOR_VERSION 7
 
 typedef int32_t epf_status;
 enum {
@@ -176,6 +177,20 @@ typedef struct {
 /* As epf_buffer_create; allocator NULL, or with neither alloc nor alloc_tensor: the library's own allocator. */
 epf_status epf_buffer_create_ex(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
                                 epf_buffer** out);
+/* The Buffer's other settings (see epf_dispatch_options for struct_size; a field past it, or 0, takes the default). */
+enum {
+  EPF_LL_ISSUE_AUTO = 0,   /* the device on the verbs wire, the calling thread on the socket wire (or the
+                            * environment's EPF_LOW_LATENCY_ISSUE) */
+  EPF_LL_ISSUE_RELAY = 1,  /* the calling thread relays between launches (not capturable into a CUDA graph) */
+  EPF_LL_ISSUE_DEVICE = 2, /* kernels put and wait on the device (capturable); cuda groups only */
+};
+typedef struct {
+  uint32_t struct_size;
+  int32_t low_latency_issue; /* low latency across hosts on cuda: EPF_LL_ISSUE_* */
+} epf_buffer_options;
+/* As epf_buffer_create_ex, with options (NULL: the defaults). */
+epf_status epf_buffer_create_opts(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,
+                                  const epf_buffer_options* options, epf_buffer** out);
 void epf_buffer_destroy(epf_buffer* buffer);
 int epf_buffer_rank(const epf_buffer* buffer);
 int epf_buffer_num_ranks(const epf_buffer* buffer);
