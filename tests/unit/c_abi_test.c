@@ -37,6 +37,9 @@ int main(void) {
   epf_buffer* buffer = NULL;
   EXPECT(epf_buffer_create_ex(NULL, NULL, &allocator, &buffer) == EPF_INVALID_ARGUMENT);
   EXPECT(buffer == NULL);
+  epf_buffer_options buffer_options = {.struct_size = sizeof(buffer_options), .low_latency_issue = EPF_LL_ISSUE_DEVICE};
+  EXPECT(epf_buffer_create_opts(NULL, NULL, &allocator, &buffer_options, &buffer) == EPF_INVALID_ARGUMENT);
+  EXPECT(buffer == NULL);
 
   epf_client* client = NULL;
   EXPECT(epf_client_connect(NULL, "c", 1.0, &client) == EPF_INVALID_ARGUMENT);
