@@ -97,7 +97,7 @@ struct View {
 };
 
 View MakeView(const LowLatencyContext& ctx, int half) {
-  View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks, LowLatencySourceSlots(ctx.layout, ctx.rank)};
+  View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks, LowLatencySourceSlots(ctx.layout, ctx.rank), {}};
   if (ctx.rank_mask != nullptr) {
     for (int r = 0; r < ctx.num_ranks; ++r) {
       if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked.add(r);
