@@ -87,7 +87,6 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
  private:
   bool Remote(int r) const { return remote_->remote(r); }
   using RankSet = kernels::LowLatencyRankSet;
-  static bool In(const RankSet& ranks, int r) { return ranks.has(r); }
 
   // The sends were queued in order; the quiet makes them complete before the call returns (a caller that detaches
   // right after would otherwise take them with it). A failed send explains the call best, then the steps' error,
@@ -106,18 +105,6 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   absl::Status Send(int r, int half, size_t outbox_field, size_t inbox_field, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();
     return remote_->Send(r, half * l_.outbox_half_bytes + outbox_field, half * l_.half_bytes + inbox_field, bytes);
-  }
-
-  // The rank mask as the kernels see it (bit r: rank r takes no part).
-  absl::StatusOr<RankSet> Masked(cudaStream_t stream) {
-    std::vector<int32_t> mask(num_ranks_);
-    EPF_RETURN_IF_ERROR(
-        access_->ToHost(mask.data(), inner_->LowLatencyRankMask(), sizeof(int32_t) * num_ranks_, stream));
-    RankSet bits;
-    for (int r = 0; r < num_ranks_; ++r) {
-      if (mask[r] != 0) bits.add(r);
-    }
-    return bits;
   }
 
   // The `bytes` of signals at the start of `half_base` (a half of this rank's region or of the inbox: signal_bytes;
@@ -170,14 +157,14 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     for (int polls = 0; !pending.empty(); ++polls) {
       bool need_own = false, need_inbox = false;
       for (int s = 0; s < num_ranks_; ++s) {
-        if (In(pending, s)) (Remote(s) ? need_inbox : need_own) = true;
+        if (pending.has(s)) (Remote(s) ? need_inbox : need_own) = true;
       }
       if (need_own) EPF_RETURN_IF_ERROR(ReadSignals(own, l_.signal_bytes, &own_signals));
       if (need_inbox) EPF_RETURN_IF_ERROR(ReadSignals(inbox, l_.signal_bytes, &inbox_signals));
       const int64_t now_ns =
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
       for (int s = 0; s < num_ranks_; ++s) {
-        if (!In(pending, s)) continue;
+        if (!pending.has(s)) continue;
         if (Arrived(what, Remote(s) ? inbox_signals : own_signals, s) || RankLost(lost_ranks_, lost_ignore_, s)) {
           pending.remove(s);
           waited[s] = now_ns;
@@ -191,7 +178,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
     if (!pending.empty()) {
       int first = -1;
       for (int s = 0; s < num_ranks_; ++s) {
-        if (!In(pending, s)) continue;
+        if (!pending.has(s)) continue;
         if (first < 0) first = s;
         const int32_t one = 1;
         EPF_RETURN_IF_ERROR(access_->FromHost(inner_->LowLatencyRankMask() + s, &one, sizeof(one), stream));
@@ -207,19 +194,21 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       std::vector<int64_t> cost(num_ranks_);
       EPF_RETURN_IF_ERROR(access_->ToHost(cost.data(), wait_cost, sizeof(int64_t) * num_ranks_, stream));
       for (int s = 0; s < num_ranks_; ++s) {
-        if (Remote(s) && In(sources, s)) cost[s] += std::max<int64_t>(waited[s], 1);
+        if (Remote(s) && sources.has(s)) cost[s] += std::max<int64_t>(waited[s], 1);
       }
       EPF_RETURN_IF_ERROR(access_->FromHost(wait_cost, cost.data(), sizeof(int64_t) * num_ranks_, stream));
     }
     return absl::OkStatus();
   }
 
-  // Every rank not masked, this one included (its own signals come from its own send step).
+  // Every rank the kernels' rank mask does not mask, this one included (its own signals come from its own send step).
   absl::StatusOr<RankSet> Sources(cudaStream_t stream) {
-    EPF_ASSIGN_OR_RETURN(const RankSet masked, Masked(stream));
+    std::vector<int32_t> mask(num_ranks_);
+    EPF_RETURN_IF_ERROR(
+        access_->ToHost(mask.data(), inner_->LowLatencyRankMask(), sizeof(int32_t) * num_ranks_, stream));
     RankSet sources;
     for (int r = 0; r < num_ranks_; ++r) {
-      if (!masked.has(r)) sources.add(r);
+      if (mask[r] == 0) sources.add(r);
     }
     return sources;
   }
@@ -235,7 +224,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       EPF_ASSIGN_OR_RETURN(const RankSet sources, Sources(stream));
       std::vector<int32_t> staged;
       for (int r = 0; r < num_ranks_; ++r) {
-        if (!Remote(r) || !In(sources, r)) continue;
+        if (!Remote(r) || !sources.has(r)) continue;
         EPF_RETURN_IF_ERROR(ReadOutboxSignals(r, half, &staged));
         // The messages of this rank's tokens; the receiver reads only the listed tokens' slots.
         EPF_RETURN_IF_ERROR(
@@ -277,7 +266,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       EPF_ASSIGN_OR_RETURN(RankSet sources, Sources(stream));
       std::vector<int32_t> staged;
       for (int r = 0; r < num_ranks_; ++r) {
-        if (!Remote(r) || !In(sources, r)) continue;
+        if (!Remote(r) || !sources.has(r)) continue;
         EPF_RETURN_IF_ERROR(ReadOutboxSignals(r, half, &staged));
         EPF_RETURN_IF_ERROR(Send(r, half, o.weights, own_.weights,
                                  static_cast<size_t>(args.num_tokens) * kernels::kLowLatencyMaxTopk * sizeof(float)));
@@ -296,7 +285,7 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
       EPF_ASSIGN_OR_RETURN(sources, Sources(stream));
       std::vector<int32_t> map(static_cast<size_t>(M) * kernels::kLowLatencyMaxTopk);
       for (int s = 0; s < num_ranks_; ++s) {
-        if (!Remote(s) || !In(sources, s)) continue;
+        if (!Remote(s) || !sources.has(s)) continue;
         EPF_RETURN_IF_ERROR(access_->ToHost(
             map.data(), args.handle.packed_recv_token_map + static_cast<size_t>(s) * M * kernels::kLowLatencyMaxTopk,
             map.size() * sizeof(int32_t), stream));

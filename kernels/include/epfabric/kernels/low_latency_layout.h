@@ -37,12 +37,6 @@ struct LowLatencyRankSet {
     }
     return true;
   }
-  // Ranks 0 .. n-1.
-  static constexpr LowLatencyRankSet First(int n) {
-    LowLatencyRankSet set;
-    for (int r = 0; r < n; ++r) set.add(r);
-    return set;
-  }
 };
 
 // Where one source rank's slots lie inside a half, as offsets from the half's start: in a full half (a rank's region
