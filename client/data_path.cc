@@ -48,8 +48,9 @@ absl::Status RefuseCaptureAcrossHosts(v1::Backend backend, cudaStream_t stream, 
         "(BufferConfig::low_latency_issue = kDevice, or EPF_LOW_LATENCY_ISSUE=device; the default on the verbs wire)");
   }
   return absl::FailedPreconditionError(
-      "normal mode across hosts synchronises with the host between the steps of a call: its calls cannot be captured "
-      "into a CUDA graph (num_worst_tokens gives the worst-case shapes, not capture, across hosts)");
+      "normal mode across hosts synchronises with the host between the steps of a call unless it runs in worst-case "
+      "mode: to capture a dispatch and its combine into a CUDA graph, pass num_worst_tokens (a cached dispatch: of "
+      "a handle from a worst-case dispatch)");
 }
 
 kernels::IntranodeGroup MakeIntranodeGroup(const DataPathConfig& c, kernels::KernelStatus* status) {

@@ -47,6 +47,15 @@ class HostRegionAccess final : public RegionAccess {
   absl::Status Reduce(const kernels::InternodeReduceParams& p, cudaStream_t) override {
     return kernels::host_backend::InternodeReduce(p);
   }
+  absl::Status Plan(const kernels::InternodePlanParams& p, cudaStream_t) override {
+    return kernels::host_backend::InternodePlan(p);
+  }
+  absl::Status Gather(const kernels::InternodeGatherParams& p, cudaStream_t) override {
+    return kernels::host_backend::InternodeGather(p);
+  }
+  absl::Status Scatter(const kernels::InternodeScatterParams& p, cudaStream_t) override {
+    return kernels::host_backend::InternodeScatter(p);
+  }
 };
 
 class CudaRegionAccess final : public RegionAccess {
@@ -106,6 +115,15 @@ class CudaRegionAccess final : public RegionAccess {
   }
   absl::Status Reduce(const kernels::InternodeReduceParams& p, cudaStream_t stream) override {
     return kernels::InternodeReduce(p, stream);
+  }
+  absl::Status Plan(const kernels::InternodePlanParams& p, cudaStream_t stream) override {
+    return kernels::InternodePlan(p, stream);
+  }
+  absl::Status Gather(const kernels::InternodeGatherParams& p, cudaStream_t stream) override {
+    return kernels::InternodeGather(p, stream);
+  }
+  absl::Status Scatter(const kernels::InternodeScatterParams& p, cudaStream_t stream) override {
+    return kernels::InternodeScatter(p, stream);
   }
 
  private:

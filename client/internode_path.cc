@@ -68,6 +68,19 @@ BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupSh
   return inner;
 }
 
+InternodeRowShape InternodeRowShape::Of(const DispatchArgs& args) {
+  const int hidden = static_cast<int>(args.x.shape[1]);
+  const bool fp8 = args.x.dtype == DType::kFP8E4M3;
+  InternodeRowShape rows;
+  rows.row_bytes = fp8 ? hidden : hidden * 2;
+  // Moved as opaque 4-byte words; the NVLink stage gets them in the caller's dtype.
+  rows.scales_dtype = fp8 ? args.x_scales.dtype : DType::kFloat32;
+  rows.num_scales = !fp8 ? 0 : rows.scales_dtype == DType::kInt32 ? hidden / 512 : hidden / 128;
+  rows.num_topk = args.topk_idx.empty() ? 0 : static_cast<int>(args.topk_idx.shape[1]);
+  rows.has_weights = !args.topk_weights.empty();
+  return rows;
+}
+
 absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
     Lease* lease, const BufferConfig& config, const InternodeGroupShape& shape, std::unique_ptr<Buffer> inner,
     DataPath* inner_path, std::shared_ptr<Allocator> allocator, uint64_t rdma_limit) {
@@ -108,7 +121,30 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
                          transport::RingIssuer::Create(transport::RingAt(commands, c, slots), c, slots));
     path->rings_.push_back(ring);
   }
+  if (lease->backend() == v1::BACKEND_CUDA) {
+    // The padded (worst-case) calls' steps run on the device: their status word, and the rings as mapped there.
+    void* device_commands = lease->commands_region_device();
+    if (device_commands == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("group '", lease->group_name(), "': the transport command rings are not mapped for CUDA"));
+    }
+    path->num_device_rings_ = std::min(channels.count, kernels::kMaxInternodeRings);
+    for (int c = 0; c < path->num_device_rings_; ++c) {
+      path->device_rings_[c] = {.control = transport::RingAt(device_commands, channels.first + c, slots),
+                                .slots = slots,
+                                .channel = channels.first + c};
+    }
+    path->lost_ranks_device_ = lease->lost_ranks_words(/*device=*/true);
+    void* status = nullptr;
+    EPF_CUDA_RETURN_IF_ERROR(cudaMalloc(&status, sizeof(kernels::KernelStatus)));
+    path->status_ = static_cast<kernels::KernelStatus*>(status);
+    EPF_CUDA_RETURN_IF_ERROR(cudaMemset(status, 0, sizeof(kernels::KernelStatus)));
+  }
   return path;
+}
+
+InternodePath::~InternodePath() {
+  if (status_ != nullptr) cudaFree(status_);
 }
 
 absl::StatusOr<Tensor> InternodePath::NewTensor(DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {
@@ -210,13 +246,8 @@ absl::StatusOr<std::shared_ptr<InternodeHandle>> InternodePath::Plan(const Dispa
   return plan;
 }
 
-absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes,
-                                     int num_scales, int num_topk, cudaStream_t stream) {
-  const int H = shape_.num_hosts, self = shape_.host;
-  const kernels::InternodeRdmaLayout& l = layout_;
-  // The gateways have copied out the previous dispatch's rows, and our previous puts from the send slabs are done.
-  EPF_RETURN_IF_ERROR(WaitWords(l.slab_free, dispatches_ - 1, "release of the previous dispatch's slabs"));
-  EPF_RETURN_IF_ERROR(QuietAll());
+kernels::InternodePackParams InternodePath::PackParams(const DispatchArgs& args, const InternodeHandle& plan,
+                                                       int row_bytes, int num_scales, int num_topk) const {
   kernels::InternodePackParams p;
   p.x = internal::GivenData(args.x);
   p.row_bytes = row_bytes;
@@ -228,24 +259,37 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
       num_topk > 0 && !args.topk_weights.empty() ? static_cast<const float*>(args.topk_weights.data) : nullptr;
   p.num_topk = num_topk;
   p.num_tokens = static_cast<int>(args.x.shape[0]);
-  p.num_hosts = H;
-  p.self_host = self;
-  p.experts_per_host = config_.num_experts / H;
+  p.num_hosts = shape_.num_hosts;
+  p.self_host = shape_.host;
+  p.experts_per_host = config_.num_experts / shape_.num_hosts;
   p.send_counts = static_cast<const int32_t*>(plan.send_tokens.view.data);
-  p.send_tokens = p.send_counts + H;
+  p.send_tokens = p.send_counts + shape_.num_hosts;
   p.max_rows = config_.max_tokens_per_rank;
   p.region = region();
-  p.layout = l;
-  EPF_RETURN_IF_ERROR(access_->Pack(p, stream));
-  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  p.layout = layout_;
+  return p;
+}
 
-  std::vector<uint64_t> counts(plan.send_counts.begin(), plan.send_counts.end());
-  EPF_RETURN_IF_ERROR(access_->WriteWords(region() + l.send_count, counts.data(), H));
-  for (int h = 0; h < H; ++h) {
+absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHandle& plan, uint64_t call,
+                                     int row_bytes, int num_scales, int num_topk, cudaStream_t stream) {
+  // The gateways have copied out the previous dispatch's rows, and our previous puts from the send slabs are done.
+  EPF_RETURN_IF_ERROR(WaitWords(layout_.slab_free, call - 1, "release of the previous dispatch's slabs"));
+  EPF_RETURN_IF_ERROR(QuietAll());
+  const kernels::InternodePackParams p = PackParams(args, plan, row_bytes, num_scales, num_topk);
+  EPF_RETURN_IF_ERROR(access_->Pack(p, stream));  // also the count words the puts below send
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  return IssueDispatchRows(plan.send_counts.data(), row_bytes, num_scales, num_topk, p.topk_weights != nullptr);
+}
+
+absl::Status InternodePath::IssueDispatchRows(const int32_t* counts, int row_bytes, int num_scales, int num_topk,
+                                              bool has_weights) {
+  const kernels::InternodeRdmaLayout& l = layout_;
+  const int self = shape_.host;
+  for (int h = 0; h < shape_.num_hosts; ++h) {
     if (h == self) continue;
     transport::RingIssuer& ring = RingFor(h);
     const int peer = PeerRank(h);
-    const uint64_t n = plan.send_counts[h];
+    const uint64_t n = counts[h];
     auto put = [&](size_t send, size_t recv, size_t slab_bytes, uint64_t bytes) -> absl::Status {
       if (bytes == 0) return absl::OkStatus();
       return ring.Put(peer, recv + self * slab_bytes, send + h * slab_bytes, bytes, config_.timeout);
@@ -253,7 +297,7 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
     EPF_RETURN_IF_ERROR(put(l.send_x, l.recv_x, l.x_slab_bytes, n * row_bytes));
     EPF_RETURN_IF_ERROR(put(l.send_scales, l.recv_scales, l.scales_slab_bytes, n * num_scales * sizeof(float)));
     EPF_RETURN_IF_ERROR(put(l.send_topk_idx, l.recv_topk_idx, l.topk_idx_slab_bytes, n * num_topk * sizeof(int64_t)));
-    if (p.topk_weights != nullptr) {
+    if (has_weights) {
       EPF_RETURN_IF_ERROR(
           put(l.send_topk_weights, l.recv_topk_weights, l.topk_weights_slab_bytes, n * num_topk * sizeof(float)));
     }
@@ -264,9 +308,50 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
   return absl::OkStatus();
 }
 
+absl::Status InternodePath::IssueSlabFree() {
+  for (int h = 0; h < shape_.num_hosts; ++h) {
+    if (h == shape_.host) continue;
+    EPF_RETURN_IF_ERROR(
+        RingFor(h).SignalAdd(PeerRank(h), layout_.slab_free + shape_.host * kWordBytes, 1, config_.timeout));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InternodePath::IssueCombineRows(const int32_t* counts, int hidden, int num_topk) {
+  const kernels::InternodeRdmaLayout& l = layout_;
+  const int self = shape_.host;
+  const size_t x_row = static_cast<size_t>(hidden) * 2, w_row = static_cast<size_t>(num_topk) * sizeof(float);
+  for (int h = 0; h < shape_.num_hosts; ++h) {
+    if (h == self) continue;
+    transport::RingIssuer& ring = RingFor(h);
+    const int peer = PeerRank(h);
+    const uint64_t n = counts[h];
+    if (n > 0) {
+      EPF_RETURN_IF_ERROR(ring.Put(peer, l.combine_recv_x + self * l.combine_x_slab_bytes,
+                                   l.combine_send_x + h * l.combine_x_slab_bytes, n * x_row, config_.timeout));
+      if (num_topk > 0) {
+        EPF_RETURN_IF_ERROR(ring.Put(peer, l.combine_recv_weights + self * l.combine_weights_slab_bytes,
+                                     l.combine_send_weights + h * l.combine_weights_slab_bytes, n * w_row,
+                                     config_.timeout));
+      }
+    }
+    EPF_RETURN_IF_ERROR(ring.SignalAdd(peer, l.combine_arrived + self * kWordBytes, 1, config_.timeout));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> InternodePath::BeginCall(int call, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));  // a padded call before this one counts on the device
+  uint8_t* word = region() + layout_.calls + call * kWordBytes;
+  uint64_t count = 0;
+  EPF_RETURN_IF_ERROR(access_->ReadWords(word, &count, 1));
+  ++count;
+  EPF_RETURN_IF_ERROR(access_->WriteWords(word, &count, 1));
+  return count;
+}
+
 // Refusals come first and tell nobody: a call that every rank refuses must leave the group as it was.
 absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
-  EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
   if (args.cached != nullptr && args.cached->internode == nullptr) {
     return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
   }
@@ -275,19 +360,34 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
         "topk_idx is not given: an internode group needs it for a dispatch that is not cached (the gateways route "
         "by it)");
   }
-  absl::StatusOr<DispatchResult> result = RunDispatch(args, stream);
-  if (!result.ok()) LeaveCall();
+  // Worst-case mode runs the padded path (no host wait); a cached dispatch follows its handle.
+  const bool padded = args.cached != nullptr ? args.cached->internode->padded : args.num_worst_tokens > 0;
+  if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
+  absl::StatusOr<DispatchResult> result = padded ? RunPaddedDispatch(args, stream) : RunDispatch(args, stream);
+  if (!result.ok()) FailCall(stream);
   return result;
 }
 
 absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
-  EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
   if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
     return absl::InvalidArgumentError("handle is not from an internode dispatch");
   }
-  absl::StatusOr<CombineResult> result = RunCombine(args, stream);
-  if (!result.ok()) LeaveCall();
+  const bool padded = args.handle->internode->padded;
+  if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
+  absl::StatusOr<CombineResult> result = padded ? RunPaddedCombine(args, stream) : RunCombine(args, stream);
+  if (!result.ok()) FailCall(stream);
   return result;
+}
+
+void InternodePath::FailCall(cudaStream_t stream) {
+  if (device_steps()) {
+    // The device steps already launched issue on the same rings as LeaveCall: they end first (their waits are
+    // bounded). While capturing nothing ran, and the capture itself fails.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+    access_->Sync(stream).IgnoreError();
+  }
+  LeaveCall();
 }
 
 void InternodePath::LeaveCall() {
@@ -316,13 +416,10 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   const int num_tokens = static_cast<int>(args.x.shape[0]);
   const int hidden = static_cast<int>(args.x.shape[1]);
   const bool fp8 = args.x.dtype == DType::kFP8E4M3;
-  const int row_bytes = fp8 ? hidden : hidden * 2;
-  // Scale words per row, moved as opaque 4-byte words: float per 128 channels, or DeepEP's packed UE8M0 int32 (4
-  // exponents of 128 channels each); the NVLink stage gets them in the caller's dtype.
-  const DType scales_dtype = fp8 ? args.x_scales.dtype : DType::kFloat32;
-  const int num_scales = !fp8 ? 0 : scales_dtype == DType::kInt32 ? hidden / 512 : hidden / 128;
-  const int num_topk = args.topk_idx.empty() ? 0 : static_cast<int>(args.topk_idx.shape[1]);
-  const bool has_weights = !args.topk_weights.empty();
+  const InternodeRowShape rows = InternodeRowShape::Of(args);
+  const int row_bytes = rows.row_bytes, num_scales = rows.num_scales, num_topk = rows.num_topk;
+  const DType scales_dtype = rows.scales_dtype;
+  const bool has_weights = rows.has_weights;
   const bool cached = args.cached != nullptr;
 
   std::shared_ptr<const InternodeHandle> plan;
@@ -331,9 +428,9 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   } else {
     EPF_ASSIGN_OR_RETURN(plan, Plan(args, num_tokens, stream));
   }
-  ++dispatches_;
-  EPF_RETURN_IF_ERROR(SendRows(args, *plan, row_bytes, num_scales, num_topk, stream));
-  EPF_RETURN_IF_ERROR(WaitWords(l.dispatch_arrived, dispatches_, "dispatch rows"));
+  EPF_ASSIGN_OR_RETURN(const uint64_t call, BeginCall(kDispatchCall, stream));
+  EPF_RETURN_IF_ERROR(SendRows(args, *plan, call, row_bytes, num_scales, num_topk, stream));
+  EPF_RETURN_IF_ERROR(WaitWords(l.dispatch_arrived, call, "dispatch rows"));
 
   // What every host sent this gateway.
   std::vector<uint64_t> words(H);
@@ -387,10 +484,7 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
     row += n;
   }
   EPF_RETURN_IF_ERROR(access_->Sync(stream));
-  for (int h = 0; h < H; ++h) {
-    if (h == self) continue;
-    EPF_RETURN_IF_ERROR(RingFor(h).SignalAdd(PeerRank(h), l.slab_free + self * kWordBytes, 1, config_.timeout));
-  }
+  EPF_RETURN_IF_ERROR(IssueSlabFree());
 
   // The NVLink stage.
   DispatchArgs inner_args;
@@ -427,25 +521,29 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   return result;
 }
 
+absl::StatusOr<CombineResult> InternodePath::InnerCombine(const CombineArgs& args, cudaStream_t stream) {
+  // The NVLink stage: each gateway's tokens reduced over this host's ranks. With one host this is the whole combine
+  // (biases included), so a one-host group gives the intranode path's bits.
+  CombineArgs inner_args;
+  inner_args.x = args.x;
+  inner_args.topk_weights = args.topk_weights;
+  inner_args.handle = args.handle->internode->inner;
+  if (shape_.num_hosts == 1) {
+    inner_args.bias_0 = args.bias_0;
+    inner_args.bias_1 = args.bias_1;
+  }
+  return Stage(inner_->Combine(inner_args, stream));
+}
+
 absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, self = shape_.host;
   const kernels::InternodeRdmaLayout& l = layout_;
   const InternodeHandle& plan = *args.handle->internode;
   const int hidden = static_cast<int>(args.x.shape[1]);
   const int num_topk = args.topk_weights.empty() ? 0 : static_cast<int>(args.topk_weights.shape[1]);
-  // The NVLink stage: each gateway's tokens reduced over this host's ranks. With one host this is the whole combine
-  // (biases included), so a one-host group gives the intranode path's bits.
-  CombineArgs inner_args;
-  inner_args.x = args.x;
-  inner_args.topk_weights = args.topk_weights;
-  inner_args.handle = plan.inner;
-  if (H == 1) {
-    inner_args.bias_0 = args.bias_0;
-    inner_args.bias_1 = args.bias_1;
-  }
-  EPF_ASSIGN_OR_RETURN(CombineResult partial, Stage(inner_->Combine(inner_args, stream)));
+  EPF_ASSIGN_OR_RETURN(CombineResult partial, InnerCombine(args, stream));
 
-  ++combines_;
+  EPF_ASSIGN_OR_RETURN(const uint64_t call, BeginCall(kCombineCall, stream));
   EPF_RETURN_IF_ERROR(QuietAll());  // our previous combine's puts from the send slabs are done
   const size_t x_row = static_cast<size_t>(hidden) * 2, w_row = static_cast<size_t>(num_topk) * sizeof(float);
   int64_t row = 0;
@@ -466,27 +564,18 @@ absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args,
     row += n;
   }
   EPF_RETURN_IF_ERROR(access_->Sync(stream));
-  for (int h = 0; h < H; ++h) {
-    if (h == self) continue;
-    transport::RingIssuer& ring = RingFor(h);
-    const int peer = PeerRank(h);
-    const uint64_t n = plan.recv_counts[h];
-    if (n > 0) {
-      EPF_RETURN_IF_ERROR(ring.Put(peer, l.combine_recv_x + self * l.combine_x_slab_bytes,
-                                   l.combine_send_x + h * l.combine_x_slab_bytes, n * x_row, config_.timeout));
-      if (num_topk > 0) {
-        EPF_RETURN_IF_ERROR(ring.Put(peer, l.combine_recv_weights + self * l.combine_weights_slab_bytes,
-                                     l.combine_send_weights + h * l.combine_weights_slab_bytes, n * w_row,
-                                     config_.timeout));
-      }
-    }
-    EPF_RETURN_IF_ERROR(ring.SignalAdd(peer, l.combine_arrived + self * kWordBytes, 1, config_.timeout));
-  }
-  EPF_RETURN_IF_ERROR(WaitWords(l.combine_arrived, combines_, "combine rows"));
+  EPF_RETURN_IF_ERROR(IssueCombineRows(plan.recv_counts.data(), hidden, num_topk));
+  EPF_RETURN_IF_ERROR(WaitWords(l.combine_arrived, call, "combine rows"));
   // Our rows are in place at their sources before we return: a process that detaches right after its last combine
   // must not take commands still in its rings with it (a lease's end drops what its rings hold).
   EPF_RETURN_IF_ERROR(QuietAll());
+  return SumHosts(args, plan, stream);
+}
 
+absl::StatusOr<CombineResult> InternodePath::SumHosts(const CombineArgs& args, const InternodeHandle& plan,
+                                                      cudaStream_t stream) {
+  const int hidden = static_cast<int>(args.x.shape[1]);
+  const int num_topk = args.topk_weights.empty() ? 0 : static_cast<int>(args.topk_weights.shape[1]);
   CombineResult result;
   const int num_tokens = args.handle->num_tokens;
   EPF_ASSIGN_OR_RETURN(result.combined_x, NewTensor(DType::kBF16, {num_tokens, hidden}, stream));
@@ -497,11 +586,11 @@ absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args,
   r.num_tokens = num_tokens;
   r.hidden = hidden;
   r.num_topk = num_topk;
-  r.num_hosts = H;
+  r.num_hosts = shape_.num_hosts;
   r.send_slot = static_cast<const int32_t*>(plan.send_slot.view.data);
   r.region = region();
-  r.layout = l;
-  if (H > 1) {
+  r.layout = layout_;
+  if (shape_.num_hosts > 1) {
     r.bias_0 = args.bias_0.empty() ? nullptr : args.bias_0.data;
     r.bias_1 = args.bias_1.empty() ? nullptr : args.bias_1.data;
   }
@@ -511,7 +600,27 @@ absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args,
   return result;
 }
 
-absl::Status InternodePath::Check(cudaStream_t stream) { return Annotate(inner_->Check(stream)); }
+absl::Status InternodePath::Check(cudaStream_t stream) {
+  if (status_ != nullptr) {
+    // The padded calls' device steps: their record names whom a wait was for; then a ring the daemon stopped (a
+    // peer lost, a refused command), whose commands after the failure were dropped. Reported once: the peers are
+    // told (LeaveCall), and every rank resets.
+    absl::Status own = kernels::ReadKernelStatus(status_, stream);
+    if (own.ok()) {
+      for (const transport::RingIssuer& ring : rings_) {
+        own = transport::RingErrorStatus(ring.channel(), ring.control());
+        if (!own.ok()) break;
+      }
+    }
+    if (!own.ok()) {
+      kernels::ClearKernelStatus(status_, stream).IgnoreError();
+      access_->Sync(stream).IgnoreError();
+      LeaveCall();
+      return own;
+    }
+  }
+  return Annotate(inner_->Check(stream));
+}
 
 absl::Status InternodePath::Annotate(absl::Status status) const {
   if (status.ok()) return status;
@@ -526,9 +635,10 @@ absl::Status InternodePath::Reset(cudaStream_t stream) {
   EPF_RETURN_IF_ERROR(QuietAll());
   EPF_RETURN_IF_ERROR(Annotate(inner_->Reset(stream)));
   EPF_RETURN_IF_ERROR(access_->Zero(region_, layout_.signal_bytes, stream));
-  EPF_RETURN_IF_ERROR(access_->Sync(stream));
-  dispatches_ = 0;
-  combines_ = 0;
+  if (status_ != nullptr) {
+    EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status_, 0, sizeof(kernels::KernelStatus), stream));
+  }
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));  // the calls words too: the next call is the first
   return absl::OkStatus();
 }
 

@@ -52,11 +52,26 @@ BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupSh
 
 // What an internode dispatch records for combine and cached dispatch (DispatchHandle::internode).
 struct InternodeHandle {
-  std::vector<int32_t> send_counts;             // [H] rows this rank sent to each host
-  std::vector<int32_t> recv_counts;             // [H] rows this rank (as gateway) received from each host
-  Tensor send_tokens;                           // int32 [H, max_tokens_per_rank]: the tokens of each host's rows
+  // Worst-case mode (num_worst_tokens; internode_worst.cc): nothing was read back to the host. The counts are only in
+  // the tensors below (send_tokens' first H entries, recv_counts_tensor), and the NVLink stage ran on H *
+  // max_tokens_per_rank rows, host h's at h * max_tokens_per_rank.
+  bool padded = false;
+  std::vector<int32_t> send_counts;             // [H] rows this rank sent to each host (not padded)
+  std::vector<int32_t> recv_counts;             // [H] rows this rank (as gateway) received from each host (not padded)
+  Tensor send_tokens;                           // int32 [H + H * max_tokens_per_rank]: counts, then each host's tokens
   Tensor send_slot;                             // int32 [num_tokens, H]: the token's row in host h's slabs, or -1
+  Tensor recv_counts_tensor;                    // padded: int32 [H], the gather's recv_counts
   std::shared_ptr<const DispatchHandle> inner;  // the intranode stage's handle
+};
+
+// What one forwarded row of a dispatch carries (the Buffer checked the tensors).
+struct InternodeRowShape {
+  int row_bytes = 0;   // x: BF16 2 * hidden, FP8 hidden
+  int num_scales = 0;  // 4-byte scale words: float per 128 channels, or DeepEP's packed UE8M0 int32 (per 512)
+  kernels::DType scales_dtype = kernels::DType::kFloat32;
+  int num_topk = 0;
+  bool has_weights = false;
+  static InternodeRowShape Of(const DispatchArgs& args);
 };
 
 // Most 64-bit words one RegionAccess::ReadWords / WriteWords call moves.
@@ -79,6 +94,9 @@ class RegionAccess {
   virtual absl::Status FromHost(void* dst, const void* src, size_t bytes, cudaStream_t stream) = 0;
   virtual absl::Status Pack(const kernels::InternodePackParams& p, cudaStream_t stream) = 0;
   virtual absl::Status Reduce(const kernels::InternodeReduceParams& p, cudaStream_t stream) = 0;
+  virtual absl::Status Plan(const kernels::InternodePlanParams& p, cudaStream_t stream) = 0;
+  virtual absl::Status Gather(const kernels::InternodeGatherParams& p, cudaStream_t stream) = 0;
+  virtual absl::Status Scatter(const kernels::InternodeScatterParams& p, cudaStream_t stream) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backend);
@@ -88,6 +106,7 @@ class InternodePath {
   // `inner` is the intranode Buffer over this host's ranks and `inner_path` its data path; `lease` must outlive this.
   // The layout starts at the RDMA region's start and may take at most `rdma_limit` bytes of it (the normal-mode part
   // of a group that serves both modes).
+  ~InternodePath();
   static absl::StatusOr<std::unique_ptr<InternodePath>> Create(Lease* lease, const BufferConfig& config,
                                                                const InternodeGroupShape& shape,
                                                                std::unique_ptr<Buffer> inner, DataPath* inner_path,
@@ -106,10 +125,38 @@ class InternodePath {
   InternodePath() = default;
 
   // What LeaveCall adds to each word it owes a peer: far above any count of calls, so a waiting peer tells it apart.
-  static constexpr uint64_t kLeftCallWord = uint64_t{1} << 48;
+  static constexpr uint64_t kLeftCallWord = kernels::kInternodeLeftCallWord;
+  static constexpr int kDispatchCall = 0, kCombineCall = 1;  // the layout's `calls` words
 
   absl::StatusOr<DispatchResult> RunDispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> RunCombine(const CombineArgs& args, cudaStream_t stream);
+  // Combine's NVLink stage (the inner Buffer's combine of the forwarded tokens) and its last step (the sum over
+  // hosts of the rows that came back, InternodeReduce).
+  absl::StatusOr<CombineResult> InnerCombine(const CombineArgs& args, cudaStream_t stream);
+  absl::StatusOr<CombineResult> SumHosts(const CombineArgs& args, const InternodeHandle& plan, cudaStream_t stream);
+  // After a failed call: LeaveCall, once the call's device steps ended (cuda; nothing while capturing).
+  void FailCall(cudaStream_t stream);
+  // Worst-case mode (internode_worst.cc): the RDMA stage with no host wait on cuda, its rows at fixed places.
+  absl::StatusOr<DispatchResult> RunPaddedDispatch(const DispatchArgs& args, cudaStream_t stream);
+  absl::StatusOr<CombineResult> RunPaddedCombine(const CombineArgs& args, cudaStream_t stream);
+  bool device_steps() const { return status_ != nullptr; }  // cuda: the padded calls' transport steps are kernels
+  // A padded call's transport steps: kernels on cuda, the host path's code on the host backend. Begin counts the
+  // call, waits for `words` (the slabs' release) and for every put so far to complete.
+  absl::Status StepBegin(int call, kernels::InternodeWaitWords words, cudaStream_t stream);
+  absl::Status StepWait(int call, kernels::InternodeWaitWords words, bool quiet, cudaStream_t stream);
+  absl::Status StepIssue(kernels::InternodeIssueStep step, const Tensor& counts, const InternodeRowShape& rows,
+                         cudaStream_t stream);
+  kernels::InternodeWaitParams WaitParams(int call, kernels::InternodeWaitWords words);
+  // Counts this call in the region's `calls` word (after the stream's work, so that calls replayed from graphs
+  // count) and returns the new count: the target of the call's waits.
+  absl::StatusOr<uint64_t> BeginCall(int call, cudaStream_t stream);
+  // The host path's sends: per other host its rows (counts[h] each), the count word and the arrival signal; the
+  // release of every other host's slabs; the combine's rows back.
+  absl::Status IssueDispatchRows(const int32_t* counts, int row_bytes, int num_scales, int num_topk, bool has_weights);
+  absl::Status IssueSlabFree();
+  absl::Status IssueCombineRows(const int32_t* counts, int hidden, int num_topk);
+  kernels::InternodePackParams PackParams(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes,
+                                          int num_scales, int num_topk) const;
   // After a failed call: marks its arrival at this host's ranks' NVLink-stage barriers (DataPath::AbandonCall) and
   // every word it writes at its peers on other hosts (arrivals of rows, releases of slabs), so that their waits for
   // it end with UNAVAILABLE naming it, and waits (bounded) until the marks landed.
@@ -129,8 +176,8 @@ class InternodePath {
     return Annotate(result.status());
   }
   absl::StatusOr<std::shared_ptr<InternodeHandle>> Plan(const DispatchArgs& args, int num_tokens, cudaStream_t stream);
-  absl::Status SendRows(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes, int num_scales,
-                        int num_topk, cudaStream_t stream);
+  absl::Status SendRows(const DispatchArgs& args, const InternodeHandle& plan, uint64_t call, int row_bytes,
+                        int num_scales, int num_topk, cudaStream_t stream);
   absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream);
 
   Lease* lease_ = nullptr;
@@ -143,8 +190,12 @@ class InternodePath {
   void* region_ = nullptr;
   kernels::InternodeRdmaLayout layout_;
   std::vector<kernels::transport::RingIssuer> rings_;
-  uint64_t dispatches_ = 0;  // calls so far: the arrival / free words reach these values
-  uint64_t combines_ = 0;
+  // cuda: the padded calls' status word (device memory, read by Check) and the rings as the device maps them.
+  kernels::KernelStatus* status_ = nullptr;
+  kernels::InternodeRing device_rings_[kernels::kMaxInternodeRings] = {};
+  int num_device_rings_ = 0;
+  const uint64_t* lost_ranks_device_ = nullptr;
+  uint64_t host_call_ = 0;  // host backend: the current padded call's count (BeginCall's)
   // The daemon's lost-ranks words (group order; null without a counters page), and the ranks already lost when this
   // path was made, which are awaited rather than reported until their bit clears (as IntranodeGroup::lost_ignore).
   const uint64_t* lost_ranks_ = nullptr;

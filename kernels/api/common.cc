@@ -27,6 +27,9 @@ const char* PeerDataIndexName(PeerDataField field) {
       return "barrier lane";
     case PeerDataField::kLowLatencyDoneCounter:
       return "index";
+    case PeerDataField::kInternodeRowCount:
+    case PeerDataField::kInternodeCachedRowCount:
+      return "host";
     default:
       return "channel";
   }
@@ -92,6 +95,12 @@ const char* WaitSiteName(WaitSite site) {
       return "transport ring space";
     case WaitSite::kTransportQuiet:
       return "transport quiet";
+    case WaitSite::kInternodeDispatchRows:
+      return "internode dispatch rows";
+    case WaitSite::kInternodeSlabFree:
+      return "internode release of the previous dispatch's slabs";
+    case WaitSite::kInternodeCombineRows:
+      return "internode combine rows";
   }
   return "unknown";
 }
@@ -128,6 +137,10 @@ const char* PeerDataFieldName(PeerDataField field) {
       return "barrier arrivals ahead of this rank";
     case PeerDataField::kLowLatencyDoneCounter:
       return "low-latency work counter";
+    case PeerDataField::kInternodeRowCount:
+      return "internode row count";
+    case PeerDataField::kInternodeCachedRowCount:
+      return "internode row count (a cached dispatch must receive the cached handle's)";
   }
   return "unknown field";
 }

@@ -7,6 +7,7 @@
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/common.h"
 #include "epfabric/kernels/internode.h"
+#include "epfabric/kernels/transport/ring.h"
 
 namespace epfabric::kernels {
 namespace {
@@ -52,6 +53,7 @@ absl::StatusOr<InternodeRdmaLayout> ComputeInternodeRdmaLayout(const InternodeSh
   l.slab_free = Place(&cursor, H * 8);
   l.combine_arrived = Place(&cursor, H * 8);
   l.send_count = Place(&cursor, H * 8);
+  l.calls = Place(&cursor, 2 * 8);
   l.signal_bytes = cursor;
   l.x_slab_bytes = AlignUp(M * s.max_hidden * 2);
   l.scales_slab_bytes = AlignUp(M * ((s.max_hidden + 127) / 128) * sizeof(float));
@@ -123,6 +125,133 @@ absl::Status ValidateInternodeReduce(const InternodeReduceParams& p) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateInternodePlan(const InternodePlanParams& p) {
+  if (p.num_hosts < 1 || p.num_hosts > kMaxInternodeHosts) {
+    return InvalidValue("num_hosts", p.num_hosts, absl::StrCat("must be in [1, ", kMaxInternodeHosts, "]"));
+  }
+  if (p.ranks_per_host < 1 || p.ranks_per_host > kMaxNvlPeers) {
+    return InvalidValue("ranks_per_host", p.ranks_per_host, absl::StrCat("must be in [1, ", kMaxNvlPeers, "]"));
+  }
+  if (p.max_rows < 1) return InvalidValue("max_rows", p.max_rows, "must be >= 1");
+  if (p.num_tokens < 0 || p.num_tokens > p.max_rows) {
+    return InvalidValue("num_tokens", p.num_tokens, "must be in [0, max_rows]");
+  }
+  if (p.send_plan == nullptr) return MissingPointer("send_plan", "always");
+  if (p.num_tokens > 0 && (p.is_token_in_rank == nullptr || p.send_slot == nullptr)) {
+    return MissingPointer("is_token_in_rank/send_slot", "with num_tokens > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInternodeGather(const InternodeGatherParams& p) {
+  EPF_RETURN_IF_ERROR(CheckSlabs(p.layout, p.max_rows, p.num_hosts));
+  if (p.region == nullptr) return MissingPointer("region", "always");
+  if (p.self_host < 0 || p.self_host >= p.num_hosts) {
+    return InvalidValue("self_host", p.self_host, "must be in [0, num_hosts)");
+  }
+  if (p.send_counts == nullptr || p.recv_counts == nullptr) {
+    return MissingPointer("send_counts/recv_counts", "always");
+  }
+  if (p.row_bytes < 16 || p.row_bytes % 16 != 0 ||
+      static_cast<size_t>(p.row_bytes) * p.max_rows > p.layout.x_slab_bytes) {
+    return InvalidValue("row_bytes", p.row_bytes, "must be a multiple of 16 that fits the x slab");
+  }
+  if (p.num_scales < 0 || static_cast<size_t>(p.num_scales) * sizeof(float) * p.max_rows > p.layout.scales_slab_bytes) {
+    return InvalidValue("num_scales", p.num_scales, "must fit the scales slab");
+  }
+  if (p.num_topk < 0 || static_cast<size_t>(p.num_topk) * sizeof(int64_t) * p.max_rows > p.layout.topk_idx_slab_bytes) {
+    return InvalidValue("num_topk", p.num_topk, "must fit the top-k slab");
+  }
+  if (p.x == nullptr) return MissingPointer("x", "always");
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return absl::InvalidArgumentError("x must be 16-byte aligned");
+  if (p.num_scales > 0 && p.x_scales == nullptr) return MissingPointer("x_scales", "with num_scales > 0");
+  if (p.num_topk > 0 && p.topk_idx == nullptr) return MissingPointer("topk_idx", "with num_topk > 0");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInternodeScatter(const InternodeScatterParams& p) {
+  EPF_RETURN_IF_ERROR(CheckSlabs(p.layout, p.max_rows, p.num_hosts));
+  if (p.region == nullptr || p.x == nullptr || p.recv_counts == nullptr) {
+    return MissingPointer("region/x/recv_counts", "always");
+  }
+  if (p.self_host < 0 || p.self_host >= p.num_hosts) {
+    return InvalidValue("self_host", p.self_host, "must be in [0, num_hosts)");
+  }
+  if (p.hidden < 8 || p.hidden % 8 != 0 ||
+      static_cast<size_t>(p.hidden) * 2 * p.max_rows > p.layout.combine_x_slab_bytes) {
+    return InvalidValue("hidden", p.hidden, "must be a multiple of 8 that fits the combine slab");
+  }
+  if (p.num_topk < 0 ||
+      static_cast<size_t>(p.num_topk) * sizeof(float) * p.max_rows > p.layout.combine_weights_slab_bytes) {
+    return InvalidValue("num_topk", p.num_topk, "must fit the combine weights slab");
+  }
+  if (p.num_topk > 0 && p.topk_weights == nullptr) return MissingPointer("topk_weights", "with num_topk > 0");
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckRings(const InternodeRing* rings, int num_rings, bool needed) {
+  if (num_rings < (needed ? 1 : 0) || num_rings > kMaxInternodeRings) {
+    return InvalidValue("num_rings", num_rings, absl::StrCat("must be in [1, ", kMaxInternodeRings, "]"));
+  }
+  for (int c = 0; c < num_rings; ++c) {
+    if (rings[c].control == nullptr || !transport::ValidRingSlots(rings[c].slots)) {
+      return absl::InvalidArgumentError(absl::StrCat("internode ring ", c, " without memory or a valid slot count"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHosts(int num_hosts, int self_host, int ranks_per_host, int local_rank) {
+  if (num_hosts < 1 || num_hosts > kMaxInternodeHosts) {
+    return InvalidValue("num_hosts", num_hosts, absl::StrCat("must be in [1, ", kMaxInternodeHosts, "]"));
+  }
+  if (self_host < 0 || self_host >= num_hosts) return InvalidValue("self_host", self_host, "must be in [0, num_hosts)");
+  if (ranks_per_host < 1 || ranks_per_host > kMaxNvlPeers || local_rank < 0 || local_rank >= ranks_per_host) {
+    return InvalidValue("local_rank", local_rank, "must be in [0, ranks_per_host), ranks_per_host in [1, 8]");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status InternodePlan(const InternodePlanParams& p, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(ValidateInternodePlan(p));
+  return LaunchError(internode::LaunchPlan(p, stream), "internode plan");
+}
+
+absl::Status InternodeGather(const InternodeGatherParams& p, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(ValidateInternodeGather(p));
+  return LaunchError(internode::LaunchGather(p, stream), "internode gather");
+}
+
+absl::Status InternodeScatter(const InternodeScatterParams& p, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(ValidateInternodeScatter(p));
+  return LaunchError(internode::LaunchScatter(p, stream), "internode scatter");
+}
+
+absl::Status InternodeIssue(const InternodeIssueParams& p, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(CheckHosts(p.num_hosts, p.self_host, p.ranks_per_host, p.local_rank));
+  EPF_RETURN_IF_ERROR(CheckRings(p.rings, p.num_rings, /*needed=*/true));
+  EPF_RETURN_IF_ERROR(CheckSlabs(p.layout, p.max_rows, p.num_hosts));
+  if (p.counts == nullptr && p.step != InternodeIssueStep::kSlabFree) return MissingPointer("counts", "always");
+  if (p.row_bytes < 0 || p.num_scales < 0 || p.num_topk < 0) {
+    return absl::InvalidArgumentError("internode issue: negative row size");
+  }
+  if (p.status == nullptr) return MissingPointer("status", "always");
+  return LaunchError(internode::LaunchIssue(p, stream), "internode issue");
+}
+
+absl::Status InternodeWait(const InternodeWaitParams& p, cudaStream_t stream) {
+  EPF_RETURN_IF_ERROR(CheckHosts(p.num_hosts, p.self_host, p.ranks_per_host, p.local_rank));
+  EPF_RETURN_IF_ERROR(CheckRings(p.rings, p.num_rings, p.quiet));
+  if (p.region == nullptr || p.layout.total_bytes == 0) return MissingPointer("region/layout", "always");
+  if (p.call != 0 && p.call != 1) return InvalidValue("call", p.call, "must be 0 (dispatch) or 1 (combine)");
+  if (p.status == nullptr) return MissingPointer("status", "always");
+  return LaunchError(internode::LaunchWait(p, stream), "internode wait");
 }
 
 absl::Status InternodePack(const InternodePackParams& p, cudaStream_t stream) {

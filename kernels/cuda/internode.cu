@@ -1,5 +1,6 @@
-// The internode normal mode's two data steps on the GPU (internode.h): the source's pack into the RDMA region and
-// its final reduce over the per-host partial rows. Plain copies and float sums, warp per row.
+// The internode normal mode's two data steps on the GPU (internode.h): the source's pack into the RDMA region (and
+// each host's count into its send_count word) and its final reduce over the per-host partial rows. Plain copies and
+// float sums, warp per row.
 #include <cuda_bf16.h>
 
 #include "api/internode_launch.h"
@@ -20,6 +21,8 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(const __grid_constant__ 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int count = p.send_counts[host];
   const InternodeRdmaLayout& l = p.layout;
+  // The source of the count put to host's gateway (the host path's and the device issuer's).
+  if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<int64_t*>(p.region + l.send_count)[host] = count;
   uint8_t* x_dst = SlabBase(p, l.send_x, l.recv_x, l.x_slab_bytes, host);
   // Scale words are copied as 4-byte integers: float scales or packed UE8M0 int32 words, bit for bit.
   uint32_t* scales_dst =

@@ -25,6 +25,12 @@ TEST_F(InternodeTest, TwoHostsOfTwoRanks) {
   Run("hidden-7168-fp8", Scenario(16, 7168, 8, 32, true, 19, {"--fixed_tokens"}));
   Run("fp8-packed-ue8m0-scales", Scenario(24, 1024, 4, 16, true, 63, {"--packed_scales"}));
   Run("bad-input", Scenario(16, 128, 4, 8, false, 20, {"--bad_input"}));
+  // Worst-case mode (num_worst_tokens = the most a rank can receive, 4 ranks x the tokens): the RDMA stage's rows at
+  // fixed places (the path cuda captures into graphs), outputs padded; cached dispatches through the padded handle.
+  Run("worst-bf16", Scenario(32, 256, 4, 16, false, 66, {"--worst_tokens=128"}));
+  Run("worst-fp8-packed",
+      Scenario(24, 1024, 4, 16, true, 67, {"--worst_tokens=96", "--packed_scales", "--empty_fraction=0.6"}));
+  Run("worst-silent", Scenario(24, 128, 4, 8, false, 68, {"--worst_tokens=96", "--routing=silent", "--silent_rank=1"}));
   Run("ll-fp8", LowLatency(16, 256, 4, 16, true, 51));
   Run("ll-bf16", LowLatency(16, 256, 4, 16, false, 52, {"--empty_fraction=0.6"}));
   Run("ll-silent", LowLatency(16, 128, 4, 8, true, 53, {"--routing=silent", "--silent_rank=3"}));
@@ -47,6 +53,7 @@ TEST_F(InternodeTest, ThreeHostsOfOneRank) {
   Run("random", Scenario(32, 256, 4, 12, false, 21));
   Run("fp8", Scenario(32, 256, 4, 12, true, 22, {"--empty_fraction=0.6"}));
   Run("one-expert", Scenario(16, 128, 2, 6, false, 23, {"--routing=one_expert"}));
+  Run("worst-one-expert", Scenario(16, 128, 2, 6, false, 26, {"--routing=one_expert", "--worst_tokens=48"}));
   Run("ll", LowLatency(16, 256, 4, 12, true, 24));
   Run("ll-relay", LowLatency(16, 256, 4, 12, true, 25, {"--relay", "--hooks"}));
 }
@@ -55,6 +62,7 @@ TEST_F(InternodeTest, TwoHostsOfThreeRanks) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(2, 3));
   Run("random", Scenario(24, 256, 4, 12, false, 31));
   Run("fp8-silent", Scenario(24, 256, 6, 24, true, 32, {"--routing=silent", "--silent_rank=4"}));
+  Run("worst-fp8", Scenario(24, 256, 6, 24, true, 36, {"--worst_tokens=144"}));
   Run("ll", LowLatency(16, 256, 4, 12, false, 33));
   Run("ll-relay", LowLatency(16, 256, 4, 12, false, 34, {"--relay", "--hooks", "--empty_fraction=0.4"}));
   Run("both-modes", BothModes(16, 256, 4, 12, false, 35));
@@ -74,6 +82,7 @@ TEST_F(InternodeTest, OneHostThroughTheInternodePathMatchesIntranodeBitForBit) {
   ASSERT_NO_FATAL_FAILURE(StartFabric(1, 2));
   Run("forced", Scenario(32, 256, 4, 8, false, 41, {"--force_internode"}));
   Run("forced-fp8", Scenario(32, 256, 4, 8, true, 42, {"--force_internode", "--empty_fraction=0.5"}));
+  Run("forced-worst", Scenario(32, 256, 4, 8, false, 43, {"--force_internode", "--worst_tokens=64"}));
 }
 
 bool WaitForFiles(const std::string& dir, const std::vector<std::string>& names, absl::Duration timeout) {

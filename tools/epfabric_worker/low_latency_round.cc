@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checks.h"
-#include "low_latency_graph.h"
+#include "graphs.h"
 #include "memory.h"
 #include "worker.h"
 

@@ -51,7 +51,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checks.h"
-#include "low_latency_graph.h"
+#include "graphs.h"
 #include "memory.h"
 #include "restart_probe.h"
 #include "worker.h"
@@ -99,6 +99,9 @@ ABSL_FLAG(int, hosts, 1,
           "--region_bytes: hosts of the group (--ranks per host); with more than one (or --force_internode) prints "
           "`NVL_BYTES RDMA_BYTES` (RequiredGroupBytes).");
 ABSL_FLAG(bool, cached, false, "Normal mode: after each dispatch, a cached dispatch with its handle, checked alike.");
+ABSL_FLAG(int, worst_tokens, 0,
+          "Normal mode: dispatch with num_worst_tokens = N (outputs of N rows, the received ones first, padding "
+          "after them; across hosts the RDMA stage then waits on the device, not the host).");
 ABSL_FLAG(bool, force_internode, false,
           "Normal mode: BufferConfig.force_internode (a one-host group through the "
           "internode path; it must give the intranode path's bits).");
@@ -111,8 +114,9 @@ ABSL_FLAG(bool, relay, false,
 ABSL_FLAG(std::string, low_latency_issue, "auto",
           "Low latency across hosts on cuda: BufferConfig.low_latency_issue (device, relay or auto).");
 ABSL_FLAG(bool, graph, false,
-          "Low latency on cuda: each round's dispatch and combine replay CUDA graphs captured at the first round "
-          "(needs --fixed_tokens; no --hooks, no --mode=both).");
+          "cuda: each round's dispatch and combine replay CUDA graphs captured at the first round (needs "
+          "--fixed_tokens; low latency without --hooks; normal mode with --worst_tokens, without --cached; no "
+          "--mode=both).");
 ABSL_FLAG(int64_t, launch_unix_ns, 0,
           "When the launcher started this process (CLOCK_REALTIME ns, e.g. `date +%s%N`). Checked modes report "
           "restart_to_first_dispatch_ms from it to the first completed dispatch, which there also includes making "
@@ -174,6 +178,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   }
   s.force_internode = absl::GetFlag(FLAGS_force_internode);
   s.cached = absl::GetFlag(FLAGS_cached);
+  s.worst_tokens = absl::GetFlag(FLAGS_worst_tokens);
   s.hooks = absl::GetFlag(FLAGS_hooks);
   s.packed_scales = absl::GetFlag(FLAGS_packed_scales);
   if (s.packed_scales && (!s.fp8 || s.hidden % 512 != 0)) {
@@ -186,8 +191,13 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     return kExitUsage;
   }
   const bool graph = absl::GetFlag(FLAGS_graph);
-  if (graph && (!s.low_latency || !s.fixed_tokens || s.hooks)) {
-    std::cerr << "--graph needs --mode=low_latency and --fixed_tokens, without --hooks\n";
+  if (graph && (!s.fixed_tokens || (s.low_latency ? s.hooks : s.worst_tokens == 0 || s.cached))) {
+    std::cerr << "--graph needs --fixed_tokens, and low latency without --hooks or normal mode with --worst_tokens "
+                 "and without --cached\n";
+    return kExitUsage;
+  }
+  if (s.worst_tokens < 0 || (s.worst_tokens > 0 && s.low_latency)) {
+    std::cerr << "--worst_tokens needs normal mode and a count >= 0\n";
     return kExitUsage;
   }
   BufferConfig config{.max_tokens_per_rank = s.tokens,
@@ -265,9 +275,14 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   // --graph: outputs from an arena (their captured addresses stay valid), calls replayed from graphs.
   std::shared_ptr<client::Allocator> arena;
   std::unique_ptr<LowLatencyGraphs> graphs;
+  std::unique_ptr<NormalGraphs> normal_graphs;
   if (graph) {
     arena = std::make_shared<ArenaAllocator>(size_t{1} << 30);
-    graphs = std::make_unique<LowLatencyGraphs>();
+    if (s.low_latency) {
+      graphs = std::make_unique<LowLatencyGraphs>();
+    } else {
+      normal_graphs = std::make_unique<NormalGraphs>();
+    }
   }
   auto buffer = Buffer::Create(lease->get(), config, arena);
   if (!buffer.ok()) return fail("Buffer::Create", buffer.status());
@@ -303,7 +318,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     for (int round = 0; round < rounds; ++round) {
       RoundStats stats;
       absl::Status ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, round, checks, &stats, graphs.get())
-                                       : RunNormalRound(**buffer, mem, s, round, checks, &stats);
+                                       : RunNormalRound(**buffer, mem, s, round, checks, &stats, normal_graphs.get());
       if (!ran.ok()) return ran;
       if (both) {
         RoundStats ll_stats;
@@ -332,7 +347,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
       }
       RoundStats stats;
       ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, 1000 + round, checks, &stats, graphs.get())
-                          : RunNormalRound(**buffer, mem, s, 1000 + round, checks, &stats);
+                          : RunNormalRound(**buffer, mem, s, 1000 + round, checks, &stats, normal_graphs.get());
       if (round == 0) std::cout << "EPF_EVENT rank=" << rank << " running" << std::endl;
     }
     if (checks.failures() > 0) return fail("before the timeout", absl::DataLossError("mismatches"));

@@ -1,5 +1,6 @@
 // epfabric_worker, normal mode: one round's inputs of every rank, the host reference's dispatch and combine, and the
 // checked round through the Buffer API.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "checks.h"
+#include "graphs.h"
 #include "memory.h"
 #include "worker.h"
 
@@ -157,10 +159,34 @@ NormalRound MakeNormalRound(const Scenario& s, int num_ranks, int rank, int roun
   return x;
 }
 
+// Worst-case mode (--worst_tokens): the rows past the `received` ones are padding (top-k -1, weights 0); the
+// checks below then compare the received rows only.
+void CheckPadding(Checks& checks, const std::vector<int64_t>& idx, const std::vector<float>& w, int received, int rows,
+                  int topk) {
+  for (int row = received; row < rows; ++row) {
+    for (int k = 0; k < topk; ++k) {
+      const size_t at = static_cast<size_t>(row) * topk + k;
+      if (at < idx.size() && idx[at] != -1) {
+        return checks.Fail(absl::StrFormat("padding row %d of %d (after %d received): recv_topk_idx %d", row, rows,
+                                           received, idx[at]));
+      }
+      if (at < w.size() && w[at] != 0.0f) {
+        return checks.Fail(absl::StrFormat("padding row %d: recv_topk_weights %g", row, w[at]));
+      }
+    }
+  }
+}
+
+template <typename T>
+std::vector<T> Rows(std::vector<T> v, int rows, int per_row) {
+  v.resize(std::min(v.size(), static_cast<size_t>(rows) * per_row));
+  return v;
+}
+
 }  // namespace
 
 absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
-                            RoundStats* stats) {
+                            RoundStats* stats, NormalGraphs* graphs) {
   const int R = buffer.num_ranks(), rank = buffer.rank();
   const NormalRound x = MakeNormalRound(s, R, rank, round);
   const ref::DispatchConfig& c = x.config;
@@ -180,14 +206,34 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
 
   auto start = std::chrono::steady_clock::now();
   NoteCallStarted();
-  auto layout = buffer.GetDispatchLayout(*idx_view);
-  if (!layout.ok()) return layout.status();
-  MaybeDieDuringThisDispatch();
-  auto recv = buffer.Dispatch({.x = *x_view,
-                               .x_scales = s.fp8 ? *scales_view : TensorView{},
-                               .topk_idx = *idx_view,
-                               .topk_weights = *w_view,
-                               .layout = &*layout});
+  absl::StatusOr<client::DispatchLayout> layout;
+  absl::StatusOr<client::DispatchResult> recv;
+  if (graphs != nullptr) {
+    // Replayed: the layout and the dispatch captured at the first round, this round's inputs copied in.
+    std::vector<uint32_t> scale_words;
+    std::vector<int64_t> scales_shape{T, c.num_scales};
+    if (s.packed_scales) {
+      const std::vector<int32_t> packed = PackUe8m0(in.x_scales, T, c.num_scales);
+      scale_words.assign(packed.begin(), packed.end());
+      scales_shape[1] = c.num_scales / kUe8m0ScalesPerWord;
+    } else {
+      scale_words.resize(in.x_scales.size());
+      if (!scale_words.empty()) std::memcpy(scale_words.data(), in.x_scales.data(), scale_words.size() * 4);
+    }
+    recv = graphs->Dispatch(buffer, s, in.x, scale_words, s.packed_scales ? DType::kInt32 : DType::kFloat32,
+                            scales_shape, in.topk_idx, in.topk_weights, T);
+    if (recv.ok()) layout = graphs->layout();
+  } else {
+    layout = buffer.GetDispatchLayout(*idx_view);
+    if (!layout.ok()) return layout.status();
+    MaybeDieDuringThisDispatch();
+    recv = buffer.Dispatch({.x = *x_view,
+                            .x_scales = s.fp8 ? *scales_view : TensorView{},
+                            .topk_idx = *idx_view,
+                            .topk_weights = *w_view,
+                            .layout = &*layout,
+                            .num_worst_tokens = s.worst_tokens});
+  }
   if (!recv.ok()) return recv.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->dispatch_ms = MsSince(start);
@@ -201,21 +247,32 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
                want.layout.is_token_in_rank);
   const int N = recv->handle != nullptr ? recv->handle->num_recv_tokens : -1;
   if (N < 0) return absl::InternalError("Dispatch returned no handle");
+  // Worst-case mode: N rows, the first `received` of them this rank's (compared), padding after them.
+  const bool worst = s.worst_tokens > 0;
+  const int received = worst ? std::min(N, want.num_recv_tokens) : N;
   // On a wrong count the comparisons below fail on sizes; the combine still runs (the peers wait for it).
-  if (N != want.num_recv_tokens) {
-    checks.Fail(absl::StrFormat("num_recv_tokens = %d, expected %d", N, want.num_recv_tokens));
+  if (N != (worst ? s.worst_tokens : want.num_recv_tokens)) {
+    checks.Fail(absl::StrFormat("num_recv_tokens = %d, expected %d", N, worst ? s.worst_tokens : want.num_recv_tokens));
   }
-  checks.Exact("num_recv_tokens_per_expert", recv->num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
-  const auto recv_x = mem.Download<uint8_t>(recv->recv_x.view, static_cast<size_t>(N) * c.row_bytes);
-  const auto recv_scales = DownloadScales(mem, s, recv->recv_x_scales.view, N, c.num_scales);
-  const auto recv_idx = mem.Download<int64_t>(recv->recv_topk_idx.view, static_cast<size_t>(N) * K);
-  const auto recv_w = mem.Download<float>(recv->recv_topk_weights.view, static_cast<size_t>(N) * K);
+  if (!worst) {
+    checks.Exact("num_recv_tokens_per_expert", recv->num_recv_tokens_per_expert, want.num_recv_tokens_per_expert);
+  }
+  const auto all_idx = mem.Download<int64_t>(recv->recv_topk_idx.view, static_cast<size_t>(N) * K);
+  const auto all_w = mem.Download<float>(recv->recv_topk_weights.view, static_cast<size_t>(N) * K);
+  if (worst) CheckPadding(checks, all_idx, all_w, received, N, K);
+  const auto recv_x =
+      Rows(mem.Download<uint8_t>(recv->recv_x.view, static_cast<size_t>(N) * c.row_bytes), received, c.row_bytes);
+  const auto recv_scales =
+      Rows(DownloadScales(mem, s, recv->recv_x_scales.view, N, c.num_scales), received, c.num_scales);
+  const auto recv_idx = Rows(all_idx, received, K);
+  const auto recv_w = Rows(all_w, received, K);
   checks.Exact("recv_x", recv_x, want.recv_x);
   checks.Exact("recv_x_scales", recv_scales, want.recv_x_scales);
   checks.Exact("recv_topk_idx", recv_idx, want.recv_topk_idx);
   checks.Exact("recv_topk_weights", recv_w, want.recv_topk_weights);
   if (s.cached) {
-    // The same tokens again without notify: the handle's plan, the same received rows.
+    // The same tokens again without notify: the handle's plan, the same received rows (worst-case: the handle's
+    // mode, the same padded shapes).
     NoteCallStarted();
     auto again = buffer.Dispatch({.x = *x_view,
                                   .x_scales = s.fp8 ? *scales_view : TensorView{},
@@ -224,15 +281,18 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
                                   .cached = recv->handle});
     if (!again.ok()) return again.status();
     if (absl::Status done = buffer.Check(); !done.ok()) return done;
-    checks.Exact("cached recv_x", mem.Download<uint8_t>(again->recv_x.view, static_cast<size_t>(N) * c.row_bytes),
-                 want.recv_x);
-    checks.Exact("cached recv_x_scales", DownloadScales(mem, s, again->recv_x_scales.view, N, c.num_scales),
+    checks.Exact(
+        "cached recv_x",
+        Rows(mem.Download<uint8_t>(again->recv_x.view, static_cast<size_t>(N) * c.row_bytes), received, c.row_bytes),
+        want.recv_x);
+    checks.Exact("cached recv_x_scales",
+                 Rows(DownloadScales(mem, s, again->recv_x_scales.view, N, c.num_scales), received, c.num_scales),
                  want.recv_x_scales);
-    checks.Exact("cached recv_topk_idx", mem.Download<int64_t>(again->recv_topk_idx.view, static_cast<size_t>(N) * K),
-                 want.recv_topk_idx);
-    checks.Exact("cached recv_topk_weights",
-                 mem.Download<float>(again->recv_topk_weights.view, static_cast<size_t>(N) * K),
-                 want.recv_topk_weights);
+    const auto again_idx = mem.Download<int64_t>(again->recv_topk_idx.view, static_cast<size_t>(N) * K);
+    const auto again_w = mem.Download<float>(again->recv_topk_weights.view, static_cast<size_t>(N) * K);
+    if (worst) CheckPadding(checks, again_idx, again_w, received, N, K);
+    checks.Exact("cached recv_topk_idx", Rows(again_idx, received, K), want.recv_topk_idx);
+    checks.Exact("cached recv_topk_weights", Rows(again_w, received, K), want.recv_topk_weights);
   }
   for (int d = 0; d < R; ++d) {
     stats->bytes += static_cast<uint64_t>(want.layout.num_tokens_per_rank[d]) * c.row_bytes;
@@ -253,19 +313,25 @@ absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int 
   }
 
   // The experts, on what this rank received (when that matched the reference, these equal the reference's).
+  // (Worst-case: the padding rows' outputs are zero, as their top-k chose no expert.)
   std::vector<uint16_t> expert_out;
   if (recv_x.size() == want.recv_x.size() && recv_idx.size() == want.recv_topk_idx.size() &&
       recv_w.size() == want.recv_topk_weights.size() && recv_scales.size() == want.recv_x_scales.size()) {
-    expert_out = NormalExpertOutputs(c, H, rank, N, recv_x.data(), recv_scales.data(), recv_idx.data(), recv_w.data());
-  } else {
-    expert_out.assign(static_cast<size_t>(N) * H, 0);
+    expert_out =
+        NormalExpertOutputs(c, H, rank, received, recv_x.data(), recv_scales.data(), recv_idx.data(), recv_w.data());
   }
-  auto expert_view = mem.Upload(expert_out, DType::kBF16, {N, H});
-  if (!expert_view.ok()) return expert_view.status();
+  expert_out.resize(static_cast<size_t>(N) * H, 0);
   start = std::chrono::steady_clock::now();
   NoteCallStarted();
-  auto combined =
-      buffer.Combine({.x = *expert_view, .topk_weights = recv->recv_topk_weights.view, .handle = recv->handle});
+  absl::StatusOr<client::CombineResult> combined;
+  if (graphs != nullptr) {
+    combined = graphs->Combine(buffer, expert_out, H);
+  } else {
+    auto expert_view = mem.Upload(expert_out, DType::kBF16, {N, H});
+    if (!expert_view.ok()) return expert_view.status();
+    combined =
+        buffer.Combine({.x = *expert_view, .topk_weights = recv->recv_topk_weights.view, .handle = recv->handle});
+  }
   if (!combined.ok()) return combined.status();
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);

@@ -63,6 +63,7 @@ struct Scenario {
   bool packed_scales = false;    // normal fp8: x_scales as DeepEP's packed UE8M0 int32 (hidden % 512 == 0)
   bool hooks = false;            // low latency: odd rounds through DeepEP's receive hooks
   bool cached = false;           // normal mode: also a cached dispatch with the round's handle, checked the same
+  int worst_tokens = 0;          // normal mode: DispatchArgs.num_worst_tokens (outputs of that many rows, padding)
 };
 
 inline float ExpertScale(int64_t expert) { return 1.0f + static_cast<float>(expert % 8) * 0.125f; }
@@ -110,10 +111,11 @@ int ChooseDevice(int rank);
 // One checked round of the group's mode (normal_round.cc, low_latency_round.cc). Returns the first failing call's
 // status (then the round stops: the peers see the same failure or time out), OK otherwise; mismatches go to
 // `checks`.
-absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
-                            RoundStats* stats);
-// `graphs` (--graph): the calls replay CUDA graphs captured at the first round (low_latency_graph.h).
+// `graphs` (--graph): the calls replay CUDA graphs captured at the first round (graphs.h).
+class NormalGraphs;
 class LowLatencyGraphs;
+absl::Status RunNormalRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
+                            RoundStats* stats, NormalGraphs* graphs = nullptr);
 absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
                                 RoundStats* stats, LowLatencyGraphs* graphs = nullptr);
 

@@ -23,15 +23,30 @@ absl::StatusOr<InternodeRdmaLayout> ComputeInternodeRdmaLayout(const InternodeSh
 
 absl::Status ValidateInternodePack(const InternodePackParams& p);
 absl::Status ValidateInternodeReduce(const InternodeReduceParams& p);
+absl::Status ValidateInternodePlan(const InternodePlanParams& p);
+absl::Status ValidateInternodeGather(const InternodeGatherParams& p);
+absl::Status ValidateInternodeScatter(const InternodeScatterParams& p);
 
-// CUDA: launched on `stream` (device pointers; the region as mapped on the device).
+// CUDA: launched on `stream` (device pointers; the region as mapped on the device). The pack also stores each host's
+// count into the region's send_count words (the source of the count puts).
 absl::Status InternodePack(const InternodePackParams& p, cudaStream_t stream);
 absl::Status InternodeReduce(const InternodeReduceParams& p, cudaStream_t stream);
+absl::Status InternodePlan(const InternodePlanParams& p, cudaStream_t stream);
+absl::Status InternodeGather(const InternodeGatherParams& p, cudaStream_t stream);
+absl::Status InternodeScatter(const InternodeScatterParams& p, cudaStream_t stream);
+// The worst-case mode's transport steps on the device (one block each; bounded waits recorded in p.status; a ring
+// whose daemon recorded a failure gets no more commands, and the caller reads why from its RingControl).
+absl::Status InternodeIssue(const InternodeIssueParams& p, cudaStream_t stream);
+absl::Status InternodeWait(const InternodeWaitParams& p, cudaStream_t stream);
 
 namespace host_backend {
-// The same on the calling thread (host pointers).
+// The same on the calling thread (host pointers). The gather returns DataLoss for a bad count instead of recording
+// it.
 absl::Status InternodePack(const InternodePackParams& p);
 absl::Status InternodeReduce(const InternodeReduceParams& p);
+absl::Status InternodePlan(const InternodePlanParams& p);
+absl::Status InternodeGather(const InternodeGatherParams& p);
+absl::Status InternodeScatter(const InternodeScatterParams& p);
 }  // namespace host_backend
 
 }  // namespace epfabric::kernels

@@ -33,6 +33,10 @@ enum class WaitSite : int32_t {
   kLowLatencyCombineFlag = 8,
   kTransportRingSpace = 9,  // transport issuer: a free slot in the command ring (the daemon did not consume)
   kTransportQuiet = 10,     // transport quiet: completion of the ring's commands (peer_rank: waiting_rank)
+  // Internode normal mode in worst-case mode (the RDMA stage's waits on the device); channel = the peer's host.
+  kInternodeDispatchRows = 11,  // the rows a peer on another host put into this rank's slabs
+  kInternodeSlabFree = 12,      // a gateway on another host copied out this rank's previous rows
+  kInternodeCombineRows = 13,   // the reduced rows a gateway on another host put back
 };
 
 // A value read from peer-writable memory (a region any rank of the group can write) that lies outside its valid
@@ -50,11 +54,13 @@ enum class PeerDataField : int32_t {
   kDispatchTopkIdx = 7,     // dispatch: a received row's local expert id; index = channel
   kCombineTail = 8,         // combine: slot end a peer says it made visible; index = channel
   kCombineRange = 9,        // combine: a channel's slot range from the dispatch that filled the handle; index = channel
-  kLowLatencyRecvCount = 10,     // low-latency dispatch: tokens of a source for a local expert; index = local expert
-  kLowLatencyRoutingToken = 11,  // low-latency dispatch: token of a routing entry; index = local expert
-  kLowLatencyRoutingTopk = 12,   // low-latency dispatch: top-k position of a routing entry; index = local expert
-  kBarrierArrivals = 13,         // barrier: a peer's arrivals minus this rank's completed barriers; index = lane
-  kLowLatencyDoneCounter = 14,   // low latency: the call's local work counter (in the own region); index = -1
+  kLowLatencyRecvCount = 10,      // low-latency dispatch: tokens of a source for a local expert; index = local expert
+  kLowLatencyRoutingToken = 11,   // low-latency dispatch: token of a routing entry; index = local expert
+  kLowLatencyRoutingTopk = 12,    // low-latency dispatch: top-k position of a routing entry; index = local expert
+  kBarrierArrivals = 13,          // barrier: a peer's arrivals minus this rank's completed barriers; index = lane
+  kLowLatencyDoneCounter = 14,    // low latency: the call's local work counter (in the own region); index = -1
+  kInternodeRowCount = 15,        // internode worst-case dispatch: rows a peer on another host sent; index = its host
+  kInternodeCachedRowCount = 16,  // the same, in a cached dispatch: must equal the cached handle's; index = host
 };
 
 // Written by a kernel when a bounded wait expires or when it reads a bad value from peer-writable memory. It lives

@@ -38,6 +38,7 @@ class RingIssuer {
   // Commands reserved so far on this ring (the next index).
   uint64_t issued() const;
   int channel() const { return channel_; }
+  const RingControl& control() const { return *control_; }
 
  private:
   RingIssuer(RingControl* control, Command* slots, int channel, uint32_t slot_count)
