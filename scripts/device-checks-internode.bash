@@ -43,9 +43,10 @@ kill_case() {
   "$epctl" --socket="$dir/d0.sock" delete-group --group="$name" --token="$token" >/dev/null || status=1
 }
 
-# run_internode [all|device|relay|wide]: every case (default), only the low-latency cases issued from the device or
-# relayed, or (wide) two small low-latency cases, relayed and device-issued, meant for large groups (e.g.
-# EPF_HOSTS=9 EPF_RANKS_PER_HOST=8: 72 daemons and workers, past the rank sets' first 64-bit word).
+# run_internode [all|device|relay|wide|worst]: every case (default), only the low-latency cases issued from the device
+# or relayed, (wide) two small low-latency cases, relayed and device-issued, meant for large groups (e.g.
+# EPF_HOSTS=9 EPF_RANKS_PER_HOST=8: 72 daemons and workers, past the rank sets' first 64-bit word), or (worst) only
+# the normal-mode cases in worst-case mode (the RDMA stage's puts and waits on the device, CUDA graphs).
 run_internode() {
   local only=${1:-all}
   local dir pids=() r rc epctl=$BUNDLE/bin/epctl worker=$BUNDLE/bin/epfabric_worker
@@ -176,12 +177,33 @@ run_internode() {
     kill_case "$dir" loss-ll-dev "$hosts" "$per_host" 2000 --mode=low_latency --low_latency_issue=device \
       --tokens=32 --hidden=1024 --topk=4 --experts=$e16 --fp8 --seed=49
     fi
+    # Normal mode in worst-case mode (num_worst_tokens = the most a rank can receive): the RDMA stage's plan, puts,
+    # waits and gather on the device; the graph cases replay a captured layout + dispatch and combine every round.
+    if [[ $only == all || $only == worst ]]; then
+    local worst=(--mode=normal --timeout_ms=60000)
+    internode_case worst-bf16 no "${worst[@]}" --repeats=3 --cached --tokens=128 --hidden=1024 --topk=8 \
+      --experts=$e32 --worst_tokens=$((world * 128)) --seed=81
+    internode_case worst-ue8m0 no "${worst[@]}" --repeats=3 --cached --tokens=64 --hidden=1024 --topk=8 \
+      --experts=$e32 --fp8 --packed_scales --empty_fraction=0.5 --worst_tokens=$((world * 64)) --seed=82
+    internode_case worst-silent no "${worst[@]}" --repeats=3 --cached --tokens=64 --hidden=512 --topk=4 \
+      --experts=$e16 --routing=silent --silent_rank=2 --worst_tokens=$((world * 64)) --seed=83
+    internode_case worst-graph no "${worst[@]}" --repeats=6 --graph --fixed_tokens --tokens=64 --hidden=1024 \
+      --topk=8 --experts=$e32 --fp8 --worst_tokens=$((world * 64)) --seed=84
+    internode_case worst-graph-h7168 no "${worst[@]}" --repeats=4 --graph --fixed_tokens --tokens=32 --hidden=7168 \
+      --topk=8 --experts=$e32 --worst_tokens=$((world * 32)) --seed=85
+    internode_case worst-memcheck memcheck --mode=normal --repeats=2 --cached --timeout_ms=120000 --tokens=16 \
+      --hidden=256 --topk=4 --experts=$e16 --worst_tokens=$((world * 16)) --seed=86
+    kill_case "$dir" loss-normal-worst "$hosts" "$per_host" 2000 --mode=normal --tokens=128 --hidden=1024 --topk=4 \
+      --experts=$e16 --worst_tokens=$((world * 128)) --seed=87
+    fi
   } 2>&1 | tee "$OUT/internode.txt"
-  # all: 9 normal + 6 low-latency (relay) + 1 both + 7 device-issued cases; one memcheck case per mode and per issuer.
-  local cases=23 memchecks=3
+  # all: 9 normal + 6 low-latency (relay) + 1 both + 7 device-issued + 6 worst-case cases; one memcheck case per mode
+  # and per issuer.
+  local cases=29 memchecks=4
   [[ $only == device ]] && cases=7 memchecks=1
   [[ $only == relay ]] && cases=7 memchecks=1  # 6 relayed low-latency cases + both
   [[ $only == wide ]] && cases=2 memchecks=0
+  [[ $only == worst ]] && cases=6 memchecks=1
   [[ $(grep -c " ok=1 " "$OUT/internode.txt") -ge $((cases * world)) ]] ||
     { echo "internode: not every worker passed"; status=1; }
   [[ $(grep -c "ERROR SUMMARY: 0 errors" "$OUT/internode.txt") -ge $memchecks ]] ||
