@@ -242,6 +242,10 @@ class CudaDataPath final : public DataPath {
     if (!config_.config.low_latency) (void)kernels::IntranodeAbandonCall(group_);  // best effort: the call fails anyway
   }
 
+  absl::Status AbandonCallIfFailed(const kernels::KernelStatus* failed, cudaStream_t stream) override {
+    return kernels::IntranodeAbandonCallIfFailed(group_, failed, stream);
+  }
+
   absl::Status Reset(cudaStream_t stream) override {
     if (config_.config.low_latency) {
       // Both halves' signals (the only part of a half that is ever cleaned) and the rank mask.

@@ -363,6 +363,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
   // Worst-case mode runs the padded path (no host wait); a cached dispatch follows its handle.
   const bool padded = args.cached != nullptr ? args.cached->internode->padded : args.num_worst_tokens > 0;
   if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
+  last_call_device_ = padded && device_steps();
   absl::StatusOr<DispatchResult> result = padded ? RunPaddedDispatch(args, stream) : RunDispatch(args, stream);
   if (!result.ok()) FailCall(stream);
   return result;
@@ -374,6 +375,7 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
   }
   const bool padded = args.handle->internode->padded;
   if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
+  last_call_device_ = padded && device_steps();
   absl::StatusOr<CombineResult> result = padded ? RunPaddedCombine(args, stream) : RunCombine(args, stream);
   if (!result.ok()) FailCall(stream);
   return result;
@@ -602,24 +604,30 @@ absl::StatusOr<CombineResult> InternodePath::SumHosts(const CombineArgs& args, c
 
 absl::Status InternodePath::Check(cudaStream_t stream) {
   if (status_ != nullptr) {
-    // The padded calls' device steps: their record names whom a wait was for; then a ring the daemon stopped (a
-    // peer lost, a refused command), whose commands after the failure were dropped. Reported once: the peers are
-    // told (LeaveCall), and every rank resets.
+    // The padded calls' device steps: their record names whom a wait was for, or a ring the daemon stopped (a peer
+    // lost, a refused command: its own record says more). The device already told the peers (StepLeaveIfFailed).
+    // Reported once; every rank then resets.
     absl::Status own = kernels::ReadKernelStatus(status_, stream);
-    if (own.ok()) {
-      for (const transport::RingIssuer& ring : rings_) {
-        own = transport::RingErrorStatus(ring.channel(), ring.control());
-        if (!own.ok()) break;
-      }
-    }
     if (!own.ok()) {
+      for (const transport::RingIssuer& ring : rings_) {
+        if (absl::Status ring_error = transport::RingErrorStatus(ring.channel(), ring.control()); !ring_error.ok()) {
+          own = ring_error;
+          break;
+        }
+      }
       kernels::ClearKernelStatus(status_, stream).IgnoreError();
       access_->Sync(stream).IgnoreError();
-      LeaveCall();
       return own;
     }
   }
-  return Annotate(inner_->Check(stream));
+  absl::Status inner = Annotate(inner_->Check(stream));
+  // The NVLink stage of a call whose RDMA stage ran on the device failed: the peers on other hosts learn it now, as
+  // from a host-driven call's error.
+  if (!inner.ok() && last_call_device_) {
+    last_call_device_ = false;  // once: a second mark would read as corrupt at the peers
+    LeaveCall();
+  }
+  return inner;
 }
 
 absl::Status InternodePath::Annotate(absl::Status status) const {

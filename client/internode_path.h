@@ -147,6 +147,8 @@ class InternodePath {
   absl::Status StepIssue(kernels::InternodeIssueStep step, const Tensor& counts, const InternodeRowShape& rows,
                          cudaStream_t stream);
   kernels::InternodeWaitParams WaitParams(int call, kernels::InternodeWaitWords words);
+  // cuda: after the RDMA stage of a padded call, LeaveCall's marks made on the device if a step failed.
+  absl::Status StepLeaveIfFailed(const InternodeRowShape& rows, cudaStream_t stream);
   // Counts this call in the region's `calls` word (after the stream's work, so that calls replayed from graphs
   // count) and returns the new count: the target of the call's waits.
   absl::StatusOr<uint64_t> BeginCall(int call, cudaStream_t stream);
@@ -195,7 +197,8 @@ class InternodePath {
   kernels::InternodeRing device_rings_[kernels::kMaxInternodeRings] = {};
   int num_device_rings_ = 0;
   const uint64_t* lost_ranks_device_ = nullptr;
-  uint64_t host_call_ = 0;  // host backend: the current padded call's count (BeginCall's)
+  uint64_t host_call_ = 0;         // host backend: the current padded call's count (BeginCall's)
+  bool last_call_device_ = false;  // the last call ran its RDMA stage on the device (Check leaves after its errors)
   // The daemon's lost-ranks words (group order; null without a counters page), and the ranks already lost when this
   // path was made, which are awaited rather than reported until their bit clears (as IntranodeGroup::lost_ignore).
   const uint64_t* lost_ranks_ = nullptr;

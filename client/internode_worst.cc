@@ -84,6 +84,8 @@ absl::Status InternodePath::StepIssue(InternodeIssueStep step, const Tensor& cou
         return IssueSlabFree();
       case InternodeIssueStep::kCombineRows:
         return IssueCombineRows(HostInts(counts), rows.row_bytes / 2, rows.num_topk);
+      case InternodeIssueStep::kLeave:
+        return absl::OkStatus();  // the host backend's steps return their errors: FailCall leaves
     }
   }
   kernels::InternodeIssueParams p;
@@ -105,6 +107,15 @@ absl::Status InternodePath::StepIssue(InternodeIssueStep step, const Tensor& cou
   p.status = status_;
   p.rank = lease_->rank();
   return kernels::InternodeIssue(p, stream);
+}
+
+absl::Status InternodePath::StepLeaveIfFailed(const InternodeRowShape& rows, cudaStream_t stream) {
+  if (!device_steps()) return absl::OkStatus();
+  // What LeaveCall does on the host, in stream order: the peers on other hosts stop waiting for this rank's words,
+  // and this host's ranks for its arrival at the NVLink stage's barriers (this call's, or the next call's after a
+  // combine). Check then reports the failure without leaving again (a second mark would read as corrupt).
+  EPF_RETURN_IF_ERROR(StepIssue(InternodeIssueStep::kLeave, Tensor(), rows, stream));
+  return inner_path_->AbandonCallIfFailed(status_, stream);
 }
 
 absl::StatusOr<DispatchResult> InternodePath::RunPaddedDispatch(const DispatchArgs& args, cudaStream_t stream) {
@@ -176,6 +187,7 @@ absl::StatusOr<DispatchResult> InternodePath::RunPaddedDispatch(const DispatchAr
                                        .status = status_},
                                       stream));
   EPF_RETURN_IF_ERROR(StepIssue(InternodeIssueStep::kSlabFree, Tensor(), rows, stream));
+  EPF_RETURN_IF_ERROR(StepLeaveIfFailed(rows, stream));
 
   // The NVLink stage in its worst-case mode: padding rows choose no expert, so they go nowhere.
   DispatchArgs inner_args;
@@ -233,6 +245,7 @@ absl::StatusOr<CombineResult> InternodePath::RunPaddedCombine(const CombineArgs&
   EPF_RETURN_IF_ERROR(StepIssue(InternodeIssueStep::kCombineRows, plan.recv_counts_tensor, rows, stream));
   // Our rows are in place at their sources before the call ends (a lease's end drops what its rings hold).
   EPF_RETURN_IF_ERROR(StepWait(kCombineCall, InternodeWaitWords::kCombineArrived, /*quiet=*/true, stream));
+  EPF_RETURN_IF_ERROR(StepLeaveIfFailed(rows, stream));
   return SumHosts(args, plan, stream);
 }
 

@@ -134,6 +134,14 @@ absl::Status IntranodeAbandonCall(const IntranodeGroup& group) {
   return absl::OkStatus();
 }
 
+absl::Status IntranodeAbandonCallIfFailed(const IntranodeGroup& group, const KernelStatus* failed,
+                                          cudaStream_t stream) {
+  EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
+  if (failed == nullptr) return MissingPointer("failed", "always");
+  return LaunchError(intranode::LaunchAbandonCall(MakeGroupView(group, layout), stream, failed),
+                     "marking this rank's departure from the call");
+}
+
 absl::Status ReadKernelStatus(const KernelStatus* status, cudaStream_t stream) {
   if (status == nullptr) return MissingPointer("status", "to read it");
   // On the caller's stream, not the legacy default stream, which would also wait for the other streams' work (a

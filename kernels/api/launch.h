@@ -112,7 +112,9 @@ cudaError_t LaunchDispatchLayout(const LayoutKernelParams& params, cudaStream_t 
 cudaError_t LaunchNotify(const NotifyKernelParams& params, cudaStream_t stream);
 cudaError_t LaunchDispatch(const DispatchKernelParams& params, cudaStream_t stream);
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream);
-cudaError_t LaunchAbandonCall(const GroupView& group, cudaStream_t stream);
+// With `only_if_failed`: nothing unless that status word records a failure when the kernel runs.
+cudaError_t LaunchAbandonCall(const GroupView& group, cudaStream_t stream,
+                              const KernelStatus* only_if_failed = nullptr);
 // Loads the layout, notify, dispatch and combine kernels on the current device (launch.cuh, preload_kernel).
 cudaError_t PreloadKernels();
 

@@ -139,6 +139,10 @@ struct HostSender {
   __device__ void command(transport::Opcode opcode, uint64_t dst, uint64_t src, uint64_t arg) {
     if (!ok) return;
     ok = transport_device::issue(ring, opcode, peer, dst, src, arg, p.timeout_ns, p.status, p.rank);
+    // A ring the daemon failed (the peer lost, a refused command): recorded, so that the call fails and the next
+    // steps send nothing (the host reads the ring's own record for the message).
+    if (!ok)
+      record_wait_end(p.status, kKernelStatusPeerLost, WaitSite::kTransportRingSpace, p.rank, peer, ring.channel);
   }
   __device__ void put(uint64_t dst, uint64_t src, uint64_t bytes) {
     if (bytes > 0) command(transport::Opcode::kPut, dst, src, bytes);
@@ -167,6 +171,11 @@ __device__ void issue_for_host(const InternodeIssueParams& p, HostSender& out, i
     case InternodeIssueStep::kSlabFree:
       out.signal(l.slab_free + self * kWord);
       break;
+    case InternodeIssueStep::kLeave:
+      for (const size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived}) {
+        out.command(transport::Opcode::kSignalAdd, words + self * kWord, 0, kInternodeLeftCallWord);
+      }
+      break;
     case InternodeIssueStep::kCombineRows:
       out.put(l.combine_recv_x + self * l.combine_x_slab_bytes, l.combine_send_x + host * l.combine_x_slab_bytes,
               n * p.row_bytes);
@@ -185,11 +194,10 @@ __global__ void __launch_bounds__(kThreads) issue_kernel(const __grid_constant__
     next[threadIdx.x] = transport_device::ld_acquire_sys_u64(&control_of(p.rings[threadIdx.x])->reserved);
   }
   __syncthreads();
-  // A step after a recorded failure sends nothing: its data may be incomplete, and the peers learn of the failure
-  // from the call's error (InternodePath::LeaveCall) or their own timeout.
-  const bool failed = status_failed(p.status);
+  // A step after a recorded failure sends nothing (its data may be incomplete) but kLeave, which runs only then.
+  const bool send = status_failed(p.status) == (p.step == InternodeIssueStep::kLeave);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int host = warp; host < p.num_hosts && !failed; host += kWarps) {
+  for (int host = warp; host < p.num_hosts && send; host += kWarps) {
     if (host == p.self_host || lane != 0) continue;
     const int c = host % p.num_rings;
     transport::RingControl* control = control_of(p.rings[c]);

@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kNotifyThreads, 1) notify_kernel(const __grid_
 }
 
 // One thread per (barrier lane, peer): the marker of IntranodeAbandonCall.
-__global__ void abandon_call_kernel(const __grid_constant__ GroupView g) {
+__global__ void abandon_call_kernel(const __grid_constant__ GroupView g, const KernelStatus* only_if_failed) {
+  if (only_if_failed != nullptr && !status_failed(only_if_failed)) return;
   const int total = g.max_channels * g.num_ranks;
   ptx::fence_acq_rel_sys();
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -102,8 +103,8 @@ __global__ void abandon_call_kernel(const __grid_constant__ GroupView g) {
 
 }  // namespace
 
-cudaError_t LaunchAbandonCall(const GroupView& group, cudaStream_t stream) {
-  abandon_call_kernel<<<1, kNotifyThreads, 0, stream>>>(group);
+cudaError_t LaunchAbandonCall(const GroupView& group, cudaStream_t stream, const KernelStatus* only_if_failed) {
+  abandon_call_kernel<<<1, kNotifyThreads, 0, stream>>>(group, only_if_failed);
   return cudaGetLastError();
 }
 

@@ -155,6 +155,9 @@ enum class InternodeIssueStep : int32_t {
   kDispatchRows = 1,  // per other host: its rows (x, scales, top-k, weights), the count word, then dispatch_arrived
   kSlabFree = 2,      // per other host: slab_free (its rows were copied out)
   kCombineRows = 3,   // per other host: the reduced rows and weights of its tokens, then combine_arrived
+  // Only after a failure recorded in `status` (every other step then sends nothing): per other host,
+  // kInternodeLeftCallWord added to each word this rank owes it, so that its waits end at once.
+  kLeave = 4,
 };
 
 struct InternodeIssueParams {

@@ -103,6 +103,9 @@ absl::Status IntranodeResetRegion(const IntranodeGroup& group, cudaStream_t stre
 // (UNAVAILABLE "rank P left the call") instead of at its timeout. On a private stream, waited for; every rank resets
 // before the next call.
 absl::Status IntranodeAbandonCall(const IntranodeGroup& group);
+// The same in stream order on `stream` (capturable), and only if `failed` (device memory: another path's status word,
+// e.g. the RDMA stage of a group across hosts in worst-case mode) records a failure when the kernel runs.
+absl::Status IntranodeAbandonCallIfFailed(const IntranodeGroup& group, const KernelStatus* failed, cudaStream_t stream);
 
 // Synchronises `stream`, reads `status` back and converts it (absl::DeadlineExceededError names the rank waited
 // for). Does not clear the word; use ClearKernelStatus.
