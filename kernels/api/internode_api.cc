@@ -237,7 +237,8 @@ absl::Status InternodeIssue(const InternodeIssueParams& p, cudaStream_t stream) 
   EPF_RETURN_IF_ERROR(CheckHosts(p.num_hosts, p.self_host, p.ranks_per_host, p.local_rank));
   EPF_RETURN_IF_ERROR(CheckRings(p.rings, p.num_rings, /*needed=*/true));
   EPF_RETURN_IF_ERROR(CheckSlabs(p.layout, p.max_rows, p.num_hosts));
-  if (p.counts == nullptr && p.step != InternodeIssueStep::kSlabFree) return MissingPointer("counts", "always");
+  const bool rows = p.step == InternodeIssueStep::kDispatchRows || p.step == InternodeIssueStep::kCombineRows;
+  if (rows && p.counts == nullptr) return MissingPointer("counts", "for the steps that send rows");
   if (p.row_bytes < 0 || p.num_scales < 0 || p.num_topk < 0) {
     return absl::InvalidArgumentError("internode issue: negative row size");
   }
