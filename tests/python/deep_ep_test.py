@@ -1,8 +1,9 @@
 """The drop-in: `from epfabric import deep_ep`, deep_ep.Buffer(group, ...) over a torch.distributed process group
 (gloo, file store) in 4 processes, each with its own daemon through EPFABRIC_SOCKET's {local_rank} template, on one
 host or two (the daemons' host ids). Normal and low-latency rounds, and both alternating on one low_latency_mode Buffer
-(SGLang's auto mode), checked against references; on cuda across hosts also a low-latency dispatch + combine captured
-into a CUDA graph and replayed; the groups rank 0 created are gone afterwards."""
+(SGLang's auto mode), checked against references; on cuda across hosts also a low-latency dispatch + combine and a
+worst-case normal layout + dispatch + combine captured into CUDA graphs and replayed; the groups rank 0 created are
+gone afterwards."""
 import os
 import subprocess
 import sys
@@ -114,6 +115,38 @@ def worker(rank, store, hosts):
             torch.testing.assert_close(static_out.float().cpu(), x.float() * sign * weight, rtol=2 ** -7, atol=1e-2)
         del graph
         graphed.destroy()
+
+        # Prefill from CUDA graphs across hosts: in worst-case mode (num_worst_tokens) normal mode's RDMA stage puts
+        # and waits on the device, so the layout, the dispatch and the combine are captured together and replayed.
+        prefill = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, num_rdma_bytes=64 << 20,
+                                 explicitly_destroy=True)
+        worst = N * TOKENS
+
+        def worst_case_calls(x_in):
+            per_rank, _, per_expert, in_rank, _ = prefill.get_dispatch_layout(didx, EXPERTS)
+            recv_x, _, _, _, handle, _ = prefill.dispatch(
+                x_in, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                topk_idx=didx, topk_weights=dw, num_worst_tokens=worst)
+            return recv_x, prefill.combine(recv_x, handle)[0]
+
+        worst_case_calls(dx)  # eager first
+        static_x = dx.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_recv, static_out = worst_case_calls(static_x)
+        per_host = N // hosts
+        sources = sorted(range(N), key=lambda s: (s % per_host, s // per_host))
+        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in sources])
+        ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
+        for sign in (-1.0, 1.0):  # replayed with every rank's rows negated, then as they were
+            static_x.copy_(dx * sign)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert static_recv.shape[0] == worst, static_recv.shape
+            assert torch.equal(static_recv[:want.shape[0]].cpu(), want * sign), f"rank {rank}: graphed recv_x"
+            torch.testing.assert_close(static_out.float().cpu(), x.float() * sign * ranks, rtol=2 ** -7, atol=1e-2)
+        del graph
+        prefill.destroy()
 
     # SGLang's auto mode: one low_latency_mode Buffer with both sizes alternates prefill (normal) and decode. Across
     # hosts DeepEP's callers pass the larger of the two modes' RDMA sizes; the RDMA region is split as the NVL one.
