@@ -487,35 +487,42 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   }
   EPF_RETURN_IF_ERROR(access_->Sync(stream));
   EPF_RETURN_IF_ERROR(IssueSlabFree());
+  std::shared_ptr<InternodeHandle> recorded;
+  if (!cached) {
+    recorded = std::make_shared<InternodeHandle>(*plan);
+    recorded->recv_counts = recv_counts;
+  }
+  return NvlinkDispatch(args, {x_fwd, scales_fwd, idx_fwd, w_fwd}, std::move(recorded), stream);
+}
 
-  // The NVLink stage.
+absl::StatusOr<DispatchResult> InternodePath::NvlinkDispatch(const DispatchArgs& args, const ForwardedRows& fwd,
+                                                             std::shared_ptr<InternodeHandle> recorded,
+                                                             cudaStream_t stream) {
+  const bool cached = args.cached != nullptr;
   DispatchArgs inner_args;
-  inner_args.x = x_fwd.view;
-  inner_args.x_scales = scales_fwd.view;
-  inner_args.topk_idx = idx_fwd.view;
-  inner_args.topk_weights = w_fwd.view;
+  inner_args.x = fwd.x.view;
+  inner_args.x_scales = fwd.x_scales.view;
+  inner_args.topk_idx = fwd.topk_idx.view;
+  inner_args.topk_weights = fwd.topk_weights.view;
   inner_args.expert_alignment = args.expert_alignment;
-  // The NVLink stage sizes the outputs: with num_worst_tokens, DeepEP's shapes and padding (this path still waits on
-  // the host for the RDMA stage, so the call is not capturable across hosts).
+  // The NVLink stage sizes the outputs: with num_worst_tokens, DeepEP's shapes and padding.
   inner_args.num_worst_tokens = args.num_worst_tokens;
   DispatchLayout inner_layout;
   if (cached) {
-    inner_args.cached = plan->inner;
+    inner_args.cached = args.cached->internode->inner;
   } else {
-    EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(idx_fwd.view, stream)));
+    EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(fwd.topk_idx.view, stream)));
     inner_args.layout = &inner_layout;
   }
   EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(inner_->Dispatch(inner_args, stream)));
 
   auto handle = std::make_shared<DispatchHandle>(*result.handle);
-  handle->num_tokens = num_tokens;
-  handle->hidden = hidden;
+  handle->num_tokens = static_cast<int>(args.x.shape[0]);
+  handle->hidden = static_cast<int>(args.x.shape[1]);
   handle->is_token_in_rank = cached ? args.cached->is_token_in_rank : args.layout->is_token_in_rank;
   if (cached) {
-    handle->internode = plan;
+    handle->internode = args.cached->internode;
   } else {
-    auto recorded = std::make_shared<InternodeHandle>(*plan);
-    recorded->recv_counts = recv_counts;
     recorded->inner = result.handle;
     handle->internode = std::move(recorded);
   }

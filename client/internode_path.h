@@ -130,6 +130,13 @@ class InternodePath {
 
   absl::StatusOr<DispatchResult> RunDispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> RunCombine(const CombineArgs& args, cudaStream_t stream);
+  // Dispatch's NVLink stage: the inner Buffer's layout (unless cached) and dispatch of the forwarded rows, and the
+  // call's handle. `recorded` (not cached) is what combine and a cached dispatch need; the inner handle is added.
+  struct ForwardedRows {
+    Tensor x, x_scales, topk_idx, topk_weights;
+  };
+  absl::StatusOr<DispatchResult> NvlinkDispatch(const DispatchArgs& args, const ForwardedRows& fwd,
+                                                std::shared_ptr<InternodeHandle> recorded, cudaStream_t stream);
   // Combine's NVLink stage (the inner Buffer's combine of the forwarded tokens) and its last step (the sum over
   // hosts of the rows that came back, InternodeReduce).
   absl::StatusOr<CombineResult> InnerCombine(const CombineArgs& args, cudaStream_t stream);

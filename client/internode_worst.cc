@@ -190,35 +190,8 @@ absl::StatusOr<DispatchResult> InternodePath::RunPaddedDispatch(const DispatchAr
   EPF_RETURN_IF_ERROR(StepLeaveIfFailed(rows, stream));
 
   // The NVLink stage in its worst-case mode: padding rows choose no expert, so they go nowhere.
-  DispatchArgs inner_args;
-  inner_args.x = x_fwd.view;
-  inner_args.x_scales = scales_fwd.view;
-  inner_args.topk_idx = idx_fwd.view;
-  inner_args.topk_weights = w_fwd.view;
-  inner_args.expert_alignment = args.expert_alignment;
-  inner_args.num_worst_tokens = args.num_worst_tokens;
-  DispatchLayout inner_layout;
-  if (cached) {
-    inner_args.cached = plan->inner;
-  } else {
-    EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(idx_fwd.view, stream)));
-    inner_args.layout = &inner_layout;
-  }
-  EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(inner_->Dispatch(inner_args, stream)));
-
-  auto handle = std::make_shared<DispatchHandle>(*result.handle);
-  handle->num_tokens = num_tokens;
-  handle->hidden = hidden;
-  handle->is_token_in_rank = cached ? args.cached->is_token_in_rank : args.layout->is_token_in_rank;
-  if (cached) {
-    handle->internode = plan;
-  } else {
-    auto recorded = std::make_shared<InternodeHandle>(*plan);
-    recorded->inner = result.handle;
-    handle->internode = std::move(recorded);
-  }
-  result.handle = std::move(handle);
-  return result;
+  return NvlinkDispatch(args, {x_fwd, scales_fwd, idx_fwd, w_fwd},
+                        cached ? nullptr : std::make_shared<InternodeHandle>(*plan), stream);
 }
 
 absl::StatusOr<CombineResult> InternodePath::RunPaddedCombine(const CombineArgs& args, cudaStream_t stream) {

@@ -66,15 +66,14 @@ absl::StatusOr<TensorView> GraphRunner::Alloc(size_t bytes, DType dtype, std::ve
   return TensorView{.data = p, .dtype = dtype, .shape = std::move(shape)};
 }
 
-absl::Status GraphRunner::Copy(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
-  if (cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_); err != cudaSuccess) {
-    return CudaError("copy into a captured input", err);
+absl::Status GraphRunner::CopyAndReplay(std::initializer_list<Input> inputs, cudaGraphExec_t exec) {
+  for (const Input& in : inputs) {
+    if (in.bytes == 0) continue;
+    if (cudaError_t err = cudaMemcpyAsync(in.dst, in.src, in.bytes, cudaMemcpyHostToDevice, stream_);
+        err != cudaSuccess) {
+      return CudaError("copy into a captured input", err);
+    }
   }
-  return absl::OkStatus();
-}
-
-absl::Status GraphRunner::Replay(cudaGraphExec_t exec) {
   if (cudaError_t err = cudaGraphLaunch(exec, stream_); err != cudaSuccess) return CudaError("cudaGraphLaunch", err);
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) return CudaError("replay", err);
   return absl::OkStatus();
@@ -106,10 +105,11 @@ absl::StatusOr<client::LowLatencyDispatchResult> LowLatencyGraphs::Dispatch(Buff
         &dispatch_);
     if (!captured.ok()) return captured;
   }
-  if (absl::Status c = Copy(x_.data, x.data(), x.size() * 2); !c.ok()) return c;
-  if (absl::Status c = Copy(topk_idx_.data, topk_idx.data(), topk_idx.size() * 8); !c.ok()) return c;
-  if (absl::Status c = Copy(topk_weights_.data, topk_weights.data(), topk_weights.size() * 4); !c.ok()) return c;
-  if (absl::Status replayed = Replay(dispatch_); !replayed.ok()) return replayed;
+  const absl::Status replayed = CopyAndReplay({{x_.data, x.data(), x.size() * 2},
+                                               {topk_idx_.data, topk_idx.data(), topk_idx.size() * 8},
+                                               {topk_weights_.data, topk_weights.data(), topk_weights.size() * 4}},
+                                              dispatch_);
+  if (!replayed.ok()) return replayed;
   return recv_;
 }
 
@@ -133,8 +133,9 @@ absl::StatusOr<client::LowLatencyCombineResult> LowLatencyGraphs::Combine(Buffer
         &combine_);
     if (!captured.ok()) return captured;
   }
-  if (absl::Status c = Copy(expert_.data, expert_outputs.data(), expert_outputs.size() * 2); !c.ok()) return c;
-  if (absl::Status replayed = Replay(combine_); !replayed.ok()) return replayed;
+  const absl::Status replayed =
+      CopyAndReplay({{expert_.data, expert_outputs.data(), expert_outputs.size() * 2}}, combine_);
+  if (!replayed.ok()) return replayed;
   return combined_;
 }
 
@@ -176,11 +177,12 @@ absl::StatusOr<client::DispatchResult> NormalGraphs::Dispatch(Buffer& buffer, co
         &dispatch_);
     if (!captured.ok()) return captured;
   }
-  if (absl::Status c = Copy(x_.data, x.data(), x.size()); !c.ok()) return c;
-  if (absl::Status c = Copy(scales_.data, scales.data(), scales.size() * 4); !c.ok()) return c;
-  if (absl::Status c = Copy(topk_idx_.data, topk_idx.data(), topk_idx.size() * 8); !c.ok()) return c;
-  if (absl::Status c = Copy(topk_weights_.data, topk_weights.data(), topk_weights.size() * 4); !c.ok()) return c;
-  if (absl::Status replayed = Replay(dispatch_); !replayed.ok()) return replayed;
+  const absl::Status replayed = CopyAndReplay({{x_.data, x.data(), x.size()},
+                                               {scales_.data, scales.data(), scales.size() * 4},
+                                               {topk_idx_.data, topk_idx.data(), topk_idx.size() * 8},
+                                               {topk_weights_.data, topk_weights.data(), topk_weights.size() * 4}},
+                                              dispatch_);
+  if (!replayed.ok()) return replayed;
   return recv_;
 }
 
@@ -202,8 +204,9 @@ absl::StatusOr<client::CombineResult> NormalGraphs::Combine(Buffer& buffer, cons
         &combine_);
     if (!captured.ok()) return captured;
   }
-  if (absl::Status c = Copy(expert_.data, expert_outputs.data(), expert_outputs.size() * 2); !c.ok()) return c;
-  if (absl::Status replayed = Replay(combine_); !replayed.ok()) return replayed;
+  const absl::Status replayed =
+      CopyAndReplay({{expert_.data, expert_outputs.data(), expert_outputs.size() * 2}}, combine_);
+  if (!replayed.ok()) return replayed;
   return combined_;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -45,8 +46,13 @@ class GraphRunner {
   // Captures what `call` launches on stream_ (made at the first capture) into `*exec`.
   absl::Status Capture(const char* what, const std::function<absl::Status()>& call, cudaGraphExec_t* exec);
   absl::StatusOr<TensorView> Alloc(size_t bytes, DType dtype, std::vector<int64_t> shape);
-  absl::Status Copy(void* dst, const void* src, size_t bytes);
-  absl::Status Replay(cudaGraphExec_t exec);
+  // Copies this round's inputs into the captured tensors, replays `exec` and waits for it.
+  struct Input {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  absl::Status CopyAndReplay(std::initializer_list<Input> inputs, cudaGraphExec_t exec);
 
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t dispatch_ = nullptr, combine_ = nullptr;
