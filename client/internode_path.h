@@ -4,7 +4,9 @@
 //   dispatch: pack per destination host -> put to the same local index on that host -> the gateway concatenates
 //             what arrived -> intranode dispatch within the host;
 //   combine:  intranode combine within the host -> put each source host's rows back -> the source sums per host.
-// All waits are bounded by BufferConfig::timeout and name the rank waited for.
+// All waits are bounded by BufferConfig::timeout and name the rank waited for. In worst-case mode (num_worst_tokens)
+// the RDMA stage's rows sit at fixed places and, on cuda, its puts and waits are kernels: nothing waits on the host,
+// so the calls can be captured into CUDA graphs (internode_worst.cc).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -103,10 +105,10 @@ absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backen
 
 class InternodePath {
  public:
+  ~InternodePath();
   // `inner` is the intranode Buffer over this host's ranks and `inner_path` its data path; `lease` must outlive this.
   // The layout starts at the RDMA region's start and may take at most `rdma_limit` bytes of it (the normal-mode part
   // of a group that serves both modes).
-  ~InternodePath();
   static absl::StatusOr<std::unique_ptr<InternodePath>> Create(Lease* lease, const BufferConfig& config,
                                                                const InternodeGroupShape& shape,
                                                                std::unique_ptr<Buffer> inner, DataPath* inner_path,
