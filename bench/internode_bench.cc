@@ -6,7 +6,10 @@
 // docs/internode-dispatch.md compares this with DeepEP on paper).
 // Prints a table and writes <out>/internode-cpu-<UTC time>.json.
 //
-// Usage: internode_bench [--out DIR] [--tokens N] [--rounds N]
+// --worst: the dispatches in worst-case mode (num_worst_tokens = ranks x tokens: the gateways forward their rows at
+// fixed places, padding included, and on cuda the RDMA stage would run on the device; decision 88).
+//
+// Usage: internode_bench [--out DIR] [--tokens N] [--rounds N] [--worst]
 #include <unistd.h>
 
 #include <algorithm>
@@ -77,17 +80,19 @@ double Number(const std::map<std::string, std::string>& f, const std::string& ke
   return f.count(key) && absl::SimpleAtod(f.at(key), &v) ? v : -1;
 }
 
-int Run(const std::string& out, int tokens, int rounds) {
+int Run(const std::string& out, int tokens, int rounds, bool worst) {
   const std::string worker = WorkerBinary();
-  const std::vector<std::string> scenario = {"--mode=normal",
-                                             absl::StrCat("--tokens=", tokens),
-                                             "--fixed_tokens",
-                                             absl::StrCat("--hidden=", kHidden),
-                                             absl::StrCat("--topk=", kTopk),
-                                             absl::StrCat("--experts=", kExperts),
-                                             absl::StrCat("--repeats=", rounds),
-                                             "--seed=3",
-                                             "--timeout_ms=60000"};
+  const int worst_tokens = worst ? kRanks * tokens : 0;
+  std::vector<std::string> scenario = {"--mode=normal",
+                                       absl::StrCat("--tokens=", tokens),
+                                       "--fixed_tokens",
+                                       absl::StrCat("--hidden=", kHidden),
+                                       absl::StrCat("--topk=", kTopk),
+                                       absl::StrCat("--experts=", kExperts),
+                                       absl::StrCat("--repeats=", rounds),
+                                       "--seed=3",
+                                       "--timeout_ms=60000"};
+  if (worst) scenario.push_back(absl::StrCat("--worst_tokens=", worst_tokens));
   std::vector<std::string> argv = {worker, "--region_bytes", absl::StrCat("--ranks=", kPerHost),
                                    absl::StrCat("--hosts=", kHosts)};
   argv.insert(argv.end(), scenario.begin(), scenario.end());
@@ -157,6 +162,8 @@ int Run(const std::string& out, int tokens, int rounds) {
   report.SetConfig("experts", static_cast<double>(kExperts));
   report.SetConfig("dtype", std::string("bf16"));
   report.SetConfig("rounds", static_cast<double>(rounds));
+  report.SetConfig("path", std::string(worst ? "worst-case (rows at fixed places, padding forwarded)" : "host-driven"));
+  report.SetConfig("num_worst_tokens", static_cast<double>(worst_tokens));
   report.SetConfig("statistic", std::string("median of the rounds, slowest rank; every round checked"));
   report.SetResult("dispatch_ms", dispatch_ms);
   report.SetResult("combine_ms", combine_ms);
@@ -166,8 +173,8 @@ int Run(const std::string& out, int tokens, int rounds) {
   report.SetResult("transport_messages_per_token", remote_rows / total_tokens);
 
   std::printf(
-      "internode bench (host backend, socket wire, 2 hosts x 2 ranks, %d tokens/rank, hidden %d, top-%d of %d)\n",
-      tokens, kHidden, kTopk, kExperts);
+      "internode bench (host backend, socket wire, 2 hosts x 2 ranks, %d tokens/rank, hidden %d, top-%d of %d%s)\n",
+      tokens, kHidden, kTopk, kExperts, worst ? ", worst-case mode" : "");
   std::printf("%-48s %12.2f\n", "dispatch (ms, median, slowest rank)", dispatch_ms);
   std::printf("%-48s %12.2f\n", "combine (ms, median, slowest rank)", combine_ms);
   std::printf("%-48s %12.1f\n", "rows per host pair per direction", rows_per_pair);
@@ -190,6 +197,7 @@ int Run(const std::string& out, int tokens, int rounds) {
 int main(int argc, char** argv) {
   std::string out = "bench/results";
   int tokens = 512, rounds = 10;
+  bool worst = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--out" && i + 1 < argc) {
@@ -198,14 +206,16 @@ int main(int argc, char** argv) {
       tokens = std::atoi(arg.c_str() + 9);
     } else if (absl::StartsWith(arg, "--rounds=")) {
       rounds = std::atoi(arg.c_str() + 9);
+    } else if (arg == "--worst") {
+      worst = true;
     } else if (arg == "--quick") {
       tokens = 128;
       rounds = 3;
     } else {
-      std::fprintf(stderr, "usage: internode_bench [--out DIR] [--tokens=N] [--rounds=N] [--quick]\n");
+      std::fprintf(stderr, "usage: internode_bench [--out DIR] [--tokens=N] [--rounds=N] [--worst] [--quick]\n");
       return 2;
     }
   }
   if (tokens < 1 || rounds < 1) return 2;
-  return epfabric::bench::Run(out, tokens, rounds);
+  return epfabric::bench::Run(out, tokens, rounds, worst);
 }
