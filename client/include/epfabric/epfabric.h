@@ -240,8 +240,8 @@ typedef struct {
    * every output has exactly this many rows, rows past the received ones have top-k index -1 and weight 0, the
    * per-expert counts are empty (num_local_experts = 0) and num_recv_tokens is this. A rank that receives more rows
    * moves nothing: EPF_RESOURCE_EXHAUSTED (host backend: from this call; cuda: from epf_buffer_check), its peers
-   * EPF_DEADLINE_EXCEEDED, then every rank resets. Across hosts: the same shapes, but the call waits on the host
-   * for its RDMA stage, so it is not capturable (decision 81). */
+   * EPF_DEADLINE_EXCEEDED, then every rank resets. Across hosts too: the RDMA stage then runs on the device on cuda
+   * (its errors from epf_buffer_check), so the call is capturable there as well (decision 88). */
   int32_t num_worst_tokens;
 } epf_dispatch_options;
 

@@ -169,8 +169,8 @@ struct DispatchArgs {
   // handle's num_recv_tokens is this (combine's x has this many rows; the padding rows are ignored). On cuda, top-k
   // entries outside [-1, num_experts) are not refused (that needs a wait): they count as -1. A rank that receives
   // more rows moves nothing: ResourceExhausted (host: from Dispatch; cuda: from Check), its peers DeadlineExceeded,
-  // then every rank calls Reset. Across hosts the outputs are the same, but the host still waits for the RDMA stage:
-  // not capturable there (a capture is refused with FailedPrecondition).
+  // then every rank calls Reset. Across hosts the same: the RDMA stage's rows sit at fixed places and, on cuda, its
+  // puts and waits run on the device (its errors come from Check), so the call is capturable there too (decision 88).
   int num_worst_tokens = 0;
 };
 
