@@ -246,6 +246,18 @@ cmd_demo() {
     DEMO_SOCK=i DEMO_RANKS=4
     demo_run_workers demo-internode "$inter_token" "${inter[@]}" || failed=1
     demo_run_workers demo-internode "$inter_token" "${inter[@]}" --fp8 || failed=1
+    # Worst-case mode across hosts (num_worst_tokens: the RDMA stage's rows at fixed places; on cuda its puts and waits
+    # run on the device, so a prefill step can be captured into a CUDA graph; decision 88).
+    local worst_token
+    worst_token=$("$epctl_bin" --socket="$DEMO_DIR/i0.sock" create-group --group=demo-internode-worst \
+                  --ranks=0,1,2,3 --nvl_bytes="${inter_bytes% *}" --rdma_bytes="${inter_bytes#* }" |
+                  awk '$1 == "token" { print $2 }')
+    if [[ -n $worst_token ]]; then
+      demo_run_workers demo-internode-worst "$worst_token" "${inter[@]}" --worst_tokens=512 || failed=1
+    else
+      log "internode worst-case group: not created"
+      failed=1
+    fi
     # Low latency across hosts (cuda: relayed by each rank's calling thread, docs/internode-dispatch.md).
     local inter_ll=(--mode=low_latency --tokens=32 --fixed_tokens --hidden=7168 --topk=8 --experts=32 --repeats=3
                     --seed=17 --timeout_ms=30000)
@@ -275,9 +287,11 @@ cmd_demo() {
   demo_row demo-ll bf16 || failed=1
   demo_row demo-internode bf16 "internode" || failed=1
   demo_row demo-internode fp8 "internode" || failed=1
+  demo_row demo-internode-worst bf16 "internode-w" || failed=1
   demo_row demo-internode-ll fp8 "internode-ll" || failed=1
   echo "(tokens: per rank; times: median of 3 rounds, slowest rank; bytes: payload sent by all ranks in one"
-  echo " dispatch + combine; every output compared element by element with the host reference and the weighted sum)"
+  echo " dispatch + combine; every output compared element by element with the host reference and the weighted sum;"
+  echo " internode-w: worst-case mode across hosts, num_worst_tokens = 512, its combine input padded to 512 rows)"
   # Fresh client processes against running daemons: from launch to the first completed dispatch (connect, attach,
   # map every peer's region, layout + dispatch), slowest rank of the first worker set.
   awk '/group=demo-normal / && / fp8=0 / { for (i = 2; i <= NF; i++) { split($i, kv, "=");
