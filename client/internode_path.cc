@@ -227,6 +227,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
   const bool padded = args.cached != nullptr ? args.cached->internode->padded : args.num_worst_tokens > 0;
   if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
   last_call_device_ = padded && device_steps();
+  leave_launched_ = false;
   absl::StatusOr<DispatchResult> result = padded ? RunPaddedDispatch(args, stream) : RunDispatch(args, stream);
   if (!result.ok()) FailCall(stream);
   return result;
@@ -239,6 +240,7 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
   const bool padded = args.handle->internode->padded;
   if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
   last_call_device_ = padded && device_steps();
+  leave_launched_ = false;
   absl::StatusOr<CombineResult> result = padded ? RunPaddedCombine(args, stream) : RunCombine(args, stream);
   if (!result.ok()) FailCall(stream);
   return result;
@@ -251,6 +253,9 @@ void InternodePath::FailCall(cudaStream_t stream) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
     access_->Sync(stream).IgnoreError();
+    // The call's leave step ran and found a failure: the device already marked the peers, and a second mark would
+    // read as corrupt at them. Check reports that failure.
+    if (leave_launched_ && !kernels::ReadKernelStatus(status_, stream).ok()) return;
   }
   LeaveCall();
 }

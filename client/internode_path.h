@@ -208,6 +208,7 @@ class InternodePath {
   const uint64_t* lost_ranks_device_ = nullptr;
   uint64_t host_call_ = 0;         // host backend: the current padded call's count (BeginCall's)
   bool last_call_device_ = false;  // the last call ran its RDMA stage on the device (Check leaves after its errors)
+  bool leave_launched_ = false;    // this call's device leave step was launched (FailCall does not mark again)
   // The daemon's lost-ranks words (group order; null without a counters page), and the ranks already lost when this
   // path was made, which are awaited rather than reported until their bit clears (as IntranodeGroup::lost_ignore).
   const uint64_t* lost_ranks_ = nullptr;

@@ -115,7 +115,9 @@ absl::Status InternodePath::StepLeaveIfFailed(const InternodeRowShape& rows, cud
   // and this host's ranks for its arrival at the NVLink stage's barriers (this call's, or the next call's after a
   // combine). Check then reports the failure without leaving again (a second mark would read as corrupt).
   EPF_RETURN_IF_ERROR(StepIssue(InternodeIssueStep::kLeave, Tensor(), rows, stream));
-  return inner_path_->AbandonCallIfFailed(status_, stream);
+  EPF_RETURN_IF_ERROR(inner_path_->AbandonCallIfFailed(status_, stream));
+  leave_launched_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DispatchResult> InternodePath::RunPaddedDispatch(const DispatchArgs& args, cudaStream_t stream) {
