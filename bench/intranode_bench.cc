@@ -145,9 +145,11 @@ std::vector<std::vector<Timeline>> ProfileGated(IntranodeTestGroup& group, int32
   return out;
 }
 
-// The warp roles of dispatch (intranode_launch.h) and combine (intranode_combine.cu).
-const std::vector<WarpRole> kDispatchRoles = {
-    {"copy warps", 0, 15}, {"publisher warp", 15, 16}, {"receiver warps", 16, 32}};
+// The warp roles of dispatch (IntranodeDispatchCopyWarps) and combine (intranode_combine.cu).
+std::vector<WarpRole> DispatchRoles(int row_bytes, int num_sms) {
+  const int copy = kernels::IntranodeDispatchCopyWarps(row_bytes, num_sms);
+  return {{"copy warps", 0, copy}, {"publisher warp", copy, copy + 1}, {"receiver warps", copy + 1, 32}};
+}
 const std::vector<WarpRole> kCombineRoles = {{"sender warp", 0, 1}, {"publisher warp", 1, 2}, {"reducer warps", 2, 32}};
 
 void PrintProfile(const std::string& title, const std::vector<std::vector<Timeline>>& per_rank,
@@ -251,7 +253,7 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
   if (o.profile && num_sms == o.num_sms) {
     PrintProfile(absl::StrCat("dispatch ", dtype, " sms ", num_sms),
                  ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchDispatch(r); }),
-                 kDispatchRoles);
+                 DispatchRoles(fp8 ? c.hidden : c.hidden * 2, num_sms));
   }
   Record(report, absl::StrCat("dispatch_", dtype) + suffix, dispatch, bytes.recv, bytes.remote);
   if (full) {

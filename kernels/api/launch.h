@@ -15,12 +15,10 @@
 
 namespace epfabric::kernels::intranode {
 
-// Threads per block of dispatch/combine: half the warps send (the last of them only publishes progress to the
-// peers), half receive (see docs/intranode-kernels.md).
+// Threads per block of dispatch/combine. Dispatch splits the 32 warps at run time: warps [0, num_copy_warps) copy
+// rows, warp num_copy_warps publishes their progress to the peers, the rest receive (docs/intranode-kernels.md).
 inline constexpr int kThreadsPerBlock = 1024;
-inline constexpr int kSenderWarps = 16;
-inline constexpr int kCopyWarps = kSenderWarps - 1;  // sender warps that move data; warp kCopyWarps publishes
-inline constexpr int kReceiverWarps = kThreadsPerBlock / 32 - kSenderWarps;
+inline constexpr int kMaxCopyWarps = kThreadsPerBlock / 32 - 6;  // leaves the publisher and 5 receiver warps
 inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
 
@@ -79,6 +77,7 @@ struct DispatchKernelParams {
   int num_topk;    // 0 without topk_idx
   bool has_weights;
   int num_channels;
+  int num_copy_warps;  // 1..kMaxCopyWarps, chosen by the API (IntranodeDispatchCopyWarps)
   char* recv_x;
   float* recv_x_scales;
   int64_t* recv_topk_idx;

@@ -24,7 +24,7 @@ constexpr int kFirstReducerWarp = 2;
 constexpr int kReducerWarps = kThreadsPerBlock / 32 - kFirstReducerWarp;
 constexpr int kReducerThreads = kReducerWarps * 32;
 constexpr int kReducerBarrier = 2;
-// The sender's chunks: stages of shared memory (dynamic), two loads ahead and two stores in flight.
+// The sender's chunks: stages of shared memory (dynamic), two loads ahead and one store in flight.
 constexpr int kSendChunkBytes = 16384;
 constexpr int kSendStages = 4;
 
@@ -51,8 +51,8 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
   return r;
 }
 
-// Lane 0 of the sender: copies the rows of `range` to `dst`'s staging pool in chunks, two loads ahead and at most two
-// stores in flight, and reports the chunks whose stores completed. Returns false after recording a timeout.
+// Lane 0 of the sender: copies the rows of `range` to `dst`'s staging pool in chunks, two loads ahead and one store in
+// flight, and reports the chunks whose stores completed. Returns false after recording a timeout.
 __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& range, int dst, char* s_stages,
                             uint64_t* s_bars, int* s_chunks_done, uint32_t& loads) {
   const GroupView& g = p.group;
@@ -92,16 +92,14 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
     ptx::commit_bulk_group();
     // The stores of chunks < i have completed (writes performed): their stages can be reloaded and their rows
     // reported. The proxy fence orders the bulk copies' writes before the report (a generic-proxy write).
-    ptx::wait_bulk_group<1>();
-    if (i >= 1) {
-      ptx::fence_proxy_async_global();
-      publish_progress(&s_chunks_done[dst], i);
-    }
+    // One store in flight: the chunk's writes are performed before the next store starts (two in flight measured
+    // slower at 20 and 24 SMs, docs/intranode-kernels.md). The proxy fence orders the bulk copy's writes before the
+    // report (a generic-proxy write); the two loads ahead keep the next chunks ready meanwhile.
+    ptx::wait_bulk_group<0>();
+    ptx::fence_proxy_async_global();
+    publish_progress(&s_chunks_done[dst], i + 1);
     if (i + 2 < num_chunks) issue_load(i + 2);
   }
-  ptx::wait_bulk_group<0>();
-  ptx::fence_proxy_async_global();
-  publish_progress(&s_chunks_done[dst], num_chunks);
   return true;
 }
 
@@ -109,8 +107,8 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
 // one warp (docs/intranode-kernels.md, probes) and leave the SM's load/store units to the reducers. For peer dst
 // the rows this rank received from dst in dst's channel c are contiguous in x (received order) and go to the same,
 // contiguous slots of dst's staging pool for this rank: the range is copied in chunks of kSendChunkBytes through
-// kSendStages shared-memory stages, two loads ahead and at most two stores in flight. After issuing each chunk the
-// sender waits for the previous chunk's store to complete (its writes performed) and reports the chunks completed.
+// kSendStages shared-memory stages, two loads ahead and one store in flight: after issuing each chunk's store the
+// sender waits for it to complete (its writes performed) and reports the chunks completed.
 // The top-k weights of the range go first, as plain stores by the whole warp, so that any tail covers them.
 __device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
   const GroupView& g = p.group;

@@ -20,8 +20,6 @@
 namespace epfabric::kernels::intranode {
 namespace {
 
-constexpr int kSenderThreads = kSenderWarps * 32;
-constexpr int kReceiverThreads = kReceiverWarps * 32;
 constexpr int kReceiverBarrier = 2;
 
 // Packs a channel's slot range for the receiver: high word end + 1 (never 0, so 0 means "not yet written").
@@ -94,7 +92,7 @@ __device__ void compute_send_slots(const DispatchKernelParams& p, int token_begi
   __syncthreads();
 }
 
-// Step 3a, copy warps: warp w sends the channel's tokens w, w + kCopyWarps, ... and after each one records how
+// Step 3a, copy warps: warp w sends the channel's tokens w, w + num_copy_warps, ... and after each one records how
 // many of its tokens are complete (shared memory, CTA-scope release) for the publisher.
 __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int token_end, int* s_warp_done) {
   const GroupView& g = p.group;
@@ -102,10 +100,10 @@ __device__ void send_tokens(const DispatchKernelParams& p, int token_begin, int 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_row_int4 = p.row_bytes / 16;
   const int my_recv_base = recv_base(p.rank_prefix_matrix, num_ranks, me, me);
-  __shared__ int4* s_dst_row[kCopyWarps][kMaxNvlPeers];
+  __shared__ int4* s_dst_row[kMaxCopyWarps][kMaxNvlPeers];
 
   int done = 0;
-  for (int t = token_begin + warp; t < token_end; t += kCopyWarps) {
+  for (int t = token_begin + warp; t < token_end; t += p.num_copy_warps) {
     const int my_slot = lane < num_ranks ? p.send_slot[static_cast<int64_t>(t) * num_ranks + lane] : -1;
     // Lane d: where the row goes on destination d (or null).
     if (lane < num_ranks) {
@@ -198,8 +196,8 @@ __device__ void publish_tokens(const DispatchKernelParams& p, int token_begin, i
   for (uint32_t iter = 0; complete < token_end; ++iter) {
     // Lane w: the first token of copy warp w that is not complete.
     int pending = token_end;
-    if (lane < kCopyWarps)
-      pending = min(token_end, token_begin + lane + read_progress(&s_warp_done[lane]) * kCopyWarps);
+    if (lane < p.num_copy_warps)
+      pending = min(token_end, token_begin + lane + read_progress(&s_warp_done[lane]) * p.num_copy_warps);
     const int next = __reduce_min_sync(0xffffffffu, pending);
     // Batches of kPublishBatch tokens: every release store costs a system-scope fence on this SM.
     if (next >= complete + kPublishBatch || (next == token_end && next > complete)) {
@@ -228,7 +226,10 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
   const int channel = blockIdx.x;
-  const int rtid = threadIdx.x - kSenderThreads;
+  // The receiver warps are those after the publisher.
+  const int first_thread = (p.num_copy_warps + 1) * 32;
+  const int num_threads = kThreadsPerBlock - first_thread;
+  const int rtid = threadIdx.x - first_thread;
   __shared__ int s_range_begin[kMaxNvlPeers], s_range_count[kMaxNvlPeers], s_consumed[kMaxNvlPeers];
   __shared__ int s_work_src, s_work_from, s_work_to;  // s_work_src: peer, -1 = all done, -2 = abort
 
@@ -236,7 +237,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
     s_range_count[rtid] = -1;
     s_consumed[rtid] = 0;
   }
-  named_barrier(kReceiverBarrier, kReceiverThreads);
+  named_barrier(kReceiverBarrier, num_threads);
   int64_t* ranges = section<int64_t>(g, me, g.dispatch_range);
   int32_t* tails = section<int32_t>(g, me, g.channel_tail);
   int rotation = 0;  // round-robin over peers: the next poll starts after the peer served last
@@ -320,7 +321,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
       s_work_from = from;
       s_work_to = to;
     }
-    named_barrier(kReceiverBarrier, kReceiverThreads);
+    named_barrier(kReceiverBarrier, num_threads);
     const int src = s_work_src;
     if (src < 0) {
       // All done: zero the signals this channel consumed (the senders wrote their last values before the final
@@ -338,13 +339,13 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
         reinterpret_cast<int4*>(p.recv_x + recv_row * p.row_bytes),
         reinterpret_cast<const int4*>(section<char>(g, me, g.staging_x) + src * g.staging_x_pool_bytes +
                                       static_cast<int64_t>(first_slot) * p.row_bytes),
-        static_cast<int64_t>(num_rows) * p.row_bytes / 16, rtid, kReceiverThreads);
+        static_cast<int64_t>(num_rows) * p.row_bytes / 16, rtid, num_threads);
     if (p.num_scales > 0) {
       group_copy_words<true>(
           reinterpret_cast<int32_t*>(p.recv_x_scales + recv_row * p.num_scales),
           reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_scales) + src * g.staging_scales_pool_bytes) +
               static_cast<int64_t>(first_slot) * p.num_scales,
-          static_cast<int64_t>(num_rows) * p.num_scales, rtid, kReceiverThreads);
+          static_cast<int64_t>(num_rows) * p.num_scales, rtid, num_threads);
     }
     if (p.num_topk > 0) {
       // Peer data that callers index with: local expert ids in [-1, experts_per_rank); a bad one is recorded and
@@ -353,7 +354,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
                                                                    src * g.staging_topk_idx_pool_bytes) +
                                   static_cast<int64_t>(first_slot) * p.num_topk;
       int64_t* out_idx = p.recv_topk_idx + recv_row * p.num_topk;
-      for (int64_t i = rtid; i < static_cast<int64_t>(num_rows) * p.num_topk; i += kReceiverThreads) {
+      for (int64_t i = rtid; i < static_cast<int64_t>(num_rows) * p.num_topk; i += num_threads) {
         const int64_t e = ptx::ld_cg_global(staged_idx + i);
         out_idx[i] =
             check_peer_value(g.status, PeerDataField::kDispatchTopkIdx, me, src, channel, e, -1, g.experts_per_rank - 1)
@@ -365,7 +366,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
                                reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_topk_weights) +
                                                                 src * g.staging_topk_weights_pool_bytes) +
                                    static_cast<int64_t>(first_slot) * p.num_topk,
-                               static_cast<int64_t>(num_rows) * p.num_topk, rtid, kReceiverThreads);
+                               static_cast<int64_t>(num_rows) * p.num_topk, rtid, num_threads);
       }
     }
     {
@@ -374,7 +375,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
       const int32_t* staged_src = reinterpret_cast<const int32_t*>(section<char>(g, me, g.staging_src_idx) +
                                                                    src * g.staging_src_idx_pool_bytes) +
                                   first_slot;
-      for (int i = rtid; i < num_rows; i += kReceiverThreads) {
+      for (int i = rtid; i < num_rows; i += num_threads) {
         const int32_t t = ptx::ld_cg_global(staged_src + i);
         p.recv_src_idx[recv_row + i] = check_peer_value(g.status, PeerDataField::kDispatchSrcIdx, me, src, channel, t,
                                                         0, g.max_tokens_per_rank - 1)
@@ -382,7 +383,7 @@ __device__ void receive_tokens(const DispatchKernelParams& p) {
                                            : -1;
       }
     }
-    named_barrier(kReceiverBarrier, kReceiverThreads);
+    named_barrier(kReceiverBarrier, num_threads);
   }
 }
 
@@ -417,8 +418,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   const int token_begin = channel_token_begin(p.num_tokens, p.num_channels, channel);
   const int token_end = channel_token_begin(p.num_tokens, p.num_channels, channel + 1);
   __shared__ int s_begin[kMaxNvlPeers], s_count[kMaxNvlPeers];
-  __shared__ int s_warp_done[kCopyWarps];
-  if (threadIdx.x < kCopyWarps) s_warp_done[threadIdx.x] = 0;
+  __shared__ int s_warp_done[kMaxCopyWarps];
+  if (threadIdx.x < kMaxCopyWarps) s_warp_done[threadIdx.x] = 0;
   if (threadIdx.x == 0) profile_mark(g.profile, 0);
 
   // Arrive, compute the slots (local work: reads inputs, writes this call's send_slot), then wait for the peers:
@@ -443,9 +444,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   if (threadIdx.x == 0) profile_mark(g.profile, 1);
 
   const int warp = threadIdx.x / 32;
-  if (warp < kCopyWarps) {
+  if (warp < p.num_copy_warps) {
     send_tokens(p, token_begin, token_end, s_warp_done);
-  } else if (warp == kCopyWarps) {
+  } else if (warp == p.num_copy_warps) {
     publish_tokens(p, token_begin, token_end, s_warp_done);
   } else {
     receive_tokens(p);

@@ -200,6 +200,10 @@ struct IntranodeDispatchParams {
   float* recv_topk_weights = nullptr;  // with topk_weights: [recv_capacity, num_topk], 0 where idx is -1
 };
 
+// The warps of each dispatch block that copy rows (the publisher and the receivers take the rest), chosen from the
+// row size and the block count (docs/intranode-kernels.md, "Warp roles"). Exposed for the benchmark's timelines.
+int IntranodeDispatchCopyWarps(int row_bytes, int num_sms);
+
 // Dispatch. `handle` must have num_tokens, is_token_in_rank and rank_prefix_matrix (from notify, or from an
 // earlier dispatch for cached mode) set and its output arrays allocated; dispatch fills recv_channel_prefix,
 // send_slot and recv_src_idx and sets handle->num_channels.
