@@ -146,8 +146,8 @@ std::vector<std::vector<Timeline>> ProfileGated(IntranodeTestGroup& group, int32
 }
 
 // The warp roles of dispatch (IntranodeDispatchCopyWarps) and combine (intranode_combine.cu).
-std::vector<WarpRole> DispatchRoles(int row_bytes, int num_sms) {
-  const int copy = kernels::IntranodeDispatchCopyWarps(row_bytes, num_sms);
+std::vector<WarpRole> DispatchRoles(int num_ranks, int row_bytes, int num_sms) {
+  const int copy = kernels::IntranodeDispatchCopyWarps(num_ranks, row_bytes, num_sms);
   return {{"copy warps", 0, copy}, {"publisher warp", copy, copy + 1}, {"receiver warps", copy + 1, 32}};
 }
 const std::vector<WarpRole> kCombineRoles = {{"sender warp", 0, 1}, {"publisher warp", 1, 2}, {"reducer warps", 2, 32}};
@@ -253,7 +253,7 @@ void BenchDtype(IntranodeTestGroup& group, int32_t* gate, const Options& o, bool
   if (o.profile && num_sms == o.num_sms) {
     PrintProfile(absl::StrCat("dispatch ", dtype, " sms ", num_sms),
                  ProfileGated(group, gate, 20, num_sms, [&](int r) { return runner.LaunchDispatch(r); }),
-                 DispatchRoles(fp8 ? c.hidden : c.hidden * 2, num_sms));
+                 DispatchRoles(group.num_ranks(), fp8 ? c.hidden : c.hidden * 2, num_sms));
   }
   Record(report, absl::StrCat("dispatch_", dtype) + suffix, dispatch, bytes.recv, bytes.remote);
   if (full) {

@@ -207,13 +207,19 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
   }
 }
 
-int IntranodeDispatchCopyWarps(int row_bytes, int num_sms) {
-  // Measured on 2 and 4 H100s (docs/intranode-kernels.md, "Warp roles"): BF16-sized rows over more than 20 channels
-  // move faster with fewer copy warps (fewer stores in flight, more receivers: 240 -> 218 us at 24 SMs, 2 ranks);
-  // smaller rows, or fewer channels, need every copy warp (FP8 at 24 SMs: 134 us with 15, 145 with 11).
-  constexpr int kLargeRowBytes = 8192;
+int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms) {
+  // Measured settings (H100 sweeps, docs/intranode-kernels.md "Warp roles"), not a model. Fewer copy warps mean
+  // fewer stores in flight and more receivers. With 3 or more ranks a row is stored to about 3 or more places, and 7
+  // copy warps were the fastest or within 2% of it at every SM count tried (4 ranks, rows of 7 and 14 KB). With 2
+  // ranks BF16-sized rows want fewer copy warps as the channels grow, FP8 rows (7 KB) want all of them. Small rows
+  // (hidden < 2048 in BF16) were not swept and keep the previous 15.
   static_assert(15 <= intranode::kMaxCopyWarps);
-  return row_bytes >= kLargeRowBytes && num_sms > 20 ? 11 : 15;
+  constexpr int kSweptRowBytes = 4096;
+  constexpr int kLargeRowBytes = 8192;
+  if (row_bytes < kSweptRowBytes) return 15;
+  if (num_ranks >= 3) return 7;
+  if (num_ranks == 2 && row_bytes >= kLargeRowBytes) return num_sms <= 20 ? 15 : num_sms <= 28 ? 11 : 9;
+  return 15;
 }
 
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,
@@ -236,7 +242,7 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.num_topk = p.topk_idx != nullptr ? p.num_topk : 0;
   k.has_weights = p.topk_weights != nullptr;
   k.num_channels = p.num_sms;
-  k.num_copy_warps = IntranodeDispatchCopyWarps(k.row_bytes, p.num_sms);
+  k.num_copy_warps = IntranodeDispatchCopyWarps(group.config.num_ranks, k.row_bytes, p.num_sms);
   k.recv_x = static_cast<char*>(p.recv_x);
   k.recv_x_scales = p.recv_x_scales;
   k.recv_topk_idx = p.recv_topk_idx;

@@ -201,8 +201,9 @@ struct IntranodeDispatchParams {
 };
 
 // The warps of each dispatch block that copy rows (the publisher and the receivers take the rest), chosen from the
-// row size and the block count (docs/intranode-kernels.md, "Warp roles"). Exposed for the benchmark's timelines.
-int IntranodeDispatchCopyWarps(int row_bytes, int num_sms);
+// rank count, the row size and the block count (docs/intranode-kernels.md, "Warp roles"). Exposed for the
+// benchmark's timelines.
+int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms);
 
 // Dispatch. `handle` must have num_tokens, is_token_in_rank and rank_prefix_matrix (from notify, or from an
 // earlier dispatch for cached mode) set and its output arrays allocated; dispatch fills recv_channel_prefix,
