@@ -90,11 +90,10 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
     ptx::bulk_copy_shared_to_global(dst_bytes + static_cast<int64_t>(i) * kSendChunkBytes,
                                     s_stages + stage * kSendChunkBytes, chunk_bytes(i));
     ptx::commit_bulk_group();
-    // The stores of chunks < i have completed (writes performed): their stages can be reloaded and their rows
-    // reported. The proxy fence orders the bulk copies' writes before the report (a generic-proxy write).
-    // One store in flight: the chunk's writes are performed before the next store starts (two in flight measured
-    // slower at 20 and 24 SMs, docs/intranode-kernels.md). The proxy fence orders the bulk copy's writes before the
-    // report (a generic-proxy write); the two loads ahead keep the next chunks ready meanwhile.
+    // One store in flight: chunk i's writes are performed before the next store starts (two in flight measured
+    // slower at 20 and 24 SMs, docs/intranode-kernels.md "Warp roles"), so its stage can be reloaded and its rows
+    // reported; the two loads ahead keep the next chunks ready meanwhile. The proxy fence orders the bulk copy's
+    // writes before the report (a generic-proxy write).
     ptx::wait_bulk_group<0>();
     ptx::fence_proxy_async_global();
     publish_progress(&s_chunks_done[dst], i + 1);
