@@ -209,17 +209,20 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
 
 int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms) {
   // Measured settings (H100 sweeps, docs/intranode-kernels.md "Warp roles"), not a model. Fewer copy warps mean
-  // fewer stores in flight and more receivers. With 3 or more ranks a row is stored to about 3 or more places, and 7
-  // copy warps were the fastest or within 2% of it at every SM count tried (4 ranks, rows of 7 and 14 KB). With 2
-  // ranks BF16-sized rows want fewer copy warps as the channels grow, FP8 rows (7 KB) want all of them. Small rows
-  // (hidden < 2048 in BF16) were not swept and keep the previous 15.
+  // fewer stores in flight and more receivers; the best count falls as a row goes to more places (more ranks) and as
+  // the channels grow, and rises for smaller rows (FP8 rows of 7 KB are more latency-bound). Rows under 4 KB (hidden
+  // < 2048 in BF16) were not swept and keep the previous 15; 3 and 8 ranks take the 4-rank settings.
   static_assert(15 <= intranode::kMaxCopyWarps);
   constexpr int kSweptRowBytes = 4096;
   constexpr int kLargeRowBytes = 8192;
-  if (row_bytes < kSweptRowBytes) return 15;
-  if (num_ranks >= 3) return 7;
-  if (num_ranks == 2 && row_bytes >= kLargeRowBytes) return num_sms <= 20 ? 15 : num_sms <= 28 ? 11 : 9;
-  return 15;
+  if (row_bytes < kSweptRowBytes || num_ranks < 2) return 15;
+  const bool large = row_bytes >= kLargeRowBytes;
+  if (num_ranks >= 3) {
+    if (!large) return 7;
+    return num_sms <= 16 ? 9 : num_sms <= 20 ? 5 : num_sms <= 28 ? 4 : 7;
+  }
+  if (!large) return 15;
+  return num_sms <= 20 ? 15 : num_sms <= 28 ? 11 : 9;
 }
 
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,

@@ -242,6 +242,26 @@ TEST(IntranodeRegionTest, SectionsAreAlignedDisjointAndFit) {
   EXPECT_EQ(IntranodeWorstCaseRecvTokens(c), 8192);
 }
 
+// The dispatch kernel's shared arrays hold at most 26 copy warps (32 less the publisher and five receiver warps:
+// kMaxCopyWarps in kernels/api/launch.h); every choice must fit, and the measured settings must be the ones chosen.
+TEST(IntranodeLaunchTest, CopyWarpsFitTheBlockAndFollowTheMeasuredTable) {
+  for (int ranks = 1; ranks <= 8; ++ranks) {
+    for (int row_bytes : {16, 512, 4080, 4096, 7168, 8192, 14336, 65536}) {
+      for (int sms = 1; sms <= 64; ++sms) {
+        const int copy = IntranodeDispatchCopyWarps(ranks, row_bytes, sms);
+        EXPECT_GE(copy, 1) << ranks << " " << row_bytes << " " << sms;
+        EXPECT_LE(copy, 26) << ranks << " " << row_bytes << " " << sms;
+      }
+    }
+  }
+  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 24), 11);  // BF16, hidden 7168
+  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 20), 15);
+  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168, 24), 15);  // FP8
+  EXPECT_EQ(IntranodeDispatchCopyWarps(4, 7168 * 2, 24), 4);
+  EXPECT_EQ(IntranodeDispatchCopyWarps(4, 7168, 24), 7);
+  EXPECT_EQ(IntranodeDispatchCopyWarps(4, 256 * 2, 24), 15);  // small rows: not swept
+}
+
 TEST(IntranodeRegionTest, SizeGrowsWithTheConfiguration) {
   IntranodeRegionConfig c = BenchRegion();
   const size_t base = *IntranodeRegionBytes(c);
