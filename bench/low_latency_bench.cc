@@ -222,7 +222,10 @@ std::pair<double, double> ProfileOrdinary(LowLatencyGroup& g, int runs, bench::R
     }
   }
   CHECK_OK(g.Sync());
-  const std::vector<bench::WarpRole> roles = {{"all warps", 0, kernels::kProfileSlotsPerBlock - 2}};
+  std::vector<bench::WarpRole> dispatch_roles = bench::LowLatencyStepRoles(false);
+  std::vector<bench::WarpRole> combine_roles = bench::LowLatencyStepRoles(true);
+  dispatch_roles.push_back({"all warps", 0, kernels::kProfileSlotsPerBlock - 2});
+  combine_roles.push_back({"all warps", 0, kernels::kProfileSlotsPerBlock - 2});
   std::vector<double> dispatch_us(runs - kDropped, 0.0), combine_us(runs - kDropped, 0.0);  // slower rank per run
   for (int r = 0; r < R; ++r) {
     std::vector<bench::Timeline> dispatch, combine, before_dispatch, before_combine;
@@ -237,9 +240,9 @@ std::pair<double, double> ProfileOrdinary(LowLatencyGroup& g, int runs, bench::R
       combine_us[i] = std::max(combine_us[i], combine[i].DurationUs());
     }
     if (verbose) {
-      bench::PrintTimelines("dispatch (ordinary, direct launches) rank " + std::to_string(r), dispatch, roles,
+      bench::PrintTimelines("dispatch (ordinary, direct launches) rank " + std::to_string(r), dispatch, dispatch_roles,
                             &before_dispatch);
-      bench::PrintTimelines("combine (ordinary, direct launches) rank " + std::to_string(r), combine, roles,
+      bench::PrintTimelines("combine (ordinary, direct launches) rank " + std::to_string(r), combine, combine_roles,
                             &before_combine);
     }
     CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
@@ -461,13 +464,14 @@ int Main(int argc, char** argv) {
   Row(report, "dispatch_send_message_per_expert", per_expert_hooks.dispatch_send);
 
   // Where the time goes inside the kernels (profile marks): one timeline per kernel.
-  const std::vector<bench::WarpRole> roles = {{"all warps", 0, kernels::kProfileSlotsPerBlock - 2}};
   const char* phase_names[4] = {"dispatch send (hook)", "dispatch recv (hook)", "combine send (hook)",
                                 "combine recv (hook)"};
   const char* phase_keys[4] = {"dispatch_send", "dispatch_recv", "combine_send", "combine_recv"};
   for (int phase = 0; phase < 4; ++phase) {
     std::vector<double> slowest;  // per run, the slower rank's kernel duration
     for (int r = 0; r < c.num_ranks; ++r) {
+      std::vector<bench::WarpRole> roles = bench::LowLatencyStepRoles(/*combine=*/phase >= 2);
+      roles.push_back({"all warps", 0, kernels::kProfileSlotsPerBlock - 2});
       bench::PrintTimelines(std::string(phase_names[phase]) + " rank " + std::to_string(r), hooks.timelines[phase][r],
                             roles);
       for (size_t i = 0; i < hooks.timelines[phase][r].size(); ++i) {

@@ -59,7 +59,7 @@ void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs,
   for (const WarpRole& role : roles) {
     v.clear();
     for (const Timeline& t : runs) v.push_back(t.WarpsEndUs(role.first_warp, role.last_warp));
-    line(role.name + " done", v);
+    line(role.name + role.suffix, v);
   }
   v.clear();
   for (const Timeline& t : runs) v.push_back(t.DurationUs());
@@ -70,6 +70,28 @@ void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs,
       v.push_back((static_cast<double>(runs[i].Start()) - (*previous)[i].End()) / 1e3);
     line("gap after the previous kernel", v);
   }
+}
+
+std::vector<WarpRole> LowLatencyStepRoles(bool combine) {
+  using kernels::LowLatencyStep;
+  auto row = [](const char* name, LowLatencyStep step) {
+    const int slot = static_cast<int>(step);
+    return WarpRole{.name = name, .first_warp = slot - 2, .last_warp = slot - 1, .suffix = ""};
+  };
+  if (combine) {
+    return {row("weights flags raised (block 0)", LowLatencyStep::kCombineWeightsSent),
+            row("own tokens' partial rows stored", LowLatencyStep::kCombineOwnRowsSent),
+            row("peers' weights seen", LowLatencyStep::kCombineWeightsArrived),
+            row("peers' tokens' partial rows stored", LowLatencyStep::kCombinePeerRowsSent),
+            row("all items counted (block 0)", LowLatencyStep::kCombineItemsCounted),
+            row("combine flags raised (block 0)", LowLatencyStep::kCombineFlagsSent),
+            row("combine flags seen (every block)", LowLatencyStep::kCombineFlagsArrived)};
+  }
+  return {row("data pieces stored", LowLatencyStep::kDispatchDataStored),
+          row("routing tables written", LowLatencyStep::kDispatchTableWritten),
+          row("all data items counted (routing)", LowLatencyStep::kDispatchItemsCounted),
+          row("counts published", LowLatencyStep::kDispatchCountSent),
+          row("counts seen (receivers)", LowLatencyStep::kDispatchCountsArrived)};
 }
 
 }  // namespace epfabric::bench

@@ -26,8 +26,13 @@ struct Timeline {
 // A role = a named range of warps of every block.
 struct WarpRole {
   std::string name;
-  int first_warp, last_warp;  // [first, last)
+  int first_warp, last_warp;     // [first, last)
+  std::string suffix = " done";  // printed after the name
 };
+
+// The low-latency kernels' steps (kernels::LowLatencyStep) as rows of a timeline: each is the latest time a warp of any
+// block reached the step. `combine` picks the combine kernel's steps, else the dispatch kernel's.
+std::vector<WarpRole> LowLatencyStepRoles(bool combine);
 
 // Prints one line per measure (median over `runs`, with p10 and p90, microseconds after the kernel's first block
 // entry): the start-up (slot 1), each role's last warp end, the whole kernel; and, when `previous` holds the

@@ -28,10 +28,7 @@ __device__ __forceinline__ int recv_base(const int32_t* rank_prefix_matrix, int 
   return src == 0 ? 0 : rank_prefix_matrix[(src - 1) * num_ranks + dst];
 }
 
-// Barrier among the warps of one role group (ids 1.. are free; 0 is __syncthreads).
-__device__ __forceinline__ void named_barrier(int id, int num_threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
-}
+using ptx::named_barrier;
 
 // Progress counters in shared memory that one warp publishes and another polls (copy warps -> publisher warp): an
 // atomic exchange after a CTA fence, read with atomic loads, so that the hand-off is explicit (and visible as such

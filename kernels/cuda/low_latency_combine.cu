@@ -57,8 +57,8 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, const Ma
   }
   __syncthreads();
   if (threadIdx.x < g.num_ranks && !masked.has(threadIdx.x)) {
-    ptx::fence_acq_rel_sys();
     ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), 1);
+    mark_step(g, LowLatencyStep::kCombineWeightsSent);
   }
 }
 
@@ -71,7 +71,8 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
   const int row_int4 = H / 8;
   int32_t* done = reinterpret_cast<int32_t*>(own_half(g) + l.combine_done_offset);
   if (!weights_published(g)) {  // else a kCombineWeights launch did both (across hosts)
-    clean_other_half_signals<kWide>(g, done);
+    // Block 0 publishes the weights that peers wait for; the cleaning goes to the last block.
+    clean_other_half_signals<kWide>(g, done, nullptr, 0, static_cast<int>(gridDim.x) - 1);
     if (blockIdx.x == 0) publish_weights<kWide>(p, masked);
   }
 
@@ -117,6 +118,7 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
                             WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
                             /*record_loss=*/false);
           if (!ok) mask_rank(g, s);
+          if (ok) mark_step(g, LowLatencyStep::kCombineWeightsArrived);
         }
         ok = __shfl_sync(0xffffffffu, ok, 0);
         if (!ok) {
@@ -171,6 +173,8 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
       out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
       ptx::st_na_global(dst + i, out);
     }
+    if (lane == 0)
+      mark_step(g, s == g.rank ? LowLatencyStep::kCombineOwnRowsSent : LowLatencyStep::kCombinePeerRowsSent);
   }
   __syncwarp();
   if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);  // see dispatch
@@ -179,8 +183,9 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
   if (blockIdx.x == 0 && threadIdx.x < R && !masked.has(threadIdx.x)) {
     const int target = num_items + 1;
     if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
-      ptx::fence_acq_rel_sys();
+      mark_step(g, LowLatencyStep::kCombineItemsCounted);
       ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).combine_flag(), 1);
+      mark_step(g, LowLatencyStep::kCombineFlagsSent);
     }
   }
 }
@@ -215,6 +220,7 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<k
     }
   }
   __syncthreads();
+  if (threadIdx.x == 0) mark_step(g, LowLatencyStep::kCombineFlagsArrived);
   MaskedRanks<kWide> skip = masked;
   if constexpr (!kWide) skip.bits = block_masked;
 
@@ -304,7 +310,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
   const MaskedRanks<kWide> masked = read_masked_ranks<kWide>(p.g);
   if (weights_only(p.g)) {  // across hosts: the first launch of the send phase
     int32_t* done = reinterpret_cast<int32_t*>(own_half(p.g) + p.g.layout.combine_done_offset);
-    clean_other_half_signals<kWide>(p.g, done);
+    clean_other_half_signals<kWide>(p.g, done, nullptr, 0, static_cast<int>(gridDim.x) - 1);
     if (blockIdx.x == 0) publish_weights<kWide>(p, masked);
   }
   if (sends(p.g)) {

@@ -60,7 +60,12 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
   const int E = l.num_experts, K = p.num_topk;
   int32_t* done = reinterpret_cast<int32_t*>(own_half(g) + l.dispatch_done_offset);
   // The token map (an output) is reset here, before this call's receive phase fills it.
-  clean_other_half_signals<kWide>(g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk);
+  // The cleaning goes to the first block past the data items (idle in this phase when the grid has room).
+  const int chunks = (H + kChannelsPerChunk - 1) / kChannelsPerChunk;
+  const int num_items = p.num_tokens * chunks;
+  clean_other_half_signals<kWide>(
+      g, done, p.packed_recv_token_map, R * M * kLowLatencyMaxTopk,
+      min(static_cast<int>(gridDim.x) - 1, (num_items + kWarpsPerBlock - 1) / kWarpsPerBlock));
 
   // Blocks that hold routing warps (see below) first copy topk_idx into shared memory, so that each routing warp
   // scans it at shared-memory latency instead of through dependent rounds of global loads.
@@ -77,8 +82,6 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
   }
 
   // Data items.
-  const int chunks = (H + kChannelsPerChunk - 1) / kChannelsPerChunk;
-  const int num_items = p.num_tokens * chunks;
   int items_done = 0;
   for (int item = warp_global; item < num_items; item += total_warps) {
     const int t = item / chunks, chunk = item % chunks;
@@ -158,19 +161,18 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
     }
     ++items_done;
   }
-  // One release per warp: its stores (all lanes, ordered by the warp barrier) happen before the count that lets a
-  // routing warp send the signals; that warp acquires the count and publishes with a system-scope release, which
-  // carries these stores to the peers (causality is transitive). A system-scope fence per warp here was measurably
-  // slower.
+  // One GPU-scope release per warp: its stores (all lanes, ordered by the warp barrier) happen before the count that
+  // lets the signals go; the warp that sends them acquires the count and publishes behind a system-scope fence or
+  // release, which carries these stores to the peers (causality is transitive). A system-scope fence per data warp
+  // here was measurably slower.
   __syncwarp();
-  if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);
+  if (lane == 0 && items_done > 0) {
+    ptx::red_add_release_gpu_global(done, items_done);
+    mark_step(g, LowLatencyStep::kDispatchDataStored);
+  }
 
-  // Routing items, handed out from the last warp down so that they land on warps without data items.
-  for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
-    const int r = e / L, local = e % L;
-    if (masked.has(r)) continue;
-    const DstHalf dst = dst_half<kWide>(g, r);
-    int32_t* table = dst.table(local);
+  // Writes expert e's token list (ascending) into its rank's table; returns the count.
+  auto write_table = [&](int e, int32_t* table) {
     int count = 0;
     for (int t0 = 0; t0 < p.num_tokens; t0 += 32) {
       const int t = t0 + lane;
@@ -193,12 +195,69 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
       count += __popc(found);
     }
     __syncwarp();
+    return count;
+  };
+
+  if (E <= total_warps) {
+    // One expert per routing warp (the last E warps of the grid). The routing warps of a block leave their counts in
+    // shared memory, and the block's last warp publishes them all behind one system-scope fence: each system-scope
+    // fence or release costs about 2 us, and those of one SM's warps do not overlap (a release per routing warp, 16
+    // per SM, took 3.4 us from the last data item to the last count; 2 x H100, 2026-11-27). The barrier orders the
+    // other warps' table stores before that fence. Each lane acquires the work counter itself, so its own fence
+    // covers the data warps' stores.
+    __shared__ int32_t s_count[kWarpsPerBlock];
+    __shared__ int32_t* s_count_dst[kWarpsPerBlock];
+    const int first_routing_warp = total_warps - E;
+    const int block_routing_warps =
+        min(kWarpsPerBlock, max(0, static_cast<int>(blockIdx.x + 1) * kWarpsPerBlock - first_routing_warp));
+    const int w = threadIdx.x / 32;
+    if (w < kWarpsPerBlock - block_routing_warps) return;
+    const int e = total_warps - 1 - warp_global;
+    const int r = e / L, local = e % L;
+    int32_t* count_dst = nullptr;
+    int count = 0;
+    if (!masked.has(r)) {
+      const DstHalf dst = dst_half<kWide>(g, r);
+      count = write_table(e, dst.table(local));
+      count_dst = dst.count(local);
+    }
     if (lane == 0) {
+      s_count[w] = -count - 1;
+      s_count_dst[w] = count_dst;
+      mark_step(g, LowLatencyStep::kDispatchTableWritten);
+    }
+    ptx::named_barrier(1, block_routing_warps * 32);
+    if (w != kWarpsPerBlock - 1) return;
+    int reached = 0;
+    if (lane == 0) reached = wait_local_done(g, done, num_items + 1, WaitSite::kLowLatencyRecvCount, e);
+    __syncwarp();
+    reached = __shfl_sync(0xffffffffu, reached, 0);
+    if (reached < 0) return;
+    if (lane == 0) mark_step(g, LowLatencyStep::kDispatchItemsCounted);
+    (void)ptx::ld_acquire_gpu_global(done);
+    ptx::fence_acq_rel_sys();
+    if (lane < block_routing_warps) {
+      const int from = kWarpsPerBlock - 1 - lane;
+      if (s_count_dst[from] != nullptr) ptx::st_relaxed_sys_global(s_count_dst[from], s_count[from]);
+    }
+    __syncwarp();
+    if (lane == 0) mark_step(g, LowLatencyStep::kDispatchCountSent);
+    return;
+  }
+  // Routing items, handed out from the last warp down so that they land on warps without data items.
+  for (int e = total_warps - 1 - warp_global; e < E; e += total_warps) {
+    const int r = e / L, local = e % L;
+    if (masked.has(r)) continue;
+    const DstHalf dst = dst_half<kWide>(g, r);
+    const int count = write_table(e, dst.table(local));
+    if (lane == 0) {
+      mark_step(g, LowLatencyStep::kDispatchTableWritten);
       // The count may only travel once every message it covers has been stored (and the cleaning is visible).
       const int target = num_items + 1;
       if (wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, e) >= 0) {
-        ptx::fence_acq_rel_sys();
+        mark_step(g, LowLatencyStep::kDispatchItemsCounted);
         ptx::st_release_sys_global(dst.count(local), -count - 1);
+        mark_step(g, LowLatencyStep::kDispatchCountSent);
       }
     }
   }
@@ -219,8 +278,10 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, MaskedRanks<
   const int group = warp_global / warps_per_item, sub = warp_global % warps_per_item;
   if (group >= groups) return;
   const size_t row_bytes = kUseFP8 ? static_cast<size_t>(H) : static_cast<size_t>(H) * 2;
-  // The token map was reset by this call's send phase (block 0): wait until that is done before filling it.
-  {
+  // The token map was reset by this call's send phase (the cleaning block) and must be before this phase fills it.
+  // Every item acquires this rank's own count for its expert, published only after the cleaning was counted, so
+  // only a rank that masked itself (its own counts are then not read) waits for the cleaning here.
+  if (masked.has(g.rank)) {
     const int32_t* done = reinterpret_cast<const int32_t*>(my_half + l.dispatch_done_offset);
     const int target = p.num_tokens * ((H + kChannelsPerChunk - 1) / kChannelsPerChunk) + 1;
     if (lane == 0) wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, -1);
@@ -271,6 +332,7 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, MaskedRanks<
       count = __shfl_sync(0xffffffffu, mine, s);
     }
     __syncwarp();  // orders the acquiring lanes' loads before every lane's reads of the payload
+    if (lane == 0) mark_step(g, LowLatencyStep::kDispatchCountsArrived);
     if (sub == 0 && lane == 0) {
       p.packed_recv_layout_range[local * R + s] = (static_cast<int64_t>(begin) << 32) | static_cast<uint32_t>(count);
       if (s == 0) p.packed_recv_count[local] = total;

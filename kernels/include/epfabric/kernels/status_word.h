@@ -19,6 +19,24 @@ inline constexpr int kMaxNvlPeers = 8;
 // block's last warp, written by each warp that sends, so it is the latest), slot 2 + w = when warp w finished.
 // Production leaves it null (the kernels then skip every mark).
 inline constexpr int kProfileSlotsPerBlock = 34;
+// The low-latency kernels have 16 warps per block and use the slots past their warps' for steps inside the kernel, each
+// holding the latest time any warp of the block reached it (the benchmark prints them as the timeline's rows).
+enum class LowLatencyStep : int {
+  kDispatchDataStored = 18,  // a data warp stored its last message piece
+  kDispatchTableWritten,     // a routing warp wrote its expert's token list
+  kDispatchItemsCounted,     // a routing warp saw every data item of the call counted
+  kDispatchCountSent,        // a routing warp published its expert's count
+  kDispatchCountsArrived,    // a receiving warp holds every source's count for its expert
+  kCombineWeightsSent,       // block 0 raised the weights flags
+  kCombineOwnRowsSent,       // a warp stored a partial row of one of this rank's own tokens
+  kCombineWeightsArrived,    // a warp saw a peer's weights flag
+  kCombinePeerRowsSent,      // a warp stored a partial row of a peer's token
+  kCombineItemsCounted,      // block 0 saw every item of the call counted
+  kCombineFlagsSent,         // block 0 raised the combine flags
+  kCombineFlagsArrived,      // a block holds every rank's combine flag
+  kEnd,
+};
+static_assert(static_cast<int>(LowLatencyStep::kEnd) <= kProfileSlotsPerBlock);
 
 // Where a bounded wait timed out. Values are stable: they appear in logs and error messages.
 enum class WaitSite : int32_t {

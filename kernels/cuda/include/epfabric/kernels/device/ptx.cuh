@@ -172,6 +172,12 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+// Barrier among `num_threads` threads (a multiple of 32) of the block that use the same `id` (ids 1.. are free; 0 is
+// __syncthreads). Orders their memory accesses like __syncthreads does.
+__device__ __forceinline__ void named_barrier(int id, int num_threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(num_threads) : "memory");
+}
+
 }  // namespace epfabric::kernels::ptx
 
 namespace epfabric::kernels::ptx {
