@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/report.h"
@@ -104,14 +105,21 @@ Timings TimeOrdinary(LowLatencyGroup& g, int iters) {
   Timings t;
   t.graphs = graphs;
   for (int rep = 0; rep < 3; ++rep) {  // the first replay warms up
+    // One host thread per rank: a launch blocks once the device's launch queue is full, and the kernels already
+    // queued wait for the peers' kernels, which a single thread would only launch after that launch returned (seen
+    // as receive-count timeouts with --iters 300 on 2 x H100).
+    std::vector<std::thread> launchers;
     for (int r = 0; r < R; ++r) {
-      CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
-      if (graphs) {
-        CHECK_CUDA(cudaGraphLaunch(exec[r], g.ranks()[r].stream));
-      } else {
-        CHECK_OK(enqueue(r));
-      }
+      launchers.emplace_back([&, r] {
+        CHECK_CUDA(cudaSetDevice(g.ranks()[r].device));
+        if (graphs) {
+          CHECK_CUDA(cudaGraphLaunch(exec[r], g.ranks()[r].stream));
+        } else {
+          CHECK_OK(enqueue(r));
+        }
+      });
     }
+    for (std::thread& t : launchers) t.join();
     CHECK_OK(g.Sync());
     if (rep == 0) continue;
     for (int i = 1; i < iters; ++i) {  // the first pair absorbs the launch skew between the ranks
