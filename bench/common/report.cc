@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <string>
+#include <system_error>
 
 #include <cuda_runtime_api.h>
 #include <google/protobuf/struct.pb.h>
@@ -83,14 +86,33 @@ std::string SharedGpuNote(int num_ranks, int num_gpus) {
                       "are NOT comparable with NVLink figures (\"shared_gpu\": true in the JSON)");
 }
 
+namespace {
+
+// The commit the binary was built from: EPF_COMMIT, else the COMMIT file of the bundle it runs from (scripts/epf
+// bundle writes it beside bin/), else "unknown".
+std::string BuildCommit() {
+  if (const char* commit = std::getenv("EPF_COMMIT"); commit != nullptr && *commit != '\0') return commit;
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    std::ifstream in(exe.parent_path().parent_path() / "COMMIT");
+    std::string line;
+    if (in && std::getline(in, line) && !absl::StripAsciiWhitespace(line).empty()) {
+      return std::string(absl::StripAsciiWhitespace(line));
+    }
+  }
+  return "unknown";
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> Report::ToJson() const {
   google::protobuf::Struct doc;
   auto& fields = *doc.mutable_fields();
   fields["name"].set_string_value(name_);
   fields["device"].set_string_value(device_.empty() ? CudaDeviceName() : device_);
   fields["date"].set_string_value(date_);
-  const char* commit = std::getenv("EPF_COMMIT");
-  fields["commit"].set_string_value(commit != nullptr && *commit != '\0' ? commit : "unknown");
+  fields["commit"].set_string_value(BuildCommit());
   if (placement_set_) {
     fields["num_ranks"].set_number_value(num_ranks_);
     fields["num_gpus"].set_number_value(num_gpus_);

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -80,6 +82,30 @@ TEST(Report, PlacementSaysWhetherTheGpuWasShared) {
   json = none.ToJson();
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_THAT(*json, ::testing::Not(HasSubstr("shared_gpu")));
+}
+
+// The commit in the JSON: EPF_COMMIT, else the COMMIT file of the bundle the binary runs from (bin/../COMMIT).
+TEST(Report, CommitComesFromTheEnvironmentOrTheBundle) {
+  Report report("test");
+  report.SetDevice("host");
+  ASSERT_EQ(setenv("EPF_COMMIT", "abc1234", 1), 0);
+  auto json = report.ToJson();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"commit\": \"abc1234\""));
+
+  ASSERT_EQ(unsetenv("EPF_COMMIT"), 0);
+  const std::filesystem::path commit_file =
+      std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "COMMIT";
+  ASSERT_FALSE(std::filesystem::exists(commit_file)) << commit_file;
+  json = report.ToJson();
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"commit\": \"unknown\""));
+
+  std::ofstream(commit_file) << "def5678\n";
+  json = report.ToJson();
+  std::filesystem::remove(commit_file);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"commit\": \"def5678\""));
 }
 
 TEST(ReadResultsFile, AMissingFileIsNotFound) {
