@@ -55,10 +55,13 @@ void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs,
   std::printf("timeline %s (%zu runs; us after the first block started)\n", title.c_str(), runs.size());
   std::vector<double> v;
   for (const Timeline& t : runs) v.push_back(t.Slot1MaxUs());
-  line("start-up / send phase done (slot 1)", v);
+  if (std::any_of(v.begin(), v.end(), [](double us) { return us != 0; }))
+    line("start-up / send phase done (slot 1)", v);
   for (const WarpRole& role : roles) {
     v.clear();
     for (const Timeline& t : runs) v.push_back(t.WarpsEndUs(role.first_warp, role.last_warp));
+    // A role no warp played in any run (a step of the other phase in a hook launch) gets no line.
+    if (std::all_of(v.begin(), v.end(), [](double us) { return us == 0; })) continue;
     line(role.name + role.suffix, v);
   }
   v.clear();

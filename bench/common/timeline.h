@@ -36,7 +36,8 @@ std::vector<WarpRole> LowLatencyStepRoles(bool combine);
 
 // Prints one line per measure (median over `runs`, with p10 and p90, microseconds after the kernel's first block
 // entry): the start-up (slot 1), each role's last warp end, the whole kernel; and, when `previous` holds the
-// previous kernel on the same stream for every run, the gap from its end to this kernel's start.
+// previous kernel on the same stream for every run, the gap from its end to this kernel's start. A measure that no
+// run recorded (slot 1 or a step of the other phase in a low-latency hook launch) gets no line.
 void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs, const std::vector<WarpRole>& roles,
                     const std::vector<Timeline>* previous = nullptr);
 

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "common/report.h"
+#include "common/timeline.h"
+#include "epfabric/kernels/status_word.h"
 
 namespace epfabric::bench {
 namespace {
@@ -106,6 +108,38 @@ TEST(Report, CommitComesFromTheEnvironmentOrTheBundle) {
   std::filesystem::remove(commit_file);
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_THAT(*json, HasSubstr("\"commit\": \"def5678\""));
+}
+
+// Timelines: the step rows of a low-latency kernel read the step's slot (latest over blocks), and a row that no run
+// recorded is left out.
+TEST(Timeline, StepRowsReadTheirSlotsAndUnreachedRowsAreLeftOut) {
+  constexpr int kSlots = kernels::kProfileSlotsPerBlock;
+  Timeline t;
+  t.num_blocks = 2;
+  t.slots.assign(2 * kSlots, 0);
+  t.slots[0] = 1000;           // block 0 entry
+  t.slots[kSlots] = 1500;      // block 1 entry
+  t.slots[2 + 3] = 9000;       // block 0, warp 3 ends
+  t.slots[kSlots + 2] = 7000;  // block 1, warp 0 ends
+  const int stored = static_cast<int>(kernels::LowLatencyStep::kDispatchDataStored);
+  t.slots[stored] = 4000;
+  t.slots[kSlots + stored] = 5000;
+  EXPECT_DOUBLE_EQ(t.DurationUs(), 8.0);
+  EXPECT_DOUBLE_EQ(t.WarpsEndUs(0, 16), 8.0);
+  EXPECT_DOUBLE_EQ(t.Slot1MaxUs(), 0.0);
+
+  const std::vector<WarpRole> roles = LowLatencyStepRoles(/*combine=*/false);
+  ASSERT_FALSE(roles.empty());
+  EXPECT_EQ(roles[0].first_warp + 2, stored);
+  EXPECT_DOUBLE_EQ(t.WarpsEndUs(roles[0].first_warp, roles[0].last_warp), 4.0);
+
+  ::testing::internal::CaptureStdout();
+  PrintTimelines("test", {t}, roles);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_THAT(out, HasSubstr("data pieces stored"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("counts published")));  // no run reached it
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("slot 1")));
+  EXPECT_THAT(out, HasSubstr("kernel (first entry to last warp end)"));
 }
 
 TEST(ReadResultsFile, AMissingFileIsNotFound) {
