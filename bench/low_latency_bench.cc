@@ -230,10 +230,8 @@ std::pair<double, double> ProfileOrdinary(LowLatencyGroup& g, int runs, bench::R
     }
   }
   CHECK_OK(g.Sync());
-  std::vector<bench::WarpRole> dispatch_roles = bench::LowLatencyStepRoles(false);
-  std::vector<bench::WarpRole> combine_roles = bench::LowLatencyStepRoles(true);
-  dispatch_roles.push_back({"all warps", 0, kernels::kProfileSlotsPerBlock - 2});
-  combine_roles.push_back({"all warps", 0, kernels::kProfileSlotsPerBlock - 2});
+  const std::vector<bench::WarpRole> dispatch_roles = bench::LowLatencyStepRoles(false);
+  const std::vector<bench::WarpRole> combine_roles = bench::LowLatencyStepRoles(true);
   std::vector<double> dispatch_us(runs - kDropped, 0.0), combine_us(runs - kDropped, 0.0);  // slower rank per run
   for (int r = 0; r < R; ++r) {
     std::vector<bench::Timeline> dispatch, combine, before_dispatch, before_combine;
@@ -478,10 +476,8 @@ int Main(int argc, char** argv) {
   for (int phase = 0; phase < 4; ++phase) {
     std::vector<double> slowest;  // per run, the slower rank's kernel duration
     for (int r = 0; r < c.num_ranks; ++r) {
-      std::vector<bench::WarpRole> roles = bench::LowLatencyStepRoles(/*combine=*/phase >= 2);
-      roles.push_back({"all warps", 0, kernels::kProfileSlotsPerBlock - 2});
       bench::PrintTimelines(std::string(phase_names[phase]) + " rank " + std::to_string(r), hooks.timelines[phase][r],
-                            roles);
+                            bench::LowLatencyStepRoles(/*combine=*/phase >= 2));
       for (size_t i = 0; i < hooks.timelines[phase][r].size(); ++i) {
         if (slowest.size() <= i) slowest.push_back(0);
         slowest[i] = std::max(slowest[i], hooks.timelines[phase][r][i].DurationUs());

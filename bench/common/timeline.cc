@@ -81,6 +81,7 @@ std::vector<WarpRole> LowLatencyStepRoles(bool combine) {
     const int slot = static_cast<int>(step);
     return WarpRole{.name = name, .first_warp = slot - 2, .last_warp = slot - 1, .suffix = ""};
   };
+  const WarpRole all_warps{.name = "all warps", .first_warp = 0, .last_warp = kernels::kProfileSlotsPerBlock - 2};
   if (combine) {
     return {row("weights flags raised (block 0)", LowLatencyStep::kCombineWeightsSent),
             row("own tokens' partial rows stored", LowLatencyStep::kCombineOwnRowsSent),
@@ -88,13 +89,15 @@ std::vector<WarpRole> LowLatencyStepRoles(bool combine) {
             row("peers' tokens' partial rows stored", LowLatencyStep::kCombinePeerRowsSent),
             row("all items counted (block 0)", LowLatencyStep::kCombineItemsCounted),
             row("combine flags raised (block 0)", LowLatencyStep::kCombineFlagsSent),
-            row("combine flags seen (every block)", LowLatencyStep::kCombineFlagsArrived)};
+            row("combine flags seen (every block)", LowLatencyStep::kCombineFlagsArrived),
+            all_warps};
   }
   return {row("data pieces stored", LowLatencyStep::kDispatchDataStored),
           row("routing tables written", LowLatencyStep::kDispatchTableWritten),
           row("all data items counted (routing)", LowLatencyStep::kDispatchItemsCounted),
           row("counts published", LowLatencyStep::kDispatchCountSent),
-          row("counts seen (receivers)", LowLatencyStep::kDispatchCountsArrived)};
+          row("counts seen (receivers)", LowLatencyStep::kDispatchCountsArrived),
+          all_warps};
 }
 
 }  // namespace epfabric::bench

@@ -31,7 +31,7 @@ struct WarpRole {
 };
 
 // The low-latency kernels' steps (kernels::LowLatencyStep) as rows of a timeline: each is the latest time a warp of any
-// block reached the step. `combine` picks the combine kernel's steps, else the dispatch kernel's.
+// block reached the step; then the last warp end. `combine` picks the combine kernel's steps, else the dispatch's.
 std::vector<WarpRole> LowLatencyStepRoles(bool combine);
 
 // Prints one line per measure (median over `runs`, with p10 and p90, microseconds after the kernel's first block

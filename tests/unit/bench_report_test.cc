@@ -131,6 +131,7 @@ TEST(Timeline, StepRowsReadTheirSlotsAndUnreachedRowsAreLeftOut) {
   const std::vector<WarpRole> roles = LowLatencyStepRoles(/*combine=*/false);
   ASSERT_FALSE(roles.empty());
   EXPECT_EQ(roles[0].first_warp + 2, stored);
+  EXPECT_EQ(roles.back().name, "all warps");
   EXPECT_DOUBLE_EQ(t.WarpsEndUs(roles[0].first_warp, roles[0].last_warp), 4.0);
 
   ::testing::internal::CaptureStdout();
