@@ -225,6 +225,15 @@ int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms) {
   return num_sms <= 20 ? 15 : num_sms <= 28 ? 11 : 9;
 }
 
+int IntranodeCombineChunkBytes(int num_ranks, int num_channels) {
+  // Measured on 2 x H100 (docs/intranode-kernels.md, "Combine chunks"), not a model: with one store in flight per
+  // sender, the chunk size sets the bytes in flight over the links, and the best size moves with the channel count
+  // (20 KB at 16 channels, 16 KB at 20, 14 KB at 24). 3 or more ranks were not swept and keep 16 KB.
+  static_assert(intranode::kMaxCombineChunkBytes >= 20480);
+  if (num_ranks != 2) return 16384;
+  return num_channels <= 16 ? 20480 : num_channels <= 20 ? 16384 : num_channels <= 28 ? 14336 : 16384;
+}
+
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,
                                cudaStream_t stream) {
   EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
@@ -276,6 +285,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.hidden = p.hidden;
   k.num_topk = p.topk_weights != nullptr ? p.num_topk : 0;
   k.num_channels = h.num_channels;
+  k.send_chunk_bytes = IntranodeCombineChunkBytes(group.config.num_ranks, h.num_channels);
   k.x_rows = h.num_recv_tokens;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;

@@ -19,6 +19,8 @@ namespace epfabric::kernels::intranode {
 // rows, warp num_copy_warps publishes their progress to the peers, the rest receive (docs/intranode-kernels.md).
 inline constexpr int kThreadsPerBlock = 1024;
 inline constexpr int kMaxCopyWarps = kThreadsPerBlock / 32 - 6;  // leaves the publisher and 5 receiver warps
+// The combine sender's bulk-copy chunks (IntranodeCombineChunkBytes): multiples of 16 bytes, at most this.
+inline constexpr int kMaxCombineChunkBytes = 20480;
 inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
 
@@ -102,6 +104,8 @@ struct CombineKernelParams {
   int hidden;
   int num_topk;  // 0 without weights
   int num_channels;
+  int send_chunk_bytes;  // 16 .. kMaxCombineChunkBytes, a multiple of 16, chosen by the API
+                         // (IntranodeCombineChunkBytes)
   int x_rows;  // rows of x: a rank that received more (a worst-case dispatch that overflowed) combines nothing
   char* combined_x;
   float* combined_topk_weights;

@@ -24,9 +24,16 @@ constexpr int kFirstReducerWarp = 2;
 constexpr int kReducerWarps = kThreadsPerBlock / 32 - kFirstReducerWarp;
 constexpr int kReducerThreads = kReducerWarps * 32;
 constexpr int kReducerBarrier = 2;
-// The sender's chunks: stages of shared memory (dynamic), two loads ahead and one store in flight.
-constexpr int kSendChunkBytes = 16384;
+// The sender's chunks (p.send_chunk_bytes each): stages of shared memory (dynamic), two loads ahead and one store in
+// flight.
 constexpr int kSendStages = 4;
+
+// The chunk size the API chose, or the default when it is not one the stages can hold (a multiple of 16 bytes up to
+// kMaxCombineChunkBytes): the launch sized the stages from the same function.
+__host__ __device__ __forceinline__ int send_chunk_bytes(const CombineKernelParams& p) {
+  const int bytes = p.send_chunk_bytes;
+  return bytes >= 16 && bytes <= kMaxCombineChunkBytes && bytes % 16 == 0 ? bytes : 16384;
+}
 
 struct SourceRange {
   int begin, end;  // slots of channel c in (dst -> this rank) order
@@ -60,17 +67,17 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
   const char* src = p.x + (range.x_row0 + range.begin) * row_bytes;
   char* dst_bytes = section<char>(g, dst, g.staging_x) + g.rank * g.staging_x_pool_bytes + range.begin * row_bytes;
   const int64_t total = (range.end - range.begin) * row_bytes;
-  const int num_chunks = static_cast<int>((total + kSendChunkBytes - 1) / kSendChunkBytes);
+  const int chunk = send_chunk_bytes(p);
+  const int num_chunks = static_cast<int>((total + chunk - 1) / chunk);
   auto chunk_bytes = [&](int i) {
-    return static_cast<uint32_t>(
-        min(static_cast<int64_t>(kSendChunkBytes), total - static_cast<int64_t>(i) * kSendChunkBytes));
+    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), total - static_cast<int64_t>(i) * chunk));
   };
   auto issue_load = [&](int i) {
     const int stage = static_cast<int>(loads % kSendStages);
     ++loads;
     ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(i));
-    ptx::bulk_copy_global_to_shared(s_stages + stage * kSendChunkBytes, src + static_cast<int64_t>(i) * kSendChunkBytes,
-                                    chunk_bytes(i), s_bars + stage);
+    ptx::bulk_copy_global_to_shared(s_stages + stage * chunk, src + static_cast<int64_t>(i) * chunk, chunk_bytes(i),
+                                    s_bars + stage);
   };
   // Every stage is free here: the previous peer's stores all completed.
   const uint32_t first = loads;
@@ -87,8 +94,8 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
         return false;
       }
     }
-    ptx::bulk_copy_shared_to_global(dst_bytes + static_cast<int64_t>(i) * kSendChunkBytes,
-                                    s_stages + stage * kSendChunkBytes, chunk_bytes(i));
+    ptx::bulk_copy_shared_to_global(dst_bytes + static_cast<int64_t>(i) * chunk, s_stages + stage * chunk,
+                                    chunk_bytes(i));
     ptx::commit_bulk_group();
     // One store in flight: chunk i's writes are performed before the next store starts (two in flight measured
     // slower at 20 and 24 SMs, docs/intranode-kernels.md "Warp roles"), so its stage can be reloaded and its rows
@@ -105,7 +112,7 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
 // The sender: lane 0 of warp 0 streams the rows for each peer with bulk copies (TMA), which carry the link rate from
 // one warp (docs/intranode-kernels.md, probes) and leave the SM's load/store units to the reducers. For peer dst
 // the rows this rank received from dst in dst's channel c are contiguous in x (received order) and go to the same,
-// contiguous slots of dst's staging pool for this rank: the range is copied in chunks of kSendChunkBytes through
+// contiguous slots of dst's staging pool for this rank: the range is copied in chunks of p.send_chunk_bytes through
 // kSendStages shared-memory stages, two loads ahead and one store in flight: after issuing each chunk's store the
 // sender waits for it to complete (its writes performed) and reports the chunks completed.
 // The top-k weights of the range go first, as plain stores by the whole warp, so that any tail covers them.
@@ -153,7 +160,7 @@ __device__ void publish_rows(const CombineKernelParams& p, int* s_chunks_done) {
   int published = range.begin;
   const uint64_t start = ptx::global_timer_ns();
   for (uint32_t iter = 0; published < range.end; ++iter) {
-    const int64_t bytes = static_cast<int64_t>(read_progress(&s_chunks_done[lane])) * kSendChunkBytes;
+    const int64_t bytes = static_cast<int64_t>(read_progress(&s_chunks_done[lane])) * send_chunk_bytes(p);
     const int complete = min(range.end, range.begin + static_cast<int>(bytes / row_bytes));
     if (complete >= published + kPublishBatch || (complete == range.end && complete > published)) {
       ptx::st_release_sys_global(tail, complete);
@@ -305,7 +312,7 @@ __device__ void reduce_tokens(const CombineKernelParams& p, int token_begin, int
 }
 
 __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __grid_constant__ CombineKernelParams p) {
-  extern __shared__ __align__(128) char s_stages[];  // [kSendStages][kSendChunkBytes], the sender's
+  extern __shared__ __align__(128) char s_stages[];  // [kSendStages][send_chunk_bytes(p)], the sender's
   __shared__ __align__(8) uint64_t s_bars[kSendStages];
   __shared__ int s_chunks_done[kMaxNvlPeers];  // per destination: the sender's chunks whose stores completed
   const int channel = blockIdx.x;
@@ -336,13 +343,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) combine_kernel(const __gr
 
 }  // namespace
 
-cudaError_t PreloadCombine() { return preload_kernel(combine_kernel, kSendStages * kSendChunkBytes); }
+cudaError_t PreloadCombine() { return preload_kernel(combine_kernel, kSendStages * kMaxCombineChunkBytes); }
 
 cudaError_t LaunchCombine(const CombineKernelParams& params, cudaStream_t stream) {
-  constexpr size_t kDynamicSmem = kSendStages * kSendChunkBytes;
+  const size_t dynamic_smem = static_cast<size_t>(kSendStages) * send_chunk_bytes(params);
   return launch_kernel(
       combine_kernel, params,
-      LaunchShape{.blocks = params.num_channels, .threads = kThreadsPerBlock, .dynamic_smem_bytes = kDynamicSmem},
+      LaunchShape{.blocks = params.num_channels, .threads = kThreadsPerBlock, .dynamic_smem_bytes = dynamic_smem},
       stream);
 }
 

@@ -278,6 +278,10 @@ std::vector<GpuCase> Cases() {
       {"TwoRanksBf16H256OneAndZeroTokens", 2, Make(256, {1, 0}, 1, false, true, true, true)},
       {"TwoRanksFp8H256ZeroTokens", 2, Make(256, {0, 0}, 8, true, true, true)},
       {"TwoRanksBf16H256T4096Top8Sms7", 2, Make(256, {4096, 3000}, 8, false, true, true, false, 7)},
+      // Combine chunks by channel count (IntranodeCombineChunkBytes): 24 channels take 14 KB (the cases above), 16 take
+      // 20 KB, 20 take 16 KB.
+      {"TwoRanksBf16H7168UnevenTop8Sms16Bias", 2, Make(7168, {4096, 3000}, 8, false, true, true, true, 16)},
+      {"TwoRanksBf16H7168UnevenTop8Sms20", 2, Make(7168, {2500, 4096}, 8, false, true, true, false, 20)},
       {"TwoRanksFp8H7168T1Top4", 2, Make(7168, {1, 1}, 4, true, true, true)},
       // 4 ranks x 24 channels = 96 blocks: resident together on one GPU of 132 (or 114) SMs.
       {"FourRanksBf16H7168T4096Top8", 4, Make(7168, {4096, 4096, 4096, 4096}, 8, false, true, true, true)},

@@ -262,6 +262,24 @@ TEST(IntranodeLaunchTest, CopyWarpsFitTheBlockAndFollowTheMeasuredTable) {
   EXPECT_EQ(IntranodeDispatchCopyWarps(4, 256 * 2, 24), 15);  // small rows: not swept
 }
 
+// The combine sender's stages hold at most 20 KB chunks (kMaxCombineChunkBytes in kernels/api/launch.h) that bulk
+// copies move (multiples of 16 bytes); the measured settings must be the ones chosen.
+TEST(IntranodeLaunchTest, CombineChunksFitTheStagesAndFollowTheMeasuredTable) {
+  for (int ranks = 1; ranks <= 8; ++ranks) {
+    for (int channels = 1; channels <= 64; ++channels) {
+      const int chunk = IntranodeCombineChunkBytes(ranks, channels);
+      EXPECT_GE(chunk, 16) << ranks << " " << channels;
+      EXPECT_LE(chunk, 20480) << ranks << " " << channels;
+      EXPECT_EQ(chunk % 16, 0) << ranks << " " << channels;
+    }
+  }
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 16), 20480);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 20), 16384);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 24), 14336);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 32), 16384);
+  EXPECT_EQ(IntranodeCombineChunkBytes(4, 24), 16384);  // 3+ ranks: not swept
+}
+
 TEST(IntranodeRegionTest, SizeGrowsWithTheConfiguration) {
   IntranodeRegionConfig c = BenchRegion();
   const size_t base = *IntranodeRegionBytes(c);

@@ -205,6 +205,10 @@ struct IntranodeDispatchParams {
 // benchmark's timelines.
 int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms);
 
+// The bytes of each bulk copy of the combine's sender (it streams a channel's rows through four shared-memory stages
+// of this size), chosen from the rank count and the channel count (docs/intranode-kernels.md, "Combine chunks").
+int IntranodeCombineChunkBytes(int num_ranks, int num_channels);
+
 // Dispatch. `handle` must have num_tokens, is_token_in_rank and rank_prefix_matrix (from notify, or from an
 // earlier dispatch for cached mode) set and its output arrays allocated; dispatch fills recv_channel_prefix,
 // send_slot and recv_src_idx and sets handle->num_channels.
