@@ -58,32 +58,65 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
   return r;
 }
 
-// Lane 0 of the sender: copies the rows of `range` to `dst`'s staging pool in chunks, two loads ahead and one store in
-// flight, and reports the chunks whose stores completed. Returns false after recording a timeout.
-__device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& range, int dst, char* s_stages,
-                            uint64_t* s_bars, int* s_chunks_done, uint32_t& loads) {
+// Lane 0 of the sender: copies the rows of every peer's range to that peer's staging pool in chunks, two loads ahead
+// and one store in flight, and reports per peer the chunks whose stores completed. The peers take turns chunk by
+// chunk: a peer's reducers need the rows of every source of a token, so with 3 or more ranks a peer served after the
+// others would hold back every reduction (with one peer at a time, 4 ranks' reducers ended 60-80 us after the
+// senders). Stops after recording a timeout.
+__device__ void stream_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
   const GroupView& g = p.group;
+  const int num_ranks = g.num_ranks, me = g.rank;
   const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
-  const char* src = p.x + (range.x_row0 + range.begin) * row_bytes;
-  char* dst_bytes = section<char>(g, dst, g.staging_x) + g.rank * g.staging_x_pool_bytes + range.begin * row_bytes;
-  const int64_t total = (range.end - range.begin) * row_bytes;
   const int chunk = send_chunk_bytes(p);
-  const int num_chunks = static_cast<int>((total + chunk - 1) / chunk);
-  auto chunk_bytes = [&](int i) {
-    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), total - static_cast<int64_t>(i) * chunk));
+  struct Stream {
+    const char* src;
+    char* dst;
+    int64_t total;  // bytes
+    int num_chunks;
+    int next;  // the next chunk to load
+    int rank;
   };
-  auto issue_load = [&](int i) {
-    const int stage = static_cast<int>(loads % kSendStages);
-    ++loads;
-    ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(i));
-    ptx::bulk_copy_global_to_shared(s_stages + stage * chunk, src + static_cast<int64_t>(i) * chunk, chunk_bytes(i),
-                                    s_bars + stage);
+  Stream streams[kMaxNvlPeers];
+  int num_streams = 0;
+  for (int k = 1; k < num_ranks; ++k) {
+    const int dst = (me + k) % num_ranks;
+    const SourceRange range = source_range(p, dst);
+    if (range.end <= range.begin) continue;
+    Stream& st = streams[num_streams++];
+    st.src = p.x + (range.x_row0 + range.begin) * row_bytes;
+    st.dst = section<char>(g, dst, g.staging_x) + me * g.staging_x_pool_bytes + range.begin * row_bytes;
+    st.total = (range.end - range.begin) * row_bytes;
+    st.num_chunks = static_cast<int>((st.total + chunk - 1) / chunk);
+    st.next = 0;
+    st.rank = dst;
+  }
+  auto chunk_bytes = [&](const Stream& st, int i) {
+    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), st.total - static_cast<int64_t>(i) * chunk));
   };
-  // Every stage is free here: the previous peer's stores all completed.
-  const uint32_t first = loads;
-  for (int i = 0; i < min(2, num_chunks); ++i) issue_load(i);
-  for (int i = 0; i < num_chunks; ++i) {
-    const uint32_t n = first + static_cast<uint32_t>(i);
+  // Stage n % kSendStages holds the n-th chunk loaded: which stream's, and which of its chunks.
+  int stage_stream[kSendStages], stage_chunk[kSendStages];
+  uint32_t loads = 0;
+  int turn = 0;
+  auto issue_load = [&] {
+    for (int tried = 0; tried < num_streams; ++tried) {
+      const int si = turn;
+      turn = turn + 1 == num_streams ? 0 : turn + 1;
+      Stream& st = streams[si];
+      if (st.next == st.num_chunks) continue;
+      const int i = st.next++;
+      const int stage = static_cast<int>(loads % kSendStages);
+      ++loads;
+      stage_stream[stage] = si;
+      stage_chunk[stage] = i;
+      ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(st, i));
+      ptx::bulk_copy_global_to_shared(s_stages + stage * chunk, st.src + static_cast<int64_t>(i) * chunk,
+                                      chunk_bytes(st, i), s_bars + stage);
+      return;
+    }
+  };
+  issue_load();
+  issue_load();
+  for (uint32_t n = 0; n < loads; ++n) {
     const int stage = static_cast<int>(n % kSendStages);
     const uint64_t start = ptx::global_timer_ns();
     for (uint32_t iter = 0; !ptx::mbarrier_try_wait_parity(s_bars + stage, (n / kSendStages) & 1u); ++iter) {
@@ -91,11 +124,13 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
         // A local bulk load that never landed: nothing a peer did; report it and stop sending.
         record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, g.rank, static_cast<int>(blockIdx.x));
         ptx::wait_bulk_group<0>();
-        return false;
+        return;
       }
     }
-    ptx::bulk_copy_shared_to_global(dst_bytes + static_cast<int64_t>(i) * chunk, s_stages + stage * chunk,
-                                    chunk_bytes(i));
+    const Stream& st = streams[stage_stream[stage]];
+    const int i = stage_chunk[stage];
+    ptx::bulk_copy_shared_to_global(st.dst + static_cast<int64_t>(i) * chunk, s_stages + stage * chunk,
+                                    chunk_bytes(st, i));
     ptx::commit_bulk_group();
     // One store in flight: chunk i's writes are performed before the next store starts (two in flight measured
     // slower at 20 and 24 SMs, docs/intranode-kernels.md "Warp roles"), so its stage can be reloaded and its rows
@@ -103,19 +138,17 @@ __device__ bool stream_rows(const CombineKernelParams& p, const SourceRange& ran
     // writes before the report (a generic-proxy write).
     ptx::wait_bulk_group<0>();
     ptx::fence_proxy_async_global();
-    publish_progress(&s_chunks_done[dst], i + 1);
-    if (i + 2 < num_chunks) issue_load(i + 2);
+    publish_progress(&s_chunks_done[st.rank], i + 1);
+    issue_load();
   }
-  return true;
 }
 
-// The sender: lane 0 of warp 0 streams the rows for each peer with bulk copies (TMA), which carry the link rate from
+// The sender: lane 0 of warp 0 streams the rows for the peers with bulk copies (TMA), which carry the link rate from
 // one warp (docs/intranode-kernels.md, probes) and leave the SM's load/store units to the reducers. For peer dst
 // the rows this rank received from dst in dst's channel c are contiguous in x (received order) and go to the same,
-// contiguous slots of dst's staging pool for this rank: the range is copied in chunks of p.send_chunk_bytes through
-// kSendStages shared-memory stages, two loads ahead and one store in flight: after issuing each chunk's store the
-// sender waits for it to complete (its writes performed) and reports the chunks completed.
-// The top-k weights of the range go first, as plain stores by the whole warp, so that any tail covers them.
+// contiguous slots of dst's staging pool for this rank: the ranges are copied in chunks of p.send_chunk_bytes
+// through kSendStages shared-memory stages, the peers taking turns (stream_rows).
+// The top-k weights of every range go first, as plain stores by the whole warp, so that any tail covers them.
 __device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
   const GroupView& g = p.group;
   const int num_ranks = g.num_ranks, me = g.rank;
@@ -124,24 +157,20 @@ __device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t
     for (int s = 0; s < kSendStages; ++s) ptx::mbarrier_init(s_bars + s, 1);
     ptx::fence_mbarrier_init();
   }
-  __syncwarp();
-  uint32_t loads = 0;  // loads issued so far (all peers): the kernel's n-th chunk uses stage n % kSendStages
-  for (int k = 1; k < num_ranks; ++k) {
+  for (int k = 1; k < num_ranks && p.num_topk > 0; ++k) {
     const int dst = (me + k) % num_ranks;
     const SourceRange range = source_range(p, dst);
     if (range.end <= range.begin) continue;
-    if (p.num_topk > 0) {
-      float* staging_w = reinterpret_cast<float*>(section<char>(g, dst, g.staging_topk_weights) +
-                                                  me * g.staging_topk_weights_pool_bytes);
-      const int64_t first = static_cast<int64_t>(range.begin) * p.num_topk;
-      const int64_t count = static_cast<int64_t>(range.end - range.begin) * p.num_topk;
-      const float* src_w = p.topk_weights + range.x_row0 * p.num_topk + first;
-      for (int64_t i = lane; i < count; i += 32) staging_w[first + i] = __ldg(src_w + i);
-    }
-    __syncwarp();  // the weights are stored before lane 0 reports any row
-    if (lane == 0 && !stream_rows(p, range, dst, s_stages, s_bars, s_chunks_done, loads)) return;
-    __syncwarp();
+    float* staging_w = reinterpret_cast<float*>(section<char>(g, dst, g.staging_topk_weights) +
+                                                me * g.staging_topk_weights_pool_bytes);
+    const int64_t first = static_cast<int64_t>(range.begin) * p.num_topk;
+    const int64_t count = static_cast<int64_t>(range.end - range.begin) * p.num_topk;
+    const float* src_w = p.topk_weights + range.x_row0 * p.num_topk + first;
+    for (int64_t i = lane; i < count; i += 32) staging_w[first + i] = __ldg(src_w + i);
   }
+  __syncwarp();  // the weights are stored (and the barriers initialised) before lane 0 reports any row
+  if (lane == 0) stream_rows(p, s_stages, s_bars, s_chunks_done);
+  __syncwarp();
 }
 
 constexpr int kPublishBatch = 8;
