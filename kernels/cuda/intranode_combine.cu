@@ -58,93 +58,127 @@ __device__ __forceinline__ SourceRange source_range(const CombineKernelParams& p
   return r;
 }
 
-// Lane 0 of the sender: copies the rows of every peer's range to that peer's staging pool in chunks, two loads ahead
-// and one store in flight, and reports per peer the chunks whose stores completed. The peers take turns chunk by
-// chunk: a peer's reducers need the rows of every source of a token, so with 3 or more ranks a peer served after the
-// others would hold back every reduction (with one peer at a time, 4 ranks' reducers ended 60-80 us after the
-// senders). Stops after recording a timeout. kMaxStreams: 1 with 2 ranks, where the stream state stays in registers (a
-// version indexing it per chunk measured 3-9% slower at 16, 20 and 32 SMs with 2 ranks).
-template <int kMaxStreams>
-__device__ void stream_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
-  const GroupView& g = p.group;
-  const int num_ranks = g.num_ranks, me = g.rank;
-  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
-  const int chunk = send_chunk_bytes(p);
-  struct Stream {
-    const char* src;
-    char* dst;
-    int64_t total;  // bytes
-    int num_chunks;
-    int next;  // the next chunk to load
-    int rank;
-  };
-  Stream streams[kMaxStreams];
-  int num_streams = 0;
-  for (int k = 1; k < num_ranks && num_streams < kMaxStreams; ++k) {
-    const int dst = (me + k) % num_ranks;
-    const SourceRange range = source_range(p, dst);
-    if (range.end <= range.begin) continue;
-    Stream& st = streams[num_streams++];
-    st.src = p.x + (range.x_row0 + range.begin) * row_bytes;
-    st.dst = section<char>(g, dst, g.staging_x) + me * g.staging_x_pool_bytes + range.begin * row_bytes;
-    st.total = (range.end - range.begin) * row_bytes;
-    st.num_chunks = static_cast<int>((st.total + chunk - 1) / chunk);
-    st.next = 0;
-    st.rank = dst;
+// Lane 0 of the sender, one chunk: waits until the n-th load (stage n % kSendStages) landed, stores its `bytes` to
+// `dst` and waits until the store completed, then reports `chunks_done` chunks in `progress`. One store in flight:
+// chunk n's writes are performed before the next store starts (two in flight measured slower at 20 and 24 SMs,
+// docs/intranode-kernels.md "Warp roles"), so its stage can be reloaded and its rows reported; the two loads ahead
+// keep the next chunks ready meanwhile. The proxy fence orders the bulk copy's writes before the report (a
+// generic-proxy write). Returns false after recording a timeout. The sender is latency-bound: every instruction in
+// this loop costs time (a version with ~20 ns more per chunk measured 1-2% slower).
+__device__ __forceinline__ bool store_chunk(const GroupView& g, char* s_stages, uint64_t* s_bars, int chunk, uint32_t n,
+                                            char* dst, uint32_t bytes, int* progress, int chunks_done) {
+  const int stage = static_cast<int>(n % kSendStages);
+  const uint64_t start = ptx::global_timer_ns();
+  for (uint32_t iter = 0; !ptx::mbarrier_try_wait_parity(s_bars + stage, (n / kSendStages) & 1u); ++iter) {
+    if ((iter & 63u) == 63u && ptx::global_timer_ns() - start > g.timeout_ns) {
+      // A local bulk load that never landed: nothing a peer did; report it and stop sending.
+      record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, g.rank, static_cast<int>(blockIdx.x));
+      ptx::wait_bulk_group<0>();
+      return false;
+    }
   }
-  auto chunk_bytes = [&](const Stream& st, int i) {
-    return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), st.total - static_cast<int64_t>(i) * chunk));
-  };
+  ptx::bulk_copy_shared_to_global(dst, s_stages + stage * chunk, bytes);
+  ptx::commit_bulk_group();
+  ptx::wait_bulk_group<0>();
+  ptx::fence_proxy_async_global();
+  publish_progress(progress, chunks_done);
+  return true;
+}
+
+// A peer's share of the rows: contiguous in x and in the peer's staging pool.
+struct PeerStream {
+  const char* src;
+  char* dst;
+  int64_t total;  // bytes
+  int num_chunks;
+  int next;  // the next chunk to load
+  int rank;
+};
+
+__device__ __forceinline__ PeerStream peer_stream(const CombineKernelParams& p, const SourceRange& range, int dst,
+                                                  int chunk) {
+  const GroupView& g = p.group;
+  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
+  PeerStream st;
+  st.src = p.x + (range.x_row0 + range.begin) * row_bytes;
+  st.dst = section<char>(g, dst, g.staging_x) + g.rank * g.staging_x_pool_bytes + range.begin * row_bytes;
+  st.total = (range.end - range.begin) * row_bytes;
+  st.num_chunks = static_cast<int>((st.total + chunk - 1) / chunk);
+  st.next = 0;
+  st.rank = dst;
+  return st;
+}
+
+__device__ __forceinline__ uint32_t chunk_bytes(const PeerStream& st, int chunk, int i) {
+  return static_cast<uint32_t>(min(static_cast<int64_t>(chunk), st.total - static_cast<int64_t>(i) * chunk));
+}
+
+__device__ __forceinline__ void load_chunk(const PeerStream& st, char* s_stages, uint64_t* s_bars, int chunk, int i,
+                                           uint32_t& loads) {
+  const int stage = static_cast<int>(loads % kSendStages);
+  ++loads;
+  ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(st, chunk, i));
+  ptx::bulk_copy_global_to_shared(s_stages + stage * chunk, st.src + static_cast<int64_t>(i) * chunk,
+                                  chunk_bytes(st, chunk, i), s_bars + stage);
+}
+
+// Lane 0 of the sender with one peer (2 ranks): its chunks in order, two loads ahead. Returns false after a timeout.
+__device__ bool stream_one_peer(const CombineKernelParams& p, const PeerStream& st, char* s_stages, uint64_t* s_bars,
+                                int* s_chunks_done) {
+  const int chunk = send_chunk_bytes(p);
+  uint32_t loads = 0;
+  for (int i = 0; i < min(2, st.num_chunks); ++i) load_chunk(st, s_stages, s_bars, chunk, i, loads);
+  for (int i = 0; i < st.num_chunks; ++i) {
+    if (!store_chunk(p.group, s_stages, s_bars, chunk, static_cast<uint32_t>(i),
+                     st.dst + static_cast<int64_t>(i) * chunk, chunk_bytes(st, chunk, i), &s_chunks_done[st.rank],
+                     i + 1)) {
+      return false;
+    }
+    if (i + 2 < st.num_chunks) load_chunk(st, s_stages, s_bars, chunk, i + 2, loads);
+  }
+  return true;
+}
+
+// Lane 0 of the sender with several peers: the peers take turns chunk by chunk, two loads ahead. A peer's reducers
+// need the rows of every source of a token, so a peer served after the others would hold back every reduction (with
+// one peer at a time, 4 ranks' reducers ended 60-80 us after the senders; docs/intranode-kernels.md).
+__device__ void stream_peers_in_turn(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars,
+                                     int* s_chunks_done) {
+  const GroupView& g = p.group;
+  const int chunk = send_chunk_bytes(p);
+  PeerStream streams[kMaxNvlPeers - 1];
+  int num_streams = 0;
+  for (int k = 1; k < g.num_ranks; ++k) {
+    const int dst = (g.rank + k) % g.num_ranks;
+    const SourceRange range = source_range(p, dst);
+    if (range.end > range.begin) streams[num_streams++] = peer_stream(p, range, dst, chunk);
+  }
   // Stage n % kSendStages holds the n-th chunk loaded: which stream's, and which of its chunks.
   int stage_stream[kSendStages], stage_chunk[kSendStages];
   uint32_t loads = 0;
   int turn = 0;
-  auto issue_load = [&] {
+  auto load_next = [&] {
     for (int tried = 0; tried < num_streams; ++tried) {
-      const int si = kMaxStreams == 1 ? 0 : turn;
+      const int si = turn;
       turn = turn + 1 == num_streams ? 0 : turn + 1;
-      Stream& st = streams[si];
+      PeerStream& st = streams[si];
       if (st.next == st.num_chunks) continue;
-      const int i = st.next++;
-      const int stage = static_cast<int>(loads % kSendStages);
-      ++loads;
-      if constexpr (kMaxStreams > 1) {
-        stage_stream[stage] = si;
-        stage_chunk[stage] = i;
-      }
-      ptx::mbarrier_arrive_expect_tx(s_bars + stage, chunk_bytes(st, i));
-      ptx::bulk_copy_global_to_shared(s_stages + stage * chunk, st.src + static_cast<int64_t>(i) * chunk,
-                                      chunk_bytes(st, i), s_bars + stage);
+      stage_stream[loads % kSendStages] = si;
+      stage_chunk[loads % kSendStages] = st.next;
+      load_chunk(st, s_stages, s_bars, chunk, st.next++, loads);
       return;
     }
   };
-  issue_load();
-  issue_load();
+  load_next();
+  load_next();
   for (uint32_t n = 0; n < loads; ++n) {
-    const int stage = static_cast<int>(n % kSendStages);
-    const uint64_t start = ptx::global_timer_ns();
-    for (uint32_t iter = 0; !ptx::mbarrier_try_wait_parity(s_bars + stage, (n / kSendStages) & 1u); ++iter) {
-      if ((iter & 63u) == 63u && ptx::global_timer_ns() - start > g.timeout_ns) {
-        // A local bulk load that never landed: nothing a peer did; report it and stop sending.
-        record_timeout(g.status, WaitSite::kCombineFifoSpace, g.rank, g.rank, static_cast<int>(blockIdx.x));
-        ptx::wait_bulk_group<0>();
-        return;
-      }
+    const PeerStream& st = streams[stage_stream[n % kSendStages]];
+    const int i = stage_chunk[n % kSendStages];
+    if (!store_chunk(g, s_stages, s_bars, chunk, n, st.dst + static_cast<int64_t>(i) * chunk, chunk_bytes(st, chunk, i),
+                     &s_chunks_done[st.rank], i + 1)) {
+      return;
     }
-    // One stream: the n-th chunk loaded is its chunk n.
-    const Stream& st = streams[kMaxStreams == 1 ? 0 : stage_stream[stage]];
-    const int i = kMaxStreams == 1 ? static_cast<int>(n) : stage_chunk[stage];
-    ptx::bulk_copy_shared_to_global(st.dst + static_cast<int64_t>(i) * chunk, s_stages + stage * chunk,
-                                    chunk_bytes(st, i));
-    ptx::commit_bulk_group();
-    // One store in flight: chunk i's writes are performed before the next store starts (two in flight measured
-    // slower at 20 and 24 SMs, docs/intranode-kernels.md "Warp roles"), so its stage can be reloaded and its rows
-    // reported; the two loads ahead keep the next chunks ready meanwhile. The proxy fence orders the bulk copy's
-    // writes before the report (a generic-proxy write).
-    ptx::wait_bulk_group<0>();
-    ptx::fence_proxy_async_global();
-    publish_progress(&s_chunks_done[st.rank], i + 1);
-    issue_load();
+    load_next();
   }
 }
 
@@ -152,7 +186,7 @@ __device__ void stream_rows(const CombineKernelParams& p, char* s_stages, uint64
 // one warp (docs/intranode-kernels.md, probes) and leave the SM's load/store units to the reducers. For peer dst
 // the rows this rank received from dst in dst's channel c are contiguous in x (received order) and go to the same,
 // contiguous slots of dst's staging pool for this rank: the ranges are copied in chunks of p.send_chunk_bytes
-// through kSendStages shared-memory stages, the peers taking turns (stream_rows).
+// through kSendStages shared-memory stages (one peer: stream_one_peer; more: stream_peers_in_turn).
 // The top-k weights of every range go first, as plain stores by the whole warp, so that any tail covers them.
 __device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t* s_bars, int* s_chunks_done) {
   const GroupView& g = p.group;
@@ -176,9 +210,13 @@ __device__ void send_rows(const CombineKernelParams& p, char* s_stages, uint64_t
   __syncwarp();  // the weights are stored (and the barriers initialised) before lane 0 reports any row
   if (lane == 0) {
     if (num_ranks == 2) {
-      stream_rows<1>(p, s_stages, s_bars, s_chunks_done);
+      const int dst = 1 - me;
+      const SourceRange range = source_range(p, dst);
+      if (range.end > range.begin) {
+        stream_one_peer(p, peer_stream(p, range, dst, send_chunk_bytes(p)), s_stages, s_bars, s_chunks_done);
+      }
     } else {
-      stream_rows<kMaxNvlPeers - 1>(p, s_stages, s_bars, s_chunks_done);
+      stream_peers_in_turn(p, s_stages, s_bars, s_chunks_done);
     }
   }
   __syncwarp();
