@@ -119,12 +119,18 @@ absl::Status RingIssuer::Issue(Opcode opcode, int dst_rank, uint64_t dst_offset,
   if (dst_rank < 0 || dst_rank > 0xffff) {
     return absl::InvalidArgumentError(absl::StrCat("transport: destination rank ", dst_rank));
   }
-  const uint64_t index = std::atomic_ref<uint64_t>(control_->reserved).fetch_add(1, std::memory_order_relaxed);
+  // An index is reserved only once its slot is free (the daemon consumed the command one lap earlier), with a
+  // compare-and-swap: a timeout then leaves no reserved slot unwritten, so the ring goes on once the daemon drains it
+  // (a reserved, never-written slot would stop the daemon there, and every later command with it).
+  std::atomic_ref<uint64_t> reserved(control_->reserved);
+  uint64_t index = reserved.load(std::memory_order_relaxed);
   const absl::Time deadline = absl::Now() + timeout;
   Backoff backoff;
-  // The slot is free once the daemon consumed the command one lap earlier. A timeout here leaves the reserved slot
-  // unwritten, so the ring stops at it: the lease has to end (as after a kernel timeout) before the ring is usable.
-  while (index - LoadAcquire(control_->consumed) >= slot_count_) {
+  while (true) {
+    if (index < LoadAcquire(control_->consumed) + slot_count_) {  // free (or a stale index: the swap fails)
+      if (reserved.compare_exchange_weak(index, index + 1, std::memory_order_relaxed)) break;
+      continue;  // another issuer took it: `index` holds the current value
+    }
     if (absl::Status error = RingErrorStatus(channel_, *control_); !error.ok()) return error;
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat("transport ring ", channel_, ": no free slot for command ", index,
@@ -133,6 +139,7 @@ absl::Status RingIssuer::Issue(Opcode opcode, int dst_rank, uint64_t dst_offset,
                                                       "; waiting on rank ", LoadAcquire(control_->waiting_rank), ")"));
     }
     backoff.Pause();
+    index = reserved.load(std::memory_order_relaxed);
   }
   Command& slot = slots_[index & (slot_count_ - 1)];
   slot.opcode = static_cast<uint8_t>(opcode);

@@ -116,6 +116,18 @@ TEST_F(RingTest, AFullRingMakesTheIssuerWaitThenGoOn) {
   const absl::Status full = issuer_->Put(1, 0, 0, 8, absl::Milliseconds(20));
   EXPECT_TRUE(absl::IsDeadlineExceeded(full)) << full;
   EXPECT_THAT(full.ToString(), HasSubstr("no free slot"));
+  // The timed-out call reserved nothing: once the proxy drains the ring, the next command goes on and quiet covers
+  // every command issued (a reserved, never-written slot would stop the proxy and make this quiet time out).
+  EXPECT_EQ(issuer_->issued(), kSlots);
+  EXPECT_EQ(Poll(), static_cast<int>(kSlots));
+  for (const FakeLink::Posted& posted : link_.posted) ring_->Complete(posted.cookie, absl::OkStatus());
+  ASSERT_TRUE(issuer_->SignalAdd(2, 8, 1, absl::Milliseconds(100)).ok());
+  EXPECT_EQ(Poll(), 1);
+  ASSERT_EQ(link_.posted.size(), kSlots + 1);
+  EXPECT_FALSE(link_.posted.back().put);
+  ring_->Complete(link_.posted.back().cookie, absl::OkStatus());
+  EXPECT_TRUE(issuer_->Quiet(absl::Milliseconds(100)).ok());
+  EXPECT_EQ(control().completed, kSlots + 1);
 }
 
 TEST_F(RingTest, ManyThreadsManyLapsEveryCommandOnce) {

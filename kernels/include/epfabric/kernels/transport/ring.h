@@ -7,9 +7,11 @@
 // holds `num_channels` rings back to back; ring c is [c * RingBytes(slots), (c + 1) * RingBytes(slots)).
 //
 // One ring: a RingControl block, then `slots` Command slots (a power of two).
-//  - Issuers (any number of threads or GPU warps) take an index with an atomic add on `reserved`, wait until the
-//    slot is free (index - consumed < slots, bounded), write the command's fields, then publish it by storing the
-//    stamp (index + 1, low 32 bits) last, with release semantics at system scope.
+//  - Issuers (any number of threads or GPU warps) take an index from `reserved` once its slot is free (index -
+//    consumed < slots, bounded), write the command's fields, then publish it by storing the stamp (index + 1, low 32
+//    bits) last, with release semantics at system scope. Host issuers reserve with a compare-and-swap only when the
+//    slot is free, so a timeout reserves nothing; device issuers take the index with an atomic add and then wait, so
+//    a device issuer that times out leaves its slot unwritten and the ring stops there until the lease ends.
 //  - The daemon's proxy reads slot (consumed % slots) once its stamp equals consumed + 1, copies it, validates it,
 //    executes it, then advances `consumed` (the slot is free again) and later `completed`.
 //  - `completed` counts a contiguous prefix of commands whose effect is in place at the destination and whose
