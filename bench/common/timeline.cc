@@ -40,6 +40,12 @@ double Timeline::WarpsEndUs(int first, int last) const {
   return end == 0 ? 0 : (end - Start()) / 1e3;
 }
 
+double Timeline::LastEntryUs() const {
+  uint64_t last = 0;
+  for (int b = 0; b < num_blocks; ++b) last = std::max(last, slots[static_cast<size_t>(b) * kSlots]);
+  return last == 0 ? 0 : (last - Start()) / 1e3;
+}
+
 double Timeline::Slot1MaxUs() const {
   uint64_t end = 0;
   for (int b = 0; b < num_blocks; ++b) end = std::max(end, slots[static_cast<size_t>(b) * kSlots + 1]);
@@ -54,6 +60,9 @@ void PrintTimelines(const std::string& title, const std::vector<Timeline>& runs,
   };
   std::printf("timeline %s (%zu runs; us after the first block started)\n", title.c_str(), runs.size());
   std::vector<double> v;
+  for (const Timeline& t : runs) v.push_back(t.LastEntryUs());
+  line("last block entered", v);
+  v.clear();
   for (const Timeline& t : runs) v.push_back(t.Slot1MaxUs());
   if (std::any_of(v.begin(), v.end(), [](double us) { return us != 0; }))
     line("start-up / send phase done (slot 1)", v);
@@ -86,6 +95,7 @@ std::vector<WarpRole> LowLatencyStepRoles(bool combine) {
     return {row("weights flags raised (block 0)", LowLatencyStep::kCombineWeightsSent),
             row("own tokens' partial rows stored", LowLatencyStep::kCombineOwnRowsSent),
             row("peers' weights seen", LowLatencyStep::kCombineWeightsArrived),
+            row("an item's rows and weights in hand", LowLatencyStep::kCombineRowsGathered),
             row("peers' tokens' partial rows stored", LowLatencyStep::kCombinePeerRowsSent),
             row("all items counted (block 0)", LowLatencyStep::kCombineItemsCounted),
             row("combine flags raised (block 0)", LowLatencyStep::kCombineFlagsSent),

@@ -18,6 +18,8 @@ struct Timeline {
   uint64_t End() const;    // latest warp end
   // Latest end among warps [first, last) of every block, in microseconds after Start(); 0 when none wrote.
   double WarpsEndUs(int first, int last) const;
+  // The last block's entry (slot 0), in microseconds after Start(): how long the grid took to start.
+  double LastEntryUs() const;
   // Slot 1 over blocks, in microseconds after Start(): the latest one.
   double Slot1MaxUs() const;
   double DurationUs() const { return (End() - Start()) / 1e3; }

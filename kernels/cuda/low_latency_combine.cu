@@ -3,13 +3,15 @@
 // that is up to 4x fewer bytes over NVLink than DeepEP's scheme, and the token's rank adds only num_ranks rows.
 //
 // Send phase:
-//   1. block 0 zeroes the other half's signals and stores this rank's top-k weights into each expert's rank
-//      (duplicate experts in a row have their weights summed into the first position), then raises that rank's
-//      weights flag;
-//   2. work items (source rank s, token t, slice of hidden): read the token map row (dispatch's handle: which packed
-//      slots hold this token's experts), take the weights (this rank's own tokens: straight from the inputs; other
-//      ranks' tokens: wait for s's weights flag, bounded), sum fmaf(expert value, weight) over the experts in top-k
-//      order, round to bf16, store the slice into s's receive area at row (t, this rank);
+//   1. block 0 stores this rank's top-k weights into each expert's rank (duplicate experts in a row have their
+//      weights summed into the first position); in one NVLink domain each weight is its own presence flag (0 = not
+//      yet, cleaned with the signals); across hosts (wide) a weights flag follows them. The last block zeroes the
+//      other half's signals;
+//   2. work items (source rank s, token t, slice of hidden) on the other blocks: read the token map row (dispatch's
+//      handle: which packed slots hold this token's experts), take the weights (this rank's own tokens: straight
+//      from the inputs; other ranks' tokens: wait, bounded, for each weight, or for s's weights flag when wide), sum
+//      fmaf(expert value, weight) over the experts in top-k order, round to bf16, store the slice into s's receive
+//      area at row (t, this rank);
 //   3. when every item is done, raise the combine flag on every rank.
 // Receive phase: every block waits for the combine flags (bounded), then each warp takes a (token, slice of hidden):
 // it reads the token's top-k row once, and its lanes add the partial rows of the ranks that hold the token's experts,
@@ -22,7 +24,22 @@ namespace {
 
 using CombineParams = CombineKernelParams;  // api/launch.h
 
-// Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags.
+// One NVLink domain: a weight travels as its own presence flag, so that an expert rank can use each token's weights
+// as soon as they land, with no flag behind a system-scope release (which cost ~2 us on the publishing side and
+// delayed every peer token's partial row; docs/low-latency-kernels.md). The cleaning zeroes the area before a half
+// is reused (clean_other_half_signals), so 0 means "not yet": +0.0f is sent as kWeightZero (a NaN pattern that no
+// weight takes, since NaNs are sent as the canonical one), and the 32-bit store is single-copy atomic.
+constexpr uint32_t kWeightZero = 0x7FFFFFFFu;
+constexpr uint32_t kCanonicalNan = 0x7FC00000u;
+__device__ __forceinline__ int32_t encode_weight(float w) {
+  const uint32_t bits = w != w ? kCanonicalNan : __float_as_uint(w);
+  return static_cast<int32_t>(bits == 0 ? kWeightZero : bits);
+}
+__device__ __forceinline__ float decode_weight(int32_t v) {
+  return static_cast<uint32_t>(v) == kWeightZero ? 0.0f : __int_as_float(v);
+}
+
+// Block 0: publishes this rank's weights to the expert ranks; across hosts (wide), then raises the weights flags.
 template <bool kWide>
 __device__ __forceinline__ void publish_weights(const CombineParams& p, const MaskedRanks<kWide>& masked) {
   const GroupView& g = p.g;
@@ -42,7 +59,7 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, const Ma
       const int64_t e = row[k];
       if (k >= K || e < 0 || e >= E) continue;
       const int r = static_cast<int>(e / L);
-      if (masked.has(r)) continue;
+      if (masked.has(r) || (!kWide && r == g.rank)) continue;  // the own tokens' weights are read from the inputs
       bool first = true;
 #pragma unroll
       for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
@@ -52,13 +69,77 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, const Ma
       for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
         if (kk < K && row[kk] == e) sum = sum + w[kk];
       }
-      dst_half<kWide>(g, r).weights(t)[k] = sum;
+      if constexpr (kWide) {
+        dst_half<kWide>(g, r).weights(t)[k] = sum;
+      } else {
+        ptx::st_relaxed_sys_global(reinterpret_cast<int32_t*>(dst_half<kWide>(g, r).weights(t)) + k,
+                                   encode_weight(sum));
+      }
     }
   }
+  // The barrier also orders every weight before this block's later releases (the combine flags): a peer that saw
+  // them can clean the half without a weight of this call landing after the cleaning.
   __syncthreads();
-  if (threadIdx.x < g.num_ranks && !masked.has(threadIdx.x)) {
-    ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), 1);
+  if constexpr (kWide) {
+    if (threadIdx.x < g.num_ranks && !masked.has(threadIdx.x)) {
+      ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), 1);
+      mark_step(g, LowLatencyStep::kCombineWeightsSent);
+    }
+  } else if (threadIdx.x == 0) {
     mark_step(g, LowLatencyStep::kCombineWeightsSent);
+  }
+}
+
+// Stores slice [lo, hi) (int4 positions) of the bf16 row sum_j x[row_j] * weight_j to dst: fmaf in top-k order, in
+// float, one rounding. Lane k holds top-k position k's packed row (`slot`) and weight (`w`); bit k of `present` is
+// set when that position is an expert here.
+__device__ __forceinline__ void store_weighted_sum(const uint16_t* x, int H, int32_t slot, float w, uint32_t present,
+                                                   int lo, int hi, int lane, int4* dst) {
+  // The rows in top-k order, gathered into registers of every lane.
+  int32_t rows[kLowLatencyMaxTopk];
+  float row_weights[kLowLatencyMaxTopk];
+  const int num_present = __popc(present);
+#pragma unroll
+  for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
+    const int k = present != 0 ? __ffs(present) - 1 : 0;
+    present &= present - 1;
+    rows[j] = __shfl_sync(0xffffffffu, slot, k);
+    row_weights[j] = __shfl_sync(0xffffffffu, w, k);
+  }
+  // The rows' loads in groups of 8 (top-8: one group): 16 loads in flight per lane needed more than the 128
+  // registers a thread has here and spilled (2 x H200: 20.5 -> 19.6 us of combine kernel time with groups).
+  constexpr int kGroup = 8;
+  static_assert(kLowLatencyMaxTopk % kGroup == 0);
+  for (int i = lo + lane; i < hi; i += 32) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int g0 = 0; g0 < kLowLatencyMaxTopk; g0 += kGroup) {
+      if (g0 >= num_present) break;
+      int4 v[kGroup];
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        if (g0 + j < num_present)
+          v[j] = ptx::ld_nc_global(reinterpret_cast<const int4*>(x + static_cast<size_t>(rows[g0 + j]) * H) + i);
+      }
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        if (g0 + j < num_present) {
+          const uint32_t words[4] = {static_cast<uint32_t>(v[j].x), static_cast<uint32_t>(v[j].y),
+                                     static_cast<uint32_t>(v[j].z), static_cast<uint32_t>(v[j].w)};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            acc[2 * q] = __fmaf_rn(bf16_bits_to_float(words[q] & 0xFFFFu), row_weights[g0 + j], acc[2 * q]);
+            acc[2 * q + 1] = __fmaf_rn(bf16_bits_to_float(words[q] >> 16), row_weights[g0 + j], acc[2 * q + 1]);
+          }
+        }
+      }
+    }
+    int4 out;
+    out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
+    out.y = static_cast<int>(float_to_bf16_bits(acc[2]) | (float_to_bf16_bits(acc[3]) << 16));
+    out.z = static_cast<int>(float_to_bf16_bits(acc[4]) | (float_to_bf16_bits(acc[5]) << 16));
+    out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
+    ptx::st_na_global(dst + i, out);
   }
 }
 
@@ -77,29 +158,38 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
   }
 
   // Work items: (source rank, token) x slices of hidden (each slice a multiple of 32 int4 where possible).
+  // The block that publishes the weights takes no item when others can: its items would start only after the
+  // publication, and they were the last ones done (2 x H200: own tokens' rows 9.9 -> 8.3 us).
+  const int first_item_warp = !weights_published(g) && gridDim.x > 1 ? kWarpsPerBlock : 0;
+  const int item_warps = total_warps - first_item_warp;
   const int num_rows = R * M;
-  const int slices = max(1, min((row_int4 + 31) / 32, total_warps / num_rows));
+  const int slices = max(1, min((row_int4 + 31) / 32, item_warps / num_rows));
   const int slice_int4 = (row_int4 + slices - 1) / slices;
   const int num_items = num_rows * slices;
   // The source whose weights this warp saw arrive last (a warp's items are mostly of one source; one register, not
   // a rank set, for this register-bound loop).
   int weights_seen = -1;
   int items_done = 0;
-  for (int item = warp_global; item < num_items; item += total_warps) {
+  for (int item = warp_global - first_item_warp; item >= 0 && item < num_items; item += item_warps) {
     ++items_done;
     const int row = item / slices, slice = item % slices;
     const int s = row / M, t = row % M;
     if (masked.has(s)) continue;
     const int32_t* map = p.token_map + static_cast<size_t>(row) * kLowLatencyMaxTopk;
     const int32_t slot = lane < kLowLatencyMaxTopk ? __ldg(map + lane) : -1;
+    // This rank's own tokens: their top-k row loads go out with the token map's (independent).
+    int64_t my_e = -1;
+    float my_w = 0.0f;
+    if (s == g.rank && lane < K) {
+      my_e = __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane);
+      my_w = __ldg(p.topk_weights + static_cast<size_t>(t) * K + lane);
+    }
     uint32_t present = __ballot_sync(0xffffffffu, slot >= 0);  // bit k: top-k position k is an expert here
     if (present == 0) continue;
     float w = 0.0f;
     if (s == g.rank) {
       // This rank's own tokens: the weights are the inputs, no need to wait for their publication. Summed exactly
       // as publish_weights does (the first position of an expert gets its weights in top-k order).
-      const int64_t my_e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
-      const float my_w = lane < K ? __ldg(p.topk_weights + static_cast<size_t>(t) * K + lane) : 0.0f;
       float sum = my_w;
       for (int kk = 1; kk < K; ++kk) {
         const int64_t e_kk = __shfl_sync(0xffffffffu, my_e, kk);
@@ -107,6 +197,28 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
         if (kk > lane && e_kk == my_e) sum = sum + w_kk;
       }
       w = slot >= 0 ? sum : 0.0f;
+    } else if constexpr (!kWide) {
+      // Each lane of an expert here waits (bounded) for its weight, which carries its own presence.
+      const int32_t* entry = reinterpret_cast<const int32_t*>(own_half(g) + l.combine_weights_offset) +
+                             static_cast<size_t>(row) * kLowLatencyMaxTopk + lane;
+      int32_t value = 0;
+      bool ok = true;
+      if (slot >= 0) {
+        ok = bounded_wait(
+            [&] {
+              value = ptx::ld_volatile_global(entry);
+              return value != 0;
+            },
+            g.timeout_ns, g.status, WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
+            /*record_loss=*/false);
+      }
+      if (!__all_sync(0xffffffffu, ok)) {
+        if (lane == 0) mask_rank(g, s);
+        masked.add(s);
+        continue;
+      }
+      if (lane == 0) mark_step(g, LowLatencyStep::kCombineWeightsArrived);
+      w = slot >= 0 ? decode_weight(value) : 0.0f;
     } else {
       // What s published: in this rank's half, or in the inbox when s is on another host.
       const uint8_t* from = in_half<kWide>(g, s);
@@ -133,46 +245,10 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
                                                   static_cast<size_t>(row) * kLowLatencyMaxTopk + lane))
                     : 0.0f;
     }
-    // The expert rows of this token in top-k order, gathered into registers of every lane.
-    int32_t rows[kLowLatencyMaxTopk];
-    float row_weights[kLowLatencyMaxTopk];
-    const int num_present = __popc(present);
-#pragma unroll
-    for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
-      const int k = present != 0 ? __ffs(present) - 1 : 0;
-      present &= present - 1;
-      rows[j] = __shfl_sync(0xffffffffu, slot, k);
-      row_weights[j] = __shfl_sync(0xffffffffu, w, k);
-    }
     const int lo = slice * slice_int4, hi = min(row_int4, lo + slice_int4);
     int4* dst = reinterpret_cast<int4*>(dst_half<kWide>(g, s).recv_row(t));
-    for (int i = lo + lane; i < hi; i += 32) {
-      int4 v[kLowLatencyMaxTopk];
-#pragma unroll
-      for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
-        if (j < num_present)
-          v[j] = ptx::ld_nc_global(reinterpret_cast<const int4*>(p.x + static_cast<size_t>(rows[j]) * H) + i);
-      }
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-      for (int j = 0; j < kLowLatencyMaxTopk; ++j) {
-        if (j < num_present) {
-          const uint32_t words[4] = {static_cast<uint32_t>(v[j].x), static_cast<uint32_t>(v[j].y),
-                                     static_cast<uint32_t>(v[j].z), static_cast<uint32_t>(v[j].w)};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            acc[2 * q] = __fmaf_rn(bf16_bits_to_float(words[q] & 0xFFFFu), row_weights[j], acc[2 * q]);
-            acc[2 * q + 1] = __fmaf_rn(bf16_bits_to_float(words[q] >> 16), row_weights[j], acc[2 * q + 1]);
-          }
-        }
-      }
-      int4 out;
-      out.x = static_cast<int>(float_to_bf16_bits(acc[0]) | (float_to_bf16_bits(acc[1]) << 16));
-      out.y = static_cast<int>(float_to_bf16_bits(acc[2]) | (float_to_bf16_bits(acc[3]) << 16));
-      out.z = static_cast<int>(float_to_bf16_bits(acc[4]) | (float_to_bf16_bits(acc[5]) << 16));
-      out.w = static_cast<int>(float_to_bf16_bits(acc[6]) | (float_to_bf16_bits(acc[7]) << 16));
-      ptx::st_na_global(dst + i, out);
-    }
+    if (lane == 0) mark_step(g, LowLatencyStep::kCombineRowsGathered);
+    store_weighted_sum(p.x, H, slot, w, present, lo, hi, lane, dst);
     if (lane == 0)
       mark_step(g, s == g.rank ? LowLatencyStep::kCombineOwnRowsSent : LowLatencyStep::kCombinePeerRowsSent);
   }
@@ -200,6 +276,16 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<k
   if constexpr (!kWide) {
     if (threadIdx.x == 0) block_masked = masked.bits;
   }
+  // Work items: (token, slice of hidden) per warp (below). The top-k row of the warp's first token is local input:
+  // its load goes out before the wait for the flags.
+  const int row_int4 = H / 8;
+  const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int total_warps = gridDim.x * kWarpsPerBlock;
+  const int slices = max(1, min((row_int4 + 31) / 32, total_warps / max(1, p.num_tokens)));
+  const int slice_int4 = (row_int4 + slices - 1) / slices;
+  int64_t first_e = -1;
+  if (warp_global < p.num_tokens * slices && lane < K)
+    first_e = __ldg(p.topk_idx + static_cast<size_t>(warp_global / slices) * K + lane);
   __syncthreads();
   if (threadIdx.x < R && !masked.has(threadIdx.x)) {
     const int32_t* flag =
@@ -224,16 +310,12 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<k
   MaskedRanks<kWide> skip = masked;
   if constexpr (!kWide) skip.bits = block_masked;
 
-  // Work items: (token, slice of hidden) per warp. Lanes < K read the token's top-k row once for the whole slice
-  // (which ranks hold its experts), then every lane adds the partial rows of those ranks for its channels.
-  const int row_int4 = H / 8;
-  const int warp_global = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int total_warps = gridDim.x * kWarpsPerBlock;
-  const int slices = max(1, min((row_int4 + 31) / 32, total_warps / max(1, p.num_tokens)));
-  const int slice_int4 = (row_int4 + slices - 1) / slices;
+  // Lanes < K read the token's top-k row once for the whole slice (which ranks hold its experts), then every lane
+  // adds the partial rows of those ranks for its channels.
   for (int item = warp_global; item < p.num_tokens * slices; item += total_warps) {
     const int t = item / slices, slice = item % slices;
-    const int64_t e = lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1;
+    const int64_t e =
+        item == warp_global ? first_e : (lane < K ? __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane) : -1);
     TokenRanks<kWide> ranks = token_ranks<kWide>((e >= 0 && e < E) ? static_cast<int>(e / L) : -1, skip);
     // Wide: the token's ranks in increasing order, taken here by the whole warp (next() is a warp collective, and the
     // lanes' loop over the slice below may diverge).

@@ -212,6 +212,13 @@ __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int
       for (int i = threadIdx.x; i < outbox_ints; i += blockDim.x) outbox[i] = 0;
     }
   }
+  // One NVLink domain: the combine weights carry their own presence (0 = not yet, low_latency_combine.cu), so they
+  // are cleaned with the signals.
+  if constexpr (!kWide) {
+    int4* weights = reinterpret_cast<int4*>(own_other_half(g) + g.layout.combine_weights_offset);
+    const int num_int4 = g.num_ranks * g.layout.max_tokens_per_rank * kLowLatencyMaxTopk * 4 / 16;
+    for (int i = threadIdx.x; i < num_int4; i += blockDim.x) weights[i] = make_int4(0, 0, 0, 0);
+  }
   for (int i = threadIdx.x; i < fill_count; i += blockDim.x) fill[i] = -1;
   __syncthreads();
   if (threadIdx.x == 0) ptx::red_add_release_gpu_global(done_counter, 1);

@@ -29,11 +29,12 @@ enum class LowLatencyStep : int {
   kDispatchCountsArrived,    // a receiving warp holds every source's count for its expert
   kCombineWeightsSent,       // block 0 raised the weights flags
   kCombineOwnRowsSent,       // a warp stored a partial row of one of this rank's own tokens
-  kCombineWeightsArrived,    // a warp saw a peer's weights flag
+  kCombineWeightsArrived,    // a warp holds a peer token's weights (one NVLink domain) or saw the weights flag
   kCombinePeerRowsSent,      // a warp stored a partial row of a peer's token
   kCombineItemsCounted,      // block 0 saw every item of the call counted
   kCombineFlagsSent,         // block 0 raised the combine flags
   kCombineFlagsArrived,      // a block holds every rank's combine flag
+  kCombineRowsGathered,      // a send warp holds an item's expert rows and weights (it starts summing)
   kEnd,
 };
 static_assert(static_cast<int>(LowLatencyStep::kEnd) <= kProfileSlotsPerBlock);
