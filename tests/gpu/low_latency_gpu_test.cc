@@ -192,6 +192,12 @@ std::vector<NamedCase> Cases() {
         .num_topk = 3,
         .min_tokens = 1,
         .max_tokens = 1}},
+      // More (expert, source) items (2048 with 2 ranks) than the grid has warps: a warp group per item, each
+      // warp serving several items.
+      {"h2048_e1024_top8_fp8_many_experts", {.num_experts = 1024, .hidden = 2048, .num_topk = 8, .use_fp8 = true}},
+      // Zero weights travel as a special value (a zeroed entry means "not yet"): a quarter of them +0.0f.
+      {"h4096_e288_top8_fp8_zero_weights",
+       {.num_experts = 288, .hidden = 4096, .num_topk = 8, .use_fp8 = true, .zero_weight_fraction = 0.25}},
       {"h2048_e256_top8_bf16_many_none",
        {.num_experts = 256, .hidden = 2048, .num_topk = 8, .use_fp8 = false, .none_fraction = 0.5}},
       // DeepEP's traffic (a message per (token, expert)) must give the same outputs.

@@ -40,8 +40,10 @@ struct LowLatencyCase {
   bool round_scale = false;
   bool use_ue8m0 = false;
   double none_fraction = 0.1;  // share of top-k entries set to -1
-  int min_tokens = 1;          // tokens per rank drawn from [min_tokens, max_tokens]
-  int max_tokens = 0;          // 0 = max_tokens_per_rank
+  // Share of top-k weights set to exactly +0.0f (the combine sends a zero weight as a special value, decision 95).
+  double zero_weight_fraction = 0.0;
+  int min_tokens = 1;  // tokens per rank drawn from [min_tokens, max_tokens]
+  int max_tokens = 0;  // 0 = max_tokens_per_rank
   uint64_t seed = 1;
   bool message_per_expert = false;  // LowLatencyDispatchArgs::message_per_expert (DeepEP's traffic, same results)
 };
@@ -190,6 +192,8 @@ class LowLatencyGroup {
           std::swap(experts[k], experts[pick(rng)]);
           in.topk_idx[static_cast<size_t>(t) * K + k] = uniform(rng) < c_.none_fraction ? -1 : experts[k];
           in.topk_weights[static_cast<size_t>(t) * K + k] = uniform(rng);
+          if (c_.zero_weight_fraction > 0 && uniform(rng) < c_.zero_weight_fraction)
+            in.topk_weights[static_cast<size_t>(t) * K + k] = 0.0f;
         }
       }
       LowLatencyRank& k = ranks_[r];

@@ -73,7 +73,9 @@ struct LowLatencySlots {
 //     dispatch_msgs      [num_ranks][max_tokens][dispatch_msg_bytes]  one message per (source token, this rank):
 //                        16-byte header, then FP8 data + float scales, or BF16 data
 //     combine_weights    float [num_ranks][max_tokens][kLowLatencyMaxTopk]  written by source rank s: the weight
-//                        of each top-k position of its tokens (duplicates of an expert summed into the first)
+//                        of each top-k position of its tokens (duplicates of an expert summed into the first); in
+//                        one NVLink domain each entry is its own presence flag (0 = not yet, +0.0f sent as a NaN
+//                        pattern no weight takes) and is zeroed with the signals; across hosts weights_flag follows
 //     combine_recv       bf16 [max_tokens][num_ranks][hidden]  per token of this rank, the partial sum that expert
 //                        rank r computed over its own experts
 //   combine_send at 2 * half_bytes: bf16 [num_local_experts][num_ranks * max_tokens][hidden] (zero-copy input)
