@@ -100,7 +100,14 @@ run_internode() {
     for ((r = 0; r < world; r++)); do
       rc=0; wait "${wpids[$r]}" || rc=$?
       grep -E "EPF_RESULT|ERROR SUMMARY|Error" "$dir/$name.$r.out" | head -5
-      [[ $rc -eq 0 ]] || { echo "$name rank $r: exit $rc"; tail -20 "$dir/$name.$r.out"; status=1; }
+      if [[ $rc -ne 0 ]]; then
+        echo "$name rank $r: exit $rc"
+        # A sanitizer's first reports (what and where), which the tail below would not show.
+        [[ $sanitize == memcheck && $r == 0 ]] &&
+          grep -m 12 -E '^========= +(Invalid|Program hit|Address|at |by thread|Error)' "$dir/$name.$r.out"
+        tail -20 "$dir/$name.$r.out"
+        status=1
+      fi
     done
     "$epctl" --socket="$dir/d0.sock" --timeout_ms=60000 delete-group --group="$name" --token="$token" >/dev/null || true
   }
