@@ -92,7 +92,7 @@ std::vector<WarpRole> LowLatencyStepRoles(bool combine) {
   };
   const WarpRole all_warps{.name = "all warps", .first_warp = 0, .last_warp = kernels::kProfileSlotsPerBlock - 2};
   if (combine) {
-    return {row("weights flags raised (block 0)", LowLatencyStep::kCombineWeightsSent),
+    return {row("weights published (block 0)", LowLatencyStep::kCombineWeightsSent),
             row("own tokens' partial rows stored", LowLatencyStep::kCombineOwnRowsSent),
             row("peers' weights seen", LowLatencyStep::kCombineWeightsArrived),
             row("an item's rows and weights in hand", LowLatencyStep::kCombineRowsGathered),

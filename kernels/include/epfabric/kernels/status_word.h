@@ -27,7 +27,7 @@ enum class LowLatencyStep : int {
   kDispatchItemsCounted,     // a routing warp saw every data item of the call counted
   kDispatchCountSent,        // a routing warp published its expert's count
   kDispatchCountsArrived,    // a receiving warp holds every source's count for its expert
-  kCombineWeightsSent,       // block 0 raised the weights flags
+  kCombineWeightsSent,       // block 0 published its weights (across hosts: raised the weights flags)
   kCombineOwnRowsSent,       // a warp stored a partial row of one of this rank's own tokens
   kCombineWeightsArrived,    // a warp holds a peer token's weights (one NVLink domain) or saw the weights flag
   kCombinePeerRowsSent,      // a warp stored a partial row of a peer's token
