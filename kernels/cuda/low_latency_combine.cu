@@ -177,10 +177,11 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
     if (masked.has(s)) continue;
     const int32_t* map = p.token_map + static_cast<size_t>(row) * kLowLatencyMaxTopk;
     const int32_t slot = lane < kLowLatencyMaxTopk ? __ldg(map + lane) : -1;
-    // This rank's own tokens: their top-k row loads go out with the token map's (independent).
+    // This rank's own tokens: their top-k row loads go out with the token map's (independent). Rows past the call's
+    // tokens have no top-k row (their map entries are all -1; the loop skips them below).
     int64_t my_e = -1;
     float my_w = 0.0f;
-    if (s == g.rank && lane < K) {
+    if (s == g.rank && t < p.num_tokens && lane < K) {
       my_e = __ldg(p.topk_idx + static_cast<size_t>(t) * K + lane);
       my_w = __ldg(p.topk_weights + static_cast<size_t>(t) * K + lane);
     }
