@@ -108,7 +108,7 @@ using kernels::host::LowLatencyDispatchOutput;
       kernels::host::LowLatencyCombineExact(g.shape(), g.inputs(), g.expert_outputs(), ref, mask, &magnitude);
   for (int r = 0; r < g.config().num_ranks; ++r) {
     if (r < static_cast<int>(mask.size()) && mask[r]) continue;
-    const auto got = g.Download<uint16_t>(r, g.ranks()[r].combined, bits[r].size());
+    const auto got = g.Download<uint16_t>(r, g.combined(r), bits[r].size());
     size_t not_bit_exact = 0, first_diff = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (got[i] != bits[r][i] && not_bit_exact++ == 0) first_diff = i;

@@ -198,12 +198,12 @@ class LowLatencyGroup {
       }
       LowLatencyRank& k = ranks_[r];
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaSetDevice(k.device), "cudaSetDevice"));
-      EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemcpy(k.x, in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice), "x"));
+      EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemcpy(x(r), in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice), "x"));
       EPF_LL_RETURN_IF_ERROR(
-          Cuda(cudaMemcpy(k.topk_idx, in.topk_idx.data(), in.topk_idx.size() * 8, cudaMemcpyHostToDevice), "topk"));
-      EPF_LL_RETURN_IF_ERROR(
-          Cuda(cudaMemcpy(k.topk_weights, in.topk_weights.data(), in.topk_weights.size() * 4, cudaMemcpyHostToDevice),
-               "weights"));
+          Cuda(cudaMemcpy(topk_idx(r), in.topk_idx.data(), in.topk_idx.size() * 8, cudaMemcpyHostToDevice), "topk"));
+      EPF_LL_RETURN_IF_ERROR(Cuda(
+          cudaMemcpy(topk_weights(r), in.topk_weights.data(), in.topk_weights.size() * 4, cudaMemcpyHostToDevice),
+          "weights"));
     }
     return absl::OkStatus();
   }
@@ -261,8 +261,8 @@ class LowLatencyGroup {
   kernels::LowLatencyDispatchArgs DispatchArgs(int r, int half, kernels::LowLatencyPhases phases) const {
     const LowLatencyRank& k = ranks_[r];
     kernels::LowLatencyDispatchArgs a;
-    a.x = k.x;
-    a.topk_idx = k.topk_idx;
+    a.x = x(r);
+    a.topk_idx = topk_idx(r);
     a.num_tokens = inputs_[r].num_tokens;
     a.num_topk = c_.num_topk;
     a.hidden = c_.hidden;
@@ -292,8 +292,8 @@ class LowLatencyGroup {
     const LowLatencyRank& k = ranks_[r];
     kernels::LowLatencyCombineArgs a;
     a.x = k.expert_out;
-    a.topk_idx = k.topk_idx;
-    a.topk_weights = k.topk_weights;
+    a.topk_idx = topk_idx(r);
+    a.topk_weights = topk_weights(r);
     a.num_tokens = inputs_[r].num_tokens;
     a.num_topk = c_.num_topk;
     a.hidden = c_.hidden;
@@ -305,7 +305,7 @@ class LowLatencyGroup {
     a.handle.packed_recv_token_map = k.token_map;
     a.handle.num_tokens = inputs_[r].num_tokens;
     a.zero_copy = zero_copy;
-    a.combined_x = k.combined;
+    a.combined_x = combined(r);
     a.buffer_half = half;
     a.phases = phases;
     return a;
@@ -361,6 +361,15 @@ class LowLatencyGroup {
     return v;
   }
 
+  // A call's token tensors (x, top-k rows, combined output) end where their allocation ends (to 16 bytes), as a
+  // client's tensors of exactly num_tokens rows do: a kernel that touches a row past the call's tokens leaves the
+  // allocation, which compute-sanitizer memcheck reports (device-checks memcheck), instead of reading the unused
+  // rows of a max_tokens_per_rank buffer.
+  uint16_t* x(int r) const { return TokenRows(ranks_[r].x, c_.hidden, r); }
+  int64_t* topk_idx(int r) const { return TokenRows(ranks_[r].topk_idx, c_.num_topk, r); }
+  float* topk_weights(int r) const { return TokenRows(ranks_[r].topk_weights, c_.num_topk, r); }
+  uint16_t* combined(int r) const { return TokenRows(ranks_[r].combined, c_.hidden, r); }
+
   const LowLatencyCase& config() const { return c_; }
   const GpuPlacement& placement() const { return placement_; }
   // LowLatencyContext::num_blocks that Init gave every rank: 0 (all SMs) unless ranks share a GPU.
@@ -385,6 +394,12 @@ class LowLatencyGroup {
     allocations_.push_back({ranks_.empty() ? 0 : current_device(), p});
     *ptr = static_cast<T*>(p);
     return absl::OkStatus();
+  }
+  // The last inputs_[r].num_tokens rows of a max_tokens_per_rank x `row` buffer, 16-byte aligned.
+  template <typename T>
+  T* TokenRows(T* base, size_t row, int r) const {
+    const size_t unused_bytes = (c_.max_tokens_per_rank - static_cast<size_t>(inputs_[r].num_tokens)) * row * sizeof(T);
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(base) + unused_bytes / 16 * 16);
   }
   static int current_device() {
     int d = 0;
