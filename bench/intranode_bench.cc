@@ -147,7 +147,7 @@ std::vector<std::vector<Timeline>> ProfileGated(IntranodeTestGroup& group, int32
 
 // The warp roles of dispatch (IntranodeDispatchCopyWarps) and combine (intranode_combine.cu).
 std::vector<WarpRole> DispatchRoles(int num_ranks, int row_bytes, int num_sms) {
-  const int copy = kernels::IntranodeDispatchCopyWarps(num_ranks, row_bytes, num_sms);
+  const int copy = kernels::IntranodeDispatchCopyWarps(num_ranks, row_bytes, num_sms, kernels::CurrentTunedGpu());
   return {{"copy warps", 0, copy}, {"publisher warp", copy, copy + 1}, {"receiver warps", copy + 1, 32}};
 }
 const std::vector<WarpRole> kCombineRoles = {{"sender warp", 0, 1}, {"publisher warp", 1, 2}, {"reducer warps", 2, 32}};
@@ -425,11 +425,14 @@ int Main(int argc, char** argv) {
   report.SetConfig("iters", static_cast<double>(o.iters));
   report.SetConfig("warmup", static_cast<double>(o.warmup));
   report.SetConfig("timing", "CUDA events per rank behind a start gate; slower rank per iteration; median");
+  // Which measured settings (copy warps, combine chunks) the kernels took on this GPU.
+  const bool h200 = kernels::CurrentTunedGpu() == kernels::TunedGpu::kH200;
+  report.SetConfig("tuned_gpu", h200 ? "H200" : "H100");
   // Set before this benchmark's own results, so that a key both write keeps the value measured here.
   for (const auto& [key, value] : o.extra_results) report.SetResult(key, value);
   report.SetResult("num_sms", o.num_sms);
-  std::printf("device: %s, %s, %d SMs per kernel, %d iterations (median, p10, p90)\n", CudaDeviceName(0).c_str(),
-              placement.ToString().c_str(), o.num_sms, o.iters);
+  std::printf("device: %s, %s, %d SMs per kernel, %d iterations (median, p10, p90), %s settings\n",
+              CudaDeviceName(0).c_str(), placement.ToString().c_str(), o.num_sms, o.iters, h200 ? "H200" : "H100");
   if (!shared_note.empty()) std::printf("%s\n", shared_note.c_str());
 
   if (!o.probes_only) {

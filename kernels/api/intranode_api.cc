@@ -207,33 +207,6 @@ absl::StatusOr<int32_t> IntranodeWaitRecvCounts(const volatile int32_t* host_num
   }
 }
 
-int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms) {
-  // Measured settings (H100 sweeps, docs/intranode-kernels.md "Warp roles"), not a model. Fewer copy warps mean
-  // fewer stores in flight and more receivers; the best count falls as a row goes to more places (more ranks) and as
-  // the channels grow, and rises for smaller rows (FP8 rows of 7 KB are more latency-bound). Rows under 4 KB (hidden
-  // < 2048 in BF16) were not swept and keep the previous 15; 3 and 8 ranks take the 4-rank settings.
-  static_assert(15 <= intranode::kMaxCopyWarps);
-  constexpr int kSweptRowBytes = 4096;
-  constexpr int kLargeRowBytes = 8192;
-  if (row_bytes < kSweptRowBytes || num_ranks < 2) return 15;
-  const bool large = row_bytes >= kLargeRowBytes;
-  if (num_ranks >= 3) {
-    if (!large) return 7;
-    return num_sms <= 16 ? 9 : num_sms <= 20 ? 5 : num_sms <= 28 ? 4 : 7;
-  }
-  if (!large) return 15;
-  return num_sms <= 20 ? 15 : num_sms <= 28 ? 11 : 9;
-}
-
-int IntranodeCombineChunkBytes(int num_ranks, int num_channels) {
-  // Measured on 2 x H100 (docs/intranode-kernels.md, "Combine chunks"), not a model: with one store in flight per
-  // sender, the chunk size sets the bytes in flight over the links, and the best size moves with the channel count
-  // (20 KB at 16 channels, 16 KB at 20, 14 KB at 24). 3 or more ranks were not swept and keep 16 KB.
-  static_assert(intranode::kMaxCombineChunkBytes >= 20480);
-  if (num_ranks != 2) return 16384;
-  return num_channels <= 16 ? 20480 : num_channels <= 20 ? 16384 : num_channels <= 28 ? 14336 : 16384;
-}
-
 absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispatchParams& p, IntranodeHandle* handle,
                                cudaStream_t stream) {
   EPF_ASSIGN_OR_RETURN(const IntranodeRegionLayout layout, intranode_checks::CheckGroup(group, kCuda));
@@ -254,7 +227,7 @@ absl::Status IntranodeDispatch(const IntranodeGroup& group, const IntranodeDispa
   k.num_topk = p.topk_idx != nullptr ? p.num_topk : 0;
   k.has_weights = p.topk_weights != nullptr;
   k.num_channels = p.num_sms;
-  k.num_copy_warps = IntranodeDispatchCopyWarps(group.config.num_ranks, k.row_bytes, p.num_sms);
+  k.num_copy_warps = IntranodeDispatchCopyWarps(group.config.num_ranks, k.row_bytes, p.num_sms, CurrentTunedGpu());
   k.recv_x = static_cast<char*>(p.recv_x);
   k.recv_x_scales = p.recv_x_scales;
   k.recv_topk_idx = p.recv_topk_idx;
@@ -285,7 +258,7 @@ absl::Status IntranodeCombine(const IntranodeGroup& group, const IntranodeCombin
   k.hidden = p.hidden;
   k.num_topk = p.topk_weights != nullptr ? p.num_topk : 0;
   k.num_channels = h.num_channels;
-  k.send_chunk_bytes = IntranodeCombineChunkBytes(group.config.num_ranks, h.num_channels);
+  k.send_chunk_bytes = IntranodeCombineChunkBytes(group.config.num_ranks, h.num_channels, CurrentTunedGpu());
   k.x_rows = h.num_recv_tokens;
   k.combined_x = static_cast<char*>(p.combined_x);
   k.combined_topk_weights = p.combined_topk_weights;

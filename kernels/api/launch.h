@@ -20,7 +20,7 @@ namespace epfabric::kernels::intranode {
 inline constexpr int kThreadsPerBlock = 1024;
 inline constexpr int kMaxCopyWarps = kThreadsPerBlock / 32 - 6;  // leaves the publisher and 5 receiver warps
 // The combine sender's bulk-copy chunks (IntranodeCombineChunkBytes): multiples of 16 bytes, at most this.
-inline constexpr int kMaxCombineChunkBytes = 20480;
+inline constexpr int kMaxCombineChunkBytes = 24576;
 inline constexpr int kLayoutThreads = 512;
 inline constexpr int kNotifyThreads = 256;
 

@@ -201,9 +201,9 @@ class LowLatencyGroup {
       EPF_LL_RETURN_IF_ERROR(Cuda(cudaMemcpy(x(r), in.x.data(), in.x.size() * 2, cudaMemcpyHostToDevice), "x"));
       EPF_LL_RETURN_IF_ERROR(
           Cuda(cudaMemcpy(topk_idx(r), in.topk_idx.data(), in.topk_idx.size() * 8, cudaMemcpyHostToDevice), "topk"));
-      EPF_LL_RETURN_IF_ERROR(Cuda(
-          cudaMemcpy(topk_weights(r), in.topk_weights.data(), in.topk_weights.size() * 4, cudaMemcpyHostToDevice),
-          "weights"));
+      EPF_LL_RETURN_IF_ERROR(
+          Cuda(cudaMemcpy(topk_weights(r), in.topk_weights.data(), in.topk_weights.size() * 4, cudaMemcpyHostToDevice),
+               "weights"));
     }
     return absl::OkStatus();
   }

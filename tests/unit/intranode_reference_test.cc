@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "epfabric/kernels/intranode.h"
@@ -245,39 +246,66 @@ TEST(IntranodeRegionTest, SectionsAreAlignedDisjointAndFit) {
 // The dispatch kernel's shared arrays hold at most 26 copy warps (32 less the publisher and five receiver warps:
 // kMaxCopyWarps in kernels/api/launch.h); every choice must fit, and the measured settings must be the ones chosen.
 TEST(IntranodeLaunchTest, CopyWarpsFitTheBlockAndFollowTheMeasuredTable) {
-  for (int ranks = 1; ranks <= 8; ++ranks) {
-    for (int row_bytes : {16, 512, 4080, 4096, 7168, 8192, 14336, 65536}) {
-      for (int sms = 1; sms <= 64; ++sms) {
-        const int copy = IntranodeDispatchCopyWarps(ranks, row_bytes, sms);
-        EXPECT_GE(copy, 1) << ranks << " " << row_bytes << " " << sms;
-        EXPECT_LE(copy, 26) << ranks << " " << row_bytes << " " << sms;
+  for (TunedGpu gpu : {TunedGpu::kH100, TunedGpu::kH200}) {
+    for (int ranks = 1; ranks <= 8; ++ranks) {
+      for (int row_bytes : {16, 512, 4080, 4096, 7168, 8192, 14336, 65536}) {
+        for (int sms = 1; sms <= 64; ++sms) {
+          const int copy = IntranodeDispatchCopyWarps(ranks, row_bytes, sms, gpu);
+          EXPECT_GE(copy, 1) << ranks << " " << row_bytes << " " << sms;
+          EXPECT_LE(copy, 26) << ranks << " " << row_bytes << " " << sms;
+        }
       }
     }
+    EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 24, gpu), 11);  // BF16, hidden 7168
+    EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 20, gpu), 15);
+    EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168, 24, gpu), 15);  // FP8
+    EXPECT_EQ(IntranodeDispatchCopyWarps(4, 7168 * 2, 24, gpu), 4);
+    EXPECT_EQ(IntranodeDispatchCopyWarps(4, 7168, 24, gpu), 7);
+    EXPECT_EQ(IntranodeDispatchCopyWarps(4, 256 * 2, 24, gpu), 15);  // small rows: not swept
   }
-  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 24), 11);  // BF16, hidden 7168
-  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 20), 15);
-  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168, 24), 15);  // FP8
-  EXPECT_EQ(IntranodeDispatchCopyWarps(4, 7168 * 2, 24), 4);
-  EXPECT_EQ(IntranodeDispatchCopyWarps(4, 7168, 24), 7);
-  EXPECT_EQ(IntranodeDispatchCopyWarps(4, 256 * 2, 24), 15);  // small rows: not swept
+  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 32, TunedGpu::kH100), 9);
+  EXPECT_EQ(IntranodeDispatchCopyWarps(2, 7168 * 2, 32, TunedGpu::kH200), 7);
 }
 
-// The combine sender's stages hold at most 20 KB chunks (kMaxCombineChunkBytes in kernels/api/launch.h) that bulk
+// The combine sender's stages hold at most 24 KB chunks (kMaxCombineChunkBytes in kernels/api/launch.h) that bulk
 // copies move (multiples of 16 bytes); the measured settings must be the ones chosen.
 TEST(IntranodeLaunchTest, CombineChunksFitTheStagesAndFollowTheMeasuredTable) {
-  for (int ranks = 1; ranks <= 8; ++ranks) {
-    for (int channels = 1; channels <= 64; ++channels) {
-      const int chunk = IntranodeCombineChunkBytes(ranks, channels);
-      EXPECT_GE(chunk, 16) << ranks << " " << channels;
-      EXPECT_LE(chunk, 20480) << ranks << " " << channels;
-      EXPECT_EQ(chunk % 16, 0) << ranks << " " << channels;
+  for (TunedGpu gpu : {TunedGpu::kH100, TunedGpu::kH200}) {
+    for (int ranks = 1; ranks <= 8; ++ranks) {
+      for (int channels = 1; channels <= 64; ++channels) {
+        const int chunk = IntranodeCombineChunkBytes(ranks, channels, gpu);
+        EXPECT_GE(chunk, 16) << ranks << " " << channels;
+        EXPECT_LE(chunk, 24576) << ranks << " " << channels;
+        EXPECT_EQ(chunk % 16, 0) << ranks << " " << channels;
+      }
     }
+    EXPECT_EQ(IntranodeCombineChunkBytes(4, 24, gpu), 16384);  // 3+ ranks: not swept
   }
-  EXPECT_EQ(IntranodeCombineChunkBytes(2, 16), 20480);
-  EXPECT_EQ(IntranodeCombineChunkBytes(2, 20), 16384);
-  EXPECT_EQ(IntranodeCombineChunkBytes(2, 24), 14336);
-  EXPECT_EQ(IntranodeCombineChunkBytes(2, 32), 16384);
-  EXPECT_EQ(IntranodeCombineChunkBytes(4, 24), 16384);  // 3+ ranks: not swept
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 16, TunedGpu::kH100), 20480);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 20, TunedGpu::kH100), 16384);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 24, TunedGpu::kH100), 14336);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 32, TunedGpu::kH100), 16384);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 16, TunedGpu::kH200), 24576);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 20, TunedGpu::kH200), 14336);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 24, TunedGpu::kH200), 10240);
+  EXPECT_EQ(IntranodeCombineChunkBytes(2, 32, TunedGpu::kH200), 24576);
+}
+
+// Without a GPU (CI) the current device takes the H100's settings (those every other GPU takes); on an H100 or H200
+// its own (the kind comes from the memory bandwidth, checked here against the device's name).
+TEST(IntranodeLaunchTest, TunedGpuIsTheDevicesKind) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    EXPECT_EQ(CurrentTunedGpu(), TunedGpu::kH100);
+    return;
+  }
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const std::string name = prop.name;
+  if (name.find("H200") != std::string::npos) EXPECT_EQ(CurrentTunedGpu(), TunedGpu::kH200) << name;
+  if (name.find("H100") != std::string::npos) EXPECT_EQ(CurrentTunedGpu(), TunedGpu::kH100) << name;
 }
 
 TEST(IntranodeRegionTest, SizeGrowsWithTheConfiguration) {

@@ -200,14 +200,21 @@ struct IntranodeDispatchParams {
   float* recv_topk_weights = nullptr;  // with topk_weights: [recv_capacity, num_topk], 0 where idx is -1
 };
 
+// The GPU kinds whose measured settings the normal-mode kernels take (sweeps on 2 x H100 and 2 x H200; every
+// other GPU takes the H100 settings), and the current device's: kH200 where its memory moves 4 TB/s or more
+// (found once per device).
+enum class TunedGpu { kH100, kH200 };
+TunedGpu CurrentTunedGpu();
+
 // The warps of each dispatch block that copy rows (the publisher and the receivers take the rest), chosen from the
-// rank count, the row size and the block count (docs/intranode-kernels.md, "Warp roles"). Exposed for the
+// rank count, the row size, the block count and the GPU (docs/intranode-kernels.md, "Warp roles"). Exposed for the
 // benchmark's timelines.
-int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms);
+int IntranodeDispatchCopyWarps(int num_ranks, int row_bytes, int num_sms, TunedGpu gpu);
 
 // The bytes of each bulk copy of the combine's sender (it streams a channel's rows through four shared-memory stages
-// of this size), chosen from the rank count and the channel count (docs/intranode-kernels.md, "Combine chunks").
-int IntranodeCombineChunkBytes(int num_ranks, int num_channels);
+// of this size), chosen from the rank count, the channel count and the GPU (docs/intranode-kernels.md, "Combine
+// chunks").
+int IntranodeCombineChunkBytes(int num_ranks, int num_channels, TunedGpu gpu);
 
 // Dispatch. `handle` must have num_tokens, is_token_in_rank and rank_prefix_matrix (from notify, or from an
 // earlier dispatch for cached mode) set and its output arrays allocated; dispatch fills recv_channel_prefix,
