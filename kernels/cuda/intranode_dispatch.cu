@@ -429,24 +429,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1) dispatch_kernel(const __g
   compute_send_slots(p, token_begin, token_end, s_begin, s_count);
   if (p.pad_recv_topk && p.num_topk > 0) pad_recv_topk(p, num_recv);
   if (!block_barrier_wait(g, channel)) return;
-
-  // Tell every peer which of its staging rows this channel will fill; record the own share's range directly.
-  if (threadIdx.x < g.num_ranks) {
-    const int d = threadIdx.x;
-    if (d == g.rank) {
-      p.recv_channel_prefix[d * p.num_channels + channel] = s_begin[d];
-    } else {
-      ptx::st_release_sys_global(section<int64_t>(g, d, g.dispatch_range) + g.rank * g.max_channels + channel,
-                                 pack_range(s_begin[d], s_begin[d] + s_count[d]));
-    }
-  }
-  __syncthreads();
   if (threadIdx.x == 0) profile_mark(g.profile, 1);
 
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp < p.num_copy_warps) {
     send_tokens(p, token_begin, token_end, s_warp_done);
   } else if (warp == p.num_copy_warps) {
+    // Lane d tells peer d which of its staging rows this channel will fill (the own share's range is recorded
+    // directly), before its first tail. The publisher has time to spare here (no row is complete yet), while the
+    // release store's system-scope fence held up every copy warp when the block waited for it (2 x H200: ~1 us).
+    if (lane < g.num_ranks) {
+      if (lane == g.rank) {
+        p.recv_channel_prefix[lane * p.num_channels + channel] = s_begin[lane];
+      } else {
+        ptx::st_release_sys_global(section<int64_t>(g, lane, g.dispatch_range) + g.rank * g.max_channels + channel,
+                                   pack_range(s_begin[lane], s_begin[lane] + s_count[lane]));
+      }
+    }
     publish_tokens(p, token_begin, token_end, s_warp_done);
   } else {
     receive_tokens(p);
