@@ -122,8 +122,8 @@ __device__ __forceinline__ void load_chunk(const PeerStream& st, char* s_stages,
                                   chunk_bytes(st, chunk, i), s_bars + stage);
 }
 
-// Lane 0 of the sender with one peer (2 ranks): its chunks in order, two loads ahead. Returns false after a timeout.
-__device__ bool stream_one_peer(const CombineKernelParams& p, const PeerStream& st, char* s_stages, uint64_t* s_bars,
+// Lane 0 of the sender with one peer (2 ranks): its chunks in order, two loads ahead; stops at a timeout (recorded).
+__device__ void stream_one_peer(const CombineKernelParams& p, const PeerStream& st, char* s_stages, uint64_t* s_bars,
                                 int* s_chunks_done) {
   const int chunk = send_chunk_bytes(p);
   uint32_t loads = 0;
@@ -132,11 +132,10 @@ __device__ bool stream_one_peer(const CombineKernelParams& p, const PeerStream& 
     if (!store_chunk(p.group, s_stages, s_bars, chunk, static_cast<uint32_t>(i),
                      st.dst + static_cast<int64_t>(i) * chunk, chunk_bytes(st, chunk, i), &s_chunks_done[st.rank],
                      i + 1)) {
-      return false;
+      return;
     }
     if (i + 2 < st.num_chunks) load_chunk(st, s_stages, s_bars, chunk, i + 2, loads);
   }
-  return true;
 }
 
 // Lane 0 of the sender with several peers: the peers take turns chunk by chunk, two loads ahead. A peer's reducers

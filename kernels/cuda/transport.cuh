@@ -1,7 +1,8 @@
 // Device-side transport issuer: the protocol of epfabric/kernels/transport/ring.h from device code. Commands go into a
 // ring in host memory (the daemon's command region, registered with CUDA in the client), read by the daemon's proxy.
 // Any thread may issue; a warp that issues many commands should let one lane issue them (the slot reservation is an
-// atomic in device memory, one per ring, because atomics to host memory are not atomic across PCIe on x86).
+// compare-and-swap in device memory, one counter per ring, because atomics to host memory are not atomic across PCIe
+// on x86).
 #pragma once
 
 #include <cstdint>
@@ -39,11 +40,21 @@ __device__ __forceinline__ bool issue(const Ring& ring, Opcode opcode, int dst_r
                                       uint64_t src_offset, uint64_t arg, uint64_t timeout_ns, KernelStatus* status,
                                       int self_rank) {
   if (ring_failed(ring)) return false;
-  const uint64_t index = atomicAdd(ring.next, 1ull);
-  const bool free = bounded_wait(
-      [&] { return index - ld_acquire_sys_u64(&ring.control->consumed) < ring.slot_count || ring_failed(ring); },
+  // The next index is reserved (compare-and-swap) only once its slot is free, so a wait that times out reserves
+  // nothing: an index taken first and then abandoned would leave a slot nobody writes, and the daemon's proxy (which
+  // takes the slots in order) would stop there until the lease ends, even after the ring drained again.
+  uint64_t index = 0;
+  bool reserved = false;
+  const bool ended = bounded_wait(
+      [&] {
+        if (ring_failed(ring)) return true;
+        index = *reinterpret_cast<volatile unsigned long long*>(ring.next);
+        if (index - ld_acquire_sys_u64(&ring.control->consumed) >= ring.slot_count) return false;  // full
+        reserved = atomicCAS(ring.next, index, index + 1) == index;  // else another issuer took it: again
+        return reserved;
+      },
       timeout_ns, status, WaitSite::kTransportRingSpace, self_rank, dst_rank, ring.channel);
-  if (!free || ring_failed(ring)) return false;
+  if (!ended || !reserved || ring_failed(ring)) return false;
   Command* slot = ring.slots + (index & (ring.slot_count - 1));
   // The fields first, then the stamp: the fence orders them for the daemon's CPU reads across PCIe.
   slot->opcode = static_cast<uint8_t>(opcode);

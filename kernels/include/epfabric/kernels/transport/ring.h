@@ -9,9 +9,8 @@
 // One ring: a RingControl block, then `slots` Command slots (a power of two).
 //  - Issuers (any number of threads or GPU warps) take an index from `reserved` once its slot is free (index -
 //    consumed < slots, bounded), write the command's fields, then publish it by storing the stamp (index + 1, low 32
-//    bits) last, with release semantics at system scope. Host issuers reserve with a compare-and-swap only when the
-//    slot is free, so a timeout reserves nothing; device issuers take the index with an atomic add and then wait, so
-//    a device issuer that times out leaves its slot unwritten and the ring stops there until the lease ends.
+//    bits) last, with release semantics at system scope. Issuers (host and device) reserve with a compare-and-swap
+//    only when the slot is free, so a timeout reserves nothing and the ring goes on once the daemon drains it.
 //  - The daemon's proxy reads slot (consumed % slots) once its stamp equals consumed + 1, copies it, validates it,
 //    executes it, then advances `consumed` (the slot is free again) and later `completed`.
 //  - `completed` counts a contiguous prefix of commands whose effect is in place at the destination and whose
@@ -74,7 +73,7 @@ enum class RingErrorCode : int32_t {
 
 // Written by the daemon. 64-byte lines so that issuer- and daemon-written words never share a cache line.
 struct alignas(64) RingControl {
-  // Line 0, issuers: the next index to reserve (fetch-add).
+  // Line 0, host issuers: the next index to reserve (compare-and-swap; device issuers keep theirs in device memory).
   uint64_t reserved;
   uint64_t pad0[7];
   // Line 1, daemon: commands taken off the ring (their slots are free).
