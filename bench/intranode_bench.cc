@@ -207,9 +207,9 @@ void Record(Report& report, const std::string& key, const Summary& s, double byt
   }
 }
 
-// The kernels' own duration (first block entry to last warp end, %globaltimer) of the slower rank per run: what
-// DeepEP's tests time (a profiler's kernel duration), without the launch and the events (~5 us here; the event
-// times above include them).
+// The kernels' own duration (first block entry to last warp end, %globaltimer) of the slower rank per run, without
+// the gate's release, the launch and the events that the event times include (~5 us here): the lower bound of any
+// event-based timing (DeepEP's intranode test averages events around back-to-back calls).
 Summary KernelTimes(const std::vector<std::vector<Timeline>>& per_rank) {
   std::vector<double> slower(per_rank.empty() ? 0 : per_rank[0].size(), 0.0);
   for (const std::vector<Timeline>& runs : per_rank) {
