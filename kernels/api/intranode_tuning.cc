@@ -28,7 +28,7 @@ TunedGpu Classify(int device) {
 }  // namespace
 
 TunedGpu CurrentTunedGpu() {
-  // Per device ordinal, found once: -1 = not yet, else the TunedGpu value.
+  // Per device ordinal, found once: 0 = not yet, else the TunedGpu value + 1.
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cache[kMaxDevices];  // zero-initialized (static storage)
   int device = 0;
