@@ -69,6 +69,14 @@ struct Buffer::State {
   std::unique_ptr<internal::DataPathRecorder> stats;
 
   kernels::LowLatencyBufferCursor cursor;
+  // Low latency: the group's generation this Buffer's calls belong to (a digest of every rank's lease serial, taken
+  // when it was made or reset; docs/data-layout.md, "Generations"), the serials it was taken from, and the calls made
+  // since (the other input of each call's tag). No serials: a lease without a counters page (generation 0).
+  uint64_t generation = 0;
+  std::vector<uint64_t> serials;
+  uint64_t call_index = 0;
+  bool generation_pending = true;  // made or reset: the next call takes the generation (TakeGeneration)
+  uint32_t NextCallTag() { return kernels::LowLatencyCallTag(generation, call_index++); }
   bool recv_hook_pending = false;  // a low-latency send phase whose receive hook has not run yet
 
   // Unavailable when the lease's group is degraded.
@@ -76,6 +84,12 @@ struct Buffer::State {
   // Low latency: as Usable, except that a DEGRADED group whose lost ranks are known and do not include this one is
   // usable, with those ranks masked in stream order (elastic EP: the survivors go on without them).
   absl::Status UsableForLowLatency(cudaStream_t stream);
+  // Low latency, the first call after the Buffer was made or reset: waits (up to config.timeout) until every rank of
+  // the group has a client, then takes the generation from their lease serials and starts the call count afresh.
+  // UNAVAILABLE naming the ranks without a client.
+  absl::Status TakeGeneration();
+  // Low latency with enable_shrink: masks rank r in stream order.
+  absl::Status MaskRank(int r, cudaStream_t stream);
   // FailedPrecondition when the Buffer is in the other mode, or (low latency) a receive hook is pending.
   absl::Status RequireMode(bool low_latency, const char* call) const;
   absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {

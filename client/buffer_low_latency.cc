@@ -124,6 +124,7 @@ absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatchUncounted(con
   // Checked before the cursor moves, so that a refused call leaves every rank's cursor where it was.
   EPF_RETURN_IF_ERROR(s.path->ValidateLowLatencyDispatch(d));
   d.buffer_half = s.cursor.Next();
+  d.call_tag = s.NextCallTag();
   handle->buffer_half = d.buffer_half;
   d.phases = FirstPhases(args.return_recv_hook);
   EPF_RETURN_IF_ERROR(s.path->LowLatencyDispatch(d, stream));
@@ -198,6 +199,7 @@ absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombineUncounted(const
   cb.wait_recv_cost_ns = wait_cost;
   EPF_RETURN_IF_ERROR(s.path->ValidateLowLatencyCombine(cb));
   cb.buffer_half = s.cursor.Next();
+  cb.call_tag = s.NextCallTag();
   cb.phases = FirstPhases(args.return_recv_hook);
   EPF_RETURN_IF_ERROR(s.path->LowLatencyCombine(cb, stream));
   if (args.return_recv_hook) {

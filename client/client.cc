@@ -329,6 +329,13 @@ const uint64_t* Lease::lost_ranks_words(bool device, bool same_host_order) const
       page + (same_host_order ? kernels::kLostLocalRanksOffset : kernels::kLostRanksOffset));
 }
 
+const uint64_t* Lease::lease_serials() const {
+  absl::MutexLock lock(&state_->mutex);
+  if (!state_->stats.has_value() || state_->stats->size() < kernels::kDataPathStatsBytes) return nullptr;
+  const auto* page = static_cast<const char*>(state_->stats->data());
+  return page == nullptr ? nullptr : reinterpret_cast<const uint64_t*>(page + kernels::kLeaseSerialsOffset);
+}
+
 uint64_t Lease::commands_region_bytes() const {
   absl::MutexLock lock(&state_->mutex);
   return state_->commands.has_value() ? state_->commands->size() : 0;

@@ -78,7 +78,8 @@ absl::StatusOr<kernels::LowLatencyContext> MakeLowLatencyContext(const DataPathC
   ll.rank = c.rank;
   ll.num_ranks = c.num_ranks;
   for (int r = 0; r < c.num_ranks; ++r) ll.peer_regions[r] = c.peer_regions[r];
-  ll.rank_mask = rank_mask;
+  // Without enable_shrink the kernels mask nothing: a lost or silent peer fails the call (may_signal).
+  ll.rank_mask = c.config.enable_shrink ? rank_mask : nullptr;
   ll.lost_ranks = c.lost_ranks;
   InitLostIgnore(c.lost_ranks_host, ll.lost_ignore);
   ll.status = status;

@@ -125,12 +125,17 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   int32_t SignalAt(const std::vector<int32_t>& signals, size_t offset, int index) const {
     return signals[offset / sizeof(int32_t) + index];
   }
+  // A count signal (low_latency_layout.h: 64 bits, little-endian in two words).
+  uint64_t CountAt(const std::vector<int32_t>& signals, size_t offset, int index) const {
+    const size_t word = offset / sizeof(int32_t) + 2 * static_cast<size_t>(index);
+    return static_cast<uint32_t>(signals[word]) | (static_cast<uint64_t>(static_cast<uint32_t>(signals[word + 1])) << 32);
+  }
 
   bool Arrived(Awaited what, const std::vector<int32_t>& signals, int s) const {
     switch (what) {
       case Awaited::kDispatchCounts:
         for (int local = 0; local < l_.num_local_experts; ++local) {
-          if (SignalAt(signals, l_.dispatch_count_offset, local * num_ranks_ + s) == 0) return false;
+          if (CountAt(signals, l_.dispatch_count_offset, local * num_ranks_ + s) == 0) return false;
         }
         return true;
       case Awaited::kWeightsFlag:
@@ -230,16 +235,16 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
         EPF_RETURN_IF_ERROR(
             Send(r, half, o.msgs, own_.msgs, static_cast<size_t>(args.num_tokens) * l_.dispatch_msg_bytes));
         for (int local = 0; local < L; ++local) {
-          const int32_t value = SignalAt(staged, o.count, local);
-          const int64_t count = value == 0 ? 0 : -1 - static_cast<int64_t>(value);
+          const uint64_t value = CountAt(staged, o.count, local);
+          const int64_t count = value == 0 ? 0 : static_cast<int64_t>(value & 0xffffffffu) - 1;
           if (count <= 0 || count > M) continue;  // the kernel's own count: 0 .. M
           EPF_RETURN_IF_ERROR(Send(r, half, o.table + local * o.table_stride, own_.table + local * own_.table_stride,
                                    static_cast<size_t>(count) * sizeof(int32_t)));
         }
         for (int local = 0; local < L; ++local) {
-          if (SignalAt(staged, o.count, local) == 0) continue;
-          EPF_RETURN_IF_ERROR(
-              Send(r, half, o.count + local * o.count_stride, own_.count + local * own_.count_stride, sizeof(int32_t)));
+          if (CountAt(staged, o.count, local) == 0) continue;
+          EPF_RETURN_IF_ERROR(Send(r, half, o.count + local * o.count_stride, own_.count + local * own_.count_stride,
+                                   sizeof(uint64_t)));
         }
       }
     }

@@ -347,6 +347,7 @@ epf_status epf_buffer_create_opts(epf_lease* lease, const epf_buffer_config* con
                                                             ": expected EPF_LL_ISSUE_AUTO, _RELAY or _DEVICE")));
     }
   }
+  if (HasOption(options, &epf_buffer_options::enable_shrink)) buffer_config.enable_shrink = options->enable_shrink != 0;
   std::shared_ptr<epfabric::client::Allocator> callbacks;
   if (allocator != nullptr) {
     if (allocator->struct_size < offsetof(epf_allocator, alloc_tensor)) {

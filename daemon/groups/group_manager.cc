@@ -32,16 +32,19 @@ GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* li
 }
 
 void GroupManager::NotifyMembers(const std::string& group, int rank, bool attached) {
+  const v1::Membership view = membership_->View();
+  // The sequence is also the new lease's serial here and at every member (kernels::kLeaseSerialsOffset).
+  const uint64_t sequence = lease_sequence_.fetch_add(1) + 1;
+  local_.SetOwnLeaseSerial(group, rank, attached ? sequence : 0, view);
   const std::vector<int> others = local_.OtherMembers(group);
   if (others.empty()) return;
-  const v1::Membership view = membership_->View();
   v1::NotifyLeaseRequest request;
   request.set_fabric_id(membership_->config().fabric_id);
   request.set_sender_rank(membership_->config().rank);
   request.set_group(group);
   request.set_group_rank(rank);
   request.set_attached(attached);
-  request.set_sequence(lease_sequence_.fetch_add(1) + 1);
+  request.set_sequence(sequence);
   std::vector<std::string> addresses;
   for (int member : others) {
     const bool up = member >= 0 && member < view.members_size() && view.members(member).state() == v1::MEMBER_STATE_UP;

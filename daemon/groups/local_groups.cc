@@ -227,6 +227,22 @@ void LocalGroups::PublishLostLocked(LocalGroup& group, const v1::Membership& vie
     std::atomic_ref<uint64_t>(reinterpret_cast<uint64_t*>(base + kernels::kLostLocalRanksOffset)[i])
         .store(local_words[i], std::memory_order_release);
   }
+  auto* serials = reinterpret_cast<uint64_t*>(base + kernels::kLeaseSerialsOffset);
+  for (int rank = 0; rank < kernels::kMaxLostRanks; ++rank) {
+    const uint64_t serial = static_cast<size_t>(rank) < group.lease_serial.size() ? group.lease_serial[rank] : 0;
+    std::atomic_ref<uint64_t>(serials[rank]).store(serial, std::memory_order_release);
+  }
+}
+
+void LocalGroups::SetOwnLeaseSerial(const std::string& name, int group_rank, uint64_t serial,
+                                    const v1::Membership& view) {
+  absl::MutexLock lock(&mutex_);
+  auto it = groups_.find(name);
+  if (it == groups_.end() || group_rank < 0 || group_rank >= it->second.info.ranks_size()) return;
+  LocalGroup& group = it->second;
+  group.lease_serial.resize(group.info.ranks_size(), 0);
+  group.lease_serial[group_rank] = serial;
+  PublishLostLocked(group, view);
 }
 
 absl::Status LocalGroups::SetLeaseLost(const std::string& name, int group_rank, int sender, bool lost,
@@ -248,6 +264,8 @@ absl::Status LocalGroups::SetLeaseLost(const std::string& name, int group_rank, 
   group.lease_sequence.resize(group.info.ranks_size(), 0);
   if (sequence <= group.lease_sequence[group_rank]) return absl::OkStatus();  // older than what was applied
   group.lease_sequence[group_rank] = sequence;
+  group.lease_serial.resize(group.info.ranks_size(), 0);
+  group.lease_serial[group_rank] = lost ? 0 : sequence;
   if (group.lease_lost[group_rank] != lost) {
     group.lease_lost[group_rank] = lost;
     Logger("groups")->info("group '{}' rank {}: {}", name, group_rank,

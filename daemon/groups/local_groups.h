@@ -50,6 +50,8 @@ struct LocalGroup {
   // the members that are down or restarted, these ranks are published as lost in `stats` (kLostRanksOffset).
   std::vector<bool> lease_lost;
   std::vector<uint64_t> lease_sequence;  // by group rank: the NotifyLease sequence last applied
+  // By group rank: the serial of the rank's current lease (kernels::kLeaseSerialsOffset), 0 while it has none.
+  std::vector<uint64_t> lease_serial;
   absl::Time prepared_at;
   uint64_t coordinator_incarnation = 0;  // of fabric rank 0 when it sent the Prepare
 };
@@ -108,6 +110,11 @@ class LocalGroups {
   // A notification older than the last one applied for that rank (`sequence`) is ignored.
   absl::Status SetLeaseLost(const std::string& name, int group_rank, int sender, bool lost, uint64_t sequence,
                             const v1::Membership& view) ABSL_LOCKS_EXCLUDED(mutex_);
+  // This daemon's own rank of group `name` attached a client whose lease has `serial` (0: the lease ended), announced
+  // to the members with the same number; published to the lease holder with the peers' serials. No-op for a group
+  // not held here.
+  void SetOwnLeaseSerial(const std::string& name, int group_rank, uint64_t serial, const v1::Membership& view)
+      ABSL_LOCKS_EXCLUDED(mutex_);
   // The fabric ranks of the other members of group `name` (empty when it is not held here or not committed).
   std::vector<int> OtherMembers(const std::string& name) const ABSL_LOCKS_EXCLUDED(mutex_);
   // Every group held here, by name.

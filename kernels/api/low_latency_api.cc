@@ -11,7 +11,7 @@
 namespace epfabric::kernels {
 namespace {
 
-low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, LowLatencyPhases phases) {
+low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, LowLatencyPhases phases, uint32_t tag) {
   low_latency::GroupView g = {};
   g.layout = ctx.layout;
   for (int r = 0; r < kMaxNvlPeers && r < ctx.num_ranks; ++r) g.regions[r] = static_cast<uint8_t*>(ctx.peer_regions[r]);
@@ -22,6 +22,7 @@ low_latency::GroupView MakeGroupView(const LowLatencyContext& ctx, int half, Low
   g.num_ranks = ctx.num_ranks;
   g.half = half;
   g.phases = static_cast<int>(phases);
+  g.tag = tag;
   g.remote = ctx.remote_ranks;
   g.inbox = static_cast<uint8_t*>(ctx.remote_inbox);
   g.rank_mask = ctx.rank_mask;
@@ -93,7 +94,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   EPF_RETURN_IF_ERROR(CheckRegionTable(ctx));
   EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));
   low_latency::DispatchKernelParams p = {};
-  p.g = MakeGroupView(ctx, args.buffer_half, args.phases);
+  p.g = MakeGroupView(ctx, args.buffer_half, args.phases, args.call_tag);
   p.x = static_cast<const uint16_t*>(args.x);
   p.topk_idx = args.topk_idx;
   p.num_tokens = args.num_tokens;
@@ -120,7 +121,7 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   EPF_RETURN_IF_ERROR(CheckRegionTable(ctx));
   EPF_ASSIGN_OR_RETURN(const int blocks, BlocksFor(ctx));
   low_latency::CombineKernelParams p = {};
-  p.g = MakeGroupView(ctx, args.buffer_half, args.phases);
+  p.g = MakeGroupView(ctx, args.buffer_half, args.phases, args.call_tag);
   p.x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
   p.topk_idx = args.topk_idx;
   p.topk_weights = args.topk_weights;
@@ -153,7 +154,8 @@ absl::Status LowLatencyRemoteIssue(const LowLatencyContext& ctx, const LowLatenc
     return absl::InvalidArgumentError("device-issued low latency: the combine rows step needs the token map");
   }
   low_latency::RemoteIssueKernelParams p = {};
-  p.g = MakeGroupView(ctx, args.buffer_half, LowLatencyPhases::kSend);
+  // The issuer forwards staged bytes and never reads a signal's tag.
+  p.g = MakeGroupView(ctx, args.buffer_half, LowLatencyPhases::kSend, /*tag=*/0);
   for (int c = 0; c < rings.num_rings; ++c) {
     const transport::DeviceRing& ring = rings.rings[c];
     if (ring.ring == nullptr || ring.next == nullptr || !transport::ValidRingSlots(ring.slots)) {

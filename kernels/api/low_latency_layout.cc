@@ -80,7 +80,7 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
 
   size_t off = 0;
   l.dispatch_count_offset = off;
-  off += static_cast<size_t>(l.num_local_experts) * num_ranks * sizeof(int32_t);
+  off += static_cast<size_t>(l.num_local_experts) * num_ranks * sizeof(uint64_t);
   l.combine_flag_offset = off;
   off += static_cast<size_t>(num_ranks) * sizeof(int32_t);
   l.weights_flag_offset = off;
@@ -107,8 +107,8 @@ absl::StatusOr<LowLatencyLayout> MakeLowLatencyLayout(int max_tokens_per_rank, i
   LowLatencySlots& o = l.outbox;
   off = 0;
   o.count = off;
-  o.count_stride = sizeof(int32_t);
-  off += static_cast<size_t>(l.num_local_experts) * sizeof(int32_t);
+  o.count_stride = sizeof(uint64_t);
+  off += static_cast<size_t>(l.num_local_experts) * sizeof(uint64_t);
   o.weights_flag = off;
   off += sizeof(int32_t);
   o.combine_flag = off;
@@ -128,8 +128,8 @@ LowLatencySlots LowLatencySourceSlots(const LowLatencyLayout& l, int src) {
   const size_t s = static_cast<size_t>(src), r = static_cast<size_t>(l.num_ranks);
   const size_t m = static_cast<size_t>(l.max_tokens_per_rank), row = static_cast<size_t>(l.hidden) * 2;
   LowLatencySlots slots;
-  slots.count = l.dispatch_count_offset + s * sizeof(int32_t);
-  slots.count_stride = r * sizeof(int32_t);
+  slots.count = l.dispatch_count_offset + s * sizeof(uint64_t);
+  slots.count_stride = r * sizeof(uint64_t);
   slots.weights_flag = l.weights_flag_offset + s * sizeof(int32_t);
   slots.combine_flag = l.combine_flag_offset + s * sizeof(int32_t);
   slots.table = l.dispatch_table_offset + s * m * sizeof(int32_t);
@@ -139,6 +139,16 @@ LowLatencySlots LowLatencySourceSlots(const LowLatencyLayout& l, int src) {
   slots.recv = l.combine_recv_offset + s * row;
   slots.recv_stride = r * row;
   return slots;
+}
+
+uint32_t LowLatencyCallTag(uint64_t generation, uint64_t call_index) {
+  // splitmix64's finaliser over both inputs: consecutive calls and nearby generations get unrelated tags.
+  uint64_t z = generation + 0x9e3779b97f4a7c15ull * (call_index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const uint32_t tag = static_cast<uint32_t>(z ^ (z >> 32));
+  return tag != 0 ? tag : 1;
 }
 
 absl::StatusOr<size_t> LowLatencyRegionBytes(int max_tokens_per_rank, int hidden, int num_ranks, int num_experts) {
@@ -152,6 +162,7 @@ absl::Status ValidateLowLatencyDispatch(const LowLatencyContext& ctx, const LowL
   EPF_RETURN_IF_ERROR(CheckContext(ctx, a.max_tokens_per_rank, a.hidden, a.num_experts));
   EPF_RETURN_IF_ERROR(CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx));
   if (a.buffer_half != 0 && a.buffer_half != 1) return InvalidValue("buffer_half", a.buffer_half, "must be 0 or 1");
+  if (a.call_tag == 0) return InvalidValue("call_tag", 0, "must be nonzero (a cleaned signal reads 0)");
   EPF_RETURN_IF_ERROR(CheckLowLatencyScaleOptions(a.use_fp8, a.round_scale, a.use_ue8m0, a.hidden));
   const int phases = static_cast<int>(a.phases);
   if (phases < 1 || phases > 3) return InvalidValue("phases", phases, "must be 1, 2 or 3");
@@ -174,6 +185,7 @@ absl::Status ValidateLowLatencyCombine(const LowLatencyContext& ctx, const LowLa
   EPF_RETURN_IF_ERROR(CheckContext(ctx, a.max_tokens_per_rank, a.hidden, a.num_experts));
   EPF_RETURN_IF_ERROR(CheckTokens(a.num_tokens, a.num_topk, a.max_tokens_per_rank, a.topk_idx));
   if (a.buffer_half != 0 && a.buffer_half != 1) return InvalidValue("buffer_half", a.buffer_half, "must be 0 or 1");
+  if (a.call_tag == 0) return InvalidValue("call_tag", 0, "must be nonzero (a cleaned signal reads 0)");
   if (a.handle.num_tokens != a.num_tokens)
     return InvalidValue("num_tokens", a.num_tokens, "differs from the dispatch handle's num_tokens");
   const int phases = static_cast<int>(a.phases);

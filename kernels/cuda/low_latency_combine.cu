@@ -4,15 +4,15 @@
 //
 // Send phase:
 //   1. block 0 stores this rank's top-k weights into each expert's rank (duplicate experts in a row have their
-//      weights summed into the first position); in one NVLink domain each weight is its own presence flag (0 = not
-//      yet, cleaned with the signals); across hosts (wide) a weights flag follows them. The last block zeroes the
-//      other half's signals;
+//      weights summed into the first position), then raises its weights flag (the call's tag) there. The last
+//      block zeroes the other half's signals;
 //   2. work items (source rank s, token t, slice of hidden) on the other blocks: read the token map row (dispatch's
 //      handle: which packed slots hold this token's experts), take the weights (this rank's own tokens: straight
-//      from the inputs; other ranks' tokens: wait, bounded, for each weight, or for s's weights flag when wide), sum
+//      from the inputs; other ranks' tokens: wait, bounded, for s's weights flag carrying this call's tag), sum
 //      fmaf(expert value, weight) over the experts in top-k order, round to bf16, store the slice into s's receive
 //      area at row (t, this rank);
-//   3. when every item is done, raise the combine flag on every rank.
+//   3. when every item is done, raise the combine flag (the call's tag) on every rank, except on a rank this call
+//      gave up on, and on none after a failure unless the Buffer masks lost ranks (may_signal).
 // Receive phase: every block waits for the combine flags (bounded), then each warp takes a (token, slice of hidden):
 // it reads the token's top-k row once, and its lanes add the partial rows of the ranks that hold the token's experts,
 // in rank order, and store bf16. Every operation
@@ -24,22 +24,7 @@ namespace {
 
 using CombineParams = CombineKernelParams;  // api/launch.h
 
-// One NVLink domain: a weight travels as its own presence flag, so that an expert rank can use each token's weights
-// as soon as they land, with no flag behind a system-scope release (which cost ~2 us on the publishing side and
-// delayed every peer token's partial row; docs/low-latency-kernels.md). The cleaning zeroes the area before a half
-// is reused (clean_other_half_signals), so 0 means "not yet": +0.0f is sent as kWeightZero (a NaN pattern that no
-// weight takes, since NaNs are sent as the canonical one), and the 32-bit store is single-copy atomic.
-constexpr uint32_t kWeightZero = 0x7FFFFFFFu;
-constexpr uint32_t kCanonicalNan = 0x7FC00000u;
-__device__ __forceinline__ int32_t encode_weight(float w) {
-  const uint32_t bits = w != w ? kCanonicalNan : __float_as_uint(w);
-  return static_cast<int32_t>(bits == 0 ? kWeightZero : bits);
-}
-__device__ __forceinline__ float decode_weight(int32_t v) {
-  return static_cast<uint32_t>(v) == kWeightZero ? 0.0f : __int_as_float(v);
-}
-
-// Block 0: publishes this rank's weights to the expert ranks; across hosts (wide), then raises the weights flags.
+// Block 0: publishes this rank's weights to the expert ranks, then raises the weights flags (the call's tag).
 template <bool kWide>
 __device__ __forceinline__ void publish_weights(const CombineParams& p, const MaskedRanks<kWide>& masked) {
   const GroupView& g = p.g;
@@ -59,7 +44,7 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, const Ma
       const int64_t e = row[k];
       if (k >= K || e < 0 || e >= E) continue;
       const int r = static_cast<int>(e / L);
-      if (masked.has(r) || (!kWide && r == g.rank)) continue;  // the own tokens' weights are read from the inputs
+      if (masked.has(r) || r == g.rank) continue;  // the own tokens' weights are read from the inputs
       bool first = true;
 #pragma unroll
       for (int kk = 0; kk < k; ++kk) first = first && row[kk] != e;
@@ -69,23 +54,13 @@ __device__ __forceinline__ void publish_weights(const CombineParams& p, const Ma
       for (int kk = k + 1; kk < kLowLatencyMaxTopk; ++kk) {
         if (kk < K && row[kk] == e) sum = sum + w[kk];
       }
-      if constexpr (kWide) {
-        dst_half<kWide>(g, r).weights(t)[k] = sum;
-      } else {
-        ptx::st_relaxed_sys_global(reinterpret_cast<int32_t*>(dst_half<kWide>(g, r).weights(t)) + k,
-                                   encode_weight(sum));
-      }
+      dst_half<kWide>(g, r).weights(t)[k] = sum;
     }
   }
-  // The barrier also orders every weight before this block's later releases (the combine flags): a peer that saw
-  // them can clean the half without a weight of this call landing after the cleaning.
+  // The barrier orders every weight of the block before the flags' releases.
   __syncthreads();
-  if constexpr (kWide) {
-    if (threadIdx.x < g.num_ranks && !masked.has(threadIdx.x)) {
-      ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), 1);
-      mark_step(g, LowLatencyStep::kCombineWeightsSent);
-    }
-  } else if (threadIdx.x == 0) {
+  if (threadIdx.x < g.num_ranks && !masked.has(threadIdx.x) && may_signal(g)) {
+    ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).weights_flag(), static_cast<int32_t>(g.tag));
     mark_step(g, LowLatencyStep::kCombineWeightsSent);
   }
 }
@@ -198,28 +173,6 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
         if (kk > lane && e_kk == my_e) sum = sum + w_kk;
       }
       w = slot >= 0 ? sum : 0.0f;
-    } else if constexpr (!kWide) {
-      // Each lane of an expert here waits (bounded) for its weight, which carries its own presence.
-      const int32_t* entry = reinterpret_cast<const int32_t*>(own_half(g) + l.combine_weights_offset) +
-                             static_cast<size_t>(row) * kLowLatencyMaxTopk + lane;
-      int32_t value = 0;
-      bool ok = true;
-      if (slot >= 0) {
-        ok = bounded_wait(
-            [&] {
-              value = ptx::ld_volatile_global(entry);
-              return value != 0;
-            },
-            g.timeout_ns, g.status, WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
-            /*record_loss=*/false);
-      }
-      if (!__all_sync(0xffffffffu, ok)) {
-        if (lane == 0) mask_rank(g, s);
-        masked.add(s);
-        continue;
-      }
-      if (lane == 0) mark_step(g, LowLatencyStep::kCombineWeightsArrived);
-      w = slot >= 0 ? decode_weight(value) : 0.0f;
     } else {
       // What s published: in this rank's half, or in the inbox when s is on another host.
       const uint8_t* from = in_half<kWide>(g, s);
@@ -227,9 +180,10 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
         bool ok = true;
         if (lane == 0) {
           const int32_t* weights_flag = reinterpret_cast<const int32_t*>(from + l.weights_flag_offset) + s;
-          ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(weights_flag) != 0; }, g.timeout_ns, g.status,
-                            WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
-                            /*record_loss=*/false);
+          ok = bounded_wait(
+              [&] { return static_cast<uint32_t>(ptx::ld_acquire_sys_global(weights_flag)) == g.tag; }, g.timeout_ns,
+              g.status, WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
+              /*record_loss=*/g.rank_mask == nullptr);
           if (!ok) mask_rank(g, s);
           if (ok) mark_step(g, LowLatencyStep::kCombineWeightsArrived);
         }
@@ -256,12 +210,14 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
   __syncwarp();
   if (lane == 0 && items_done > 0) ptx::red_add_release_gpu_global(done, items_done);  // see dispatch
 
-  // Every item was counted once; +1 for the cleaning.
+  // Every item was counted once; +1 for the cleaning. A rank skipped during this call (masked after a timeout) gets
+  // no flag: its rows here were not written, and it must not read them as this call's.
   if (blockIdx.x == 0 && threadIdx.x < R && !masked.has(threadIdx.x)) {
     const int target = num_items + 1;
-    if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) >= 0) {
+    if (wait_local_done(g, done, target, WaitSite::kLowLatencyCombineFlag, -1) > 0 && may_signal(g) &&
+        !masked_now(g, threadIdx.x)) {
       mark_step(g, LowLatencyStep::kCombineItemsCounted);
-      ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).combine_flag(), 1);
+      ptx::st_release_sys_global(dst_half<kWide>(g, threadIdx.x).combine_flag(), static_cast<int32_t>(g.tag));
       mark_step(g, LowLatencyStep::kCombineFlagsSent);
     }
   }
@@ -292,9 +248,10 @@ __device__ __forceinline__ void recv_phase(const CombineParams& p, MaskedRanks<k
     const int32_t* flag =
         reinterpret_cast<const int32_t*>(in_half<kWide>(g, threadIdx.x) + l.combine_flag_offset) + threadIdx.x;
     const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
-    const bool ok = bounded_wait([&] { return ptx::ld_acquire_sys_global(flag) != 0; }, g.timeout_ns, g.status,
-                                 WaitSite::kLowLatencyCombineFlag, g.rank, static_cast<int>(threadIdx.x), -1,
-                                 loss_words(g, static_cast<int>(threadIdx.x)), /*record_loss=*/false);
+    const bool ok = bounded_wait([&] { return static_cast<uint32_t>(ptx::ld_acquire_sys_global(flag)) == g.tag; },
+                                 g.timeout_ns, g.status, WaitSite::kLowLatencyCombineFlag, g.rank,
+                                 static_cast<int>(threadIdx.x), -1, loss_words(g, static_cast<int>(threadIdx.x)),
+                                 /*record_loss=*/g.rank_mask == nullptr);
     // Every block waits for every flag; block 0's wait is the one counted.
     if (p.wait_recv_cost_ns != nullptr && blockIdx.x == 0) add_wait_cost(p.wait_recv_cost_ns + threadIdx.x, wait_start);
     if (!ok) {

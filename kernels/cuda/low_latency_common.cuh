@@ -70,8 +70,8 @@ struct DstHalf {
     return reinterpret_cast<int32_t*>(base + pick(g.layout.outbox.table, g.own.table) +
                                       local * pick(g.layout.outbox.table_stride, g.own.table_stride));
   }
-  __device__ __forceinline__ int32_t* count(int local) const {
-    return reinterpret_cast<int32_t*>(base + pick(g.layout.outbox.count, g.own.count) +
+  __device__ __forceinline__ int64_t* count(int local) const {
+    return reinterpret_cast<int64_t*>(base + pick(g.layout.outbox.count, g.own.count) +
                                       local * pick(g.layout.outbox.count_stride, g.own.count_stride));
   }
   __device__ __forceinline__ float* weights(int t) const {
@@ -185,6 +185,20 @@ __device__ __forceinline__ void mask_rank(const GroupView& g, int peer) {
   if (g.rank_mask != nullptr) atomicExch(g.rank_mask + peer, 1);
 }
 
+// Whether rank r is masked now, including by a wait of this launch that gave up on it (mask_rank). Read after the
+// local work counter was acquired, which orders the masking warps' writes before this read.
+__device__ __forceinline__ bool masked_now(const GroupView& g, int r) {
+  return g.rank_mask != nullptr && ptx::ld_volatile_global(g.rank_mask + r) != 0;
+}
+
+// Whether this rank may still raise signals. A Buffer that masks lost ranks (rank_mask set) goes on without the ranks
+// it gave up on. One that does not must fail the call on every rank: after any recorded failure (this launch's or an
+// earlier one's not yet reported) it raises no signal, so no peer returns data that depends on what this rank
+// skipped; the peers' waits end in their own error.
+__device__ __forceinline__ bool may_signal(const GroupView& g) {
+  return g.rank_mask != nullptr || !status_failed(g.status);
+}
+
 // Zeroes the signals of the half the previous call used (and the next call will use). Called by every block at the
 // start of a send phase; block `cleaning_block` does the work (a block that is otherwise idle or not on the critical
 // path), and its completion is counted into `done_counter` so that no signal leaves this rank before the cleaning is
@@ -211,13 +225,6 @@ __device__ __forceinline__ void clean_other_half_signals(const GroupView& g, int
       int32_t* outbox = reinterpret_cast<int32_t*>(region<kWide>(g, r) + g.layout.outbox_half_bytes * (g.half ^ 1));
       for (int i = threadIdx.x; i < outbox_ints; i += blockDim.x) outbox[i] = 0;
     }
-  }
-  // One NVLink domain: the combine weights carry their own presence (0 = not yet, low_latency_combine.cu), so they
-  // are cleaned with the signals.
-  if constexpr (!kWide) {
-    int4* weights = reinterpret_cast<int4*>(own_other_half(g) + g.layout.combine_weights_offset);
-    const int num_int4 = g.num_ranks * g.layout.max_tokens_per_rank * kLowLatencyMaxTopk * 4 / 16;
-    for (int i = threadIdx.x; i < num_int4; i += blockDim.x) weights[i] = make_int4(0, 0, 0, 0);
   }
   for (int i = threadIdx.x; i < fill_count; i += blockDim.x) fill[i] = -1;
   __syncthreads();

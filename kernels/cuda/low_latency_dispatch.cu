@@ -9,7 +9,8 @@
 //   2. data items (token, 512-channel chunk): load 1 KB of BF16, compute per-128-channel FP8 scales, store the
 //      chunk into every destination rank's message; count completion in a local counter;
 //   3. routing items (one per global expert): list the tokens that chose the expert, store the list into the
-//      expert's rank, wait until all local data items are done, then store -count-1 into the expert's rank.
+//      expert's rank, wait until all local data items are done, then store the count signal (the call's tag and
+//      count + 1, LowLatencyCountSignal) into the expert's rank; no signal after a failure (may_signal).
 // Receive phase: warps in groups per (local expert, source rank): wait for the counts (bounded), compute the
 // compact packed position begin = sum of counts of lower source ranks, copy each listed message's payload.
 #include <cuda_fp8.h>
@@ -205,8 +206,8 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
     // per SM, took 3.4 us from the last data item to the last count; 2 x H100, 2026-11-27). The barrier orders the
     // other warps' table stores before that fence. Each lane acquires the work counter itself, so its own fence
     // covers the data warps' stores.
-    __shared__ int32_t s_count[kWarpsPerBlock];
-    __shared__ int32_t* s_count_dst[kWarpsPerBlock];
+    __shared__ int64_t s_count[kWarpsPerBlock];
+    __shared__ int64_t* s_count_dst[kWarpsPerBlock];
     const int first_routing_warp = total_warps - E;
     const int block_routing_warps =
         min(kWarpsPerBlock, max(0, static_cast<int>(blockIdx.x + 1) * kWarpsPerBlock - first_routing_warp));
@@ -214,7 +215,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
     if (w < kWarpsPerBlock - block_routing_warps) return;
     const int e = total_warps - 1 - warp_global;
     const int r = e / L, local = e % L;
-    int32_t* count_dst = nullptr;
+    int64_t* count_dst = nullptr;
     int count = 0;
     if (!masked.has(r)) {
       const DstHalf dst = dst_half<kWide>(g, r);
@@ -222,7 +223,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
       count_dst = dst.count(local);
     }
     if (lane == 0) {
-      s_count[w] = -count - 1;
+      s_count[w] = static_cast<int64_t>(LowLatencyCountSignal(g.tag, count));
       s_count_dst[w] = count_dst;
       mark_step(g, LowLatencyStep::kDispatchTableWritten);
     }
@@ -232,7 +233,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
     if (lane == 0) reached = wait_local_done(g, done, num_items + 1, WaitSite::kLowLatencyRecvCount, e);
     __syncwarp();
     reached = __shfl_sync(0xffffffffu, reached, 0);
-    if (reached < 0) return;
+    if (reached <= 0 || !may_signal(g)) return;
     if (lane == 0) mark_step(g, LowLatencyStep::kDispatchItemsCounted);
     (void)ptx::ld_acquire_gpu_global(done);
     ptx::fence_acq_rel_sys();
@@ -254,9 +255,9 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
       mark_step(g, LowLatencyStep::kDispatchTableWritten);
       // The count may only travel once every message it covers has been stored (and the cleaning is visible).
       const int target = num_items + 1;
-      if (wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, e) >= 0) {
+      if (wait_local_done(g, done, target, WaitSite::kLowLatencyRecvCount, e) > 0 && may_signal(g)) {
         mark_step(g, LowLatencyStep::kDispatchItemsCounted);
-        ptx::st_release_sys_global(dst.count(local), -count - 1);
+        ptx::st_release_sys_global(dst.count(local), static_cast<int64_t>(LowLatencyCountSignal(g.tag, count)));
         mark_step(g, LowLatencyStep::kDispatchCountSent);
       }
     }
@@ -293,17 +294,18 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, MaskedRanks<
     // Source `src`'s count for this expert (0 when masked, lost or silent), read by one lane.
     auto read_count = [&](int src) {
       if (src >= R || masked.has(src)) return 0;
-      const int32_t* signal =
-          reinterpret_cast<const int32_t*>(in_half<kWide>(g, src) + l.dispatch_count_offset) + local * R + src;
-      int32_t value = 0;
+      const int64_t* signal =
+          reinterpret_cast<const int64_t*>(in_half<kWide>(g, src) + l.dispatch_count_offset) + local * R + src;
+      int64_t count = -1;
       const uint64_t wait_start = p.wait_recv_cost_ns != nullptr ? ptx::global_timer_ns() : 0;
+      // Only this call's signal ends the wait: a value with another tag is an earlier call's or client's.
       const bool ok = bounded_wait(
           [&] {
-            value = ptx::ld_acquire_sys_global(signal);
-            return value != 0;
+            count = LowLatencyCountOf(static_cast<uint64_t>(ptx::ld_acquire_sys_global(signal)), g.tag);
+            return count >= 0;
           },
           g.timeout_ns, g.status, WaitSite::kLowLatencyRecvCount, g.rank, src, local, loss_words(g, src),
-          /*record_loss=*/false);
+          /*record_loss=*/g.rank_mask == nullptr);
       // Every warp of the item waits on every source (for `begin`); the item's own (local, s) wait is counted once.
       if (p.wait_recv_cost_ns != nullptr && sub == 0 && src == s) add_wait_cost(p.wait_recv_cost_ns + s, wait_start);
       if (!ok) {
@@ -312,9 +314,9 @@ __device__ __forceinline__ void recv_phase(const DispatchParams& p, MaskedRanks<
       }
       // Peer data: at most M tokens per (expert, source), so the compact rows of all sources fit R * M slots. A bad
       // count is recorded and counts as 0.
-      const int32_t count = -1 - value;  // no overflow for any int32
-      return check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, src, local, count, 0, M) ? count
-                                                                                                              : 0;
+      return check_peer_value(g.status, PeerDataField::kLowLatencyRecvCount, g.rank, src, local, count, 0, M)
+                 ? static_cast<int>(count)
+                 : 0;
     };
     // Every source's count, a source per lane (32 at a time in a wide group): begin = the counts of lower sources.
     int begin = 0, total = 0, count = 0;

@@ -40,24 +40,25 @@ struct Sender {
 };
 
 // What a dispatch's send phase staged for `dst` (`staged`: this call's half of its outbox, device memory): the
-// messages of this rank's tokens, the entries of each routing list, then the counts (nonzero once staged: -1 - count).
+// messages of this rank's tokens, the entries of each routing list, then the count signals (nonzero once staged: the
+// call's tag and count + 1, LowLatencyCountSignal).
 __device__ void send_dispatch(Sender& out, const uint8_t* staged) {
   const GroupView& g = out.p.g;
   const LowLatencyLayout& l = g.layout;
   const LowLatencySlots &o = l.outbox, &own = g.own;
   const int M = l.max_tokens_per_rank, L = l.num_local_experts;
-  const int32_t* counts = reinterpret_cast<const int32_t*>(staged + o.count);
+  const int64_t* counts = reinterpret_cast<const int64_t*>(staged + o.count);
   out.put(o.msgs, own.msgs, static_cast<size_t>(out.p.num_tokens) * l.dispatch_msg_bytes);
   for (int local = 0; local < L; ++local) {
-    const int32_t value = ptx::ld_volatile_global(counts + local);
-    const int64_t count = value == 0 ? 0 : -1 - static_cast<int64_t>(value);
+    const uint64_t value = static_cast<uint64_t>(ptx::ld_cg_global(counts + local));
+    const int64_t count = value == 0 ? 0 : static_cast<int64_t>(value & 0xffffffffu) - 1;
     if (count <= 0 || count > M) continue;  // the kernel's own count: 0 .. M
     out.put(o.table + local * o.table_stride, own.table + local * own.table_stride,
             static_cast<size_t>(count) * sizeof(int32_t));
   }
   for (int local = 0; local < L; ++local) {
-    if (ptx::ld_volatile_global(counts + local) == 0) continue;
-    out.put(o.count + local * o.count_stride, own.count + local * own.count_stride, sizeof(int32_t));
+    if (ptx::ld_cg_global(counts + local) == 0) continue;
+    out.put(o.count + local * o.count_stride, own.count + local * own.count_stride, sizeof(int64_t));
   }
 }
 

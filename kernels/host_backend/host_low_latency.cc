@@ -56,6 +56,11 @@ struct View {
   int num_ranks;
   LowLatencySlots own;       // this rank's slots in a full half
   LowLatencyRankSet masked;  // ranks that take no part (ctx.rank_mask, plus peers that timed out in this call)
+  uint32_t tag;              // the call's tag: every signal it writes carries it, every signal it reads must
+  // The Buffer masks lost ranks (ctx.rank_mask set): a lost peer is skipped without failing the call. Otherwise a
+  // lost or silent peer fails the call, and after a failure this rank raises no further signal (as the GPU's
+  // may_signal), so that no peer returns data that depends on what this rank skipped.
+  bool shrink;
 
   uint8_t* OwnHalf(int h) const { return static_cast<uint8_t*>(ctx.peer_regions[rank]) + l.half_bytes * h; }
   bool Masked(int r) const { return masked.has(r); }
@@ -84,11 +89,19 @@ struct View {
     (void)ctx.remote_put(ctx.remote_put_arg, r, l.outbox_half_bytes * half + field(l.outbox),
                          l.half_bytes * half + field(own), bytes);
   }
+  // A flag: the call's tag.
   template <typename Field>
-  void Signal(int r, Field field, int32_t value) const {
-    StoreRelease(reinterpret_cast<int32_t*>(Dst(r, field)), value);
+  void Signal(int r, Field field) const {
+    StoreRelease(reinterpret_cast<int32_t*>(Dst(r, field)), static_cast<int32_t>(tag));
     Sent(r, field, sizeof(int32_t));
   }
+  template <typename Field>
+  void SignalCount(int r, Field field, int count) const {
+    StoreRelease(reinterpret_cast<uint64_t*>(Dst(r, field)), LowLatencyCountSignal(tag, count));
+    Sent(r, field, sizeof(uint64_t));
+  }
+  bool IsTag(const int32_t* flag) const { return static_cast<uint32_t>(LoadAcquire(flag)) == tag; }
+  bool MaySignal(const FailureRecord& failure) const { return shrink || !failure.failed(); }
   // A peer that did not answer in time: skipped for the rest of the call and, as on the GPU, in later calls.
   void MaskAfterTimeout(int r) {
     masked.add(r);
@@ -96,8 +109,16 @@ struct View {
   }
 };
 
-View MakeView(const LowLatencyContext& ctx, int half) {
-  View v{ctx, ctx.layout, half, ctx.rank, ctx.num_ranks, LowLatencySourceSlots(ctx.layout, ctx.rank), {}};
+View MakeView(const LowLatencyContext& ctx, int half, uint32_t tag) {
+  View v{ctx,
+         ctx.layout,
+         half,
+         ctx.rank,
+         ctx.num_ranks,
+         LowLatencySourceSlots(ctx.layout, ctx.rank),
+         {},
+         tag,
+         ctx.rank_mask != nullptr};
   if (ctx.rank_mask != nullptr) {
     for (int r = 0; r < ctx.num_ranks; ++r) {
       if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked.add(r);
@@ -186,7 +207,7 @@ void DispatchSend(View& v, const LowLatencyDispatchArgs& a) {
       }
     }
     v.Sent(r, table_field, static_cast<size_t>(count) * sizeof(int32_t));
-    v.Signal(r, count_field, -count - 1);
+    v.SignalCount(r, count_field, count);
   }
 }
 
@@ -205,21 +226,22 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
     for (int s = 0; s < R; ++s) {
       counts[s] = 0;
       if (v.Masked(s)) continue;
-      const int32_t* signal = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
-      int32_t value = 0;
+      const uint64_t* signal =
+          reinterpret_cast<const uint64_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
+      int64_t count = -1;
       bool lost = false;
-      if (TimedWait([&] { return (value = LoadAcquire(signal)) != 0; }, v.ctx.timeout_ns,
+      // Only this call's signal ends the wait: a value with another tag is an earlier call's or client's.
+      if (TimedWait([&] { return (count = LowLatencyCountOf(LoadAcquire(signal), v.tag)) >= 0; }, v.ctx.timeout_ns,
                     a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr,
                     LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, s), s, &lost)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
         // sources fit the R * M slots). A bad count is reported and counts as 0.
-        const int32_t count = -1 - value;  // no overflow for any int32
         if (failure->CheckPeerValue(PeerDataField::kLowLatencyRecvCount, v.rank, s, local, count, 0, M)) {
-          counts[s] = count;
+          counts[s] = static_cast<int>(count);
         }
       } else {
-        // A lost rank is masked without failing the call (LowLatencyContext::lost_ranks); a silent one also fails it.
-        if (!lost) failure->Record(WaitSite::kLowLatencyRecvCount, v.rank, s, local);
+        // A lost rank is masked without failing the call when the Buffer masks (View::shrink); a silent one fails it.
+        if (!lost || !v.shrink) failure->RecordWait(lost, WaitSite::kLowLatencyRecvCount, v.rank, s, local);
         v.MaskAfterTimeout(s);
       }
     }
@@ -304,8 +326,7 @@ void CombinePublishWeights(View& v, const LowLatencyCombineArgs& a) {
   for (int r = 0; r < R; ++r) {
     if (v.Masked(r)) continue;
     v.Sent(r, weights_field, static_cast<size_t>(a.num_tokens) * kLowLatencyMaxTopk * sizeof(float));
-    v.Signal(
-        r, [](const LowLatencySlots& s) { return s.weights_flag; }, 1);
+    v.Signal(r, [](const LowLatencySlots& s) { return s.weights_flag; });
   }
 }
 
@@ -331,9 +352,9 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
       if (!have_weights.has(s)) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
         bool lost = false;
-        if (!WaitForPeer([&] { return LoadAcquire(weights_flag) != 0; }, v.ctx.timeout_ns,
+        if (!WaitForPeer([&] { return v.IsTag(weights_flag); }, v.ctx.timeout_ns,
                          LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, s), s, &lost)) {
-          if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
+          if (!lost || !v.shrink) failure->RecordWait(lost, WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
           v.MaskAfterTimeout(s);
           break;
         }
@@ -355,10 +376,11 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
       v.Sent(s, row_field, static_cast<size_t>(H) * 2);
     }
   }
+  // A rank skipped in this call (masked after its weights did not come) gets no flag: its rows were not written.
   for (int r = 0; r < R; ++r) {
-    if (!v.Masked(r))
-      v.Signal(
-          r, [](const LowLatencySlots& slots) { return slots.combine_flag; }, 1);
+    if (!v.Masked(r) && v.MaySignal(*failure)) {
+      v.Signal(r, [](const LowLatencySlots& slots) { return slots.combine_flag; });
+    }
   }
 }
 
@@ -369,10 +391,10 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
     if (v.Masked(r)) continue;
     const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
     bool lost = false;
-    if (!TimedWait([&] { return LoadAcquire(flag) != 0; }, v.ctx.timeout_ns,
+    if (!TimedWait([&] { return v.IsTag(flag); }, v.ctx.timeout_ns,
                    a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr,
                    LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, r), r, &lost)) {
-      if (!lost) failure->Record(WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
+      if (!lost || !v.shrink) failure->RecordWait(lost, WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
       v.MaskAfterTimeout(r);
     }
   }
@@ -401,7 +423,7 @@ absl::Status LowLatencyDispatch(const LowLatencyContext& ctx, const LowLatencyDi
   LowLatencyContext checked;
   EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
   EPF_RETURN_IF_ERROR(ValidateLowLatencyDispatch(checked, args));
-  View v = MakeView(ctx, args.buffer_half);
+  View v = MakeView(ctx, args.buffer_half, args.call_tag);
   FailureRecord failure;
   if (LowLatencySends(args.phases)) DispatchSend(v, args);
   if (LowLatencyReceives(args.phases)) DispatchRecv(v, args, &failure);
@@ -413,7 +435,7 @@ absl::Status LowLatencyCombine(const LowLatencyContext& ctx, const LowLatencyCom
   LowLatencyContext checked;
   EPF_RETURN_IF_ERROR(ValidateContext(ctx, &dummy, &checked));
   EPF_RETURN_IF_ERROR(ValidateLowLatencyCombine(checked, args));
-  View v = MakeView(ctx, args.buffer_half);
+  View v = MakeView(ctx, args.buffer_half, args.call_tag);
   FailureRecord failure;
   const uint16_t* x = static_cast<const uint16_t*>(args.zero_copy ? LowLatencyCombineInputBuffer(ctx) : args.x);
   const bool published = args.phases == LowLatencyPhases::kSendWeightsPublished;

@@ -108,7 +108,8 @@ class AllocatorCallbacks(ctypes.Structure):  # epf_allocator
                 ("alloc_tensor", ALLOC_TENSOR_FN)]
 
 class BufferOptions(ctypes.Structure):  # epf_buffer_options
-    _fields_ = [("struct_size", ctypes.c_uint32), ("low_latency_issue", ctypes.c_int32)]
+    _fields_ = [("struct_size", ctypes.c_uint32), ("low_latency_issue", ctypes.c_int32),
+                ("enable_shrink", ctypes.c_int32)]
 
 
 # epf_buffer_options.low_latency_issue (EPF_LL_ISSUE_*): who puts low latency's bytes for ranks on other hosts.

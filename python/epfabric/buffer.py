@@ -121,9 +121,13 @@ def _issue_code(low_latency_issue):
 class Buffer(LowLatencyMixin):
     num_sms = 20  # DeepEP's class-wide SM count (set_num_sms)
 
-    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None, low_latency_sms=0, low_latency_issue="auto"):
-        """Use Buffer.attach (or epfabric.deep_ep.Buffer): this takes an attached lease."""
+    def __init__(self, client, lease, *, timeout_s=5.0, num_sms=None, low_latency_sms=0, low_latency_issue="auto",
+                 enable_shrink=False):
+        """Use Buffer.attach (or epfabric.deep_ep.Buffer): this takes an attached lease. With enable_shrink, low
+        latency masks a lost or silent rank and goes on without it (DeepEP's enable_shrink); without it such a call
+        raises, naming the rank."""
         self._low_latency_issue = _issue_code(low_latency_issue)
+        self._enable_shrink = bool(enable_shrink)
         self._client = client
         self._lease = lease
         # One C Buffer per mode, made by the first call of that mode (its shapes set it up): normal mode's, and
@@ -159,7 +163,7 @@ class Buffer(LowLatencyMixin):
 
     @classmethod
     def attach(cls, socket, group, rank, token, *, timeout_s=5.0, num_sms=None, low_latency_sms=0,
-               low_latency_issue="auto", client_name="epfabric-python"):
+               low_latency_issue="auto", client_name="epfabric-python", enable_shrink=False):
         """Attaches group rank `rank` of `group` through the daemon at `socket` (the daemon that serves that rank).
         On cuda groups the current CUDA device is the one whose kernels use the regions. num_sms: normal mode's SMs
         (default Buffer.num_sms); low_latency_sms: low-latency blocks per launch (0: every SM; ranks sharing a GPU
@@ -171,7 +175,7 @@ class Buffer(LowLatencyMixin):
         lease = ctypes.c_void_p()
         call("epf_attach", client.handle, group.encode(), int(rank), token.encode(), -1, ctypes.byref(lease))
         return cls(client, lease, timeout_s=timeout_s, num_sms=num_sms, low_latency_sms=low_latency_sms,
-                   low_latency_issue=low_latency_issue)
+                   low_latency_issue=low_latency_issue, enable_shrink=enable_shrink)
 
     # ---- DeepEP's static calls ----
 
@@ -430,7 +434,8 @@ class Buffer(LowLatencyMixin):
 
     def _new_cbuf(self, config):
         cbuf = ctypes.c_void_p()
-        options = _lib.BufferOptions(ctypes.sizeof(_lib.BufferOptions), self._low_latency_issue)
+        options = _lib.BufferOptions(ctypes.sizeof(_lib.BufferOptions), self._low_latency_issue,
+                                     int(self._enable_shrink))
         call("epf_buffer_create_opts", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
              ctypes.byref(options), ctypes.byref(cbuf))
         return cbuf

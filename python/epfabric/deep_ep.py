@@ -148,7 +148,7 @@ class Buffer(_buffer.Buffer):
             self._owns_group = (client.socket, name, token)
         lease = ctypes.c_void_p()
         call("epf_attach", client.handle, name.encode(), rank, token.encode(), -1, ctypes.byref(lease))
-        super().__init__(client, lease)
+        super().__init__(client, lease, enable_shrink=enable_shrink)
         self.group_name = name
         if self.low_latency_mode != bool(low_latency_mode):
             raise RuntimeError(f"group {name} was created with low_latency={self.low_latency_mode}, the Buffer asks "

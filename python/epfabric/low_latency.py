@@ -139,8 +139,9 @@ class LowLatencyMixin:
 
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
         """Masks (mask=True) or unmasks group rank `rank_to_mask` for the following low-latency calls, in stream
-        order: nothing is sent to a masked rank, nothing awaited from it, its expert outputs count as zero."""
-        table = self._rank_mask()
+        order: nothing is sent to a masked rank, nothing awaited from it, its expert outputs count as zero. Needs a
+        Buffer made with enable_shrink=True (as DeepEP's mask buffer does)."""
+        table = self._rank_mask(update=True)
         if not 0 <= rank_to_mask < table.numel():
             raise ValueError(f"rank_to_mask = {rank_to_mask}: not a rank of this group (0..{table.numel() - 1})")
         table[rank_to_mask] = 1 if mask else 0
@@ -155,8 +156,8 @@ class LowLatencyMixin:
         mask_status.copy_((table != 0).to(torch.int32))
 
     def low_latency_clean_mask_buffer(self):
-        """Unmasks every rank."""
-        self._rank_mask().zero_()
+        """Unmasks every rank (enable_shrink=True)."""
+        self._rank_mask(update=True).zero_()
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
         """epfabric's low-latency buffers need no cleaning between calls (monotonic signals, two halves), nor when
@@ -174,8 +175,12 @@ class LowLatencyMixin:
         if stats is not None and stats.numel() != self.group_size:
             raise ValueError(f"{name} has {stats.numel()} entries: expected {self.group_size} (num_ranks)")
 
-    def _rank_mask(self):
+    def _rank_mask(self, update=False):
+        """The mask as a tensor. Without enable_shrink it can be read (it stays all zero) but not written."""
         self._low_latency_only("the mask buffer")
+        if update and not self._enable_shrink:
+            raise RuntimeError("the mask buffer needs a Buffer made with enable_shrink=True (as in DeepEP); without it "
+                               "a lost or silent rank fails the call instead of being masked")
         if self._ll_cbuf is None:
             raise RuntimeError("the mask buffer exists from the first low_latency_dispatch on (it sets the shape up)")
         d = _lib.Tensor()

@@ -192,6 +192,7 @@ TEST_F(InternodeTest, TheRelayMasksARankThatStaysSilent) {
                                     .num_experts = 4,
                                     .low_latency = true,
                                     .timeout = absl::Milliseconds(500),
+                                    .enable_shrink = true,
                                     .low_latency_relay = true};
   InProcess group;
   ASSERT_NO_FATAL_FAILURE(AttachInProcess("silent", config, &group));

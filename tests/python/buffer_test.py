@@ -52,13 +52,14 @@ class FabricCase(unittest.TestCase):
         cls.client.close()
         cls.fabric.stop()
 
-    def group(self, low_latency, max_tokens, hidden, topk, num_experts):
+    def group(self, low_latency, max_tokens, hidden, topk, num_experts, enable_shrink=False):
         type(self).count += 1
         name = f"py-{'ll' if low_latency else 'normal'}-{type(self).count}"
         nvl, rdma = epfabric.required_group_bytes(max_tokens, hidden, topk, num_experts, low_latency, 1, N)
         token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
         self.addCleanup(self.client.delete_group, name, token)
         buffers = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token,
+                                                                                enable_shrink=enable_shrink,
                                                                                 **fabric.attach_options(N)))
         self.addCleanup(lambda: [b.destroy() for b in buffers])
         if low_latency and fabric.BACKEND == "cuda":
@@ -321,8 +322,8 @@ class NormalModeTest(FabricCase):
 class LowLatencyTest(FabricCase):
     hidden, topk, experts, max_tokens = 256, 4, 16, 16
 
-    def group(self, *args):
-        bufs = super().group(*args)
+    def group(self, *args, **kwargs):
+        bufs = super().group(*args, **kwargs)
         if fabric.BACKEND == "cuda":
             fabric.run_ranks(N, lambda r: self.load_torch_kernels(bufs[r].device))
         return bufs
@@ -458,7 +459,7 @@ class LowLatencyTest(FabricCase):
     def test_mask_a_rank_then_clean(self):
         """Elastic EP: every other rank masks the last one (as if it were gone) and runs without it; then the masks
         are cleaned, every rank resets, and the full group works again."""
-        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts, enable_shrink=True)
         ins = self.inputs(SEED + 11)
         self.check(ins, self.run_round(bufs, ins, use_fp8=False), False)  # sets the Buffers up
         gone, L = N - 1, self.experts // N

@@ -25,7 +25,8 @@ class DegradedGroupTest(unittest.TestCase):
             nvl, _ = epfabric.required_group_bytes(M, HIDDEN, TOPK, EXPERTS, False, 1, N)
             normal_token = client.create_group("normal", list(range(N)), nvl, 0, False)
             ll = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(fab.sockets[r], "ll", r, ll_token,
-                                                                      timeout_s=2.0, **fabric.attach_options(N)))
+                                                                      timeout_s=2.0, enable_shrink=True,
+                                                                      **fabric.attach_options(N)))
             normal = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(fab.sockets[r], "normal", r, normal_token,
                                                                           timeout_s=2.0))
             gens = [torch.Generator().manual_seed(r) for r in range(N)]

@@ -407,7 +407,8 @@ struct LowLatencyFixture {
   static constexpr int R = 2, M = 8, H = 256, L = 2;
 
   uint8_t* Half0() { return regions.region(0); }
-  int32_t* Count(int local) { return At<int32_t>(Half0(), regions.layout().dispatch_count_offset) + local * R + 1; }
+  uint64_t* Count(int local) { return At<uint64_t>(Half0(), regions.layout().dispatch_count_offset) + local * R + 1; }
+  static constexpr uint32_t kTag = 0x5eed;  // the call's tag (LowLatencyDispatchArgs::call_tag)
   int32_t* Table(int local) {
     return At<int32_t>(Half0(), regions.layout().dispatch_table_offset) + (local * R + 1) * M;
   }
@@ -420,8 +421,8 @@ struct LowLatencyFixture {
   LowLatencyFixture() {
     Table(0)[0] = 1 | (0 << 16);
     Table(0)[1] = 3 | (1 << 16);
-    *Count(0) = -2 - 1;
-    *Count(1) = -0 - 1;
+    *Count(0) = LowLatencyCountSignal(kTag, 2);
+    *Count(1) = LowLatencyCountSignal(kTag, 0);
     for (int t = 0; t < M; ++t) {
       for (int h = 0; h < H; ++h) Payload(t)[h] = static_cast<uint16_t>(100 * t + h);
     }
@@ -442,6 +443,7 @@ struct LowLatencyFixture {
     d.max_tokens_per_rank = M;
     d.num_experts = c.num_experts;
     d.use_fp8 = false;
+    d.call_tag = kTag;
     d.packed_recv_x = packed_x.as<void>();
     d.packed_recv_count = count.as<int32_t>();
     d.packed_recv_src_info = src_info.as<int32_t>();
@@ -468,19 +470,28 @@ TEST(UntrustedLowLatency, DispatchTakesValidPeerCountsAndEntries) {
 }
 
 TEST(UntrustedLowLatency, DispatchRejectsBadCountsNamingThePeer) {
-  struct Bad {
-    int32_t signal;
-    int32_t count;
-  };
-  // The signal is -count-1: INT32_MIN decodes to INT32_MAX tokens, 5 to -6 tokens, -10 to 9 tokens (M + 1).
-  for (const Bad bad : {Bad{INT32_MIN, INT32_MAX}, Bad{5, -6}, Bad{-10, 9}}) {
+  // A signal with this call's tag whose count is past the bound: 9 tokens (M + 1), UINT32_MAX - 1.
+  for (const int64_t count : {int64_t{9}, int64_t{UINT32_MAX} - 1}) {
     LowLatencyFixture f;
-    *f.Count(1) = bad.signal;
+    *f.Count(1) = (uint64_t{LowLatencyFixture::kTag} << 32) | static_cast<uint64_t>(count + 1);
     const absl::Status s = f.Run();
-    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << bad.signal << ": " << s;
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << count << ": " << s;
     EXPECT_EQ(s.message(), absl::StrFormat("rank 0 read low-latency token count = %d from rank 1 (local expert 1; "
                                            "valid [0, 8]): stale or corrupt peer data",
-                                           bad.count));
+                                           count));
+  }
+}
+
+// A count left by another call, Buffer or client (another tag), however plausible, is not this call's: the wait goes
+// on and times out naming the peer instead of reading it. The old format (any nonzero word) took it.
+TEST(UntrustedLowLatency, DispatchNeverTakesACountOfAnotherCall) {
+  for (const uint64_t stale : {LowLatencyCountSignal(LowLatencyFixture::kTag + 1, 1),
+                               LowLatencyCountSignal(LowLatencyFixture::kTag ^ 0x80000000u, 2), uint64_t{0xfffffffd}}) {
+    LowLatencyFixture f;
+    *f.Count(1) = stale;
+    const absl::Status s = f.Run();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("from rank 1")) << s;
   }
 }
 

@@ -178,7 +178,7 @@ TEST(LowLatencyLayout, SizesAndOffsets) {
   EXPECT_EQ(l->num_local_experts, 144);
   EXPECT_EQ(l->dispatch_msg_bytes, 16u + 7168u * 2);
   EXPECT_EQ(l->dispatch_count_offset, 0u);
-  EXPECT_EQ(l->combine_flag_offset, 144u * 2 * 4);
+  EXPECT_EQ(l->combine_flag_offset, 144u * 2 * 8);  // 64-bit count signals
   EXPECT_GE(l->dispatch_table_offset, l->signal_bytes);
   EXPECT_EQ(l->dispatch_msgs_offset - l->dispatch_table_offset, 144u * 2 * 128 * 4);
   EXPECT_EQ(l->combine_weights_offset - l->dispatch_msgs_offset, 2u * 128 * (16 + 7168 * 2));
@@ -186,6 +186,20 @@ TEST(LowLatencyLayout, SizesAndOffsets) {
   EXPECT_EQ(l->half_bytes - l->combine_recv_offset, 128u * 2 * 7168 * 2);
   EXPECT_EQ(l->total_bytes, 2 * l->half_bytes + 144u * 256 * 7168 * 2);
   EXPECT_EQ(*LowLatencyRegionBytes(128, 7168, 2, 288), l->total_bytes);
+}
+
+// A count signal names its call: only the call's own tag decodes it, and a cleaned word (0) never does.
+TEST(LowLatencyLayout, CountSignalsDecodeOnlyWithTheirCallsTag) {
+  const uint32_t tag = LowLatencyCallTag(0x1234, 7);
+  EXPECT_NE(tag, 0u);
+  EXPECT_EQ(LowLatencyCountOf(LowLatencyCountSignal(tag, 0), tag), 0);
+  EXPECT_EQ(LowLatencyCountOf(LowLatencyCountSignal(tag, 65535), tag), 65535);
+  EXPECT_EQ(LowLatencyCountOf(LowLatencyCountSignal(tag, 3), tag ^ 1), -1);
+  EXPECT_EQ(LowLatencyCountOf(0, tag), -1);
+  // Consecutive calls, and the same call in another generation, have different tags.
+  EXPECT_NE(LowLatencyCallTag(0x1234, 7), LowLatencyCallTag(0x1234, 8));
+  EXPECT_NE(LowLatencyCallTag(0x1234, 7), LowLatencyCallTag(0x1235, 7));
+  for (uint64_t g = 0; g < 1000; ++g) EXPECT_NE(LowLatencyCallTag(g, g * 3), 0u);
 }
 
 TEST(LowLatencyLayout, RejectsBadShapesNamingTheField) {
@@ -207,8 +221,8 @@ TEST(LowLatencyLayout, TheOutboxHoldsOneSourcesSlotsCompactly) {
     const size_t m = 128, row = 7168 * 2, L = 4;
     const LowLatencySlots& o = l->outbox;
     EXPECT_EQ(o.count, 0u);
-    EXPECT_EQ(o.count_stride, 4u);
-    EXPECT_GE(o.weights_flag, L * 4);
+    EXPECT_EQ(o.count_stride, 8u);
+    EXPECT_GE(o.weights_flag, L * 8);
     EXPECT_GE(o.combine_flag, o.weights_flag + 4);
     EXPECT_LE(o.combine_flag + 4, l->outbox_signal_bytes);
     EXPECT_GE(o.table, l->outbox_signal_bytes);
@@ -217,11 +231,11 @@ TEST(LowLatencyLayout, TheOutboxHoldsOneSourcesSlotsCompactly) {
     EXPECT_GE(o.recv, o.weights + m * kLowLatencyMaxTopk * 4);
     EXPECT_EQ(o.recv_stride, row);
     EXPECT_GE(l->outbox_half_bytes, o.recv + m * row);
-    EXPECT_LT(l->outbox_half_bytes, m * (l->dispatch_msg_bytes + row + kLowLatencyMaxTopk * 4 + L * 4) + 1024);
+    EXPECT_LT(l->outbox_half_bytes, m * (l->dispatch_msg_bytes + row + kLowLatencyMaxTopk * 4 + L * 4) + 1024 + L * 8);
     for (int s : {0, ranks - 1}) {
       const LowLatencySlots full = LowLatencySourceSlots(*l, s);
-      EXPECT_EQ(full.count, l->dispatch_count_offset + 4u * s);
-      EXPECT_EQ(full.count_stride, 4u * ranks);
+      EXPECT_EQ(full.count, l->dispatch_count_offset + 8u * s);
+      EXPECT_EQ(full.count_stride, 8u * ranks);
       EXPECT_EQ(full.weights_flag, l->weights_flag_offset + 4u * s);
       EXPECT_EQ(full.combine_flag, l->combine_flag_offset + 4u * s);
       EXPECT_EQ(full.table, l->dispatch_table_offset + 4u * m * s);

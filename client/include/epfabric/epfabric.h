@@ -31,8 +31,9 @@ extern "C" {
  *   5: epf_client_host_id (how many hosts a group over some daemons spans);
  *   6: epf_create_group_opts with epf_group_options and epf_lease_num_normal_rdma_bytes (groups across hosts that
  *      serve both modes; the transport's rings);
- *   7: epf_buffer_create_opts with epf_buffer_options (who issues low latency's puts across hosts). */
-#define EPF_ABI_MINOR_VERSION 7
+ *   7: epf_buffer_create_opts with epf_buffer_options (who issues low latency's puts across hosts).
+ *   8: epf_buffer_options.enable_shrink (masking lost ranks is opt-in). */
+#define EPF_ABI_MINOR_VERSION 8
 
 typedef int32_t epf_status;
 enum {
@@ -187,6 +188,8 @@ enum {
 typedef struct {
   uint32_t struct_size;
   int32_t low_latency_issue; /* low latency across hosts on cuda: EPF_LL_ISSUE_* */
+  int32_t enable_shrink;     /* low latency: nonzero masks lost or silent ranks and goes on (BufferConfig::
+                              * enable_shrink, DeepEP's enable_shrink); 0: such a call fails naming the rank */
 } epf_buffer_options;
 /* As epf_buffer_create_ex, with options (NULL: the defaults). */
 epf_status epf_buffer_create_opts(epf_lease* lease, const epf_buffer_config* config, const epf_allocator* allocator,

@@ -97,6 +97,11 @@ struct BufferConfig {
   // mode at once (SGLang's auto mode).
   bool low_latency = false;
   absl::Duration timeout = absl::Seconds(5);  // bound of every wait on a peer
+  // Low latency: a rank that is lost (its client's lease ended or changed, its daemon went down) or that does not
+  // answer within `timeout` is masked, and the calls go on without it (DeepEP's enable_shrink; LowLatencyRankMask
+  // says which ranks are masked). Without it, a call that meets such a rank fails (UNAVAILABLE when it is lost,
+  // DEADLINE_EXCEEDED when it is silent) naming it, and no rank returns data that depends on it.
+  bool enable_shrink = false;
   // Normal mode: run a one-host group through the internode path (RDMA stage included; needs num_rdma_bytes of
   // RequiredGroupBytes with num_hosts = 1 computed as for two). For tests: the outputs must equal the intranode
   // path's bit for bit.

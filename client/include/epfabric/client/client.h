@@ -113,6 +113,9 @@ class Lease {
   // host backend reads (`device` false) or the kernels read (`device` true); nullptr when the daemon gave no page.
   // Bit r is group rank r, or with `same_host_order` the r-th of nvl_ranks().
   const uint64_t* lost_ranks_words(bool device, bool same_host_order = false) const;
+  // The lease serial of every group rank as the daemon publishes it in that page (kernels::kLeaseSerialsOffset, host
+  // address, world_size() words read with acquire loads; 0: that rank has no client); nullptr without a page.
+  const uint64_t* lease_serials() const;
   // The descriptor a region was mapped from (nullptr as for region()).
   const v1::RegionDescriptor* region_descriptor(int group_rank) const;
 

@@ -66,6 +66,13 @@ static_assert(kLostRanksOffset + kLostRankWords * sizeof(uint64_t) <= kDataPathS
 // (this-host) stage of a group across hosts polls, whose waits name ranks by their index on the host.
 inline constexpr size_t kLostLocalRanksOffset = kLostRanksOffset + kLostRankWords * sizeof(uint64_t);
 static_assert(kLostLocalRanksOffset + kLostRankWords * sizeof(uint64_t) <= kDataPathStatsBytes);
+// The lease serial of every group rank (uint64 [kMaxLostRanks], written by the daemon like the lost ranks): 0 while
+// the rank has no client, else the number its daemon gave that client's lease when it attached (the sequence of the
+// NotifyLease that announced it), new for every attach. A Buffer digests them into the group's generation
+// (docs/data-layout.md, "Generations"): every rank sees the same serials once every attach has been announced, and
+// a rank whose client changes changes the generation.
+inline constexpr size_t kLeaseSerialsOffset = kLostLocalRanksOffset + kLostRankWords * sizeof(uint64_t);
+static_assert(kLeaseSerialsOffset + kMaxLostRanks * sizeof(uint64_t) <= kDataPathStatsBytes);
 inline constexpr int kLowLatencyStatsPeriod = 64;
 
 inline void StatsAdd(uint64_t* word, uint64_t value) {

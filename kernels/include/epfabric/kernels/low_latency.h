@@ -119,6 +119,10 @@ constexpr bool LowLatencyReceives(LowLatencyPhases phases) {
 
 // The double-buffer half a call uses. Consecutive low-latency calls (dispatch or combine) of a group must alternate
 // halves on every rank in the same order; LowLatencyBufferCursor does that.
+// The tag of the call with index `call_index` (0 for the first call after a Buffer was made or reset) in a group whose
+// members agreed on `generation` (a digest of every rank's lease serial): a 32-bit mix, never 0.
+uint32_t LowLatencyCallTag(uint64_t generation, uint64_t call_index);
+
 class LowLatencyBufferCursor {
  public:
   int Next() {
@@ -175,6 +179,9 @@ struct LowLatencyDispatchArgs {
   int32_t* packed_recv_token_map = nullptr;
 
   int buffer_half = 0;
+  // The tag every signal of this call carries (low_latency_layout.h): the same on every rank for the same call, never
+  // 0. LowLatencyCallTag makes it from the group's generation and the call's index.
+  uint32_t call_tag = 1;
   LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
   // DeepEP's traffic, kept to measure the design choice (docs/low-latency-kernels.md): the message of a token is
   // sent once per (token, expert) instead of once per (token, destination rank). The extra copies land in the same
@@ -199,6 +206,9 @@ struct LowLatencyCombineArgs {
   // receive phase waited for that rank's partial rows (its combine flag), one wait per call, at least 1 ns.
   int64_t* wait_recv_cost_ns = nullptr;
   int buffer_half = 0;
+  // The tag every signal of this call carries (low_latency_layout.h): the same on every rank for the same call, never
+  // 0. LowLatencyCallTag makes it from the group's generation and the call's index.
+  uint32_t call_tag = 1;
   LowLatencyPhases phases = LowLatencyPhases::kSendAndRecv;
 };
 

@@ -44,7 +44,7 @@ struct LowLatencyRankSet {
 // of what goes to one rank on another host; see LowLatencyLayout::outbox). Writers address through this, so the same
 // code fills a peer's half over NVLink and an outbox that is put into the peer's inbox.
 struct LowLatencySlots {
-  size_t count = 0;  // int32 dispatch count of local expert e at count + e * count_stride
+  size_t count = 0;  // uint64 count signal (LowLatencyCountSignal) of local expert e at count + e * count_stride
   size_t count_stride = 0;
   size_t weights_flag = 0;  // int32
   size_t combine_flag = 0;  // int32
@@ -56,6 +56,19 @@ struct LowLatencySlots {
   size_t recv_stride = 0;
 };
 
+// Every signal a call reads carries the call's tag (LowLatencyDispatchArgs::call_tag: the group's lease generation
+// mixed with the call's index, never 0), so that a value left by an earlier call, an earlier Buffer or an earlier
+// client of any rank never passes for this call's (docs/data-layout.md, "Generations"). A count signal is one 64-bit
+// word, the tag in the high half and count + 1 in the low half, stored and loaded whole; a flag is the tag itself.
+inline constexpr uint64_t LowLatencyCountSignal(uint32_t tag, int count) {
+  return (static_cast<uint64_t>(tag) << 32) | static_cast<uint32_t>(count + 1);
+}
+// The count in `signal` when it carries `tag`, else -1 (not this call's; a count past the caller's bound is the
+// caller's to reject).
+inline constexpr int64_t LowLatencyCountOf(uint64_t signal, uint32_t tag) {
+  return static_cast<uint32_t>(signal >> 32) == tag ? static_cast<int64_t>(signal & 0xffffffffu) - 1 : -1;
+}
+
 // The one description of a rank's low-latency region. Every size the daemon must allocate and every offset the
 // kernels carve come from MakeLowLatencyLayout, so the two cannot disagree. All offsets are in bytes, 128-byte
 // aligned. The region is two halves (double buffering: consecutive calls alternate) followed by one zero-copy
@@ -63,9 +76,11 @@ struct LowLatencySlots {
 //
 //   half h (h = 0, 1), at h * half_bytes:
 //     signals (zeroed by the call that uses the other half, see docs):
-//       dispatch_count   int32 [num_local_experts][num_ranks]  written by source rank s: -count-1
-//       combine_flag     int32 [num_ranks]                     written by expert rank r: 1 when r's outputs landed
-//       weights_flag     int32 [num_ranks]                     written by source rank s: 1 when s's weights landed
+//       dispatch_count   uint64 [num_local_experts][num_ranks] written by source rank s: LowLatencyCountSignal
+//       combine_flag     int32 [num_ranks]                     written by expert rank r: the call's tag when r's
+//                                                              outputs landed
+//       weights_flag     int32 [num_ranks]                     written by source rank s: the call's tag when s's
+//                                                              weights landed
 //       dispatch_done    int32                                 local: send work items finished (this rank only)
 //       combine_done     int32                                 local: send work items finished (this rank only)
 //     dispatch_table     int32 [num_local_experts][num_ranks][max_tokens]  per (expert, source) the source token
@@ -73,9 +88,8 @@ struct LowLatencySlots {
 //     dispatch_msgs      [num_ranks][max_tokens][dispatch_msg_bytes]  one message per (source token, this rank):
 //                        16-byte header, then FP8 data + float scales, or BF16 data
 //     combine_weights    float [num_ranks][max_tokens][kLowLatencyMaxTopk]  written by source rank s: the weight
-//                        of each top-k position of its tokens (duplicates of an expert summed into the first); in
-//                        one NVLink domain each entry is its own presence flag (0 = not yet, +0.0f sent as a NaN
-//                        pattern no weight takes) and is zeroed with the signals; across hosts weights_flag follows
+//                        of each top-k position of its tokens (duplicates of an expert summed into the first), then
+//                        s raises weights_flag
 //     combine_recv       bf16 [max_tokens][num_ranks][hidden]  per token of this rank, the partial sum that expert
 //                        rank r computed over its own experts
 //   combine_send at 2 * half_bytes: bf16 [num_local_experts][num_ranks * max_tokens][hidden] (zero-copy input)

@@ -42,6 +42,10 @@ __device__ __forceinline__ void st_relaxed_sys_global(int32_t* ptr, int32_t v) {
   asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(ptr), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ void st_relaxed_sys_global(int64_t* ptr, int64_t v) {
+  asm volatile("st.relaxed.sys.global.s64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ int32_t atomic_add_release_sys_global(int32_t* ptr, int32_t v) {
   int32_t old;
   asm volatile("atom.add.release.sys.global.s32 %0, [%1], %2;" : "=r"(old) : "l"(ptr), "r"(v) : "memory");
