@@ -128,7 +128,8 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
   // A count signal (low_latency_layout.h: 64 bits, little-endian in two words).
   uint64_t CountAt(const std::vector<int32_t>& signals, size_t offset, int index) const {
     const size_t word = offset / sizeof(int32_t) + 2 * static_cast<size_t>(index);
-    return static_cast<uint32_t>(signals[word]) | (static_cast<uint64_t>(static_cast<uint32_t>(signals[word + 1])) << 32);
+    return static_cast<uint32_t>(signals[word]) |
+           (static_cast<uint64_t>(static_cast<uint32_t>(signals[word + 1])) << 32);
   }
 
   bool Arrived(Awaited what, const std::vector<int32_t>& signals, int s) const {

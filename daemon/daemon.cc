@@ -425,6 +425,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       }
       s->groups->ExpireLeases(absl::Now());  // zeroes regions: no lock of ours is held
       s->groups->CleanUpFailedCreates(absl::Now());
+      s->groups->RetryLeaseNotifications(absl::Now());
     }
   });
 

@@ -45,6 +45,7 @@ void GroupManager::NotifyMembers(const std::string& group, int rank, bool attach
   request.set_group_rank(rank);
   request.set_attached(attached);
   request.set_sequence(sequence);
+  retries_->Sent(request);
   std::vector<std::string> addresses;
   for (int member : others) {
     const bool up = member >= 0 && member < view.members_size() && view.members(member).state() == v1::MEMBER_STATE_UP;
@@ -57,8 +58,9 @@ void GroupManager::NotifyMembers(const std::string& group, int rank, bool attach
         CallMembers(*links_, addresses, request, &StartNotifyLease, absl::Now() + kNotifyLeaseDeadline);
     for (size_t i = 0; i < replies.size(); ++i) {
       if (replies[i].called && !replies[i].status.ok()) {
-        Logger("groups")->warn("NotifyLease (attached) to fabric rank {} for group '{}': {}", others[i], group,
-                               replies[i].status.error_message());
+        Logger("groups")->warn("NotifyLease (attached) to fabric rank {} for group '{}': {} (sent again later)",
+                               others[i], group, replies[i].status.error_message());
+        retries_->Add(others[i], request, absl::Now());
       }
     }
     return;
@@ -76,16 +78,43 @@ void GroupManager::NotifyMembers(const std::string& group, int rank, bool attach
     call->request = request;
     call->context.set_deadline(absl::ToChronoTime(absl::Now() + kNotifyLeaseDeadline));
     call->stub = links_->Stub(addresses[i]);
-    // The callback owns the call; a member that misses it still sees the rank's silence through its timeouts.
-    call->stub->async()->NotifyLease(&call->context, &call->request, &call->response,
-                                     [call, member = others[i]](grpc::Status status) {
-                                       if (!status.ok()) {
-                                         Logger("groups")->warn(
-                                             "NotifyLease (ended) to fabric rank {} for group "
-                                             "'{}': {}",
-                                             member, call->request.group(), status.error_message());
-                                       }
-                                     });
+    // The callback owns the call; one that fails is sent again by the housekeeping (RetryLeaseNotifications).
+    call->stub->async()->NotifyLease(
+        &call->context, &call->request, &call->response,
+        [call, member = others[i], retries = retries_](grpc::Status status) {
+          if (!status.ok()) {
+            Logger("groups")->warn("NotifyLease (ended) to fabric rank {} for group '{}': {} (sent again later)",
+                                   member, call->request.group(), status.error_message());
+            retries->Add(member, call->request, absl::Now());
+          }
+        });
+  }
+}
+
+void GroupManager::RetryLeaseNotifications(absl::Time now) {
+  const std::vector<LeaseNotificationRetries::Due> due = retries_->TakeDue(now);
+  if (due.empty()) return;
+  const v1::Membership view = membership_->View();
+  std::vector<std::string> addresses;
+  std::vector<v1::NotifyLeaseRequest> requests;
+  for (const LeaseNotificationRetries::Due& d : due) {
+    const bool up =
+        d.member >= 0 && d.member < view.members_size() && view.members(d.member).state() == v1::MEMBER_STATE_UP;
+    addresses.push_back(up ? view.members(d.member).peer_address() : std::string());
+  }
+  // One call per member, together, bounded: the housekeeping thread also expires leases.
+  for (size_t i = 0; i < due.size(); ++i) {
+    if (addresses[i].empty()) {
+      retries_->Failed(due[i], now);
+      continue;
+    }
+    const auto replies = CallMembers(*links_, {addresses[i]}, due[i].request, &StartNotifyLease,
+                                     absl::Now() + kNotifyLeaseRetryDeadline);
+    if (replies.size() == 1 && replies[0].called && replies[0].status.ok()) {
+      retries_->Delivered(due[i]);
+    } else {
+      retries_->Failed(due[i], absl::Now());
+    }
   }
 }
 

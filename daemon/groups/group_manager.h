@@ -16,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_checks.h"
+#include "groups/lease_notifications.h"
 #include "groups/leases.h"
 #include "groups/local_groups.h"
 #include "groups/registry.h"
@@ -74,6 +76,9 @@ class GroupManager {
   // Housekeeping for failed creates: the coordinator retries releases that did not reach a member; every member
   // releases groups it prepared that were never committed (the coordinator gave up on them).
   void CleanUpFailedCreates(absl::Time now);
+  // Sends again the lease notifications that did not reach a member (lease_notifications.h). Called periodically.
+  void RetryLeaseNotifications(absl::Time now);
+  size_t PendingLeaseNotifications() const { return retries_->size(); }
   std::vector<std::pair<std::string, int>> PendingReleases() const { return registry_.PendingReleases(); }
 
   // ---- fd side channel (services/fd_channel.h) ----
@@ -134,6 +139,8 @@ class GroupManager {
   // NotifyLeaseRequest.sequence of the last notification sent; starts at the clock so that it also grows across a
   // restart of this daemon.
   std::atomic<uint64_t> lease_sequence_{static_cast<uint64_t>(absl::GetCurrentTimeNanos())};
+  // Shared with the callbacks of notifications in flight, which may finish after this object is gone.
+  std::shared_ptr<LeaseNotificationRetries> retries_ = std::make_shared<LeaseNotificationRetries>();
 };
 
 }  // namespace epfabric::daemon::groups

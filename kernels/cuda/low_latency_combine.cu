@@ -180,10 +180,9 @@ __device__ __forceinline__ void send_phase(const CombineParams& p, MaskedRanks<k
         bool ok = true;
         if (lane == 0) {
           const int32_t* weights_flag = reinterpret_cast<const int32_t*>(from + l.weights_flag_offset) + s;
-          ok = bounded_wait(
-              [&] { return static_cast<uint32_t>(ptx::ld_acquire_sys_global(weights_flag)) == g.tag; }, g.timeout_ns,
-              g.status, WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
-              /*record_loss=*/g.rank_mask == nullptr);
+          ok = bounded_wait([&] { return static_cast<uint32_t>(ptx::ld_acquire_sys_global(weights_flag)) == g.tag; },
+                            g.timeout_ns, g.status, WaitSite::kLowLatencyCombineFlag, g.rank, s, t, loss_words(g, s),
+                            /*record_loss=*/g.rank_mask == nullptr);
           if (!ok) mask_rank(g, s);
           if (ok) mark_step(g, LowLatencyStep::kCombineWeightsArrived);
         }

@@ -27,25 +27,12 @@
 namespace epfabric::kernels::host_backend {
 namespace {
 
+using internal::BoundedWait;
 using internal::FailureRecord;
 using internal::LoadAcquire;
 using internal::LossWords;
+using internal::RankLost;
 using internal::StoreRelease;
-using internal::WaitForPeer;
-
-// A wait on peer `peer` (WaitForPeer: ends early, with `*lost`, when the daemon publishes it as lost) whose duration
-// in ns, at least 1, is added to `*cost` when it is given (DeepEP's wait-cost statistics; the kernels measure the same
-// wait with %globaltimer).
-template <typename Ready>
-bool TimedWait(Ready&& ready, uint64_t timeout_ns, int64_t* cost, const uint64_t* lost_ranks, int peer, bool* lost) {
-  if (cost == nullptr) return WaitForPeer(ready, timeout_ns, lost_ranks, peer, lost);
-  const auto start = std::chrono::steady_clock::now();
-  const bool reached = WaitForPeer(ready, timeout_ns, lost_ranks, peer, lost);
-  const int64_t waited =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
-  *cost += std::max<int64_t>(waited, 1);
-  return reached;
-}
 
 // The regions of the group for one call: this rank, its half, the masked ranks.
 struct View {
@@ -101,6 +88,42 @@ struct View {
     Sent(r, field, sizeof(uint64_t));
   }
   bool IsTag(const int32_t* flag) const { return static_cast<uint32_t>(LoadAcquire(flag)) == tag; }
+  // Waits (bounded) until `ready()`, for a signal of rank s; the wait's time is added to `*cost` when given. With
+  // shrink it ends early when s is published lost. Without, a call that meets any lost rank fails, so the wait ends
+  // when any rank of the group is published lost (`*lost_rank` names it), and at once after an earlier failure of
+  // this call (as the GPU's waits give up once the status word holds one). False: `*lost` says whether a loss ended
+  // it (else a timeout, or the earlier failure).
+  template <typename Ready>
+  bool Wait(int s, Ready&& ready, int64_t* cost, const FailureRecord& failure, bool* lost, int* lost_rank) const {
+    *lost = false;
+    *lost_rank = s;
+    if (!shrink && failure.failed()) return ready();
+    auto give_up = [&] {
+      if (shrink) return *lost = RankLost(LossWords(ctx.lost_ranks, ctx.lost_ignore, s), s);
+      for (int r = 0; r < num_ranks; ++r) {
+        if (RankLost(LossWords(ctx.lost_ranks, ctx.lost_ignore, r), r)) {
+          *lost_rank = r;
+          return *lost = true;
+        }
+      }
+      return false;
+    };
+    const auto start = std::chrono::steady_clock::now();
+    const bool reached = BoundedWait(ready, ctx.timeout_ns, give_up);
+    if (cost != nullptr) {
+      const int64_t waited =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      *cost += std::max<int64_t>(waited, 1);
+    }
+    return reached;
+  }
+  // After a wait on rank s that ended without its signal: a lost rank is masked without failing the call when the
+  // Buffer masks (shrink); otherwise, and for a silent rank, the call fails (an earlier failure stays the one named).
+  void WaitFailed(FailureRecord* failure, bool lost, int lost_rank, WaitSite site, int s, int channel) {
+    if (!shrink && failure->failed()) return;
+    if (!lost || !shrink) failure->RecordWait(lost, site, rank, lost ? lost_rank : s, channel);
+    MaskAfterTimeout(s);
+  }
   bool MaySignal(const FailureRecord& failure) const { return shrink || !failure.failed(); }
   // A peer that did not answer in time: skipped for the rest of the call and, as on the GPU, in later calls.
   void MaskAfterTimeout(int r) {
@@ -110,15 +133,9 @@ struct View {
 };
 
 View MakeView(const LowLatencyContext& ctx, int half, uint32_t tag) {
-  View v{ctx,
-         ctx.layout,
-         half,
-         ctx.rank,
-         ctx.num_ranks,
-         LowLatencySourceSlots(ctx.layout, ctx.rank),
-         {},
-         tag,
-         ctx.rank_mask != nullptr};
+  View v{ctx,      ctx.layout,    half,
+         ctx.rank, ctx.num_ranks, LowLatencySourceSlots(ctx.layout, ctx.rank),
+         {},       tag,           ctx.rank_mask != nullptr};
   if (ctx.rank_mask != nullptr) {
     for (int r = 0; r < ctx.num_ranks; ++r) {
       if (LoadAcquire(ctx.rank_mask + r) != 0) v.masked.add(r);
@@ -226,23 +243,21 @@ void DispatchRecv(View& v, const LowLatencyDispatchArgs& a, FailureRecord* failu
     for (int s = 0; s < R; ++s) {
       counts[s] = 0;
       if (v.Masked(s)) continue;
-      const uint64_t* signal =
-          reinterpret_cast<const uint64_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
+      const uint64_t* signal = reinterpret_cast<const uint64_t*>(v.InHalf(s) + l.dispatch_count_offset) + local * R + s;
       int64_t count = -1;
       bool lost = false;
+      int lost_rank = s;
       // Only this call's signal ends the wait: a value with another tag is an earlier call's or client's.
-      if (TimedWait([&] { return (count = LowLatencyCountOf(LoadAcquire(signal), v.tag)) >= 0; }, v.ctx.timeout_ns,
-                    a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr,
-                    LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, s), s, &lost)) {
+      if (v.Wait(
+              s, [&] { return (count = LowLatencyCountOf(LoadAcquire(signal), v.tag)) >= 0; },
+              a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + s : nullptr, *failure, &lost, &lost_rank)) {
         // Peer data: a source lists at most max_tokens_per_rank tokens per expert (so the compact rows of all
         // sources fit the R * M slots). A bad count is reported and counts as 0.
         if (failure->CheckPeerValue(PeerDataField::kLowLatencyRecvCount, v.rank, s, local, count, 0, M)) {
           counts[s] = static_cast<int>(count);
         }
       } else {
-        // A lost rank is masked without failing the call when the Buffer masks (View::shrink); a silent one fails it.
-        if (!lost || !v.shrink) failure->RecordWait(lost, WaitSite::kLowLatencyRecvCount, v.rank, s, local);
-        v.MaskAfterTimeout(s);
+        v.WaitFailed(failure, lost, lost_rank, WaitSite::kLowLatencyRecvCount, s, local);
       }
     }
     int begin = 0;
@@ -352,10 +367,10 @@ void CombineSendPartials(View& v, const LowLatencyCombineArgs& a, const uint16_t
       if (!have_weights.has(s)) {
         const int32_t* weights_flag = reinterpret_cast<const int32_t*>(v.InHalf(s) + l.weights_flag_offset) + s;
         bool lost = false;
-        if (!WaitForPeer([&] { return v.IsTag(weights_flag); }, v.ctx.timeout_ns,
-                         LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, s), s, &lost)) {
-          if (!lost || !v.shrink) failure->RecordWait(lost, WaitSite::kLowLatencyCombineFlag, v.rank, s, t);
-          v.MaskAfterTimeout(s);
+        int lost_rank = s;
+        if (!v.Wait(
+                s, [&] { return v.IsTag(weights_flag); }, nullptr, *failure, &lost, &lost_rank)) {
+          v.WaitFailed(failure, lost, lost_rank, WaitSite::kLowLatencyCombineFlag, s, t);
           break;
         }
         have_weights.add(s);
@@ -391,11 +406,11 @@ void CombineRecv(View& v, const LowLatencyCombineArgs& a, FailureRecord* failure
     if (v.Masked(r)) continue;
     const int32_t* flag = reinterpret_cast<const int32_t*>(v.InHalf(r) + l.combine_flag_offset) + r;
     bool lost = false;
-    if (!TimedWait([&] { return v.IsTag(flag); }, v.ctx.timeout_ns,
-                   a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr,
-                   LossWords(v.ctx.lost_ranks, v.ctx.lost_ignore, r), r, &lost)) {
-      if (!lost || !v.shrink) failure->RecordWait(lost, WaitSite::kLowLatencyCombineFlag, v.rank, r, -1);
-      v.MaskAfterTimeout(r);
+    int lost_rank = r;
+    if (!v.Wait(
+            r, [&] { return v.IsTag(flag); }, a.wait_recv_cost_ns != nullptr ? a.wait_recv_cost_ns + r : nullptr,
+            *failure, &lost, &lost_rank)) {
+      v.WaitFailed(failure, lost, lost_rank, WaitSite::kLowLatencyCombineFlag, r, -1);
     }
   }
   uint16_t* out = static_cast<uint16_t*>(a.combined_x);

@@ -54,7 +54,8 @@ inline uint64_t TestSeed() {
 }
 
 // key=value fields of a worker's EPF_RESULT line, or of its line starting with `prefix` (empty when there is none).
-inline std::map<std::string, std::string> ResultFields(const std::string& out, absl::string_view prefix = "EPF_RESULT ") {
+inline std::map<std::string, std::string> ResultFields(const std::string& out,
+                                                       absl::string_view prefix = "EPF_RESULT ") {
   std::map<std::string, std::string> fields;
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
     if (!absl::ConsumePrefix(&line, prefix)) continue;
@@ -179,7 +180,7 @@ class E2e : public ::testing::Test {
 };
 
 inline std::vector<std::string> Shape(const std::string& mode, int tokens, int hidden, int topk, int experts, bool fp8,
-                               uint64_t seed, std::vector<std::string> extra = {}) {
+                                      uint64_t seed, std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"--mode=" + mode,
                                    absl::StrCat("--tokens=", tokens),
                                    absl::StrCat("--hidden=", hidden),

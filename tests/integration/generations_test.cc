@@ -8,6 +8,7 @@
 //   round that completes with it masked), and the next run's fresh clients get exact data.
 #include <signal.h>
 
+#include <iostream>
 #include <random>
 
 #include "integration/e2e_fixture.h"
@@ -24,15 +25,17 @@ std::vector<std::string> LowLatencyShape(uint64_t seed, int repeats) {
 }
 
 // A worker's outcome when it was not the one killed: exact rounds (ok=1), or a failed call that names a rank and is
-// not a round that ran with a rank masked behind the caller's back. Never a mismatch.
-void ExpectExactOrAnError(const Finished& f, const std::string& what) {
+// not a round that ran with a rank masked behind the caller's back. Never a mismatch. True when it failed.
+bool ExpectExactOrAnError(const Finished& f, const std::string& what) {
   const std::string mismatches = f.result.count("mismatches") ? f.result.at("mismatches") : "0";
   EXPECT_EQ(mismatches, "0") << what << ": wrong data\n" << f.Describe();
-  if (f.result.count("ok") && f.result.at("ok") == "1") return;
+  if (f.result.count("ok") && f.result.at("ok") == "1") return false;
   EXPECT_NE(f.exit_code, 0) << what << "\n" << f.Describe();
   const std::string error = f.result.count("error") ? f.result.at("error") : "";
   EXPECT_THAT(error, HasSubstr("rank")) << what << ": the error names no rank\n" << f.Describe();
   EXPECT_THAT(error, Not(HasSubstr("masked"))) << what << ": a rank was masked without enable_shrink\n" << f.Describe();
+  std::cout << what << ": rank " << f.rank << ": " << error << "\n";
+  return true;
 }
 
 class Generations : public E2e {};
@@ -57,6 +60,7 @@ TEST_F(Generations, AKilledClientFailsItsPeersAndTheNextClientsGetExactData) {
   const std::vector<std::string> shape = LowLatencyShape(TestSeed(), 40);
   auto token = CreateGroup("gen-kill", shape);
   ASSERT_TRUE(token.ok()) << token.status();
+  int failed = 0;
   for (int run = 0; run < 3; ++run) {
     const int victim = static_cast<int>(rng() % kRanks);
     const int delay_ms = 100 + static_cast<int>(rng() % 400);
@@ -67,7 +71,7 @@ TEST_F(Generations, AKilledClientFailsItsPeersAndTheNextClientsGetExactData) {
     workers[victim].Signal(SIGKILL);
     for (int r = 0; r < kRanks; ++r) {
       Finished f = Finish(workers[r], r);
-      if (r != victim) ExpectExactOrAnError(f, what);
+      if (r != victim) failed += ExpectExactOrAnError(f, what) ? 1 : 0;
     }
     // Fresh clients of every rank on the same group: exact data.
     std::vector<std::string> clean = LowLatencyShape(TestSeed() + 100 + run, 2);
@@ -77,6 +81,8 @@ TEST_F(Generations, AKilledClientFailsItsPeersAndTheNextClientsGetExactData) {
     ExpectAllOk(finished, what + ", then fresh clients");
     if (HasFailure()) return;
   }
+  // The kills came while the survivors were still making rounds (40 of them), so some of their calls met the loss.
+  EXPECT_GT(failed, 0) << "no survivor's call met a killed peer: the test did not test it";
 }
 
 }  // namespace

@@ -104,7 +104,8 @@ class Memory {
   absl::StatusOr<TensorView> Upload(const void* src, size_t bytes, DType dtype, std::vector<int64_t> shape) {
     void* p = nullptr;
     if (device_) {
-      if (cudaMalloc(&p, std::max<size_t>(bytes, 256)) != cudaSuccess) return absl::ResourceExhaustedError("cudaMalloc");
+      if (cudaMalloc(&p, std::max<size_t>(bytes, 256)) != cudaSuccess)
+        return absl::ResourceExhaustedError("cudaMalloc");
       if (bytes > 0 && cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
         return absl::InternalError("cudaMemcpy to the device");
       }
@@ -236,7 +237,8 @@ int Main() {
         mem.Download<uint16_t>(outputs[round].recv.packed_recv_x.view, static_cast<size_t>(L) * slots * H);
     for (int l = 0; l < L; ++l) {
       if (count[l] != want.packed_recv_count[l]) {
-        note(absl::StrCat("round ", round, " packed_recv_count[", l, "] ", count[l], " != ", want.packed_recv_count[l]));
+        note(
+            absl::StrCat("round ", round, " packed_recv_count[", l, "] ", count[l], " != ", want.packed_recv_count[l]));
         continue;
       }
       const size_t n = static_cast<size_t>(count[l]) * H, at = static_cast<size_t>(l) * slots * H;
