@@ -456,6 +456,17 @@ class LowLatencyTest(FabricCase):
                 bufs[0].low_latency_dispatch(x, idx, self.max_tokens, self.experts, dispatch_wait_recv_cost_stats=bad)
             self.assertIn(needle, str(caught.exception))
 
+    def test_the_mask_is_for_buffers_that_opted_in(self):
+        """Without enable_shrink (DeepEP's default) nothing masks a rank: the mask reads all zero and cannot be set."""
+        bufs = self.group(True, self.max_tokens, self.hidden, self.topk, self.experts)
+        ins = self.inputs(SEED + 13)
+        self.check(ins, self.run_round(bufs, ins, use_fp8=False), False)
+        with self.assertRaisesRegex(RuntimeError, "enable_shrink=True"):
+            bufs[0].low_latency_update_mask_buffer(N - 1, True)
+        status = torch.ones(N, dtype=torch.int32, device=bufs[0].device)
+        bufs[0].low_latency_query_mask_buffer(status)
+        self.assertEqual(status.tolist(), [0] * N)
+
     def test_mask_a_rank_then_clean(self):
         """Elastic EP: every other rank masks the last one (as if it were gone) and runs without it; then the masks
         are cleaned, every rank resets, and the full group works again."""
