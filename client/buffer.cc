@@ -379,6 +379,17 @@ absl::Status Buffer::State::UsableForLowLatency(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
+absl::Status Buffer::State::ExplainFirstCall(absl::Status status) const {
+  // The first dispatch and its combine of a generation: a peer that does not answer may be serving the previous one.
+  if (!absl::IsDeadlineExceeded(status) || call_index > 2 || serials.empty()) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrCat(status.message(),
+                   "; this was among the first calls since this Buffer was made or reset: a peer whose Buffer was made "
+                   "before this rank's client attached (this client replaced one that left) does not serve it until "
+                   "every rank of the group makes a new Buffer or calls Reset"));
+}
+
 absl::Status Buffer::State::MaskRank(int r, cudaStream_t stream) {
   int32_t* mask = path->LowLatencyRankMask();
   if (path->backend() == v1::BACKEND_CUDA) {
@@ -636,7 +647,7 @@ absl::Status Buffer::Check(cudaStream_t stream) {
   if (s.stats != nullptr) (void)s.stats->Publish(stream);  // counters only: never fails the check
   absl::Status status = s.internode != nullptr ? s.internode->Check(stream) : s.path->Check(stream);
   if (s.stats != nullptr) s.stats->Failure(status);
-  return status;
+  return s.config.low_latency ? s.ExplainFirstCall(std::move(status)) : status;
 }
 
 absl::Status Buffer::Reset(cudaStream_t stream) {

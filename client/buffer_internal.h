@@ -88,6 +88,9 @@ struct Buffer::State {
   // the group has a client, then takes the generation from their lease serials and starts the call count afresh.
   // UNAVAILABLE naming the ranks without a client.
   absl::Status TakeGeneration();
+  // Low latency: a timeout in the first calls of a generation, with what may explain it (a peer still serving the
+  // previous generation) and what to do.
+  absl::Status ExplainFirstCall(absl::Status status) const;
   // Low latency with enable_shrink: masks rank r in stream order.
   absl::Status MaskRank(int r, cudaStream_t stream);
   // FailedPrecondition when the Buffer is in the other mode, or (low latency) a receive hook is pending.

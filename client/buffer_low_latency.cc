@@ -42,6 +42,7 @@ kernels::LowLatencyPhases FirstPhases(bool return_recv_hook) {
 absl::StatusOr<LowLatencyDispatchResult> Buffer::LowLatencyDispatch(const LowLatencyDispatchArgs& args,
                                                                     cudaStream_t stream) {
   absl::StatusOr<LowLatencyDispatchResult> result = LowLatencyDispatchUncounted(args, stream);
+  if (!result.ok()) result = state_->ExplainFirstCall(result.status());
   if (internal::DataPathRecorder* stats = state_->stats.get(); stats != nullptr) {
     stats->Call(kernels::kOpLowLatencyDispatch, result.status());
     if (result.ok()) {
@@ -151,6 +152,7 @@ absl::StatusOr<LowLatencyCombineResult> Buffer::LowLatencyCombine(const LowLaten
                                                                   cudaStream_t stream) {
   absl::StatusOr<LowLatencyCombineResult> result = LowLatencyCombineUncounted(args, stream);
   if (state_->stats != nullptr) state_->stats->Call(kernels::kOpLowLatencyCombine, result.status());
+  if (!result.ok()) return state_->ExplainFirstCall(result.status());
   return result;
 }
 
