@@ -3,7 +3,8 @@
 // What a serving process does, and what a time-sliced GPU shared by several ranks' processes stresses hardest: the
 // ranks' rounds overlap, and each run's first round meets regions that the previous run's clients wrote into.
 //
-// Every rank derives every rank's inputs from --seed, so it computes the single-process reference itself: BF16
+// Every rank derives every rank's inputs from --seed, so it computes the single-process reference itself (after the
+// rounds, so that its first round starts right after Attach, as a serving process's does): BF16
 // dispatch, experts that return their rows unchanged (combine's input is the dispatch's output tensor, on the device,
 // so nothing runs on the host between the calls), combine with the top-k weights. Compared bit for bit: the received
 // counts, every received row, every combined element.
@@ -60,7 +61,8 @@ struct Round {
   std::vector<std::vector<uint16_t>> combined;
 };
 
-Round MakeRound(const host::LowLatencyShape& shape, uint64_t seed, int round) {
+// Every rank's inputs of one round (the same on every rank for the same seed).
+Round MakeInputs(const host::LowLatencyShape& shape, uint64_t seed, int round) {
   std::mt19937_64 rng(seed * 1000003 + round);
   std::uniform_real_distribution<float> value(-4.0f, 4.0f), weight(0.0f, 1.0f);
   Round x;
@@ -83,6 +85,11 @@ Round MakeRound(const host::LowLatencyShape& shape, uint64_t seed, int round) {
     in.topk_weights.resize(in.topk_idx.size());
     for (float& w : in.topk_weights) w = weight(rng);
   }
+  return x;
+}
+
+// The single-process reference of a round's inputs: dispatch, experts that return their rows, combine.
+void Expect(const host::LowLatencyShape& shape, Round& x) {
   x.dispatched = host::LowLatencyDispatchReference(shape, {.use_fp8 = false}, x.inputs);
   std::vector<std::vector<uint16_t>> experts(shape.num_ranks);
   for (int r = 0; r < shape.num_ranks; ++r) {
@@ -91,7 +98,6 @@ Round MakeRound(const host::LowLatencyShape& shape, uint64_t seed, int round) {
     std::memcpy(experts[r].data(), bytes.data(), bytes.size());
   }
   x.combined = host::LowLatencyCombineReference(shape, x.inputs, experts, x.dispatched);
-  return x;
 }
 
 // Host or device memory, as the group's backend needs.
@@ -178,7 +184,8 @@ int Main() {
   if (!buffer.ok()) return fail("Buffer::Create", buffer.status());
   Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);
 
-  // Every round's inputs and references first, so that the rounds themselves run back to back.
+  // Every round's inputs first, so that the rounds run back to back; the references after them, so that the first
+  // round starts as soon as the client is attached (as a serving process's does).
   const int rounds = absl::GetFlag(FLAGS_rounds);
   std::vector<Round> expected;
   struct Views {
@@ -186,7 +193,7 @@ int Main() {
   };
   std::vector<Views> views;
   for (int round = 0; round < rounds; ++round) {
-    expected.push_back(MakeRound(shape, absl::GetFlag(FLAGS_seed), round));
+    expected.push_back(MakeInputs(shape, absl::GetFlag(FLAGS_seed), round));
     const host::LowLatencyRankInput& in = expected.back().inputs[rank];
     const int64_t T = in.num_tokens, K = shape.num_topk;
     auto x = mem.Upload(in.x.data(), in.x.size() * 2, DType::kBF16, {T, shape.hidden});
@@ -231,6 +238,8 @@ int Main() {
   const int L = shape.num_local_experts(), H = shape.hidden;
   const size_t slots = shape.recv_slots();
   for (int round = 0; round < rounds; ++round) {
+    // One round's reference at a time: every rank's dispatch outputs are R * L * R*M rows (8 ranks of 7168: 4 GB).
+    Expect(shape, expected[round]);
     const host::LowLatencyDispatchOutput& want = expected[round].dispatched[rank];
     const std::vector<int32_t> count = mem.Download<int32_t>(outputs[round].recv.packed_recv_count.view, L);
     const std::vector<uint16_t> got_x =
@@ -256,6 +265,7 @@ int Main() {
                           " != ", host::Bf16ToFloat(want_c[i])));
       }
     }
+    expected[round] = Round{};
   }
   std::cout << prefix << " ok=" << (wrong == 0 ? 1 : 0) << " wrong=" << wrong;
   if (wrong > 0) std::cout << " error=\"" << first << "\"";
