@@ -24,18 +24,18 @@ void LeaseNotificationRetries::Add(int member, const v1::NotifyLeaseRequest& req
 
 std::vector<LeaseNotificationRetries::Due> LeaseNotificationRetries::TakeDue(absl::Time now) {
   absl::MutexLock lock(&mutex_);
-  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
-                                [&](const Entry& e) {
-                                  return SupersededLocked(e.due.request) ||
-                                         (e.next != absl::InfiniteFuture() && now - e.first > kGiveUpAfter);
-                                }),
-                 entries_.end());
+  std::vector<Entry> kept;
   std::vector<Due> due;
   for (Entry& entry : entries_) {
-    if (entry.next > now) continue;
-    due.push_back(entry.due);
-    entry.next = absl::InfiniteFuture();
+    const bool in_flight = entry.next == absl::InfiniteFuture();
+    if (SupersededLocked(entry.due.request) || (!in_flight && now - entry.first > kGiveUpAfter)) continue;
+    if (!in_flight && entry.next <= now) {
+      due.push_back(entry.due);
+      entry.next = absl::InfiniteFuture();
+    }
+    kept.push_back(std::move(entry));
   }
+  entries_ = std::move(kept);
   return due;
 }
 

@@ -136,7 +136,7 @@ struct GroupView {
   int rank;
   int num_ranks;
   int half;
-  int phases;  // LowLatencyPhases bits: 1 = send, 2 = receive, 4 = combine weights only, 8 = weights published
+  int phases;    // LowLatencyPhases bits: 1 = send, 2 = receive, 4 = combine weights only, 8 = weights published
   uint32_t tag;  // the call's tag (LowLatencyDispatchArgs::call_tag): every signal of the call carries it
   // This rank's slots in a full half (LowLatencySourceSlots(layout, rank)): where it writes a same-host rank's half.
   LowLatencySlots own;
