@@ -70,6 +70,8 @@ class RegistryTest : public ::testing::Test {
     member->set_backend(v1::BACKEND_HOST);
     member->set_peer_address("127.0.0.1:" + std::to_string(port));
     ASSERT_TRUE(membership_.HandleJoin(join_).ok());
+    // The coordinator's own member side is the fake too (a forced delete asks every member, rank 0 included).
+    membership_.SetPeerAddress(member->peer_address());
   }
 
   void TearDown() override {
@@ -148,6 +150,7 @@ TEST_F(RegistryTest, AdoptedGroupsOnceDeletedAreNotAdoptedAgain) {
   EXPECT_TRUE(registry_->Groups().empty());
 
   ASSERT_TRUE(Delete("never-reported", "", /*force=*/true).ok());
+  EXPECT_TRUE(registry_->PendingReleases().empty());
   registry_->Adopt(JoinReporting("never-reported", token));
   EXPECT_TRUE(registry_->Groups().empty());
 
