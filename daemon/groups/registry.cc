@@ -174,6 +174,7 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
   const fabric::FabricConfig& config = membership_->config();
   if (!membership_->is_coordinator()) return NotTheCoordinator(config.rank);
   v1::GroupInfo info;
+  std::string token_sha256;  // empty for a forced delete of a name the registry does not know
   bool unknown = false;
   {
     absl::MutexLock lock(&mutex_);
@@ -193,6 +194,7 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
     } else {
       it->second.info.set_state(v1::GROUP_STATE_DELETING);
       info = it->second.info;
+      token_sha256 = it->second.token_sha256;
     }
     // A forced delete also ends a pending rollback of the name (its members are asked again below).
     if (request.force()) pending_releases_.erase(request.name());
@@ -222,6 +224,7 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
   }
   absl::MutexLock lock(&mutex_);
   entries_.erase(request.name());
+  RetiredLocked(request.name(), token_sha256, absl::Now());
   if (!pending.empty()) pending_releases_[request.name()].insert(pending.begin(), pending.end());
   Logger("groups")->info("group '{}' deleted", request.name());
   return absl::OkStatus();
@@ -256,7 +259,11 @@ void Registry::RollBack(const std::vector<int>& ranks, const std::vector<std::st
     Logger("groups")->warn("rollback of '{}': rank {} did not answer ({}); released when it does", name, ranks[i],
                            released[i].status.error_message());
   }
-  entries_.erase(name);
+  if (auto it = entries_.find(name); it != entries_.end()) {
+    // A create rolled back after its Commit reached members leaves them READY until they release it.
+    RetiredLocked(name, it->second.token_sha256, absl::Now());
+    entries_.erase(it);
+  }
   Logger("groups")->warn("create of '{}' rolled back ({})", name, reason);
 }
 
@@ -309,6 +316,27 @@ void Registry::Forget(const std::string& name) {
   entries_.erase(name);
 }
 
+void Registry::RetiredLocked(const std::string& name, const std::string& token_sha256, absl::Time now) {
+  const absl::Time forget_before = now - kRetiredMemory;
+  for (auto* retired : {&retired_tokens_, &retired_names_}) {
+    std::erase_if(*retired, [forget_before](const auto& entry) { return entry.second < forget_before; });
+  }
+  if (token_sha256.empty()) {
+    retired_names_[name] = now;
+  } else {
+    retired_tokens_[token_sha256] = now;
+  }
+}
+
+bool Registry::WasRetiredLocked(const v1::GroupRecord& record) const {
+  const absl::Time forget_before = absl::Now() - kRetiredMemory;
+  auto recent = [forget_before](const std::map<std::string, absl::Time>& retired, const std::string& key) {
+    auto it = retired.find(key);
+    return it != retired.end() && it->second >= forget_before;
+  };
+  return recent(retired_tokens_, record.token_sha256()) || recent(retired_names_, record.group().name());
+}
+
 void Registry::Adopt(const v1::JoinRequest& request) {
   absl::MutexLock lock(&mutex_);
   const int world_size = membership_->config().world_size;
@@ -316,6 +344,12 @@ void Registry::Adopt(const v1::JoinRequest& request) {
     if (entries_.count(record.group().name()) != 0) continue;
     // Deleted or rolled back while this member was away: its release is on the way (RetryPendingReleases).
     if (pending_releases_.count(record.group().name()) != 0) continue;
+    // Deleted or rolled back, and released by this member, after it took the snapshot this Join carries.
+    if (WasRetiredLocked(record)) {
+      Logger("groups")->info("rank {} reported group '{}', deleted since: not adopted", request.member().rank(),
+                             Clip(record.group().name()));
+      continue;
+    }
     // A member reports only groups it belongs to, with valid ranks and a token of the right shape; anything else
     // is dropped, never indexed with.
     const auto& ranks = record.group().ranks();

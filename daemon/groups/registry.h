@@ -5,6 +5,12 @@
 // the gathered descriptors to all members; if any member fails, the prepared ones Release and the caller gets that
 // member's error. Retire releases on every live member, then forgets the name.
 //
+// Adopt takes groups from the members' Joins, for a coordinator that does not know them (it restarted). A Join
+// carries a snapshot of the member's groups taken when it was sent, so it can name a group that the member released
+// since: a Join that waited while the coordinator was stopped and is handled after a delete queued beside it, or one
+// that crossed a delete. Such a group is not adopted again: the registry remembers the groups it deleted or rolled
+// back for kRetiredMemory (by token digest; by name for a forced delete of a name it did not know).
+//
 // Locking: `mutex_` is a leaf. Nothing else is locked while it is held, and the calls to members (which may be
 // this daemon itself, whose member side takes its own locks) are made without it.
 #pragma once
@@ -19,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/peer.pb.h"
 #include "fabric/membership.h"
@@ -26,6 +33,10 @@
 #include "groups/fan_out.h"
 
 namespace epfabric::daemon::groups {
+
+// How long the registry remembers a group it deleted or rolled back, so that no Join reporting it is adopted. A Join's
+// snapshot is at most its deadline (1 s) plus scheduling older than its arrival; this is far beyond that.
+inline constexpr absl::Duration kRetiredMemory = absl::Minutes(5);
 
 class Registry {
  public:
@@ -41,7 +52,8 @@ class Registry {
   // DeleteGroup on the coordinator: checks the token, Release on every live member, forgets the name. Members that are
   // down or do not answer are released when they answer again (RetryPendingReleases); the name is free once they are.
   absl::Status Retire(const v1::RetireGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
-  // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again.
+  // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again; never one this
+  // registry deleted or rolled back in the last kRetiredMemory (the Join's snapshot predates its release).
   void Adopt(const v1::JoinRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
   // Marks READY groups with a member that is not UP, or not the incarnation that committed, DEGRADED.
   void OnMembership(const v1::Membership& view) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -66,6 +78,12 @@ class Registry {
   // that did not answer, forgets the name.
   void RollBack(const std::vector<int>& ranks, const std::vector<std::string>& addresses, const std::string& name,
                 const std::string& reason, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mutex_);
+  // Remembers that the group `name` with token digest `token_sha256` (empty: whatever its token) was deleted or rolled
+  // back at `now`, and forgets what is older than kRetiredMemory.
+  void RetiredLocked(const std::string& name, const std::string& token_sha256, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The group `record` names was deleted or rolled back by this registry in the last kRetiredMemory.
+  bool WasRetiredLocked(const v1::GroupRecord& record) const ABSL_SHARED_LOCKS_REQUIRED(mutex_);
   // Asks the members at `addresses` (empty: skipped) to release group `name`, waiting for all of them.
   std::vector<MemberReply<v1::ReleaseGroupResponse>> ReleaseOn(const std::vector<std::string>& addresses,
                                                                const std::string& name, const std::string& reason);
@@ -78,6 +96,9 @@ class Registry {
   // Rolled-back creates and deleted groups whose release has not reached these fabric ranks yet; the name stays taken
   // until they have.
   std::map<std::string, std::set<int>> pending_releases_ ABSL_GUARDED_BY(mutex_);
+  // Groups deleted or rolled back, with when: by token digest, and by name for forced deletes of unknown names.
+  std::map<std::string, absl::Time> retired_tokens_ ABSL_GUARDED_BY(mutex_);
+  std::map<std::string, absl::Time> retired_names_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace epfabric::daemon::groups

@@ -31,6 +31,7 @@ class Chaos : public ::testing::Test {
   void SetUp() override {
     config_ = Config::FromEnvironment();
     std::cout << "EPF_CHAOS_SEED=" << config_.seed << " EPF_CHAOS_ITERATIONS=" << config_.iterations
+              << (config_.only_iteration > 0 ? absl::StrCat(" EPF_CHAOS_ITERATION=", config_.only_iteration) : "")
               << (config_.long_run ? " (long run)" : "") << "\n";
     const std::vector<std::string> flags = {absl::StrCat("--heartbeat_ms=", bounds_.heartbeat_ms),
                                             absl::StrCat("--heartbeat_misses=", bounds_.heartbeat_misses),

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -56,6 +57,11 @@ Config Config::FromEnvironment() {
   }
   int iterations = 0;
   if (absl::SimpleAtoi(Env("EPF_CHAOS_ITERATIONS"), &iterations) && iterations > 0) config.iterations = iterations;
+  int only = 0;
+  if (absl::SimpleAtoi(Env("EPF_CHAOS_ITERATION"), &only) && only > 0) {
+    config.only_iteration = only;
+    config.iterations = std::max(config.iterations, only + 1);
+  }
   int seconds = 0;
   if (absl::SimpleAtoi(Env("EPF_CHAOS_TIME_BOX_S"), &seconds) && seconds > 0) config.time_box = absl::Seconds(seconds);
   config.json_dir = Env("EPF_RELIABILITY_JSON_DIR");

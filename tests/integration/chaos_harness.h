@@ -20,10 +20,12 @@
 namespace epfabric::testing::chaos {
 
 // From the environment: EPF_CHAOS_SEED, EPF_CHAOS_ITERATIONS, EPF_CHAOS_LONG=1 (2000 iterations and no time box),
-// EPF_CHAOS_TIME_BOX_S, EPF_RELIABILITY_JSON_DIR.
+// EPF_CHAOS_ITERATION=N (replay: iteration 0, which calibrates, then N alone), EPF_CHAOS_TIME_BOX_S,
+// EPF_RELIABILITY_JSON_DIR.
 struct Config {
   uint64_t seed = 20261124;
   int iterations = 200;
+  int only_iteration = -1;  // -1: every iteration
   bool long_run = false;
   absl::Duration time_box = absl::Seconds(170);
   std::string json_dir;  // empty: no report

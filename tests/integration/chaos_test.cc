@@ -12,7 +12,8 @@
 //     error (never wrong data);
 //   - health tells the truth: a killed or stopped daemon is shown down by every survivor within the bound, and PASS
 //     everywhere once recovered.
-// EPF_CHAOS_SEED, EPF_CHAOS_ITERATIONS, EPF_CHAOS_LONG=1, EPF_RELIABILITY_JSON_DIR: docs/reliability.md.
+// EPF_CHAOS_SEED, EPF_CHAOS_ITERATIONS, EPF_CHAOS_ITERATION, EPF_CHAOS_LONG=1, EPF_RELIABILITY_JSON_DIR:
+// docs/reliability.md.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -302,6 +303,8 @@ TEST_F(Chaos, RandomFaultsLeaveNoOrphanNoLeakAndEveryCallEndsInItsBound) {
   ASSERT_NE(fabric_, nullptr);
   const absl::Time start = absl::Now();
   for (int i = 0; i < config_.iterations; ++i) {
+    // A replay runs the calibration and the one iteration: its faults come from (seed, iteration) alone.
+    if (config_.only_iteration > 0 && i != 0 && i != config_.only_iteration) continue;
     if (absl::Now() - start > config_.time_box) {
       std::cout << "time box of " << absl::FormatDuration(config_.time_box) << " reached after " << i
                 << " iterations\n";

@@ -29,8 +29,9 @@ char ProcessState(pid_t pid) {
 }
 
 // The helper for the test below, run as a process of its own: a "test process" that starts a child through
-// Subprocess, writes its pid, and is then SIGKILLed (no destructor runs). Skipped unless the test below runs it.
-TEST(Subprocess, HelperStartsAChildAndIsKilled) {
+// Subprocess, writes its pid, and is then SIGKILLed (no destructor runs). Disabled: only the test below runs it (with
+// --gtest_also_run_disabled_tests), so that a plain run of this binary neither runs nor skips it.
+TEST(Subprocess, DISABLED_HelperStartsAChildAndIsKilled) {
   const char* pid_file = std::getenv(kHelperEnv);
   if (pid_file == nullptr) GTEST_SKIP() << "only as ChildrenDieWithAKilledTestProcess's helper";
   auto child = Subprocess::Start({"/bin/sleep", "60"});
@@ -47,7 +48,8 @@ TEST(Subprocess, ChildrenDieWithAKilledTestProcess) {
   ASSERT_FALSE(dir.empty());
   const std::string pid_file = dir + "/child.pid";
   setenv(kHelperEnv, pid_file.c_str(), 1);
-  auto helper = Subprocess::Start({"/proc/self/exe", "--gtest_filter=Subprocess.HelperStartsAChildAndIsKilled"});
+  auto helper = Subprocess::Start({"/proc/self/exe", "--gtest_also_run_disabled_tests",
+                                   "--gtest_filter=Subprocess.DISABLED_HelperStartsAChildAndIsKilled"});
   unsetenv(kHelperEnv);
   ASSERT_TRUE(helper.ok()) << helper.status();
   auto code = helper->Wait(absl::Seconds(30));

@@ -1,0 +1,78 @@
+# skip_rule_test (tests/CMakeLists.txt): what ctest reports for GoogleTest binaries run as epf_add_test runs them.
+# -DCTEST=<ctest> -DDIR=<the fixture's ctest directory> -DTREE=<this build's top directory>
+#
+# A binary with a failed case (or one that crashes) is FAILED even when another case skipped; one that only skipped
+# cases, or skipped some and passed the others, is skipped; one that passed everything passed. And no test of the
+# tree decides "skipped" from its output alone (SKIP_REGULAR_EXPRESSION ignores the exit status).
+cmake_minimum_required(VERSION 3.19)
+
+set(failures "")
+function(expect case want)
+  execute_process(COMMAND ${CTEST} --test-dir ${DIR} -R "^${case}$" --output-on-failure
+                  RESULT_VARIABLE code OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  # ctest's per-test line: "1/1 Test #1: fail_only ....***Failed", "...***Exception: ..." (a signal),
+  # "...***Skipped", "...   Passed".
+  if(want STREQUAL "failed")
+    set(ok FALSE)
+    if(NOT code EQUAL 0 AND out MATCHES "${case} [.]+[^\n]*[*]+(Failed|Exception)")
+      set(ok TRUE)
+    endif()
+  elseif(want STREQUAL "skipped")
+    set(ok FALSE)
+    if(code EQUAL 0 AND out MATCHES "${case} [.]+[*]+Skipped")
+      set(ok TRUE)
+    endif()
+  else()
+    set(ok FALSE)
+    if(code EQUAL 0 AND out MATCHES "${case} [.]+ +Passed")
+      set(ok TRUE)
+    endif()
+  endif()
+  if(ok)
+    message(STATUS "${case}: ${want}, as it must be")
+  else()
+    message(STATUS "${case}: expected ${want}; ctest exited ${code}:\n${out}${err}")
+    set(failures "${failures} ${case}" PARENT_SCOPE)
+  endif()
+endfunction()
+
+expect(fail_and_skip failed)
+expect(fail_only failed)
+expect(crash_and_skip failed)
+expect(skip_only skipped)
+expect(skip_and_pass skipped)
+expect(pass_only passed)
+
+# The tree's own tests: none may be skipped by a match on its output.
+execute_process(COMMAND ${CTEST} --test-dir ${TREE} --show-only=json-v1 RESULT_VARIABLE code OUTPUT_VARIABLE json)
+if(NOT code EQUAL 0)
+  message(FATAL_ERROR "ctest --show-only=json-v1 in ${TREE} exited ${code}")
+endif()
+string(JSON count LENGTH "${json}" tests)
+if(count GREATER 0)
+  math(EXPR last "${count} - 1")
+  foreach(i RANGE ${last})
+    string(JSON name GET "${json}" tests ${i} name)
+    string(JSON properties ERROR_VARIABLE none GET "${json}" tests ${i} properties)
+    if(none)
+      continue()
+    endif()
+    string(JSON nprops LENGTH "${properties}")
+    if(nprops EQUAL 0)
+      continue()
+    endif()
+    math(EXPR plast "${nprops} - 1")
+    foreach(p RANGE ${plast})
+      string(JSON pname GET "${properties}" ${p} name)
+      if(pname STREQUAL "SKIP_REGULAR_EXPRESSION")
+        message(STATUS "${name}: has SKIP_REGULAR_EXPRESSION (skipped by its output, whatever its exit status)")
+        set(failures "${failures} ${name}")
+      endif()
+    endforeach()
+  endforeach()
+endif()
+message(STATUS "${count} tests of the tree checked for SKIP_REGULAR_EXPRESSION")
+
+if(failures)
+  message(FATAL_ERROR "the skip rule does not hold for:${failures}")
+endif()
