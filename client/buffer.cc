@@ -346,20 +346,19 @@ absl::Status Buffer::State::TakeGeneration() {
   }
 }
 
-absl::Status Buffer::State::UsableForLowLatency(cudaStream_t stream) {
+absl::Status Buffer::State::CheckGeneration(bool may_mask, cudaStream_t stream) {
   if (generation_pending) EPF_RETURN_IF_ERROR(TakeGeneration());
-  int32_t* mask = path->LowLatencyRankMask();
   if (const uint64_t* words = lease->lease_serials(); words != nullptr && !serials.empty()) {
     // A rank whose client left or changed since this Buffer was made is not part of its generation: its signals
     // never carry this generation's tags, and it must not read this generation's.
-    const std::vector<uint64_t> now = ReadSerials(words, num_ranks);
-    for (int r = 0; r < num_ranks; ++r) {
-      if (now[r] == serials[r] || r == rank) continue;
-      if (!config.enable_shrink || mask == nullptr) {
+    const std::vector<uint64_t> now = ReadSerials(words, static_cast<int>(serials.size()));
+    for (int r = 0; r < static_cast<int>(serials.size()); ++r) {
+      if (now[r] == serials[r] || r == lease->rank()) continue;
+      if (!may_mask) {
         return absl::UnavailableError(
             now[r] == 0 ? absl::StrFormat("group '%s': rank %d is lost (its client's lease ended since this Buffer "
-                                          "was made); make a new Buffer (or Reset) on every rank once it is back, or "
-                                          "make the Buffer with enable_shrink to go on without it",
+                                          "was made); make a new Buffer (or Reset) on every rank once it is back "
+                                          "(low latency: or make the Buffer with enable_shrink to go on without it)",
                                           lease->group_name(), r)
                         : absl::StrFormat("group '%s' rank %d has a new client since this Buffer was made; make a new "
                                           "Buffer (or Reset) on every rank of the group to serve with it",
@@ -368,6 +367,17 @@ absl::Status Buffer::State::UsableForLowLatency(cudaStream_t stream) {
       EPF_RETURN_IF_ERROR(MaskRank(r, stream));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Buffer::State::UsableForNormal() {
+  EPF_RETURN_IF_ERROR(CheckGeneration(/*may_mask=*/false, nullptr));
+  return Usable();
+}
+
+absl::Status Buffer::State::UsableForLowLatency(cudaStream_t stream) {
+  int32_t* mask = path->LowLatencyRankMask();
+  EPF_RETURN_IF_ERROR(CheckGeneration(config.enable_shrink && mask != nullptr, stream));
   absl::Status usable = Usable();
   if (usable.ok() || lease->group_state() != v1::GROUP_STATE_DEGRADED || !config.enable_shrink) return usable;
   const std::vector<int> lost = lease->lost_ranks();

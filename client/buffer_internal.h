@@ -84,10 +84,15 @@ struct Buffer::State {
   // Low latency: as Usable, except that a DEGRADED group whose lost ranks are known and do not include this one is
   // usable, with those ranks masked in stream order (elastic EP: the survivors go on without them).
   absl::Status UsableForLowLatency(cudaStream_t stream);
-  // Low latency, the first call after the Buffer was made or reset: waits (up to config.timeout) until every rank of
-  // the group has a client, then takes the generation from their lease serials and starts the call count afresh.
-  // UNAVAILABLE naming the ranks without a client.
+  // Normal mode: CheckGeneration (never masking), then Usable.
+  absl::Status UsableForNormal();
+  // The first call after the Buffer was made or reset: waits (up to config.timeout) until every rank of the group has
+  // a client, then takes the generation from their lease serials and starts the call count afresh. UNAVAILABLE
+  // naming the ranks without a client.
   absl::Status TakeGeneration();
+  // Takes the generation if due; then a rank whose client left or changed since is masked (`may_mask`, low latency
+  // with enable_shrink) or fails the call with UNAVAILABLE naming it.
+  absl::Status CheckGeneration(bool may_mask, cudaStream_t stream);
   // Low latency: a timeout in the first calls of a generation, with what may explain it (a peer still serving the
   // previous generation) and what to do.
   absl::Status ExplainFirstCall(absl::Status status) const;

@@ -64,7 +64,7 @@ absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_
       kernels::CheckNumTokens("topk_idx.shape[0] (num_tokens)", num_tokens, s.config.max_tokens_per_rank));
   EPF_RETURN_IF_ERROR(kernels::CheckNumTopk("topk_idx.shape[1] (num_topk)", num_topk, s.config.max_topk));
   EPF_RETURN_IF_ERROR(s.path->CheckExpertIndices(topk_idx));
-  EPF_RETURN_IF_ERROR(s.Usable());
+  EPF_RETURN_IF_ERROR(s.Usable());  // local: no generation needed
 
   DispatchLayout layout;
   EPF_ASSIGN_OR_RETURN(layout.num_tokens_per_rank, s.NewTensor(DType::kInt32, {s.num_ranks}, stream));
@@ -173,7 +173,7 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
     if (args.layout == nullptr) return absl::InvalidArgumentError("layout is null: required unless cached");
     EPF_RETURN_IF_ERROR(CheckLayout(*args.layout, num_tokens, s.num_ranks, c.num_experts));
   }
-  EPF_RETURN_IF_ERROR(s.Usable());
+  EPF_RETURN_IF_ERROR(s.UsableForNormal());
   EPF_RETURN_IF_ERROR(s.path->CheckDispatchExpertIndices(args, stream));
   if (s.internode != nullptr) return s.internode->Dispatch(args, stream);
 
@@ -288,7 +288,7 @@ absl::StatusOr<CombineResult> Buffer::CombineUncounted(const CombineArgs& args, 
     if (bias->empty()) continue;
     EPF_RETURN_IF_ERROR(ExpectTensor(*bias, name, DType::kBF16, {h.num_tokens, hidden}, "[num_tokens, hidden]"));
   }
-  EPF_RETURN_IF_ERROR(s.Usable());
+  EPF_RETURN_IF_ERROR(s.UsableForNormal());
   if (s.internode != nullptr) return s.internode->Combine(args, stream);
 
   CombineResult result;

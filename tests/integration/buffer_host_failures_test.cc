@@ -244,6 +244,58 @@ TEST_F(BufferHostTest, MissingPeerTimesOutNamingItAndResetRecovers) {
   }
 }
 
+// A peer whose client changed (detached, then a new client attached) is not part of the generation the Buffer took:
+// the next call is refused with UNAVAILABLE naming it before anything runs (normal mode, and low latency without
+// enable_shrink); after Reset on the old Buffer and a new Buffer for the new client, the group works again.
+TEST_F(BufferHostTest, ACallAfterAPeerGotANewClientIsRefusedNamingIt) {
+  for (bool low_latency : {false, true}) {
+    SCOPED_TRACE(low_latency ? "low latency" : "normal");
+    const BufferConfig config = low_latency ? LowLatencyConfig(256, 8, 8) : NormalConfig(256, 16);
+    Ranks ranks;
+    ASSERT_NO_FATAL_FAILURE(MakeRanks(2, config, &ranks));
+    auto run = [&](uint64_t seed) {
+      if (low_latency) {
+        RunLowLatencyCases(ranks, {LowLatencyCaseFor(config, 2, seed)});
+      } else {
+        RunNormalCases(ranks, {CaseFor(config, {16, 7}, seed)});
+      }
+    };
+    run(910);  // both Buffers take the generation
+    const std::string group = ranks.leases[1]->group_name();
+    ranks.buffers[1].reset();
+    ASSERT_TRUE(ranks.leases[1]->Detach().ok());
+    auto lease = ranks.clients[1]->Attach(group, 1, ranks.token);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    ranks.leases[1] = std::move(*lease);
+
+    const std::vector<int64_t> topk(4 * 2, 3);
+    const std::vector<uint16_t> x(4 * 256, 0);
+    absl::Status status;
+    if (low_latency) {
+      client::LowLatencyDispatchArgs d;
+      d.x = View(x, DType::kBF16, {4, 256});
+      d.topk_idx = View(topk, DType::kInt64, {4, 2});
+      status = ranks.buffers[0]->LowLatencyDispatch(d).status();
+    } else {
+      auto layout = ranks.buffers[0]->GetDispatchLayout(View(topk, DType::kInt64, {4, 2}));
+      ASSERT_TRUE(layout.ok()) << layout.status();
+      status = ranks.buffers[0]
+                   ->Dispatch({.x = View(x, DType::kBF16, {4, 256}),
+                               .topk_idx = View(topk, DType::kInt64, {4, 2}),
+                               .layout = &*layout})
+                   .status();
+    }
+    EXPECT_TRUE(absl::IsUnavailable(status)) << status;
+    EXPECT_NE(status.message().find("rank 1 has a new client"), std::string::npos) << status;
+
+    auto buffer = Buffer::Create(ranks.leases[1].get(), config);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ranks.buffers[1] = std::move(*buffer);
+    ASSERT_TRUE(ranks.buffers[0]->Reset().ok());
+    run(911);
+  }
+}
+
 TEST_F(BufferHostTest, AnEndedLeaseIsUnavailableBeforeAnythingRuns) {
   const BufferConfig config = NormalConfig(256, 16);
   Ranks ranks;

@@ -52,6 +52,7 @@ struct Ranks {
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<std::unique_ptr<Lease>> leases;
   std::vector<std::unique_ptr<Buffer>> buffers;
+  std::string token;  // the group's
 };
 
 class BufferHostTest : public ::testing::Test {
@@ -89,6 +90,7 @@ class BufferHostTest : public ::testing::Test {
     ASSERT_TRUE(bytes.ok()) << bytes.status();
     auto group = CreateGroup(n, *bytes, config.low_latency);
     ASSERT_TRUE(group.ok()) << group.status();
+    ranks->token = group->token();
     for (int r = 0; r < n; ++r) {
       auto connected = Client::Connect(fabrics_[n]->daemon(r).socket(), {.client_name = "buffer_host_test"});
       ASSERT_TRUE(connected.ok()) << connected.status();
