@@ -180,6 +180,17 @@ class Buffer(LowLatencyMixin):
     # ---- DeepEP's static calls ----
 
     @staticmethod
+    def is_sm90_compiled() -> bool:
+        """DeepEP: whether its kernels were built for SM90, which its FP8 paths need (callers gate FP8 inputs on it).
+        epfabric's kernels have the FP8 paths (e4m3 data with float or packed UE8M0 scales) on every backend it runs
+        on, the host backend included, so it is always True and callers exercise them.
+
+        Returns:
+            True.
+        """
+        return True
+
+    @staticmethod
     def set_num_sms(new_num_sms):
         Buffer.num_sms = int(new_num_sms)
 

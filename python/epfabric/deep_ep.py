@@ -23,7 +23,12 @@ from .client import Client
 from .low_latency import LowLatencyHandle
 from .utils import Config, EventOverlap
 
-__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle"]
+__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle", "topk_idx_t", "__version__"]
+
+# DeepEP's version this drop-in follows, marked as epfabric's.
+__version__ = "1.2.1+epfabric"
+# The dtype of top-k expert indices (DeepEP's topk_idx_t).
+topk_idx_t = torch.int64
 
 
 def _socket_path(rank):
