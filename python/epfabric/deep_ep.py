@@ -31,6 +31,7 @@ __version__ = "1.2.1+epfabric"
 topk_idx_t = torch.int64
 
 
+
 def _socket_path(rank):
     template = os.environ.get("EPFABRIC_SOCKET")
     if not template:
@@ -119,6 +120,19 @@ _CREATED = weakref.WeakSet()
 
 
 class Buffer(_buffer.Buffer):
+    """DeepEP's Buffer over a torch.distributed process group.
+
+    As DeepEP's, it serves any call whose sizes fit the memory given at construction: hidden size, top-k, experts and
+    tokens may change from call to call. The library's C Buffer is set up for one shape; a call it does not serve
+    replaces it, on every rank at that same call, by one for a shape that covers both (normal mode: the larger hidden
+    size and top-k, this call's experts and SMs; low latency: this call's tokens per rank, hidden size and experts,
+    the larger top-k), or for the call's own shape when only that fits. This assumes that every rank of the group
+    makes the same sequence of calls with the same shapes (as DeepEP's callers do): the replacement synchronizes the
+    ranks over the process group (two barriers), which a rank that does not make the call would leave waiting. A call
+    that does not fit the group's memory raises ValueError with the bytes it needs and the bytes the group has. A
+    handle from before a replacement is refused by combine (dispatch again).
+    """
+
     def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
                  allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, use_fabric=False,
                  explicitly_destroy=False, enable_shrink=False, comm=None):
@@ -161,6 +175,17 @@ class Buffer(_buffer.Buffer):
         if self._owns_group is not None:
             _CREATED.add(self)
         dist.barrier(group=group)
+
+    def _sync_ranks(self) -> bool:
+        """Waits for this rank's queued work, then for every rank of the process group (a barrier).
+
+        Returns:
+            True.
+        """
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier(group=self.group)
+        return True
 
     def destroy(self):
         """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""
