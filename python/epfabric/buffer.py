@@ -74,12 +74,67 @@ class _Calls:
             setattr(self, name + "_ref", ctypes.byref(getattr(self, name)))
 
 
-class DispatchHandle(tuple):
-    """What dispatch returns for combine and cached dispatch (DeepEP's handle is a tuple of tensors too):
-    (num_recv_tokens, num_tokens, hidden). Keep it until the combine."""
+class UnavailableField:
+    """A field of DeepEP's handle that this library does not hand out (docs/python.md says which and why): printing
+    it names the field; any other use raises NotImplementedError saying so."""
 
-    def __new__(cls, c_handle, num_recv_tokens, num_tokens, hidden, topk, serial=0):
-        self = super().__new__(cls, (num_recv_tokens, num_tokens, hidden))
+    __slots__ = ("name", "reason")
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def __repr__(self) -> str:
+        return f"<epfabric: {self.name} is not available: {self.reason}>"
+
+    def _refuse(self, *_args, **_kwargs):
+        raise NotImplementedError(f"epfabric: the handle's {self.name} is not available: {self.reason} "
+                                  "(docs/python.md)")
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        self._refuse()
+
+    __getitem__ = __len__ = __iter__ = __bool__ = __int__ = __float__ = __index__ = _refuse
+
+
+_NOT_EXPOSED = "the C library keeps it inside its dispatch handle and does not export it"
+_PREFIX_REASON = ("it needs every rank's num_tokens_per_rank, which the C library does not export; "
+                  "epfabric.deep_ep.Buffer computes it with EPFABRIC_RANK_PREFIX_MATRIX=gather")
+_INTRANODE_FIELDS = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
+                     "is_token_in_rank", "send_head")
+_INTERNODE_FIELDS = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
+                     "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
+                     "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head")
+
+
+class DispatchHandle(tuple):
+    """What dispatch returns for combine and cached dispatch: DeepEP's handle tuple, with the library's own record
+    kept as attributes. Keep it until the combine.
+
+    One host (DeepEP's intranode handle): (rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix,
+    recv_src_idx, is_token_in_rank, send_head). Across hosts (DeepEP's internode handle): (is_token_in_rank,
+    rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum,
+    recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head).
+    is_token_in_rank is the dispatch's tensor; rank_prefix_matrix is DeepEP's int32 [num_ranks, num_ranks]
+    (`[i][j]` = tokens ranks 0..i send to rank j) where the Buffer can compute it; every other field is an
+    UnavailableField (docs/python.md).
+
+    Attributes:
+        num_recv_tokens, num_tokens, hidden, topk: the dispatch's received rows, rows, hidden size and top-k.
+    """
+
+    def __new__(cls, c_handle: ctypes.c_void_p, num_recv_tokens: int, num_tokens: int, hidden: int, topk: int,
+                is_token_in_rank: Optional[torch.Tensor] = None, rank_prefix_matrix: Optional[torch.Tensor] = None,
+                internode: bool = False, serial: int = 0):
+        known = {"is_token_in_rank": is_token_in_rank, "rank_prefix_matrix": rank_prefix_matrix}
+        fields = []
+        for name in (_INTERNODE_FIELDS if internode else _INTRANODE_FIELDS):
+            value = known.get(name)
+            if value is None:
+                value = UnavailableField(name, _PREFIX_REASON if name == "rank_prefix_matrix" else _NOT_EXPOSED)
+            fields.append(value)
+        self = super().__new__(cls, fields)
         self._c = c_handle
         self._serial = serial  # which C Buffer of its Buffer made it (Buffer._normal_serial)
         self.num_recv_tokens, self.num_tokens, self.hidden, self.topk = num_recv_tokens, num_tokens, hidden, topk
@@ -368,7 +423,8 @@ class Buffer(LowLatencyMixin):
             self._alloc.end_call()
         if handle is None:
             new_handle = DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens, hidden,
-                                        topk, self._normal_serial)
+                                        topk, is_token_in_rank, self._rank_prefix_matrix(num_tokens_per_rank),
+                                        self.group_size != self.num_nvl_ranks, self._normal_serial)
             per_expert = calls.counts[:min(result.num_local_experts, _MAX_LOCAL_EXPERTS)]
         else:  # the cached handle stays the handle
             lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))
@@ -461,6 +517,18 @@ class Buffer(LowLatencyMixin):
         call("epf_buffer_create_opts", self._live_lease(), ctypes.byref(config), ctypes.byref(self._alloc.callbacks),
              ctypes.byref(options), ctypes.byref(cbuf))
         return cbuf
+
+    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """DeepEP's rank_prefix_matrix for a dispatch's handle, or None where it cannot be computed: it needs every
+        rank's num_tokens_per_rank, which the C library does not export (epfabric.deep_ep.Buffer can gather them).
+
+        Arguments:
+            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
+
+        Returns:
+            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int`, or None.
+        """
+        return None
 
     def _sync_ranks(self) -> bool:
         """Waits until every rank of the group has reached this point with nothing of the group in flight (the

@@ -12,24 +12,30 @@ import os
 import uuid
 import warnings
 import weakref
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from . import buffer as _buffer
 from ._lib import EpfError, call
-from .buffer import DispatchHandle
+from .buffer import DispatchHandle, UnavailableField
 from .client import Client
 from .low_latency import LowLatencyHandle
 from .utils import Config, EventOverlap
 
-__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle", "topk_idx_t", "__version__"]
+__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle", "UnavailableField", "topk_idx_t",
+           "__version__"]
 
 # DeepEP's version this drop-in follows, marked as epfabric's.
 __version__ = "1.2.1+epfabric"
 # The dtype of top-k expert indices (DeepEP's topk_idx_t).
 topk_idx_t = torch.int64
 
+# "gather": every normal dispatch's handle carries DeepEP's rank_prefix_matrix, from an all-gather of
+# num_tokens_per_rank over the process group (a collective and a host wait per dispatch); anything else: it is an
+# UnavailableField (the C library does not export it).
+_PREFIX_MATRIX_ENV = "EPFABRIC_RANK_PREFIX_MATRIX"
 
 
 def _socket_path(rank):
@@ -186,6 +192,28 @@ class Buffer(_buffer.Buffer):
             torch.cuda.synchronize(self.device)
         dist.barrier(group=self.group)
         return True
+
+    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """DeepEP's rank_prefix_matrix (`[i][j]` = tokens ranks 0..i send to rank j) with EPFABRIC_RANK_PREFIX_MATRIX
+        =gather: every rank's num_tokens_per_rank gathered over the process group, then summed over source ranks.
+        That is a collective (and a host wait) per dispatch, so it is off unless asked for; every rank must then
+        dispatch the same calls (as DeepEP's callers do).
+
+        Arguments:
+            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
+
+        Returns:
+            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int` on this Buffer's device, or None (not asked
+                for, or a group across hosts, whose handle has no such field).
+        """
+        if os.environ.get(_PREFIX_MATRIX_ENV) != "gather" or self.group_size != self.num_nvl_ranks:
+            return None
+        # gloo gathers host tensors, NCCL device tensors
+        on = "cpu" if dist.get_backend(self.group) == "gloo" else num_tokens_per_rank.device
+        mine = num_tokens_per_rank.to(on, torch.int32).contiguous()
+        rows = [torch.empty_like(mine) for _ in range(self.group_size)]
+        dist.all_gather(rows, mine, group=self.group)
+        return torch.stack(rows).cumsum(0, dtype=torch.int32).to(self.device)
 
     def destroy(self):
         """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""

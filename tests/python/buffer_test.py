@@ -593,6 +593,7 @@ class PerCallShapeTest(FabricCase):
             out["combined"] = b.combine(recv_x, handle)[0]
             with self.assertRaisesRegex(ValueError, "dispatch again"):  # its C Buffer was replaced
                 b.combine(no_topk[0], no_topk[4])
+            out["handle"] = (handle[0], handle[4] is in_rank, len(handle))
             big = torch.zeros(self.tokens, wide, dtype=torch.bfloat16, device=x.device)
             with self.assertRaises(ValueError) as caught:  # more than the group's memory: nothing is replaced
                 b.dispatch(big, **layout, topk_idx=idx)
@@ -615,6 +616,14 @@ class PerCallShapeTest(FabricCase):
             torch.testing.assert_close(out["combined"].float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
             self.assertIn(f"needs {need[0]} NVL and {need[1]} RDMA bytes per rank; the group has "
                           f"{out['nvl_bytes']} NVL and 0 RDMA bytes", out["refused"])
+            prefix, same_in_rank, length = out["handle"]
+            self.assertEqual(length, 6, "DeepEP's intranode handle has six fields")
+            self.assertTrue(same_in_rank, "handle[4] is the dispatch's is_token_in_rank")
+            # epfabric.Buffer has no way to gather the other ranks' counts: rank_prefix_matrix says so
+            self.assertIsInstance(prefix, epfabric.UnavailableField)
+            self.assertIn("EPFABRIC_RANK_PREFIX_MATRIX", repr(prefix))
+            with self.assertRaisesRegex(NotImplementedError, "rank_prefix_matrix"):
+                prefix[0]
 
 
 def _e4m3_to_float(b):
