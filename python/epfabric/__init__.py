@@ -5,10 +5,10 @@
     from epfabric import deep_ep                              # drop-in: deep_ep.Buffer(group, num_nvl_bytes, ...)
 """
 from ._lib import EpfError, version
-from .buffer import Buffer, DispatchHandle, required_group_bytes
+from .buffer import Buffer, DispatchHandle, UnavailableField, required_group_bytes
 from .client import Client, DaemonInfo
 from .low_latency import LowLatencyHandle
 from .utils import Config, EventOverlap
 
 __all__ = ["Buffer", "Client", "Config", "DaemonInfo", "DispatchHandle", "EpfError", "EventOverlap",
-           "LowLatencyHandle", "required_group_bytes", "version"]
+           "LowLatencyHandle", "UnavailableField", "required_group_bytes", "version"]

@@ -12,6 +12,7 @@ tensors); outputs are torch tensors allocated by torch. docs/python.md lists whe
 """
 import ctypes
 import operator
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -73,13 +74,69 @@ class _Calls:
             setattr(self, name + "_ref", ctypes.byref(getattr(self, name)))
 
 
-class DispatchHandle(tuple):
-    """What dispatch returns for combine and cached dispatch (DeepEP's handle is a tuple of tensors too):
-    (num_recv_tokens, num_tokens, hidden). Keep it until the combine."""
+class UnavailableField:
+    """A field of DeepEP's handle that this library does not hand out (docs/python.md says which and why): printing
+    it names the field; any other use raises NotImplementedError saying so."""
 
-    def __new__(cls, c_handle, num_recv_tokens, num_tokens, hidden, topk):
-        self = super().__new__(cls, (num_recv_tokens, num_tokens, hidden))
+    __slots__ = ("name", "reason")
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def __repr__(self) -> str:
+        return f"<epfabric: {self.name} is not available: {self.reason}>"
+
+    def _refuse(self, *_args, **_kwargs):
+        raise NotImplementedError(f"epfabric: the handle's {self.name} is not available: {self.reason} "
+                                  "(docs/python.md)")
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        self._refuse()
+
+    __getitem__ = __len__ = __iter__ = __bool__ = __int__ = __float__ = __index__ = _refuse
+
+
+_NOT_EXPOSED = "the C library keeps it inside its dispatch handle and does not export it"
+_PREFIX_REASON = ("it needs every rank's num_tokens_per_rank, which the C library does not export; "
+                  "epfabric.deep_ep.Buffer computes it with EPFABRIC_RANK_PREFIX_MATRIX=gather")
+_INTRANODE_FIELDS = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
+                     "is_token_in_rank", "send_head")
+_INTERNODE_FIELDS = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
+                     "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
+                     "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head")
+
+
+class DispatchHandle(tuple):
+    """What dispatch returns for combine and cached dispatch: DeepEP's handle tuple, with the library's own record
+    kept as attributes. Keep it until the combine.
+
+    One host (DeepEP's intranode handle): (rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix,
+    recv_src_idx, is_token_in_rank, send_head). Across hosts (DeepEP's internode handle): (is_token_in_rank,
+    rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum,
+    recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head).
+    is_token_in_rank is the dispatch's tensor; rank_prefix_matrix is DeepEP's int32 [num_ranks, num_ranks]
+    (`[i][j]` = tokens ranks 0..i send to rank j) where the Buffer can compute it; every other field is an
+    UnavailableField (docs/python.md).
+
+    Attributes:
+        num_recv_tokens, num_tokens, hidden, topk: the dispatch's received rows, rows, hidden size and top-k.
+    """
+
+    def __new__(cls, c_handle: ctypes.c_void_p, num_recv_tokens: int, num_tokens: int, hidden: int, topk: int,
+                is_token_in_rank: Optional[torch.Tensor] = None, rank_prefix_matrix: Optional[torch.Tensor] = None,
+                internode: bool = False, serial: int = 0):
+        known = {"is_token_in_rank": is_token_in_rank, "rank_prefix_matrix": rank_prefix_matrix}
+        fields = []
+        for name in (_INTERNODE_FIELDS if internode else _INTRANODE_FIELDS):
+            value = known.get(name)
+            if value is None:
+                value = UnavailableField(name, _PREFIX_REASON if name == "rank_prefix_matrix" else _NOT_EXPOSED)
+            fields.append(value)
+        self = super().__new__(cls, fields)
         self._c = c_handle
+        self._serial = serial  # which C Buffer of its Buffer made it (Buffer._normal_serial)
         self.num_recv_tokens, self.num_tokens, self.hidden, self.topk = num_recv_tokens, num_tokens, hidden, topk
         return self
 
@@ -157,7 +214,9 @@ class Buffer(LowLatencyMixin):
         self._alloc = _tensors.Allocator(self.device)
         self._calls = _Calls()
         self._normal_key = None  # the last (hidden, topk, num_experts, num_sms) that _ensure_normal accepted
-        self._ll_key = None  # the low-latency (max_tokens, hidden, topk, num_experts) this Buffer was set up for
+        self._ll_key = None  # the last low-latency (max_tokens, hidden, topk, num_experts) that was accepted
+        self._normal_serial = 0  # C Buffers made for normal mode so far (a handle records the one that made it)
+        self._ll_serial = 0  # the same for low latency
         self.num_nvl_bytes = self._region_bytes(False)
         self.num_rdma_bytes = self._region_bytes(True)
 
@@ -178,6 +237,17 @@ class Buffer(LowLatencyMixin):
                    low_latency_issue=low_latency_issue, enable_shrink=enable_shrink)
 
     # ---- DeepEP's static calls ----
+
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        """DeepEP: whether its kernels were built for SM90, which its FP8 paths need (callers gate FP8 inputs on it).
+        epfabric's kernels have the FP8 paths (e4m3 data with float or packed UE8M0 scales) on every backend it runs
+        on, the host backend included, so it is always True and callers exercise them.
+
+        Returns:
+            True.
+        """
+        return True
 
     @staticmethod
     def set_num_sms(new_num_sms):
@@ -266,10 +336,13 @@ class Buffer(LowLatencyMixin):
         d = _lib.Tensor()
         put(d, 0, topk_idx, "topk_idx", _I64, 2, self.device, self._dev_index)
         self._wait(previous_event)
-        if self._cbuf is None:  # the buffer's hidden size is known at the first dispatch: compute this one here
+        cfg = self._cfg
+        if cfg is None or num_experts != cfg["num_experts"] or topk_idx.shape[1] > cfg["topk"]:
+            # No C Buffer yet (its hidden size is known at the first dispatch), or one set up for another shape (the
+            # dispatch with this layout makes the new one): computed here, with torch.
+            self._release_layout()
             per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts, self.group_size)
             return per_rank, None, per_expert, in_rank, self._event(async_finish)
-        self._check_config(num_experts=num_experts, topk=topk_idx.shape[1])
         layout = _lib.Layout()
         status = _GET_LAYOUT(self._cbuf, ctypes.byref(d), self._stream(), ctypes.byref(layout))
         try:
@@ -311,7 +384,10 @@ class Buffer(LowLatencyMixin):
         if handle is not None:
             if not isinstance(handle, DispatchHandle):
                 raise TypeError("handle must be the DispatchHandle an earlier dispatch of this Buffer returned")
-            self._check_config(hidden=hidden)
+            self._check_handle(handle, "dispatch")
+            if hidden > self._cfg["hidden"]:
+                raise ValueError(f"hidden = {hidden}: a cached dispatch runs on the Buffer its handle came from, set "
+                                 f"up for hidden <= {self._cfg['hidden']}; dispatch without the handle")
             args.cached = handle._c
             args.layout = None
             topk = handle.topk
@@ -321,7 +397,7 @@ class Buffer(LowLatencyMixin):
                 if t is None:
                     raise ValueError(f"{name} is required unless handle is given (cached dispatch)")
             topk = topk_idx.shape[1] if topk_idx is not None else 1
-            self._ensure_normal(hidden, topk, num_tokens_per_expert.numel(), config)
+            self._ensure_normal(hidden, topk, num_tokens_per_expert.numel(), num_tokens, config)
             layout = calls.layout
             put(layout, _LA_PER_RANK, num_tokens_per_rank, "num_tokens_per_rank", _I32, 1, dev, index)
             put(layout, _LA_PER_EXPERT, num_tokens_per_expert, "num_tokens_per_expert", _I32, 1, dev, index)
@@ -347,7 +423,8 @@ class Buffer(LowLatencyMixin):
             self._alloc.end_call()
         if handle is None:
             new_handle = DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens, hidden,
-                                        topk)
+                                        topk, is_token_in_rank, self._rank_prefix_matrix(num_tokens_per_rank),
+                                        self.group_size != self.num_nvl_ranks, self._normal_serial)
             per_expert = calls.counts[:min(result.num_local_experts, _MAX_LOCAL_EXPERTS)]
         else:  # the cached handle stays the handle
             lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))
@@ -361,6 +438,7 @@ class Buffer(LowLatencyMixin):
         self._normal_only("combine")
         if not isinstance(handle, DispatchHandle):
             raise TypeError("handle must be the DispatchHandle that dispatch returned")
+        self._check_handle(handle, "combine")
         calls, dev, index = self._calls, self.device, self._dev_index
         args = calls.combine_args
         put(args, _CA_X, x, "x", _BF16, 2, dev, index)
@@ -440,38 +518,132 @@ class Buffer(LowLatencyMixin):
              ctypes.byref(options), ctypes.byref(cbuf))
         return cbuf
 
-    def _create(self, key, config):
-        if self._cbuf is not None:
-            lib.epf_buffer_destroy(self._cbuf)
-            self._cbuf = None
-        self._normal_key = None
-        self._cbuf, self._cfg = self._new_cbuf(config), key
+    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """DeepEP's rank_prefix_matrix for a dispatch's handle, or None where it cannot be computed: it needs every
+        rank's num_tokens_per_rank, which the C library does not export (epfabric.deep_ep.Buffer can gather them).
 
-    def _ensure_normal(self, hidden, topk, num_experts, config):
-        num_sms = config.num_sms if config is not None else (self._num_sms or Buffer.num_sms)
-        key = (hidden, topk, num_experts, num_sms)
-        if key == self._normal_key:  # as the last call: checked then
-            return
-        if self._cfg is not None:
-            self._check_config(hidden=hidden, topk=topk, num_experts=num_experts, num_sms=num_sms)
-            self._normal_key = key
-            return
+        Arguments:
+            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
+
+        Returns:
+            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int`, or None.
+        """
+        return None
+
+    def _sync_ranks(self) -> bool:
+        """Waits until every rank of the group has reached this point with nothing of the group in flight (the
+        replacement of a C Buffer, see _renew). epfabric.Buffer has no channel between its ranks but the library's
+        kernels, so it cannot: False. epfabric.deep_ep.Buffer waits on its process group.
+
+        Returns:
+            whether the ranks were synchronized.
+        """
+        return False
+
+    def _renew(self, name: str, config: "_lib.BufferConfig", shape: Dict[str, int]) -> None:
+        """Makes the C Buffer of attribute `name` (`_cbuf` or `_ll_cbuf`) for `config`, replacing the one there.
+
+        Every rank replaces its C Buffer at the same call (they see the same sequence of shapes, as in DeepEP's usage),
+        so: the ranks synchronize (nothing of the group in flight), each destroys its old C Buffer, makes the new one
+        and resets it (the new layout's signals in its own region are zeroed), and the ranks synchronize again before
+        anyone writes into a peer's region. The first C Buffer of a mode needs none of it (the daemon zeroed the
+        region when the lease started).
+
+        Arguments:
+            name: `_cbuf` (normal mode) or `_ll_cbuf` (low latency).
+            config: the new C Buffer's configuration.
+            shape: its shape, for the messages (hidden, topk, num_experts, ...).
+        """
+        old = getattr(self, name)
+        if old is not None:
+            cfg = self._cfg if name == "_cbuf" else self._ll_cfg
+            if not self._sync_ranks():
+                changed = ", ".join(f"{k} = {v}" for k, v in shape.items() if k != "max_tokens" and cfg.get(k) != v)
+                raise ValueError(f"{changed or shape}: this Buffer's C Buffer was set up for {cfg}; epfabric.Buffer "
+                                 "cannot replace it (its ranks share no barrier): every rank must create a new Buffer "
+                                 "for another shape (epfabric.deep_ep.Buffer replaces it on every rank)")
+            if name == "_cbuf":
+                self._release_layout()  # the old C Buffer's layout: a dispatch then checks its top-k itself
+            lib.epf_buffer_destroy(old)
+            setattr(self, name, None)
+        cbuf = self._new_cbuf(config)
+        setattr(self, name, cbuf)
+        if old is not None:
+            call("epf_buffer_reset", cbuf, self._stream())
+            self._sync_ranks()
+
+    def _normal_fit(self, hidden: int, topk: int, num_experts: int, num_sms: int,
+                    num_tokens: int) -> Optional["_lib.BufferConfig"]:
+        """The C Buffer configuration for normal mode of this shape, with the most tokens per rank the group's regions
+        hold, or None when they hold fewer than `num_tokens` (or none)."""
         hosts = self.group_size // self.num_nvl_ranks
         c = _config(1, hidden, max(topk, 1), num_experts, num_sms, False, self._timeout_s)
-        nvl_bytes = self.num_normal_bytes if self.low_latency_mode else self.num_nvl_bytes
-        rdma_bytes = self.num_normal_rdma_bytes if self.low_latency_mode else self.num_rdma_bytes
+        nvl_bytes, rdma_bytes = self._normal_region_bytes()
         c.max_tokens_per_rank = _max_tokens(c, hosts, self.num_nvl_ranks, nvl_bytes, rdma_bytes)
-        self._create({"hidden": hidden, "topk": max(topk, 1), "num_experts": num_experts, "num_sms": num_sms}, c)
+        return c if c.max_tokens_per_rank >= max(num_tokens, 1) else None
 
-    def _check_config(self, **want):
-        if self._cfg is None:
-            return
-        for key, value in want.items():
-            have = self._cfg[key]
-            if (key in ("hidden", "topk") and value > have) or (key not in ("hidden", "topk") and value != have):
-                raise ValueError(f"{key} = {value}: this Buffer was set up by its first call for {key} "
-                                 f"{'<= ' if key in ('hidden', 'topk') else ''}{have} ({self._cfg}); every rank "
-                                 "must create a new Buffer for another shape")
+    def _normal_region_bytes(self) -> Tuple[int, int]:
+        """(NVL bytes, RDMA bytes) of the group's regions that normal mode has."""
+        if self.low_latency_mode:
+            return self.num_normal_bytes, self.num_normal_rdma_bytes
+        return self.num_nvl_bytes, self.num_rdma_bytes
+
+    def _ensure_normal(self, hidden: int, topk: int, num_experts: int, num_tokens: int,
+                       config: Optional[Config]) -> None:
+        """Makes sure the normal-mode C Buffer serves a dispatch of this shape: the one there when it does (hidden and
+        top-k up to its own, the same experts and SMs, tokens up to what it holds), else a new one (_renew) for a shape
+        that covers both (the larger hidden size and top-k) when the group's regions hold it with `num_tokens` tokens
+        per rank, else for this call's shape alone.
+
+        Arguments:
+            hidden: the call's hidden size.
+            topk: the call's top-k (1 without top-k).
+            num_experts: the call's number of experts.
+            num_tokens: the call's tokens.
+            config: the call's Config (its num_sms), or None for the Buffer's.
+
+        Raises:
+            ValueError: the group's regions hold no C Buffer for this call, saying the bytes it needs and the bytes the
+                group has.
+        """
+        num_sms = config.num_sms if config is not None else (self._num_sms or Buffer.num_sms)
+        key = (hidden, topk, num_experts, num_sms)
+        cfg = self._cfg
+        if cfg is not None:
+            if key == self._normal_key and num_tokens <= cfg["max_tokens"]:  # as the last call: checked then
+                return
+            if (hidden <= cfg["hidden"] and topk <= cfg["topk"] and num_experts == cfg["num_experts"]
+                    and num_sms == cfg["num_sms"] and num_tokens <= cfg["max_tokens"]):
+                self._normal_key = key
+                return
+        candidates = [(hidden, max(topk, 1))]
+        if cfg is not None:
+            candidates.insert(0, (max(hidden, cfg["hidden"]), max(topk, cfg["topk"])))
+        for cover_hidden, cover_topk in candidates:
+            c = self._normal_fit(cover_hidden, cover_topk, num_experts, num_sms, num_tokens)
+            if c is not None:
+                break
+        else:
+            hosts = self.group_size // self.num_nvl_ranks
+            need = required_group_bytes(max(num_tokens, 1), hidden, max(topk, 1), num_experts, False, hosts,
+                                        self.num_nvl_ranks, num_sms)
+            have = self._normal_region_bytes()
+            raise ValueError(f"a dispatch of {num_tokens} tokens of hidden {hidden}, top-{topk}, {num_experts} "
+                             f"experts, {num_sms} SMs needs {need[0]} NVL and {need[1]} RDMA bytes per rank; the "
+                             f"group has {have[0]} NVL and {have[1]} RDMA bytes for normal mode")
+        shape = {"hidden": c.hidden, "topk": c.max_topk, "num_experts": num_experts, "num_sms": num_sms,
+                 "max_tokens": c.max_tokens_per_rank}
+        self._normal_key = None
+        self._renew("_cbuf", c, shape)
+        self._cfg = shape
+        self._normal_serial += 1
+        self._normal_key = key
+
+    def _check_handle(self, handle: "DispatchHandle", what: str) -> None:
+        """A handle from a C Buffer that has since been replaced (another shape) is refused."""
+        if handle._serial != self._normal_serial:
+            raise ValueError(f"{what}: this handle came from a dispatch before the Buffer was set up again for "
+                             f"another shape ({self._cfg}); dispatch again and use the new handle")
 
 
 def _count(name, value):
@@ -524,13 +696,10 @@ def _fits(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
 
 
 def _max_tokens(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
-    """The most tokens per rank the group's regions hold for this hidden size, top-k and expert count."""
+    """The most tokens per rank the group's regions hold for this hidden size, top-k and expert count (0: none)."""
     c.max_tokens_per_rank = 1
     if not _fits(c, hosts, ranks_per_host, nvl_bytes, rdma_bytes):
-        need = required_group_bytes(1, c.hidden, c.max_topk, c.num_experts, False, hosts, ranks_per_host, c.num_sms)
-        raise ValueError(f"the group's regions ({nvl_bytes} NVL, {rdma_bytes} RDMA bytes) hold no token of hidden "
-                         f"{c.hidden}, top-{c.max_topk}, {c.num_experts} experts, {c.num_sms} SMs: one token needs "
-                         f"{need}")
+        return 0
     lo, hi = 1, 1 << 20
     while lo < hi:
         mid = (lo + hi + 1) // 2

@@ -12,18 +12,30 @@ import os
 import uuid
 import warnings
 import weakref
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from . import buffer as _buffer
 from ._lib import EpfError, call
-from .buffer import DispatchHandle
+from .buffer import DispatchHandle, UnavailableField
 from .client import Client
 from .low_latency import LowLatencyHandle
 from .utils import Config, EventOverlap
 
-__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle"]
+__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle", "UnavailableField", "topk_idx_t",
+           "__version__"]
+
+# DeepEP's version this drop-in follows, marked as epfabric's.
+__version__ = "1.2.1+epfabric"
+# The dtype of top-k expert indices (DeepEP's topk_idx_t).
+topk_idx_t = torch.int64
+
+# "gather": every normal dispatch's handle carries DeepEP's rank_prefix_matrix, from an all-gather of
+# num_tokens_per_rank over the process group (a collective and a host wait per dispatch); anything else: it is an
+# UnavailableField (the C library does not export it).
+_PREFIX_MATRIX_ENV = "EPFABRIC_RANK_PREFIX_MATRIX"
 
 
 def _socket_path(rank):
@@ -114,6 +126,19 @@ _CREATED = weakref.WeakSet()
 
 
 class Buffer(_buffer.Buffer):
+    """DeepEP's Buffer over a torch.distributed process group.
+
+    As DeepEP's, it serves any call whose sizes fit the memory given at construction: hidden size, top-k, experts and
+    tokens may change from call to call. The library's C Buffer is set up for one shape; a call it does not serve
+    replaces it, on every rank at that same call, by one for a shape that covers both (normal mode: the larger hidden
+    size and top-k, this call's experts and SMs; low latency: this call's tokens per rank, hidden size and experts,
+    the larger top-k), or for the call's own shape when only that fits. This assumes that every rank of the group
+    makes the same sequence of calls with the same shapes (as DeepEP's callers do): the replacement synchronizes the
+    ranks over the process group (two barriers), which a rank that does not make the call would leave waiting. A call
+    that does not fit the group's memory raises ValueError with the bytes it needs and the bytes the group has. A
+    handle from before a replacement is refused by combine (dispatch again).
+    """
+
     def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
                  allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, use_fabric=False,
                  explicitly_destroy=False, enable_shrink=False, comm=None):
@@ -156,6 +181,39 @@ class Buffer(_buffer.Buffer):
         if self._owns_group is not None:
             _CREATED.add(self)
         dist.barrier(group=group)
+
+    def _sync_ranks(self) -> bool:
+        """Waits for this rank's queued work, then for every rank of the process group (a barrier).
+
+        Returns:
+            True.
+        """
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier(group=self.group)
+        return True
+
+    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """DeepEP's rank_prefix_matrix (`[i][j]` = tokens ranks 0..i send to rank j) with EPFABRIC_RANK_PREFIX_MATRIX
+        =gather: every rank's num_tokens_per_rank gathered over the process group, then summed over source ranks.
+        That is a collective (and a host wait) per dispatch, so it is off unless asked for; every rank must then
+        dispatch the same calls (as DeepEP's callers do).
+
+        Arguments:
+            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
+
+        Returns:
+            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int` on this Buffer's device, or None (not asked
+                for, or a group across hosts, whose handle has no such field).
+        """
+        if os.environ.get(_PREFIX_MATRIX_ENV) != "gather" or self.group_size != self.num_nvl_ranks:
+            return None
+        # gloo gathers host tensors, NCCL device tensors
+        on = "cpu" if dist.get_backend(self.group) == "gloo" else num_tokens_per_rank.device
+        mine = num_tokens_per_rank.to(on, torch.int32).contiguous()
+        rows = [torch.empty_like(mine) for _ in range(self.group_size)]
+        dist.all_gather(rows, mine, group=self.group)
+        return torch.stack(rows).cumsum(0, dtype=torch.int32).to(self.device)
 
     def destroy(self):
         """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""

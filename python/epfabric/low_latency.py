@@ -42,9 +42,10 @@ class LowLatencyHandle(tuple):
     """DeepEP's low-latency handle: (packed_recv_src_info, packed_recv_layout_range, num_max_dispatch_tokens_per_rank,
     hidden, num_experts), plus the library's record that combine needs."""
 
-    def __new__(cls, c_handle, src_info, layout_range, max_tokens, hidden, num_experts, num_tokens):
+    def __new__(cls, c_handle, src_info, layout_range, max_tokens, hidden, num_experts, num_tokens, serial=0):
         self = super().__new__(cls, (src_info, layout_range, max_tokens, hidden, num_experts))
         self._c = c_handle
+        self._serial = serial  # which low-latency C Buffer of its Buffer made it (Buffer._ll_serial)
         self.num_tokens = num_tokens
         return self
 
@@ -89,7 +90,7 @@ class LowLatencyMixin:
         finally:
             self._alloc.end_call()
         handle = LowLatencyHandle(ctypes.c_void_p(result.handle), src_info, layout_range,
-                                  num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0])
+                                  num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0], self._ll_serial)
         hook = _hook(self, result.hook) if result.hook else None
         if use_fp8:
             recv_x = (recv_x, scales.transpose(1, 2))  # stored [L, G, R*M]; DeepEP's [L, R*M, G] view of it
@@ -106,6 +107,9 @@ class LowLatencyMixin:
             _warn_logfmt()
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("handle must be the handle that low_latency_dispatch returned")
+        if handle._serial != self._ll_serial:
+            raise ValueError("low_latency_combine: this handle came from a dispatch before the Buffer was set up again "
+                             f"for another shape ({self._ll_cfg}); dispatch again and use the new handle")
         calls, dev, index = self._calls, self.device, self._dev_index
         args = calls.ll_combine_args
         put(args, _LC_X, None if zero_copy else x, "x", _BF16, 3, dev, index, optional=zero_copy)
@@ -194,16 +198,46 @@ class LowLatencyMixin:
         if self._lease is None:
             raise RuntimeError("this Buffer was destroyed")
 
-    def _ensure_low_latency(self, max_tokens, hidden, topk, num_experts):
-        from .buffer import _config
-        key = {"max_tokens": max_tokens, "hidden": hidden, "topk": topk, "num_experts": num_experts}
-        if self._ll_cfg is not None:
-            if self._ll_cfg != key:
-                raise ValueError(f"low-latency shape {key}: this Buffer was set up by its first call for "
-                                 f"{self._ll_cfg}; every rank must create a new Buffer for another shape")
+    def _ensure_low_latency(self, max_tokens: int, hidden: int, topk: int, num_experts: int) -> None:
+        """Makes sure the low-latency C Buffer serves a call of this shape: the one there when it was set up for the
+        same num_max_dispatch_tokens_per_rank, hidden size and experts and at least this top-k, else a new one
+        (Buffer._renew: every rank replaces it at the same call) for this shape with the larger top-k of the two, or
+        this call's top-k when only that fits. The outputs are shaped by the C Buffer's tokens and hidden size
+        (DeepEP's packed [L, R*M, hidden]), so those are the call's own.
+
+        Arguments:
+            max_tokens: the call's num_max_dispatch_tokens_per_rank.
+            hidden: the call's hidden size.
+            topk: the call's top-k.
+            num_experts: the call's number of experts.
+
+        Raises:
+            ValueError: the group's low-latency regions do not hold this shape, saying the bytes it needs and the
+                bytes the group has.
+        """
+        from .buffer import _config, required_group_bytes
+        cfg = self._ll_cfg
+        if (cfg is not None and (cfg["max_tokens"], cfg["hidden"], cfg["num_experts"]) == (max_tokens, hidden,
+                                                                                          num_experts)
+                and topk <= cfg["topk"]):
             self._ll_key = (max_tokens, hidden, topk, num_experts)
             return
-        config = _config(max_tokens, hidden, topk, num_experts, 1, True, self._timeout_s)
+        hosts = self.group_size // self.num_nvl_ranks
+        have = (self.num_nvl_bytes - self.num_normal_bytes, self.num_rdma_bytes - self.num_normal_rdma_bytes)
+        topks = [topk] if cfg is None or cfg["topk"] <= topk else [cfg["topk"], topk]
+        for chosen in topks:
+            need = required_group_bytes(max_tokens, hidden, chosen, num_experts, True, hosts, self.num_nvl_ranks)
+            if need[0] <= have[0] and need[1] <= have[1]:
+                break
+        else:
+            raise ValueError(f"a low-latency call of {max_tokens} tokens per rank, hidden {hidden}, top-{topk}, "
+                             f"{num_experts} experts needs {need[0]} NVL and {need[1]} RDMA bytes per rank; the group "
+                             f"has {have[0]} NVL and {have[1]} RDMA bytes for low latency")
+        key = {"max_tokens": max_tokens, "hidden": hidden, "topk": chosen, "num_experts": num_experts}
+        config = _config(max_tokens, hidden, chosen, num_experts, 1, True, self._timeout_s)
         config.low_latency_sms = self._low_latency_sms
-        self._ll_cbuf, self._ll_cfg = self._new_cbuf(config), key
+        self._ll_key = None
+        self._renew("_ll_cbuf", config, key)
+        self._ll_cfg = key
+        self._ll_serial += 1
         self._ll_key = (max_tokens, hidden, topk, num_experts)

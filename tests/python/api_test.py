@@ -45,6 +45,7 @@ DEEP_EP_STATIC = {
     "get_low_latency_rdma_size_hint": ["num_max_dispatch_tokens_per_rank", "hidden", "num_ranks", "num_experts"],
     "get_dispatch_config": ["num_ranks"],
     "get_combine_config": ["num_ranks"],
+    "is_sm90_compiled": [],
 }
 
 
@@ -60,6 +61,17 @@ class SignatureTest(unittest.TestCase):
         for name in ("EventOverlap", "Config", "Buffer"):
             self.assertTrue(hasattr(deep_ep, name), name)
         self.assertTrue(hasattr(deep_ep.EventOverlap(), "current_stream_wait"))
+
+    def test_deep_ep_module_names(self):
+        """The module-level names DeepEP's tests use: topk_idx_t (int64, as DeepEP's), __version__ (DeepEP's version
+        marked as epfabric's), and Buffer.is_sm90_compiled() (True: the FP8 paths exist on every backend)."""
+        self.assertIs(deep_ep.topk_idx_t, torch.int64)
+        self.assertIsInstance(deep_ep.__version__, str)
+        self.assertRegex(deep_ep.__version__, r"^1\.2\.1\+epfabric")
+        self.assertIs(deep_ep.Buffer.is_sm90_compiled(), True)
+        self.assertIs(epfabric.Buffer.is_sm90_compiled(), True)
+        for name in ("topk_idx_t", "__version__"):
+            self.assertIn(name, deep_ep.__all__)
 
 
 class GroupShapeTest(unittest.TestCase):

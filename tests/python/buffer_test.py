@@ -52,15 +52,15 @@ class FabricCase(unittest.TestCase):
         cls.client.close()
         cls.fabric.stop()
 
-    def group(self, low_latency, max_tokens, hidden, topk, num_experts, enable_shrink=False):
+    def group(self, low_latency, max_tokens, hidden, topk, num_experts, enable_shrink=False, buffer_class=None):
         type(self).count += 1
         name = f"py-{'ll' if low_latency else 'normal'}-{type(self).count}"
         nvl, rdma = epfabric.required_group_bytes(max_tokens, hidden, topk, num_experts, low_latency, 1, N)
         token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
         self.addCleanup(self.client.delete_group, name, token)
-        buffers = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token,
-                                                                                enable_shrink=enable_shrink,
-                                                                                **fabric.attach_options(N)))
+        attach = (buffer_class or epfabric.Buffer).attach
+        buffers = fabric.run_ranks(N, lambda r: attach(self.fabric.sockets[r], name, r, token,
+                                                       enable_shrink=enable_shrink, **fabric.attach_options(N)))
         self.addCleanup(lambda: [b.destroy() for b in buffers])
         if low_latency and fabric.BACKEND == "cuda":
             # The library Buffer is made at the first call (it fixes the shape); made here for every rank before any
@@ -557,6 +557,73 @@ def _dequant(data, scales):
     else:
         values = _e4m3_to_float(data.view(torch.uint8))
     return values * scales.float().repeat_interleave(128, dim=-1)
+
+
+class PerCallShapeTest(FabricCase):
+    """Shapes that change from call to call within the group's memory, as DeepEP's Buffer serves them. The ranks are
+    threads of this process: their Buffers synchronize through a threading.Barrier where epfabric.deep_ep.Buffer's use
+    the process group (deep_ep_test runs that one)."""
+    hidden, topk, experts, tokens = 256, 4, 16, 24
+
+    def test_normal_mode_replaces_its_c_buffer_for_another_shape(self):
+        barrier = threading.Barrier(N)
+
+        class Synchronized(epfabric.Buffer):
+            def _sync_ranks(self):
+                barrier.wait(60)
+                return True
+
+        bufs = self.group(False, 64, self.hidden, self.topk, self.experts, buffer_class=Synchronized)
+        gens = [torch.Generator().manual_seed(SEED + r) for r in range(N)]
+        ins = [(bf16(gens[r], self.tokens, self.hidden), topk_routing(gens[r], self.tokens, self.experts, self.topk),
+                torch.rand(self.tokens, self.topk, generator=gens[r])) for r in range(N)]
+        wide = 16 * self.hidden
+
+        def rank(r):
+            b = bufs[r]
+            x, idx, w = fabric.to_dev(*ins[r])
+            per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, self.experts)
+            layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+            out = {}
+            no_topk = b.dispatch(x, **layout)  # DeepEP's test_intranode starts without top-k: set up for top-1
+            out["first"] = dict(b._cfg)
+            recv_x, recv_idx, recv_w, counts, handle, _ = b.dispatch(x, **layout, topk_idx=idx, topk_weights=w)
+            out["second"] = dict(b._cfg)
+            out["recv"] = (recv_x, recv_idx, recv_w, counts)
+            out["combined"] = b.combine(recv_x, handle)[0]
+            with self.assertRaisesRegex(ValueError, "dispatch again"):  # its C Buffer was replaced
+                b.combine(no_topk[0], no_topk[4])
+            out["handle"] = (handle[0], handle[4] is in_rank, len(handle))
+            big = torch.zeros(self.tokens, wide, dtype=torch.bfloat16, device=x.device)
+            with self.assertRaises(ValueError) as caught:  # more than the group's memory: nothing is replaced
+                b.dispatch(big, **layout, topk_idx=idx)
+            out["refused"] = str(caught.exception)
+            out["again"] = b.dispatch(x, **layout, topk_idx=idx, topk_weights=w)[:4]
+            out["serial"], out["nvl_bytes"] = b._normal_serial, b.num_nvl_bytes
+            return out
+
+        outs = fabric.run_ranks(N, rank)
+        need = epfabric.required_group_bytes(self.tokens, wide, self.topk, self.experts, False, 1, N)
+        L = self.experts // N
+        for r, out in enumerate(outs):
+            self.assertEqual((out["first"]["hidden"], out["first"]["topk"]), (self.hidden, 1))
+            self.assertEqual((out["second"]["hidden"], out["second"]["topk"]), (self.hidden, self.topk))
+            self.assertEqual(out["serial"], 2, "the call that did not fit replaced nothing")
+            NormalModeTest.check_dispatch(self, r, ins, *out["recv"])
+            NormalModeTest.check_dispatch(self, r, ins, *out["again"])
+            x, idx, _ = ins[r]
+            ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, True)
+            torch.testing.assert_close(out["combined"].float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
+            self.assertIn(f"needs {need[0]} NVL and {need[1]} RDMA bytes per rank; the group has "
+                          f"{out['nvl_bytes']} NVL and 0 RDMA bytes", out["refused"])
+            prefix, same_in_rank, length = out["handle"]
+            self.assertEqual(length, 6, "DeepEP's intranode handle has six fields")
+            self.assertTrue(same_in_rank, "handle[4] is the dispatch's is_token_in_rank")
+            # epfabric.Buffer has no way to gather the other ranks' counts: rank_prefix_matrix says so
+            self.assertIsInstance(prefix, epfabric.UnavailableField)
+            self.assertIn("EPFABRIC_RANK_PREFIX_MATRIX", repr(prefix))
+            with self.assertRaisesRegex(NotImplementedError, "rank_prefix_matrix"):
+                prefix[0]
 
 
 def _e4m3_to_float(b):

@@ -56,9 +56,61 @@ def worker(rank, store, hosts):
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
         torch.testing.assert_close(combined.float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
 
+    def shapes_round(buf):
+        """DeepEP's test_intranode order on a new Buffer: a dispatch without top-k (the C Buffer is set up for top-1;
+        with top-k across hosts), then one with top-k and twice the hidden size: every rank replaces its C Buffer at that call; the first handle is then
+        refused by combine. DeepEP's handle fields: rank_prefix_matrix (EPFABRIC_RANK_PREFIX_MATRIX=gather) equals
+        the one computed by hand, and the received rows come by source rank as it says; is_token_in_rank is the
+        dispatch's; the rest say that they are not available."""
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(didx, EXPERTS)
+        layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+        os.environ["EPFABRIC_RANK_PREFIX_MATRIX"] = "gather"
+        # (across hosts a dispatch needs top-k: the gateways route by it)
+        recv_x, _, _, _, first, _ = buf.dispatch(dx, **layout, **({} if hosts == 1 else dict(topk_idx=didx)))
+        assert buf._cfg["hidden"] == HIDDEN and buf._cfg["topk"] == (1 if hosts == 1 else TOPK), buf._cfg
+        cached_x = buf.dispatch(dx, handle=first)[0]
+        assert torch.equal(cached_x.cpu(), recv_x.cpu())
+        wide, wide_w = torch.cat([dx, -dx], 1), torch.cat([x, -x], 1)
+        recv_wide, recv_idx, _, counts, handle, _ = buf.dispatch(wide, **layout, topk_idx=didx, topk_weights=dw)
+        del os.environ["EPFABRIC_RANK_PREFIX_MATRIX"]
+        assert (buf._cfg["hidden"], buf._cfg["topk"]) == (2 * HIDDEN, TOPK), buf._cfg
+        assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
+        try:
+            buf.combine(recv_x, first)
+            raise AssertionError("a handle from before the C Buffer was replaced was not refused")
+        except ValueError as error:
+            assert "dispatch again" in str(error), error
+        ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
+        combined = buf.combine(recv_wide, handle)[0].cpu()
+        torch.testing.assert_close(combined.float(), wide_w.float() * ranks, rtol=2 ** -7, atol=1e-2)
+        if hosts > 1:  # DeepEP's internode handle starts with is_token_in_rank
+            assert handle[0] is in_rank and len(handle) == 10
+            return
+        assert handle[4] is in_rank and len(handle) == 6
+        sent = torch.stack([torch.stack([((ids >= d * L) & (ids < (d + 1) * L)).any(1).sum() for d in range(N)])
+                            for _, ids, _ in ins]).to(torch.int32)
+        want = sent.cumsum(0, dtype=torch.int32)  # [i][j]: tokens ranks 0..i send to rank j
+        got = handle[0].cpu()
+        assert got.dtype == torch.int32 and torch.equal(got, want), f"rank {rank}: {got} != {want}"
+        start = 0
+        for source in range(N):  # DeepEP's check_data: source i's rows end at rank_prefix_matrix[i][rank]
+            end = int(got[source][rank])
+            rows = ((ins[source][1] >= rank * L) & (ins[source][1] < (rank + 1) * L)).any(1)
+            assert torch.equal(recv_wide[start:end, :HIDDEN].cpu(), ins[source][0][rows]), f"rank {rank}: {source}"
+            start = end
+        for i in (1, 2, 3, 5):
+            assert isinstance(handle[i], deep_ep.UnavailableField), handle[i]
+            try:
+                handle[i][0]
+                raise AssertionError(f"handle[{i}] was usable")
+            except NotImplementedError as error:
+                assert handle[i].name in str(error), error
+        unset = buf.dispatch(dx, **layout)[4]  # without the variable: not available either
+        assert isinstance(unset[0], deep_ep.UnavailableField) and "EPFABRIC_RANK_PREFIX_MATRIX" in repr(unset[0])
+
     M = TOKENS
 
-    def low_latency_round(ll):
+    def low_latency_round(ll, M=M):
         recv, count, handle, _, hook = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)
         assert hook is None
         combined = ll.low_latency_combine(recv, didx, dw, handle)[0].cpu()
@@ -81,12 +133,30 @@ def worker(rank, store, hosts):
         assert buf.num_nvl_ranks == N // hosts, buf.num_nvl_ranks
     else:
         buf = deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=64 << 20, explicitly_destroy=True)
-    normal_round(buf)
+    shapes_round(buf)
+    normal_round(buf)  # a smaller hidden size on the replaced C Buffer
+    assert buf._cfg["hidden"] == 2 * HIDDEN, buf._cfg
     buf.destroy()
 
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, HIDDEN, N, EXPERTS)
-    ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=hint, low_latency_mode=True, explicitly_destroy=True)
+    roomy = deep_ep.Buffer.get_low_latency_rdma_size_hint(2 * M, HIDDEN, N, EXPERTS)  # room for two shapes
+    ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=roomy, low_latency_mode=True, explicitly_destroy=True)
     low_latency_round(ll)
+    first = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)[2]
+    # Another num_max_dispatch_tokens_per_rank that fits the group: every rank replaces its low-latency C Buffer at this call
+    low_latency_round(ll, M=2 * M)
+    assert ll._ll_cfg["max_tokens"] == 2 * M, ll._ll_cfg
+    try:
+        ll.low_latency_combine(torch.zeros(L, N * M, HIDDEN, dtype=torch.bfloat16, device=dx.device), didx, dw, first)
+        raise AssertionError("a low-latency handle from before the C Buffer was replaced was not refused")
+    except ValueError as error:
+        assert "dispatch again" in str(error), error
+    try:  # one that does not fit the group's memory: refused with the bytes, before anything is replaced
+        ll.low_latency_dispatch(dx, didx, 64 * M, EXPERTS, use_fp8=False)
+        raise AssertionError("a low-latency call too large for the group was not refused")
+    except ValueError as error:
+        assert "bytes per rank; the group has" in str(error), error
+    low_latency_round(ll, M=2 * M)
     try:
         ll.dispatch(dx, num_tokens_per_rank=torch.zeros(N, dtype=torch.int32))
         raise AssertionError("normal dispatch on a low-latency-only buffer was not refused")
