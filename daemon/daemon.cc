@@ -189,6 +189,7 @@ struct Daemon::State {
     *view.mutable_membership() = membership->View();
     view.set_degraded(membership->Degraded());
     view.set_join_refused(membership->JoinRefusal());
+    view.set_coordinator_unverified(membership->CoordinatorUnverified());
     // Keep the response alive for the loop: a range-for over a member of a temporary dangles (before C++23).
     v1::ListGroupsResponse listed = groups->ListGroups();
     for (v1::GroupInfo& group : *listed.mutable_groups()) *view.add_groups() = std::move(group);

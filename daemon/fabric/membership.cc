@@ -46,6 +46,16 @@ Membership::Membership(FabricConfig config, v1::MemberInfo self, PeerLinks* link
 
 Membership::~Membership() { Stop(); }
 
+void Membership::RefuseUnverified(const absl::Status& why) {
+  absl::MutexLock lock(&mutex_);
+  const std::string reason(why.message());
+  if (coordinator_unverified_ != reason) {
+    Logger("fabric")->error("refusing the answer from {} (not the fabric's coordinator): {}", config_.coordinator,
+                            reason);
+  }
+  coordinator_unverified_ = reason;
+}
+
 void Membership::SetPeerAddress(const std::string& address) {
   absl::MutexLock lock(&mutex_);
   self_.set_peer_address(address);
@@ -112,6 +122,11 @@ bool Membership::Degraded() const {
 std::string Membership::JoinRefusal() const {
   absl::MutexLock lock(&mutex_);
   return join_refusal_;
+}
+
+std::string Membership::CoordinatorUnverified() const {
+  absl::MutexLock lock(&mutex_);
+  return coordinator_unverified_;
 }
 
 bool Membership::CoordinatorReachable() const {
@@ -445,10 +460,19 @@ void Membership::RunMemberStep() {
     }
     grpc::ClientContext context;
     SetDeadline(context, kJoinDeadline);
+    const std::string nonce = links_->ExpectProof(context);
     v1::JoinResponse response;
     status = stub->Join(&context, request, &response);
+    if (status.ok()) {
+      const absl::Status proven = links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/Join", response);
+      if (!proven.ok()) {
+        RefuseUnverified(proven);
+        return;
+      }
+    }
     absl::MutexLock lock(&mutex_);
     if (status.ok()) {
+      coordinator_unverified_.clear();
       join_refusal_.clear();
       joined_ = true;
       coordinator_reachable_ = true;
@@ -477,17 +501,27 @@ void Membership::RunMemberStep() {
     request.set_epoch(epoch);
     grpc::ClientContext context;
     SetDeadline(context, config_.heartbeat_interval);
+    const std::string nonce = links_->ExpectProof(context);
     v1::HeartbeatResponse response;
     status = stub->Heartbeat(&context, request, &response);
-    absl::MutexLock lock(&mutex_);
+    bool proven = true;
     if (status.ok()) {
+      const absl::Status verified = links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/Heartbeat", response);
+      if (!verified.ok()) {
+        RefuseUnverified(verified);
+        proven = false;
+      }
+    }
+    absl::MutexLock lock(&mutex_);
+    if (status.ok() && proven) {
+      coordinator_unverified_.clear();
       if (!coordinator_reachable_) notify_pending_ = true;
       coordinator_reachable_ = true;
       last_contact_ = absl::Now();
       if (response.has_membership()) ApplyLocked(response.membership());
       return;
     }
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    if (proven && status.error_code() == grpc::StatusCode::NOT_FOUND) {
       joined_ = false;  // the coordinator restarted or declared us down: join again at once
       return;
     }

@@ -85,7 +85,13 @@ v1::HealthReport BuildHealthReport(const v1::FabricView& fabric, bool coordinato
                 "this daemon is not counted in the fabric (not joined yet, or its rank is held by another daemon)",
                 absl::StrCat("rank ", self));
   }
-  if (!fabric.join_refused().empty()) {
+  if (!fabric.coordinator_unverified().empty()) {
+    AddIncident(report, v1::HealthReport::FAIL, "fabric", "COORDINATOR_UNAUTHENTICATED",
+                absl::StrCat("the process on the coordinator's peer port is not this fabric's coordinator; its "
+                             "answers are refused: ",
+                             fabric.coordinator_unverified()),
+                "rank 0");
+  } else if (!fabric.join_refused().empty()) {
     AddIncident(report, v1::HealthReport::FAIL, "fabric", "JOIN_REFUSED",
                 absl::StrCat("the coordinator refuses this daemon: ", fabric.join_refused()),
                 absl::StrCat("rank ", self));

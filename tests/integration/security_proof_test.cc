@@ -1,8 +1,11 @@
-// Proofs on the peer port bound to their request and spent once (issue #34), with real daemons on loopback.
+// Proofs on the peer port bound to their request and spent once, and members that refuse a coordinator without the
+// secret (issue #34), with real daemons on loopback.
 // Each test plays an attacker of the issue: a process that received a member's proofs (it bound a dead member's
 // port), or one that bound a dead coordinator's port without the secret.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <atomic>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -86,6 +89,92 @@ TEST(PeerProof, ACapturedProofIsGoodForItsOwnRequestOnceAndForNothingElse) {
   status = WithDeadline([&](auto* c) { return as_zero->ReleaseGroup(c, tenant, &released); });
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_FALSE(GroupReadyOn(**fabric, 1, "tenant"));
+}
+
+// A process without the secret on a dead coordinator's port: it answers Joins and heartbeats with a view whose fd
+// sockets are its own, and CreateGroup with a token of its choosing.
+class FakeCoordinator final : public v1::Peer::Service {
+ public:
+  static constexpr char kFdSocket[] = "/tmp/epf-fake-coordinator.fds";
+
+  explicit FakeCoordinator(v1::Membership view) : view_(std::move(view)) {
+    view_.set_epoch(view_.epoch() + 100);
+    for (v1::MemberInfo& member : *view_.mutable_members()) {
+      member.set_state(v1::MEMBER_STATE_UP);
+      member.set_fd_socket(kFdSocket);
+    }
+  }
+  grpc::Status Join(grpc::ServerContext*, const v1::JoinRequest*, v1::JoinResponse* response) override {
+    joins_.fetch_add(1);
+    *response->mutable_membership() = view_;
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse* response) override {
+    response->set_epoch(view_.epoch());
+    *response->mutable_membership() = view_;
+    return grpc::Status::OK;
+  }
+  grpc::Status ProposeGroup(grpc::ServerContext*, const v1::ProposeGroupRequest* request,
+                            v1::CreateGroupResponse* response) override {
+    response->set_token(std::string(32, 'a'));
+    response->mutable_group()->set_name(request->request().name());
+    return grpc::Status::OK;
+  }
+  int joins() const { return joins_.load(); }
+
+ private:
+  v1::Membership view_;
+  std::atomic<int> joins_{0};
+};
+
+TEST(CoordinatorProof, AMemberRefusesAnAnswerWithoutTheSecret) {
+  auto fabric = FabricUnderTest::Start(2, kFast);
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  const v1::Membership view = (*fabric)->Fabric(1)->membership();
+  const std::string real_fd_socket = view.members(1).fd_socket();
+  (*fabric)->Kill(0);
+  FakeCoordinator fake(view);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort((*fabric)->coordinator(), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&fake);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_NE(port, 0);
+
+  // Rank 1's health says why it refuses the answers on rank 0's port.
+  v1::HealthReport health;
+  bool refused = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!refused && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+    grpc::Status status =
+        WithDeadline([&](auto* c) { return (*fabric)->Ops(1)->GetHealth(c, v1::GetHealthRequest(), &health); });
+    for (const auto& incident : health.incidents()) refused |= incident.code() == "COORDINATOR_UNAUTHENTICATED";
+  }
+  ASSERT_TRUE(refused) << health.DebugString();
+  EXPECT_EQ(health.overall(), v1::HealthReport::FAIL);
+  EXPECT_GT(fake.joins(), 0);
+  auto seen = (*fabric)->Fabric(1);
+  ASSERT_TRUE(seen.ok());
+  EXPECT_THAT(seen->coordinator_unverified(), HasSubstr("no fabric proof"));
+  for (const v1::MemberInfo& member : seen->membership().members()) {
+    EXPECT_NE(member.fd_socket(), FakeCoordinator::kFdSocket) << member.rank();
+  }
+  EXPECT_EQ(seen->membership().members(1).fd_socket(), real_fd_socket);
+
+  // A client's CreateGroup forwarded to the fake does not come back with the fake's token.
+  v1::CreateGroupRequest create;
+  create.set_name("tenant");
+  create.add_ranks(0);
+  create.add_ranks(1);
+  create.set_num_nvl_bytes(1 << 20);
+  v1::CreateGroupResponse created;
+  grpc::Status status = WithDeadline([&](auto* c) { return (*fabric)->Control(1)->CreateGroup(c, create, &created); });
+  EXPECT_FALSE(status.ok()) << "the fake's token came back: " << created.token();
+  EXPECT_TRUE(created.token().empty());
+  server->Shutdown();
 }
 
 }  // namespace
