@@ -1,6 +1,7 @@
 #include "metrics/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <utility>
@@ -31,6 +32,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Bind(const std::string& 
     response.set_content("epfabricd: metrics at /metrics\n", "text/plain");
   });
 
+  // cpp-httplib's default sets SO_REUSEPORT, which lets a second process bind the same port and take a share of the
+  // scrapes. SO_REUSEADDR alone (a restart while old connections linger in TIME_WAIT) never lets two sockets listen
+  // on one port on Linux: a taken port fails the bind.
+  server.set_socket_options([](socket_t sock) {
+    const int yes = 1;
+    const int no = 0;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &no, sizeof(no));
+  });
   int port = host_port.port;
   if (port == 0) {
     port = server.bind_to_any_port(host_port.host);
@@ -38,7 +48,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Bind(const std::string& 
   } else if (!server.bind_to_port(host_port.host, port)) {
     port = 0;
   }
-  if (port == 0) return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot listen on ", listen));
+  if (port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen: cannot listen on ", listen, " (is another process listening on that port?)"));
+  }
   const bool ipv6 = host_port.host.find(':') != std::string::npos;
   http->address_ = ipv6 ? absl::StrCat("[", host_port.host, "]:", port) : absl::StrCat(host_port.host, ":", port);
   return http;
