@@ -241,12 +241,17 @@ void Membership::ProbeAsync(int rank, const std::string& address, uint64_t incar
   call->request.set_fabric_id(config_.fabric_id);
   call->request.set_rank(config_.rank);
   call->request.set_incarnation(incarnation_);
+  const std::string nonce = links_->ExpectProof(call->context);
   call->stub->async()->Heartbeat(
-      &call->context, &call->request, &call->response, [this, call, rank, incarnation](grpc::Status status) {
+      &call->context, &call->request, &call->response, [this, call, rank, incarnation, nonce](grpc::Status status) {
+        // An answer without the fabric's proof comes from a process that is not a member: the rank's daemon is gone.
+        const bool proven =
+            !status.ok() ||
+            links_->VerifyAnswer(call->context, nonce, "/epfabric.v1.Peer/Heartbeat", call->response).ok();
         absl::MutexLock lock(&mutex_);
         probing_[rank] = false;
         const bool refused = status.error_code() == grpc::StatusCode::UNAVAILABLE;
-        const bool replaced = status.ok() && call->response.incarnation() != incarnation;
+        const bool replaced = status.ok() && (!proven || call->response.incarnation() != incarnation);
         v1::MemberInfo* member = view_.mutable_members(rank);
         if ((refused || replaced) && member->state() == v1::MEMBER_STATE_UP && member->incarnation() == incarnation) {
           Logger("fabric")->warn("rank {} is late and its peer port {}: marking it down", rank,
@@ -345,9 +350,12 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
     probe.set_fabric_id(config_.fabric_id);
     probe.set_rank(config_.rank);
     probe.set_incarnation(incarnation_);
+    const std::string nonce = links_->ExpectProof(context);
     v1::HeartbeatResponse answer;
     const grpc::Status status = stub->Heartbeat(&context, probe, &answer);
-    if (status.ok() && answer.incarnation() == holder_incarnation) {
+    // Only the holder itself (an answer with the fabric's proof) keeps the rank.
+    if (status.ok() && answer.incarnation() == holder_incarnation &&
+        links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/Heartbeat", answer).ok()) {
       return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " is held by a live daemon at ", holder_address,
                                                    " (incarnation ", holder_incarnation, ")"));
     }
