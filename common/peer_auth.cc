@@ -184,7 +184,8 @@ absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl
   int64_t unix_ms = 0;
   if (parts.size() != 7 || parts[0] != kVersion || !absl::SimpleAtoi(parts[2], &claim.rank) ||
       !absl::SimpleAtoi(parts[3], &unix_ms) || !IsLowerHex(parts[4], 24) || !IsLowerHex(parts[5], 64) ||
-      parts[6].size() != 64) {
+      parts[6].size() != 64 || absl::StrCat(claim.rank) != parts[2] || absl::StrCat(unix_ms) != parts[3]) {
+    // Numbers in their one canonical spelling: a proof has exactly one text.
     return absl::UnauthenticatedError(absl::StrCat(method, ": malformed fabric credential"));
   }
   if (parts[1] == "member") {

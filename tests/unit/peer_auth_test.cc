@@ -52,6 +52,10 @@ TEST(PeerProof, RefusesAnythingElse) {
   // The request is signed: the same proof on another body is refused.
   expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, proof, "another request", now),
                  "made for another request");
+  // Numbers have one spelling: "+3" or " 3" for 3 is another text for the same proof.
+  std::string respelled = proof;
+  respelled.replace(respelled.find(":3:"), 3, ":+3:");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, respelled, kBody, now), "malformed");
   // The rank is signed: changing it breaks the proof.
   std::string forged = proof;
   forged.replace(forged.find(":3:"), 3, ":0:");
