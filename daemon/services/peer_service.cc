@@ -26,6 +26,13 @@ auto IfSameFabric(const fabric::Membership& membership, const std::string& fabri
 
 }  // namespace
 
+grpc::Status PeerService::Signed(grpc::ServerContext& context, const security::PeerIdentity& caller,
+                                 absl::string_view method, grpc::Status status,
+                                 const google::protobuf::MessageLite& response) const {
+  if (status.ok()) auth_->SignReply(context, caller, method, response);
+  return status;
+}
+
 // Binds `who` to the authenticated caller, or answers the call with the refusal.
 #define EPF_PEER_AUTHORIZE(expr) \
   auto who = (expr);             \
