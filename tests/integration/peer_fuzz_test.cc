@@ -286,6 +286,8 @@ TEST(PeerFuzz, MutatedProofsAndBodiesAreRefused) {
     context.AddMetadata(common::kPeerAuthMetadataKey, proof);
     v1::ReleaseGroupResponse response;
     const grpc::Status status = stub->ReleaseGroup(&context, request, &response);
+    // A body that does not parse (a string field with invalid UTF-8) is refused by gRPC before any handler: INTERNAL.
+    if (kind == 0 && status.error_code() == grpc::StatusCode::INTERNAL) continue;
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << "kind " << kind << ": " << status.error_message() << "\nproof " << proof << "\n"
         << request.DebugString();

@@ -38,7 +38,7 @@ TEST(PeerProof, RefusesAnythingElse) {
   const absl::Time now = absl::Now();
   const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, kBody, now);
   auto expect_refused = [](const absl::StatusOr<common::VerifiedPeerProof>& claim, const std::string& why) {
-    ASSERT_FALSE(claim.ok());
+    ASSERT_FALSE(claim.ok()) << "expected a refusal: " << why;
     EXPECT_EQ(claim.status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_THAT(claim.status().message(), HasSubstr(why));
   };
