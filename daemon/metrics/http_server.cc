@@ -40,18 +40,19 @@ std::string Answer(int status, absl::string_view reason, absl::string_view conte
                       status == 405 ? "Allow: GET\r\n" : "", "\r\n", body);
 }
 
-// The answer to a complete request head (`head`: up to, not including, the blank line).
+// The answer to a complete request head (`head`: up to, not including, the blank line). Refusals have no body: the
+// status says it all.
 std::string Respond(absl::string_view head, const std::function<std::string()>& render) {
   const absl::string_view line = head.substr(0, head.find("\r\n"));
   const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
   if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.")) {
-    return Answer(400, "Bad Request", "text/plain", "bad request\n");
+    return Answer(400, "Bad Request", "text/plain", "");
   }
-  if (parts[0] != "GET") return Answer(405, "Method Not Allowed", "text/plain", "only GET\n");
+  if (parts[0] != "GET") return Answer(405, "Method Not Allowed", "text/plain", "");
   const absl::string_view path = parts[1].substr(0, parts[1].find('?'));
   if (path == "/metrics") return Answer(200, "OK", "text/plain; version=0.0.4; charset=utf-8", render());
   if (path == "/") return Answer(200, "OK", "text/plain", "epfabricd: metrics at /metrics\n");
-  return Answer(404, "Not Found", "text/plain", "not found\n");
+  return Answer(404, "Not Found", "text/plain", "");
 }
 
 // Reads what `c` sent; answers once the request head is complete. False when the connection is done with.
@@ -67,7 +68,7 @@ bool ReadRequest(Connection& c, const std::function<std::string()>& render) {
       return true;
     }
     if (c.in.size() > HttpServer::kMaxRequestBytes) {
-      c.out = Answer(431, "Request Header Fields Too Large", "text/plain", "request too large\n");
+      c.out = Answer(431, "Request Header Fields Too Large", "text/plain", "");
       return true;
     }
   }
