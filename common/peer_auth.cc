@@ -8,7 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
 #include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -19,16 +23,36 @@
 namespace epfabric::common {
 namespace {
 
-constexpr absl::string_view kVersion = "v1";
+constexpr absl::string_view kVersion = "v2";
 
 absl::string_view RoleName(PeerRole role) { return role == PeerRole::kMember ? "member" : "ops"; }
 
 std::string Mac(absl::string_view secret, absl::string_view message) { return HmacSha256Hex(secret, message); }
 
 std::string SignedText(absl::string_view fabric_id, absl::string_view method, absl::string_view role, int rank,
-                       int64_t unix_ms, absl::string_view nonce) {
+                       int64_t unix_ms, absl::string_view nonce, absl::string_view body_sha256) {
   return absl::StrCat("epfabric-peer-", kVersion, "|", fabric_id, "|", method, "|", role, "|", rank, "|", unix_ms, "|",
-                      nonce);
+                      nonce, "|", body_sha256);
+}
+
+std::string ReplyText(absl::string_view fabric_id, absl::string_view method, absl::string_view request_nonce,
+                      absl::string_view response) {
+  return absl::StrCat("epfabric-peer-reply-", kVersion, "|", fabric_id, "|", method, "|", request_nonce, "|",
+                      Sha256Hex(response));
+}
+
+bool IsLowerHex(absl::string_view text, size_t size) {
+  return text.size() == size &&
+         std::all_of(text.begin(), text.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// The bytes of a serialized message (the ByteBuffer gRPC sends), concatenated.
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (!buffer.Dump(&slices).ok()) return bytes;
+  for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  return bytes;
 }
 
 class ProofInterceptor final : public grpc::experimental::Interceptor {
@@ -36,10 +60,23 @@ class ProofInterceptor final : public grpc::experimental::Interceptor {
   ProofInterceptor(const std::string* secret, const std::string* fabric_id, PeerProofClaim claim, std::string method)
       : secret_(secret), fabric_id_(fabric_id), claim_(claim), method_(std::move(method)) {}
 
+  // A unary call sends its metadata and its one message in one batch, so the proof can cover the message. A call
+  // whose metadata goes out alone (streaming) signs an empty body, which the server refuses unless it is empty.
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->emplace(kPeerAuthMetadataKey,
-                                                 MakePeerProof(*secret_, *fabric_id_, method_, claim_, absl::Now()));
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      std::multimap<std::string, std::string>* metadata = methods->GetSendInitialMetadata();
+      std::string nonce;
+      if (auto it = metadata->find(kPeerNonceMetadataKey); it != metadata->end()) {
+        nonce = it->second;
+        metadata->erase(it);
+      }
+      std::string body;
+      if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+        body = Flatten(*methods->GetSerializedSendMessage());
+      }
+      metadata->emplace(kPeerAuthMetadataKey,
+                        MakePeerProof(*secret_, *fabric_id_, method_, claim_, body, absl::Now(), nonce));
     }
     methods->Proceed();
   }
@@ -117,29 +154,38 @@ std::string Sha256Hex(absl::string_view data) {
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
 }
 
-std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
-                          const PeerProofClaim& claim, absl::Time now) {
+std::string NewPeerNonce() {
   unsigned char nonce_bytes[12];
   RAND_bytes(nonce_bytes, sizeof(nonce_bytes));
-  const std::string nonce =
-      absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(nonce_bytes), sizeof(nonce_bytes)));
-  const int64_t unix_ms = absl::ToUnixMillis(now);
-  const absl::string_view role = RoleName(claim.role);
-  return absl::StrCat(kVersion, ":", role, ":", claim.rank, ":", unix_ms, ":", nonce, ":",
-                      Mac(secret, SignedText(fabric_id, method, role, claim.rank, unix_ms, nonce)));
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(nonce_bytes), sizeof(nonce_bytes)));
 }
 
-absl::StatusOr<PeerProofClaim> VerifyPeerProof(absl::string_view secret, absl::string_view fabric_id,
-                                               absl::string_view method, absl::string_view proof, absl::Time now) {
+std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
+                          const PeerProofClaim& claim, absl::string_view body, absl::Time now,
+                          absl::string_view nonce) {
+  const std::string fresh = nonce.empty() ? NewPeerNonce() : std::string(nonce);
+  const int64_t unix_ms = absl::ToUnixMillis(now);
+  const absl::string_view role = RoleName(claim.role);
+  const std::string body_sha256 = Sha256Hex(body);
+  return absl::StrCat(kVersion, ":", role, ":", claim.rank, ":", unix_ms, ":", fresh, ":", body_sha256, ":",
+                      Mac(secret, SignedText(fabric_id, method, role, claim.rank, unix_ms, fresh, body_sha256)));
+}
+
+absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl::string_view fabric_id,
+                                                  absl::string_view method, absl::string_view proof,
+                                                  absl::string_view body, absl::Time now) {
   if (proof.empty()) {
     return absl::UnauthenticatedError(
         absl::StrCat(method, ": no fabric credential (", kPeerAuthMetadataKey, " metadata) on the call"));
   }
   const std::vector<absl::string_view> parts = absl::StrSplit(proof, ':');
-  PeerProofClaim claim;
+  VerifiedPeerProof verified;
+  PeerProofClaim& claim = verified.claim;
   int64_t unix_ms = 0;
-  if (parts.size() != 6 || parts[0] != kVersion || !absl::SimpleAtoi(parts[2], &claim.rank) ||
-      !absl::SimpleAtoi(parts[3], &unix_ms) || parts[4].size() != 24 || parts[5].size() != 64) {
+  if (parts.size() != 7 || parts[0] != kVersion || !absl::SimpleAtoi(parts[2], &claim.rank) ||
+      !absl::SimpleAtoi(parts[3], &unix_ms) || !IsLowerHex(parts[4], 24) || !IsLowerHex(parts[5], 64) ||
+      parts[6].size() != 64 || absl::StrCat(claim.rank) != parts[2] || absl::StrCat(unix_ms) != parts[3]) {
+    // Numbers in their one canonical spelling: a proof has exactly one text.
     return absl::UnauthenticatedError(absl::StrCat(method, ": malformed fabric credential"));
   }
   if (parts[1] == "member") {
@@ -151,8 +197,9 @@ absl::StatusOr<PeerProofClaim> VerifyPeerProof(absl::string_view secret, absl::s
   } else {
     return absl::UnauthenticatedError(absl::StrCat(method, ": malformed fabric credential"));
   }
-  const std::string expected = Mac(secret, SignedText(fabric_id, method, parts[1], claim.rank, unix_ms, parts[4]));
-  if (CRYPTO_memcmp(expected.data(), parts[5].data(), expected.size()) != 0) {
+  const std::string expected =
+      Mac(secret, SignedText(fabric_id, method, parts[1], claim.rank, unix_ms, parts[4], parts[5]));
+  if (CRYPTO_memcmp(expected.data(), parts[6].data(), expected.size()) != 0) {
     return absl::UnauthenticatedError(absl::StrCat(method, ": the fabric credential does not verify for fabric '",
                                                    fabric_id, "' (another fabric id or secret, or a forgery)"));
   }
@@ -162,7 +209,76 @@ absl::StatusOr<PeerProofClaim> VerifyPeerProof(absl::string_view secret, absl::s
                                                    " away from this daemon's clock (limit ",
                                                    absl::FormatDuration(kPeerAuthMaxSkew), ")"));
   }
-  return claim;
+  // The signed digest is authentic; the request must be the one it was made for.
+  if (Sha256Hex(body) != parts[5]) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(method, ": the fabric credential was made for another request (its body's SHA-256 differs)"));
+  }
+  verified.nonce = std::string(parts[4]);
+  verified.time = absl::FromUnixMillis(unix_ms);
+  return verified;
+}
+
+std::string MakePeerReplyProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
+                               absl::string_view request_nonce, absl::string_view response) {
+  return absl::StrCat(kVersion, ":", Mac(secret, ReplyText(fabric_id, method, request_nonce, response)));
+}
+
+absl::Status VerifyPeerReplyProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
+                                  absl::string_view request_nonce, absl::string_view response,
+                                  absl::string_view proof) {
+  if (proof.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(method, ": the answer carries no fabric proof (",
+                                                   kPeerReplyMetadataKey, "): its server does not hold the secret"));
+  }
+  const std::string expected = MakePeerReplyProof(secret, fabric_id, method, request_nonce, response);
+  if (proof.size() != expected.size() || CRYPTO_memcmp(expected.data(), proof.data(), expected.size()) != 0) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        method,
+        ": the answer's fabric proof does not verify (its server does not hold this fabric's secret, or the "
+        "answer was made for another call)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string AddPeerNonce(grpc::ClientContext& context) {
+  std::string nonce = NewPeerNonce();
+  context.AddMetadata(kPeerNonceMetadataKey, nonce);
+  return nonce;
+}
+
+std::string PeerReplyProof(const grpc::ClientContext& context) {
+  const auto& trailing = context.GetServerTrailingMetadata();
+  auto it = trailing.find(kPeerReplyMetadataKey);
+  if (it == trailing.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::Status PeerNonceCache::Remember(absl::string_view method, const VerifiedPeerProof& proof, absl::Time now) {
+  absl::MutexLock lock(&mutex_);
+  if (now >= next_sweep_ || expiry_.size() >= capacity_) {
+    for (auto entry = expiry_.begin(); entry != expiry_.end();) {
+      if (entry->second < now) {
+        expiry_.erase(entry++);
+      } else {
+        ++entry;
+      }
+    }
+    next_sweep_ = now + absl::Seconds(1);
+  }
+  // Kept until the proof leaves the window (its time plus the skew), after which the time check refuses it anyway.
+  const absl::Time until = proof.time + kPeerAuthMaxSkew;
+  auto it = expiry_.find(proof.nonce);
+  if (it != expiry_.end() && it->second >= now) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(method, ": the fabric credential was used already (a replayed proof; its nonce is spent)"));
+  }
+  if (it == expiry_.end() && expiry_.size() >= capacity_) {
+    return absl::ResourceExhaustedError(absl::StrCat(method, ": ", capacity_, " fabric credentials seen in the last ",
+                                                     absl::FormatDuration(kPeerAuthMaxSkew * 2), "; try again"));
+  }
+  expiry_[proof.nonce] = until;
+  return absl::OkStatus();
 }
 
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> MakePeerProofInterceptorFactory(

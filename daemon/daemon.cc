@@ -189,6 +189,7 @@ struct Daemon::State {
     *view.mutable_membership() = membership->View();
     view.set_degraded(membership->Degraded());
     view.set_join_refused(membership->JoinRefusal());
+    view.set_coordinator_unverified(membership->CoordinatorUnverified());
     // Keep the response alive for the loop: a range-for over a member of a temporary dangles (before C++23).
     v1::ListGroupsResponse listed = groups->ListGroups();
     for (v1::GroupInfo& group : *listed.mutable_groups()) *view.add_groups() = std::move(group);
@@ -363,6 +364,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     grpc::ServerBuilder builder;
     int selected_port = 0;
     builder.AddListeningPort(options.peer_listen, s->links->ServerCredentials(), &selected_port);
+    // gRPC sets SO_REUSEPORT by default: a second process (another daemon, or a same-uid impostor) could then bind
+    // this port too and take a share of the connections. Without it, a taken port fails the bind.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.RegisterService(s->peer.get());
     builder.RegisterService(s->peer_ops.get());
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
@@ -375,7 +379,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       peer_server = s->peer_server.get();
     }
     if (peer_server == nullptr || selected_port == 0) {
-      return absl::UnavailableError(absl::StrCat("--peer_listen: cannot listen on ", options.peer_listen));
+      return absl::UnavailableError(absl::StrCat("--peer_listen: cannot listen on ", options.peer_listen,
+                                                 " (is another process listening on that port?)"));
     }
     const bool ipv6 = listen.host.find(':') != std::string::npos;
     s->membership->SetPeerAddress(ipv6 ? absl::StrCat("[", listen.host, "]:", selected_port)

@@ -46,6 +46,16 @@ Membership::Membership(FabricConfig config, v1::MemberInfo self, PeerLinks* link
 
 Membership::~Membership() { Stop(); }
 
+void Membership::RefuseUnverified(const absl::Status& why) {
+  absl::MutexLock lock(&mutex_);
+  const std::string reason(why.message());
+  if (coordinator_unverified_ != reason) {
+    Logger("fabric")->error("refusing the answer from {} (not the fabric's coordinator): {}", config_.coordinator,
+                            reason);
+  }
+  coordinator_unverified_ = reason;
+}
+
 void Membership::SetPeerAddress(const std::string& address) {
   absl::MutexLock lock(&mutex_);
   self_.set_peer_address(address);
@@ -112,6 +122,11 @@ bool Membership::Degraded() const {
 std::string Membership::JoinRefusal() const {
   absl::MutexLock lock(&mutex_);
   return join_refusal_;
+}
+
+std::string Membership::CoordinatorUnverified() const {
+  absl::MutexLock lock(&mutex_);
+  return coordinator_unverified_;
 }
 
 bool Membership::CoordinatorReachable() const {
@@ -226,12 +241,17 @@ void Membership::ProbeAsync(int rank, const std::string& address, uint64_t incar
   call->request.set_fabric_id(config_.fabric_id);
   call->request.set_rank(config_.rank);
   call->request.set_incarnation(incarnation_);
+  const std::string nonce = links_->ExpectProof(call->context);
   call->stub->async()->Heartbeat(
-      &call->context, &call->request, &call->response, [this, call, rank, incarnation](grpc::Status status) {
+      &call->context, &call->request, &call->response, [this, call, rank, incarnation, nonce](grpc::Status status) {
+        // An answer without the fabric's proof comes from a process that is not a member: the rank's daemon is gone.
+        const bool proven =
+            !status.ok() ||
+            links_->VerifyAnswer(call->context, nonce, "/epfabric.v1.Peer/Heartbeat", call->response).ok();
         absl::MutexLock lock(&mutex_);
         probing_[rank] = false;
         const bool refused = status.error_code() == grpc::StatusCode::UNAVAILABLE;
-        const bool replaced = status.ok() && call->response.incarnation() != incarnation;
+        const bool replaced = status.ok() && (!proven || call->response.incarnation() != incarnation);
         v1::MemberInfo* member = view_.mutable_members(rank);
         if ((refused || replaced) && member->state() == v1::MEMBER_STATE_UP && member->incarnation() == incarnation) {
           Logger("fabric")->warn("rank {} is late and its peer port {}: marking it down", rank,
@@ -330,9 +350,12 @@ absl::StatusOr<v1::JoinResponse> Membership::HandleJoin(const v1::JoinRequest& r
     probe.set_fabric_id(config_.fabric_id);
     probe.set_rank(config_.rank);
     probe.set_incarnation(incarnation_);
+    const std::string nonce = links_->ExpectProof(context);
     v1::HeartbeatResponse answer;
     const grpc::Status status = stub->Heartbeat(&context, probe, &answer);
-    if (status.ok() && answer.incarnation() == holder_incarnation) {
+    // Only the holder itself (an answer with the fabric's proof) keeps the rank.
+    if (status.ok() && answer.incarnation() == holder_incarnation &&
+        links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/Heartbeat", answer).ok()) {
       return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " is held by a live daemon at ", holder_address,
                                                    " (incarnation ", holder_incarnation, ")"));
     }
@@ -445,10 +468,19 @@ void Membership::RunMemberStep() {
     }
     grpc::ClientContext context;
     SetDeadline(context, kJoinDeadline);
+    const std::string nonce = links_->ExpectProof(context);
     v1::JoinResponse response;
     status = stub->Join(&context, request, &response);
+    if (status.ok()) {
+      const absl::Status proven = links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/Join", response);
+      if (!proven.ok()) {
+        RefuseUnverified(proven);
+        return;
+      }
+    }
     absl::MutexLock lock(&mutex_);
     if (status.ok()) {
+      coordinator_unverified_.clear();
       join_refusal_.clear();
       joined_ = true;
       coordinator_reachable_ = true;
@@ -477,17 +509,27 @@ void Membership::RunMemberStep() {
     request.set_epoch(epoch);
     grpc::ClientContext context;
     SetDeadline(context, config_.heartbeat_interval);
+    const std::string nonce = links_->ExpectProof(context);
     v1::HeartbeatResponse response;
     status = stub->Heartbeat(&context, request, &response);
-    absl::MutexLock lock(&mutex_);
+    bool proven = true;
     if (status.ok()) {
+      const absl::Status verified = links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/Heartbeat", response);
+      if (!verified.ok()) {
+        RefuseUnverified(verified);
+        proven = false;
+      }
+    }
+    absl::MutexLock lock(&mutex_);
+    if (status.ok() && proven) {
+      coordinator_unverified_.clear();
       if (!coordinator_reachable_) notify_pending_ = true;
       coordinator_reachable_ = true;
       last_contact_ = absl::Now();
       if (response.has_membership()) ApplyLocked(response.membership());
       return;
     }
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    if (proven && status.error_code() == grpc::StatusCode::NOT_FOUND) {
       joined_ = false;  // the coordinator restarted or declared us down: join again at once
       return;
     }

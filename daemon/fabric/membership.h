@@ -6,7 +6,9 @@
 // increases the epoch and is pushed to all live members (and piggybacked on heartbeat answers). A restarted
 // daemon rejoins with the same rank and a new incarnation; a second daemon claiming a rank whose holder still
 // answers is refused. If the coordinator dies, members keep their view, report the fabric degraded, and rejoin
-// the next coordinator, which continues the epoch above what members have seen.
+// the next coordinator, which continues the epoch above what members have seen. With a fabric secret a member takes
+// a Join or heartbeat answer only when it carries the coordinator's proof (PeerLinks::VerifyAnswer): a process
+// without the secret on rank 0's port cannot hand out views (fd socket paths, peer addresses).
 #pragma once
 
 #include <atomic>
@@ -75,6 +77,9 @@ class Membership {
   bool CoordinatorReachable() const;
   // The coordinator's last refusal of this daemon's Join (empty after a successful join, or while it is silent).
   std::string JoinRefusal() const;
+  // Why the last answer on the coordinator's port was refused as not the coordinator's (fabric secret: no valid
+  // proof); empty once a proven answer arrives.
+  std::string CoordinatorUnverified() const;
   bool is_coordinator() const { return config_.rank == 0; }
   const FabricConfig& config() const { return config_; }
   v1::MemberInfo self() const;
@@ -88,6 +93,8 @@ class Membership {
   void Run();
   void RunCoordinatorStep();
   void RunMemberStep();
+  // Member: records that the answer on the coordinator's port did not prove the secret (logged once per reason).
+  void RefuseUnverified(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mutex_);
   // Coordinator: records a change (epoch + 1) and schedules a push. Requires mutex_.
   void ChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void PushMembership(const v1::Membership& view);
@@ -117,6 +124,7 @@ class Membership {
   // Member: joined the current coordinator, and when it last answered.
   bool joined_ ABSL_GUARDED_BY(mutex_) = false;
   std::string join_refusal_ ABSL_GUARDED_BY(mutex_);
+  std::string coordinator_unverified_ ABSL_GUARDED_BY(mutex_);
   bool coordinator_reachable_ ABSL_GUARDED_BY(mutex_) = false;
   absl::Time last_contact_ ABSL_GUARDED_BY(mutex_);
   bool notify_pending_ ABSL_GUARDED_BY(mutex_) = false;

@@ -76,6 +76,18 @@ std::shared_ptr<grpc::Channel> PeerLinks::Channel(const std::string& address) {
   return channel;
 }
 
+std::string PeerLinks::ExpectProof(grpc::ClientContext& context) const {
+  if (secret_.empty()) return "";
+  return common::AddPeerNonce(context);
+}
+
+absl::Status PeerLinks::VerifyAnswer(const grpc::ClientContext& context, const std::string& nonce,
+                                     absl::string_view method, const google::protobuf::MessageLite& response) const {
+  if (secret_.empty()) return absl::OkStatus();
+  return common::VerifyPeerReplyProof(secret_, fabric_id_, method, nonce, response.SerializeAsString(),
+                                      common::PeerReplyProof(context));
+}
+
 std::shared_ptr<v1::Peer::Stub> PeerLinks::Stub(const std::string& address) {
   return std::shared_ptr<v1::Peer::Stub>(v1::Peer::NewStub(Channel(address)));
 }

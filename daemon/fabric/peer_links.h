@@ -42,6 +42,15 @@ class PeerLinks {
 
   bool tls() const { return tls_; }
 
+  // An answer the caller must be able to trust (a membership view, fd socket paths, a group's token): with a fabric
+  // secret, ExpectProof chooses the call's nonce before the call, and VerifyAnswer checks after an OK call that the
+  // server proved the secret over `response` and that nonce (UNAUTHENTICATED otherwise: a process without the
+  // secret on the peer's port). Without a secret (mutual TLS authenticates the server; insecure mode nothing),
+  // ExpectProof returns "" and VerifyAnswer accepts.
+  std::string ExpectProof(grpc::ClientContext& context) const;
+  absl::Status VerifyAnswer(const grpc::ClientContext& context, const std::string& nonce, absl::string_view method,
+                            const google::protobuf::MessageLite& response) const;
+
  private:
   bool tls_ = false;
   std::string cert_, key_, ca_, target_name_;

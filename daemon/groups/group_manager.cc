@@ -145,10 +145,13 @@ absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::Crea
   *forward.mutable_request() = request;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));  // the coordinator finishes within it, or rolls back
+  const std::string nonce = links_->ExpectProof(context);
   v1::CreateGroupResponse response;
   const grpc::Status status =
       links_->Stub(membership_->CoordinatorAddress())->ProposeGroup(&context, forward, &response);
   if (!status.ok()) return ForwardedStatus(context, status);
+  // The answer carries the group's token for the client: only the fabric's coordinator may choose it.
+  EPF_RETURN_IF_ERROR(links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/ProposeGroup", response));
   return response;
 }
 
@@ -163,9 +166,11 @@ absl::Status GroupManager::DeleteGroup(const v1::DeleteGroupRequest& request) {
   if (membership_->is_coordinator()) return registry_.Retire(retire);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPeerCallDeadline));
+  const std::string nonce = links_->ExpectProof(context);
   v1::RetireGroupResponse response;
   const grpc::Status status = links_->Stub(membership_->CoordinatorAddress())->RetireGroup(&context, retire, &response);
-  return ForwardedStatus(context, status);
+  if (!status.ok()) return ForwardedStatus(context, status);
+  return links_->VerifyAnswer(context, nonce, "/epfabric.v1.Peer/RetireGroup", response);
 }
 
 v1::ListGroupsResponse GroupManager::ListGroups() const {

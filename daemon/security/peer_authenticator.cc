@@ -41,7 +41,8 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::FromCommonName(absl::string_view
 }
 
 absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, const std::string* tls_common_name,
-                                                      absl::string_view proof, absl::Time now) const {
+                                                      absl::string_view proof, absl::string_view body,
+                                                      absl::Time now) const {
   if (config_.insecure && !config_.mutual_tls && config_.secret.empty()) return PeerIdentity{};
   std::optional<PeerIdentity> identity;
   if (config_.mutual_tls) {
@@ -51,16 +52,19 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, 
     EPF_ASSIGN_OR_RETURN(identity, FromCommonName(method, *tls_common_name));
   }
   if (!config_.secret.empty()) {
-    EPF_ASSIGN_OR_RETURN(const common::PeerProofClaim claim,
-                         common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, now));
+    EPF_ASSIGN_OR_RETURN(const common::VerifiedPeerProof verified,
+                         common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, body, now));
     PeerIdentity from_secret;
     from_secret.authenticated = true;
-    from_secret.role = claim.role;
-    from_secret.rank = claim.rank;
+    from_secret.role = verified.claim.role;
+    from_secret.rank = verified.claim.rank;
+    from_secret.nonce = verified.nonce;
     if (identity.has_value() && (identity->role != from_secret.role || identity->rank != from_secret.rank)) {
       return absl::UnauthenticatedError(absl::StrCat(method, ": the certificate names ", identity->Describe(),
                                                      " but the fabric credential names ", from_secret.Describe()));
     }
+    // Spent only once everything else holds: a forged or stale proof cannot fill the cache.
+    EPF_RETURN_IF_ERROR(nonces_.Remember(method, verified, now));
     identity = from_secret;
   }
   if (!identity.has_value()) return absl::UnauthenticatedError(absl::StrCat(method, ": no credential configured"));
@@ -68,7 +72,8 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, 
 }
 
 absl::StatusOr<PeerIdentity> PeerAuthenticator::Authenticate(const grpc::ServerContext& context,
-                                                             absl::string_view method) const {
+                                                             absl::string_view method,
+                                                             const google::protobuf::MessageLite& request) const {
   std::string common_name;
   bool have_cn = false;
   if (config_.mutual_tls) {
@@ -86,12 +91,17 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::Authenticate(const grpc::ServerC
   if (auto it = metadata.find(common::kPeerAuthMetadataKey); it != metadata.end()) {
     proof = absl::string_view(it->second.data(), it->second.size());
   }
-  return Check(method, have_cn ? &common_name : nullptr, proof, absl::Now());
+  // The handler's request re-serialized: the bytes the caller signed (one schema, no map fields in peer or ops
+  // requests), or different bytes for a different request.
+  const std::string body = config_.secret.empty() ? std::string() : request.SerializeAsString();
+  return Check(method, have_cn ? &common_name : nullptr, proof, body, absl::Now());
 }
 
 absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireMember(const grpc::ServerContext& context,
-                                                              absl::string_view method, int rank) const {
-  auto identity = Authenticate(context, method);
+                                                              absl::string_view method,
+                                                              const google::protobuf::MessageLite& request,
+                                                              int rank) const {
+  auto identity = Authenticate(context, method, request);
   if (!identity.ok() || !identity->authenticated) return identity;
   if (identity->role != common::PeerRole::kMember) {
     return absl::PermissionDeniedError(
@@ -105,8 +115,17 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireMember(const grpc::Server
 }
 
 absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireReader(const grpc::ServerContext& context,
-                                                              absl::string_view method) const {
-  return Authenticate(context, method);
+                                                              absl::string_view method,
+                                                              const google::protobuf::MessageLite& request) const {
+  return Authenticate(context, method, request);
+}
+
+void PeerAuthenticator::SignReply(grpc::ServerContext& context, const PeerIdentity& caller, absl::string_view method,
+                                  const google::protobuf::MessageLite& response) const {
+  if (config_.secret.empty() || caller.nonce.empty()) return;
+  context.AddTrailingMetadata(common::kPeerReplyMetadataKey,
+                              common::MakePeerReplyProof(config_.secret, config_.fabric_id, method, caller.nonce,
+                                                         response.SerializeAsString()));
 }
 
 }  // namespace epfabric::daemon::security

@@ -4,13 +4,15 @@
 //  - mutual TLS: the client certificate chains to the fabric CA (gRPC checks that) and its subject CN names the
 //    fabric and the role: "epfabric-member:<fabric_id>:<rank>" for a member daemon, "epfabric-ops:<fabric_id>" for
 //    read-only ops tooling;
-//  - a fabric secret (--fabric_secret_file): a per-call HMAC proof (common/peer_auth.h) naming the role and rank;
+//  - a fabric secret (--fabric_secret_file): a per-call HMAC proof (common/peer_auth.h) naming the role and rank,
+//    covering the request the handler received, with a nonce that is accepted once;
 //  - --insecure_peer_port: nothing is checked (tests only; the daemon logs a warning at start).
 // When both TLS and a secret are configured, a call must carry both and they must name the same rank.
 #pragma once
 
 #include <string>
 
+#include <google/protobuf/message_lite.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
@@ -30,6 +32,7 @@ struct PeerIdentity {
   common::PeerRole role = common::PeerRole::kMember;
   int rank = -1;               // the member's rank; -1 for ops or when unchecked
   bool authenticated = false;  // false only with --insecure_peer_port
+  std::string nonce;           // the proof's nonce (fabric secret only): the answer's proof is bound to it
   std::string Describe() const;
 };
 
@@ -41,24 +44,35 @@ class PeerAuthenticator {
  public:
   explicit PeerAuthenticator(PeerAuthConfig config) : config_(std::move(config)) {}
 
-  // The caller's identity, or UNAUTHENTICATED saying what is missing or wrong.
-  absl::StatusOr<PeerIdentity> Authenticate(const grpc::ServerContext& context, absl::string_view method) const;
+  // The caller's identity, or UNAUTHENTICATED saying what is missing or wrong. `request` is the request the handler
+  // received: a fabric-secret proof must have been made for it (its serialization), and its nonce is spent.
+  absl::StatusOr<PeerIdentity> Authenticate(const grpc::ServerContext& context, absl::string_view method,
+                                            const google::protobuf::MessageLite& request) const;
 
   // A member of this fabric; with `rank` >= 0, exactly that rank. PERMISSION_DENIED names who called.
   absl::StatusOr<PeerIdentity> RequireMember(const grpc::ServerContext& context, absl::string_view method,
-                                             int rank = -1) const;
+                                             const google::protobuf::MessageLite& request, int rank = -1) const;
   // A member or ops tooling (read-only methods).
-  absl::StatusOr<PeerIdentity> RequireReader(const grpc::ServerContext& context, absl::string_view method) const;
+  absl::StatusOr<PeerIdentity> RequireReader(const grpc::ServerContext& context, absl::string_view method,
+                                             const google::protobuf::MessageLite& request) const;
+
+  // With a fabric secret: adds the answer's proof (bound to the caller's nonce) to `context`'s trailing metadata,
+  // so that the caller can tell this daemon from a process without the secret on its port. Call it once the
+  // response is final; without a secret it does nothing.
+  void SignReply(grpc::ServerContext& context, const PeerIdentity& caller, absl::string_view method,
+                 const google::protobuf::MessageLite& response) const;
 
   // The pure checks behind Authenticate, for tests: a certificate CN and a proof (either may be empty when that
-  // credential is not configured).
+  // credential is not configured) for the serialized request `body`. Spends the proof's nonce.
   absl::StatusOr<PeerIdentity> Check(absl::string_view method, const std::string* tls_common_name,
-                                     absl::string_view proof, absl::Time now) const;
+                                     absl::string_view proof, absl::string_view body, absl::Time now) const;
 
  private:
   absl::StatusOr<PeerIdentity> FromCommonName(absl::string_view method, absl::string_view cn) const;
 
   const PeerAuthConfig config_;
+  // Nonces of accepted proofs: a replay within the window is refused.
+  mutable common::PeerNonceCache nonces_;
 };
 
 }  // namespace epfabric::daemon::security

@@ -23,15 +23,15 @@ void AddIncident(v1::HealthReport& report, v1::HealthReport::Verdict severity, c
 
 }  // namespace
 
-#define EPF_OPS_AUTHORIZE(method)                                                           \
-  do {                                                                                      \
-    if (auth_ != nullptr) {                                                                 \
-      if (auto who = auth_->RequireReader(*context, "/epfabric.v1.Ops/" method); !who.ok()) \
-        return ToGrpcStatus(who.status());                                                  \
-    }                                                                                       \
+#define EPF_OPS_AUTHORIZE(method)                                                                     \
+  do {                                                                                                \
+    if (auth_ != nullptr) {                                                                           \
+      if (auto who = auth_->RequireReader(*context, "/epfabric.v1.Ops/" method, *request); !who.ok()) \
+        return ToGrpcStatus(who.status());                                                            \
+    }                                                                                                 \
   } while (false)
 
-grpc::Status OpsService::GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest*,
+grpc::Status OpsService::GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest* request,
                                      v1::Topology* response) {
   EPF_OPS_AUTHORIZE("GetTopology");
   if (!providers_.topology) return Unavailable("topology");
@@ -39,7 +39,7 @@ grpc::Status OpsService::GetTopology(grpc::ServerContext* context, const v1::Get
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetHealth(grpc::ServerContext* context, const v1::GetHealthRequest*,
+grpc::Status OpsService::GetHealth(grpc::ServerContext* context, const v1::GetHealthRequest* request,
                                    v1::HealthReport* response) {
   EPF_OPS_AUTHORIZE("GetHealth");
   if (!providers_.health) return Unavailable("health");
@@ -55,7 +55,7 @@ grpc::Status OpsService::GetStats(grpc::ServerContext* context, const v1::GetSta
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::ListClients(grpc::ServerContext* context, const v1::ListClientsRequest*,
+grpc::Status OpsService::ListClients(grpc::ServerContext* context, const v1::ListClientsRequest* request,
                                      v1::ListClientsResponse* response) {
   EPF_OPS_AUTHORIZE("ListClients");
   if (!providers_.clients) return Unavailable("clients");
@@ -67,7 +67,7 @@ grpc::Status OpsService::ListClients(grpc::ServerContext* context, const v1::Lis
   return grpc::Status::OK;
 }
 
-grpc::Status OpsService::GetFabric(grpc::ServerContext* context, const v1::GetFabricRequest*,
+grpc::Status OpsService::GetFabric(grpc::ServerContext* context, const v1::GetFabricRequest* request,
                                    v1::FabricView* response) {
   EPF_OPS_AUTHORIZE("GetFabric");
   if (!providers_.fabric) return Unavailable("fabric");
@@ -85,7 +85,13 @@ v1::HealthReport BuildHealthReport(const v1::FabricView& fabric, bool coordinato
                 "this daemon is not counted in the fabric (not joined yet, or its rank is held by another daemon)",
                 absl::StrCat("rank ", self));
   }
-  if (!fabric.join_refused().empty()) {
+  if (!fabric.coordinator_unverified().empty()) {
+    AddIncident(report, v1::HealthReport::FAIL, "fabric", "COORDINATOR_UNAUTHENTICATED",
+                absl::StrCat("the process on the coordinator's peer port is not this fabric's coordinator; its "
+                             "answers are refused: ",
+                             fabric.coordinator_unverified()),
+                "rank 0");
+  } else if (!fabric.join_refused().empty()) {
     AddIncident(report, v1::HealthReport::FAIL, "fabric", "JOIN_REFUSED",
                 absl::StrCat("the coordinator refuses this daemon: ", fabric.join_refused()),
                 absl::StrCat("rank ", self));

@@ -1,7 +1,7 @@
 // Peer service (daemon <-> daemon on the peer port). Thin: authenticates the caller (security/peer_authenticator.h)
 // and checks that its role may call the method (only the coordinator, rank 0, publishes membership and drives
 // Prepare/Commit/Release; a member joins and beats only as itself), checks the fabric id, then hands each call to
-// the membership or the group manager.
+// the membership or the group manager. Every OK answer carries the server's proof (with a fabric secret).
 #pragma once
 
 #include "epfabric/v1/peer.grpc.pb.h"
@@ -30,6 +30,10 @@ class PeerService final : public v1::Peer::Service {
   // Barrier answers UNIMPLEMENTED until a control-plane barrier is needed.
 
  private:
+  // `status`, after adding the answer's proof to `context` when it is OK (security::PeerAuthenticator::SignReply).
+  grpc::Status Signed(grpc::ServerContext& context, const security::PeerIdentity& caller, absl::string_view method,
+                      grpc::Status status, const google::protobuf::MessageLite& response) const;
+
   fabric::Membership* const membership_;
   groups::GroupManager* const groups_;
   const security::PeerAuthenticator* const auth_;

@@ -29,8 +29,20 @@ GroupTransport::~GroupTransport() {
 absl::Status GroupTransport::Connect(const std::vector<v1::TransportEndpoint>& members) {
   // Once: a second Commit must not open a second set of connections or give a ring a second proxy thread.
   if (proxied_) return absl::FailedPreconditionError("transport: the group is connected already");
+  const int self = bounds_.self_rank;
+  if (self < 0 || self >= static_cast<int>(members.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transport: ", members.size(), " endpoints do not include this member's group rank ", self));
+  }
+  // This member's own region is bounded by its own allocation, never by what a Commit claims about it.
+  if (members[self].region_bytes() != local_region_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("members[", self,
+                                                   "].transport.region_bytes: ", members[self].region_bytes(),
+                                                   " bytes, but this member's region has ", local_region_bytes_));
+  }
   bounds_.region_bytes.clear();
   for (const v1::TransportEndpoint& member : members) bounds_.region_bytes.push_back(member.region_bytes());
+  bounds_.region_bytes[self] = local_region_bytes_;
   EPF_RETURN_IF_ERROR(link_->Connect(members));
   for (auto& ring : rings_) proxy_->Add({ring.get(), link_.get(), &bounds_});
   proxied_ = true;
@@ -102,6 +114,7 @@ absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const Group
   setup.region = spec.rdma;
   setup.sink = group.get();
   group->bounds_.self_rank = spec.self_rank;
+  group->local_region_bytes_ = spec.rdma != nullptr ? spec.rdma->descriptor().size_bytes() : 0;
   EPF_ASSIGN_OR_RETURN(group->link_, wire_->Open(setup, local));
   return group;
 }

@@ -38,7 +38,10 @@ class GroupTransport final : public CompletionSink {
   GroupTransport(const GroupTransport&) = delete;
   GroupTransport& operator=(const GroupTransport&) = delete;
 
-  // Phase 2 of CreateGroup: every member's endpoint, by group rank. Starts proxying this member's rings.
+  // Phase 2 of CreateGroup: every member's endpoint, by group rank. Starts proxying this member's rings. Commands
+  // are checked against the other members' claimed region sizes (each member checks what lands in its own region
+  // against its allocation) and against this member's own allocation: INVALID_ARGUMENT when the endpoint for this
+  // member's rank claims another size.
   absl::Status Connect(const std::vector<v1::TransportEndpoint>& members);
 
   // Lease end, around the zeroing of the rank's regions (the command region included): Stop ends the rings (their
@@ -61,6 +64,7 @@ class GroupTransport final : public CompletionSink {
   std::vector<std::unique_ptr<CommandRing>> rings_;
   std::unique_ptr<GroupLink> link_;  // after rings_: destroyed first, while the rings still take completions
   CommandBounds bounds_;
+  uint64_t local_region_bytes_ = 0;  // this member's RDMA region, as allocated
   bool proxied_ = false;
 };
 

@@ -24,12 +24,44 @@ inline std::string TestFabricSecret() {
   return secret;
 }
 
+// Copies every proof that a channel's calls carry into `proofs` (what an impostor on the callee's port receives).
+class ProofRecorder final : public grpc::experimental::Interceptor {
+ public:
+  explicit ProofRecorder(std::vector<std::string>* proofs) : proofs_(proofs) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      auto* metadata = methods->GetSendInitialMetadata();
+      if (auto it = metadata->find(common::kPeerAuthMetadataKey); it != metadata->end()) {
+        proofs_->push_back(it->second);
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  std::vector<std::string>* const proofs_;
+};
+
+class ProofRecorderFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit ProofRecorderFactory(std::vector<std::string>* proofs) : proofs_(proofs) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new ProofRecorder(proofs_);
+  }
+
+ private:
+  std::vector<std::string>* const proofs_;
+};
+
+// With `proofs`, every proof the channel's calls carry is appended to it (not thread-safe: one call at a time).
 inline std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address, const std::string& fabric_id,
-                                                  std::optional<common::PeerProofClaim> claim) {
+                                                  std::optional<common::PeerProofClaim> claim,
+                                                  std::vector<std::string>* proofs = nullptr) {
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (claim.has_value()) {
     interceptors.push_back(common::MakePeerProofInterceptorFactory(TestFabricSecret(), fabric_id, *claim));
   }
+  if (proofs != nullptr) interceptors.push_back(std::make_unique<ProofRecorderFactory>(proofs));
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(),
                                                                  grpc::ChannelArguments(), std::move(interceptors));
 }

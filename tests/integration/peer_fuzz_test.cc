@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -222,6 +223,82 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
     EXPECT_TRUE((*fabric)->Fabric(rank).ok()) << "rank " << rank << " does not answer";
   }
   EXPECT_GT(total, 100);
+}
+
+// Proofs are bound to their request and spent once (issue #34): a valid proof on a mutated body, a mutated proof on
+// its own body, and a proof sent twice are all refused (UNAUTHENTICATED), and every daemon survives.
+TEST(PeerFuzz, MutatedProofsAndBodiesAreRefused) {
+  const char* env = std::getenv("EPF_FUZZ_SECONDS");
+  const absl::Duration budget = absl::Seconds(env != nullptr ? std::atoi(env) : 8) / 2;
+  auto fabric = FabricUnderTest::Start(3, {"--heartbeat_ms=100", "--heartbeat_misses=5"});
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  const std::string fabric_id = (*fabric)->fabric_id();
+  const v1::FabricView view = *(*fabric)->Fabric(0);
+  const std::string secret = TestFabricSecret();
+  constexpr char kRelease[] = "/epfabric.v1.Peer/ReleaseGroup";
+  v1::ReleaseGroupRequest seed;
+  seed.set_fabric_id(fabric_id);
+  seed.set_name("absent");
+
+  Mutator mutator(0x9f00f ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  int bodies = 0, proofs = 0, replays = 0;
+  const absl::Time deadline = absl::Now() + budget;
+  while (absl::Now() < deadline) {
+    const std::string address = view.membership().members(1 + mutator.Pick(2)).peer_address();
+    auto stub = v1::Peer::NewStub(PeerChannel(address, fabric_id, std::nullopt));
+    v1::ReleaseGroupRequest request = seed;
+    std::string proof = common::MakePeerProof(secret, fabric_id, kRelease, {common::PeerRole::kMember, 0},
+                                              seed.SerializeAsString(), absl::Now());
+    const int kind = mutator.Pick(3);
+    if (kind == 0) {
+      for (int i = 1 + mutator.Pick(3); i > 0; --i) mutator.Mutate(&request);
+      if (request.SerializeAsString() == seed.SerializeAsString()) continue;
+      ++bodies;
+    } else if (kind == 1) {
+      const std::string original = proof;
+      switch (mutator.Pick(3)) {
+        case 0:
+          proof[mutator.Pick(static_cast<int>(proof.size()))] ^= static_cast<char>(1 + mutator.Pick(127));
+          break;
+        case 1:
+          proof.resize(mutator.Pick(static_cast<int>(proof.size())));
+          break;
+        default:
+          proof.insert(mutator.Pick(static_cast<int>(proof.size())), 1 + mutator.Pick(3), ':');
+          break;
+      }
+      if (proof == original) continue;
+      ++proofs;
+    } else {
+      // Once with its own body (accepted), then again.
+      grpc::ClientContext first;
+      first.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+      first.AddMetadata(common::kPeerAuthMetadataKey, proof);
+      v1::ReleaseGroupResponse ignored;
+      EXPECT_NE(stub->ReleaseGroup(&first, request, &ignored).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      ++replays;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    // Metadata values must be printable: a mutation gRPC itself refuses to send proves nothing about the daemon.
+    if (std::any_of(proof.begin(), proof.end(), [](char c) { return c < 0x20 || c > 0x7e; })) continue;
+    context.AddMetadata(common::kPeerAuthMetadataKey, proof);
+    v1::ReleaseGroupResponse response;
+    const grpc::Status status = stub->ReleaseGroup(&context, request, &response);
+    // A body that does not parse (a string field with invalid UTF-8) is refused by gRPC before any handler: INTERNAL.
+    if (kind == 0 && status.error_code() == grpc::StatusCode::INTERNAL) continue;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << "kind " << kind << ": " << status.error_message() << "\nproof " << proof << "\n"
+        << request.DebugString();
+  }
+  std::cout << "[ FUZZ     ] " << bodies << " re-bodied proofs, " << proofs << " mutated proofs, " << replays
+            << " replays\n";
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE((*fabric)->daemon(rank).process().running()) << "rank " << rank << " died:\n"
+                                                             << (*fabric)->daemon(rank).process().Stderr();
+  }
+  EXPECT_GT(bodies + proofs + replays, 10);
 }
 
 // NotifyLease (issue #14) speaks only for the rank the sender serves: a member claiming another member's rank, a

@@ -1,6 +1,7 @@
 // Security regressions that are not about credentials (issue #13): forged group requests from a member's
 // credential are refused and crash nothing; Joins carry token digests, not tokens, so an impostor on a dead
-// coordinator's port learns none; quotas; clipped echoes; connection floods.
+// coordinator's port learns none; a member bounds its own region by its own allocation, whatever a Commit claims
+// (issue #34); quotas; clipped echoes; connection floods.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -194,6 +195,65 @@ TEST(PeerRequests, AnImpostorOnADeadCoordinatorsPortGetsNoTokens) {
     }
   }
   EXPECT_TRUE(reported) << "rank 1 reported its group (as a digest)";
+}
+
+// Whether rank 1 lists group `name` as READY.
+bool ReadyOnRankOne(FabricUnderTest& fabric, const std::string& name) {
+  auto view = fabric.Fabric(1);
+  if (!view.ok()) return false;
+  for (const auto& group : view->groups()) {
+    if (group.name() == name) return group.state() == v1::GROUP_STATE_READY;
+  }
+  return false;
+}
+
+TEST(PeerRequests, ACommitThatMisstatesThisMembersOwnRegionIsRefused) {
+  auto fabric = FabricUnderTest::Start(2, kFast);
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  ASSERT_TRUE((*fabric)->WaitComplete().ok());
+  const std::string fabric_id = (*fabric)->fabric_id();
+  // The coordinator's credential (a replayed or stolen one): Prepare on rank 1, then a Commit whose record for rank 1
+  // claims a region of 2^40 bytes, which rank 1 would take as the bound of its own region for ring puts.
+  auto as_zero =
+      PeerAs((*fabric)->Fabric(0)->membership().members(1).peer_address(), fabric_id, {common::PeerRole::kMember, 0});
+  v1::PrepareGroupRequest prepare;
+  prepare.set_fabric_id(fabric_id);
+  prepare.set_token(std::string(32, 't'));
+  prepare.set_epoch((*fabric)->Fabric(1)->membership().epoch());
+  v1::GroupInfo* group = prepare.mutable_group();
+  group->set_name("forged");
+  group->add_ranks(0);
+  group->add_ranks(1);
+  group->set_num_nvl_bytes(1 << 20);
+  group->set_num_rdma_bytes(1 << 20);
+  group->set_transport_channels(1);
+  group->set_ring_slots(16);
+  v1::PrepareGroupResponse prepared;
+  grpc::Status status = Timed([&](auto* c) { return as_zero->PrepareGroup(c, prepare, &prepared); });
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(prepared.transport().region_bytes(), uint64_t{1} << 20);
+
+  v1::CommitGroupRequest commit;
+  commit.set_fabric_id(fabric_id);
+  commit.set_name("forged");
+  commit.set_epoch(prepare.epoch());
+  v1::PrepareGroupResponse* other = commit.add_members();
+  *other = prepared;
+  for (v1::RegionDescriptor& region : *other->mutable_regions()) region.set_rank(0);
+  v1::PrepareGroupResponse* own = commit.add_members();
+  *own = prepared;
+  own->mutable_transport()->set_region_bytes(uint64_t{1} << 40);
+  v1::CommitGroupResponse committed;
+  status = Timed([&](auto* c) { return as_zero->CommitGroup(c, commit, &committed); });
+  EXPECT_EQ(status.error_code(), Code::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("members[1].transport.region_bytes: 1099511627776 bytes"));
+  EXPECT_FALSE(ReadyOnRankOne(**fabric, "forged"));
+
+  // The true size commits.
+  own->mutable_transport()->set_region_bytes(prepared.transport().region_bytes());
+  status = Timed([&](auto* c) { return as_zero->CommitGroup(c, commit, &committed); });
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(ReadyOnRankOne(**fabric, "forged"));
 }
 
 TEST(Limits, GroupQuotaAndClippedNames) {

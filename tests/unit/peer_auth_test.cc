@@ -20,37 +20,46 @@ using ::testing::HasSubstr;
 
 constexpr char kSecret[] = "0123456789abcdef-fabric-secret";
 constexpr char kJoin[] = "/epfabric.v1.Peer/Join";
+constexpr char kBody[] = "serialized request";
 
 TEST(PeerProof, VerifiesForTheSameFabricMethodAndTime) {
   const absl::Time now = absl::Now();
-  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, now);
-  auto claim = common::VerifyPeerProof(kSecret, "fab", kJoin, proof, now + absl::Seconds(1));
+  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, kBody, now);
+  auto claim = common::VerifyPeerProof(kSecret, "fab", kJoin, proof, kBody, now + absl::Seconds(1));
   ASSERT_TRUE(claim.ok()) << claim.status();
-  EXPECT_EQ(claim->role, PeerRole::kMember);
-  EXPECT_EQ(claim->rank, 3);
+  EXPECT_EQ(claim->claim.role, PeerRole::kMember);
+  EXPECT_EQ(claim->claim.rank, 3);
+  EXPECT_EQ(claim->nonce.size(), 24u);
   // Two proofs for the same call differ (fresh nonce).
-  EXPECT_NE(proof, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, now));
+  EXPECT_NE(proof, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, kBody, now));
 }
 
 TEST(PeerProof, RefusesAnythingElse) {
   const absl::Time now = absl::Now();
-  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, now);
-  auto expect_refused = [](const absl::StatusOr<PeerProofClaim>& claim, const std::string& why) {
-    ASSERT_FALSE(claim.ok());
+  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 3}, kBody, now);
+  auto expect_refused = [](const absl::StatusOr<common::VerifiedPeerProof>& claim, const std::string& why) {
+    ASSERT_FALSE(claim.ok()) << "expected a refusal: " << why;
     EXPECT_EQ(claim.status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_THAT(claim.status().message(), HasSubstr(why));
   };
-  expect_refused(common::VerifyPeerProof("another-secret-of-16+", "fab", kJoin, proof, now), "does not verify");
-  expect_refused(common::VerifyPeerProof(kSecret, "other", kJoin, proof, now), "does not verify");
-  expect_refused(common::VerifyPeerProof(kSecret, "fab", "/epfabric.v1.Peer/CommitGroup", proof, now),
+  expect_refused(common::VerifyPeerProof("another-secret-of-16+", "fab", kJoin, proof, kBody, now), "does not verify");
+  expect_refused(common::VerifyPeerProof(kSecret, "other", kJoin, proof, kBody, now), "does not verify");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", "/epfabric.v1.Peer/CommitGroup", proof, kBody, now),
                  "does not verify");
-  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, proof, now + absl::Minutes(2)), "clock");
-  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, "", now), "no fabric credential");
-  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, "v1:member:3", now), "malformed");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, proof, kBody, now + absl::Minutes(2)), "clock");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, "", kBody, now), "no fabric credential");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, "v1:member:3", kBody, now), "malformed");
+  // The request is signed: the same proof on another body is refused.
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, proof, "another request", now),
+                 "made for another request");
+  // Numbers have one spelling: "+3" or " 3" for 3 is another text for the same proof.
+  std::string respelled = proof;
+  respelled.replace(respelled.find(":3:"), 3, ":+3:");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, respelled, kBody, now), "malformed");
   // The rank is signed: changing it breaks the proof.
   std::string forged = proof;
   forged.replace(forged.find(":3:"), 3, ":0:");
-  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, forged, now), "does not verify");
+  expect_refused(common::VerifyPeerProof(kSecret, "fab", kJoin, forged, kBody, now), "does not verify");
 }
 
 class SecretFile : public ::testing::Test {
@@ -90,14 +99,15 @@ TEST_F(SecretFile, RefusesOpenModesShortSecretsAndMissingFiles) {
 TEST(PeerAuthenticator, SecretModeNeedsAProofAndBindsTheRank) {
   daemon::security::PeerAuthenticator auth({"fab", kSecret, /*mutual_tls=*/false, /*insecure=*/false});
   const absl::Time now = absl::Now();
-  auto none = auth.Check(kJoin, nullptr, "", now);
+  auto none = auth.Check(kJoin, nullptr, "", kBody, now);
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnauthenticated);
-  auto member =
-      auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, now), now);
+  auto member = auth.Check(
+      kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, kBody, now), kBody, now);
   ASSERT_TRUE(member.ok()) << member.status();
   EXPECT_TRUE(member->authenticated);
   EXPECT_EQ(member->rank, 2);
-  auto ops = auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kOps, -1}, now), now);
+  auto ops = auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kOps, -1}, kBody, now),
+                        kBody, now);
   ASSERT_TRUE(ops.ok());
   EXPECT_EQ(ops->role, PeerRole::kOps);
 }
@@ -106,32 +116,76 @@ TEST(PeerAuthenticator, TlsModeReadsTheRoleFromTheCommonName) {
   daemon::security::PeerAuthenticator auth({"fab", "", /*mutual_tls=*/true, /*insecure=*/false});
   const absl::Time now = absl::Now();
   const std::string member_cn = daemon::security::MemberCommonName("fab", 5);
-  auto member = auth.Check(kJoin, &member_cn, "", now);
+  auto member = auth.Check(kJoin, &member_cn, "", kBody, now);
   ASSERT_TRUE(member.ok()) << member.status();
   EXPECT_EQ(member->rank, 5);
   const std::string ops_cn = daemon::security::OpsCommonName("fab");
-  EXPECT_EQ(auth.Check(kJoin, &ops_cn, "", now)->role, PeerRole::kOps);
+  EXPECT_EQ(auth.Check(kJoin, &ops_cn, "", kBody, now)->role, PeerRole::kOps);
   for (const std::string cn : {"localhost", "epfabric-member:other:1", "epfabric-member:fab:-1", "epfabric-ops:x"}) {
-    auto refused = auth.Check(kJoin, &cn, "", now);
+    auto refused = auth.Check(kJoin, &cn, "", kBody, now);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << cn;
   }
-  EXPECT_EQ(auth.Check(kJoin, nullptr, "", now).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(auth.Check(kJoin, nullptr, "", kBody, now).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 TEST(PeerAuthenticator, TlsAndSecretMustNameTheSameRank) {
   daemon::security::PeerAuthenticator auth({"fab", kSecret, /*mutual_tls=*/true, /*insecure=*/false});
   const absl::Time now = absl::Now();
   const std::string cn = daemon::security::MemberCommonName("fab", 1);
-  EXPECT_TRUE(
-      auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 1}, now), now).ok());
-  auto mismatch =
-      auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 0}, now), now);
+  EXPECT_TRUE(auth.Check(kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 1}, kBody, now),
+                         kBody, now)
+                  .ok());
+  auto mismatch = auth.Check(
+      kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 0}, kBody, now), kBody, now);
   EXPECT_THAT(mismatch.status().message(), HasSubstr("the certificate names member rank 1"));
+}
+
+TEST(PeerAuthenticator, AProofIsAcceptedOnceForTheRequestItWasMadeFor) {
+  daemon::security::PeerAuthenticator auth({"fab", kSecret, /*mutual_tls=*/false, /*insecure=*/false});
+  const absl::Time now = absl::Now();
+  const std::string proof = common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, kBody, now);
+  auto other_body = auth.Check(kJoin, nullptr, proof, "another request", now);
+  EXPECT_EQ(other_body.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(other_body.status().message(), HasSubstr("made for another request"));
+  auto first = auth.Check(kJoin, nullptr, proof, kBody, now);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_FALSE(first->nonce.empty());
+  auto replay = auth.Check(kJoin, nullptr, proof, kBody, now + absl::Seconds(1));
+  EXPECT_EQ(replay.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(replay.status().message(), HasSubstr("used already"));
+  // After the window the time check refuses it (the nonce need not be kept longer).
+  auto late = auth.Check(kJoin, nullptr, proof, kBody, now + common::kPeerAuthMaxSkew + absl::Seconds(1));
+  EXPECT_THAT(late.status().message(), HasSubstr("clock"));
+}
+
+TEST(PeerNonceCache, IsBoundedAndForgetsExpiredNonces) {
+  common::PeerNonceCache cache(2);
+  const absl::Time now = absl::Now();
+  auto proof = [&](const std::string& nonce) { return common::VerifiedPeerProof{{}, nonce, now}; };
+  EXPECT_TRUE(cache.Remember(kJoin, proof("a"), now).ok());
+  EXPECT_TRUE(cache.Remember(kJoin, proof("b"), now).ok());
+  EXPECT_EQ(cache.Remember(kJoin, proof("c"), now).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache.Remember(kJoin, proof("a"), now).code(), absl::StatusCode::kUnauthenticated);
+  const absl::Time later = now + common::kPeerAuthMaxSkew + absl::Seconds(1);
+  EXPECT_TRUE(cache.Remember(kJoin, common::VerifiedPeerProof{{}, "c", later}, later).ok());
+}
+
+TEST(PeerReplyProof, BindsTheAnswerToTheServerSecretAndTheCallsNonce) {
+  const std::string proof = common::MakePeerReplyProof(kSecret, "fab", kJoin, "nonce-1", "answer");
+  EXPECT_TRUE(common::VerifyPeerReplyProof(kSecret, "fab", kJoin, "nonce-1", "answer", proof).ok());
+  for (const absl::Status& refused : {
+           common::VerifyPeerReplyProof(kSecret, "fab", kJoin, "nonce-1", "answer", ""),
+           common::VerifyPeerReplyProof(kSecret, "fab", kJoin, "nonce-2", "answer", proof),
+           common::VerifyPeerReplyProof(kSecret, "fab", kJoin, "nonce-1", "forged", proof),
+           common::VerifyPeerReplyProof("another-secret-of-16+", "fab", kJoin, "nonce-1", "answer", proof),
+       }) {
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated);
+  }
 }
 
 TEST(PeerAuthenticator, InsecureModeAcceptsEveryCallUnauthenticated) {
   daemon::security::PeerAuthenticator auth({"fab", "", /*mutual_tls=*/false, /*insecure=*/true});
-  auto anyone = auth.Check(kJoin, nullptr, "", absl::Now());
+  auto anyone = auth.Check(kJoin, nullptr, "", kBody, absl::Now());
   ASSERT_TRUE(anyone.ok());
   EXPECT_FALSE(anyone->authenticated);
 }
