@@ -263,7 +263,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
   // A rank whose previous holder was killed a moment ago: the daemon ends that lease when it sees the connection
   // close; retry "already attached" for a few seconds.
-  for (int tries = 0; tries < 100 && absl::IsFailedPrecondition(lease.status()); ++tries) {
+  for (int tries = 0; tries < 333 && absl::IsFailedPrecondition(lease.status()); ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), attach_options);
   }

@@ -163,7 +163,7 @@ int Main() {
   }
   auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), options);
   // The previous client of this rank may still be leaving (its daemon ends that lease when it sees it go).
-  for (int tries = 0; tries < 100 && absl::IsFailedPrecondition(lease.status()); ++tries) {
+  for (int tries = 0; tries < 333 && absl::IsFailedPrecondition(lease.status()); ++tries) {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), options);
   }
