@@ -20,8 +20,10 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 std::vector<std::string> LowLatencyShape(uint64_t seed, int repeats) {
+  // The timeout also bounds the first call's wait for every rank's client (x5 under sanitizers, as e2e's workers).
   return Shape("low_latency", 16, 256, 4, 16, /*fp8=*/true, seed,
-               {absl::StrCat("--repeats=", repeats), "--timeout_ms=5000", "--fixed_tokens"});
+               {absl::StrCat("--repeats=", repeats),
+                absl::StrCat("--timeout_ms=", static_cast<int>(5000 * kSanitizerSlowdown)), "--fixed_tokens"});
 }
 
 // A worker's outcome when it was not the one killed: exact rounds (ok=1), or a failed call that names a rank and is
