@@ -20,8 +20,9 @@ namespace epfabric::daemon::groups {
 inline constexpr absl::Duration kPeerCallDeadline = absl::Seconds(30);
 // NotifyLease (fire and forget): a member that does not answer within this time misses one lease change.
 inline constexpr absl::Duration kNotifyLeaseDeadline = absl::Seconds(2);
-// A notification sent again (LeaseNotificationRetries): short, since the housekeeping thread makes it.
-inline constexpr absl::Duration kNotifyLeaseRetryDeadline = absl::Milliseconds(500);
+// A notification sent again (LeaseNotificationRetries), as long as the first: a starved member (sanitizers, two
+// cores) answers late.
+inline constexpr absl::Duration kNotifyLeaseRetryDeadline = absl::Seconds(2);
 // A member releases a group it prepared if no Commit came within this time (the coordinator gave up or died).
 inline constexpr absl::Duration kUncommittedLifetime = absl::Seconds(60);
 
