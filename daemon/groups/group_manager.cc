@@ -96,7 +96,6 @@ void GroupManager::RetryLeaseNotifications(absl::Time now) {
   if (due.empty()) return;
   const v1::Membership view = membership_->View();
   std::vector<std::string> addresses;
-  std::vector<v1::NotifyLeaseRequest> requests;
   for (const LeaseNotificationRetries::Due& d : due) {
     const bool up =
         d.member >= 0 && d.member < view.members_size() && view.members(d.member).state() == v1::MEMBER_STATE_UP;

@@ -78,7 +78,6 @@ class GroupManager {
   void CleanUpFailedCreates(absl::Time now);
   // Sends again the lease notifications that did not reach a member (lease_notifications.h). Called periodically.
   void RetryLeaseNotifications(absl::Time now);
-  size_t PendingLeaseNotifications() const { return retries_->size(); }
   std::vector<std::pair<std::string, int>> PendingReleases() const { return registry_.PendingReleases(); }
 
   // ---- fd side channel (services/fd_channel.h) ----

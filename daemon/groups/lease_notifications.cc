@@ -59,11 +59,6 @@ void LeaseNotificationRetries::Failed(const Due& due, absl::Time now) {
   entry->next = now + entry->backoff;
 }
 
-size_t LeaseNotificationRetries::size() const {
-  absl::MutexLock lock(&mutex_);
-  return entries_.size();
-}
-
 LeaseNotificationRetries::Entry* LeaseNotificationRetries::FindLocked(const Due& due) {
   for (Entry& entry : entries_) {
     if (entry.due.member == due.member && entry.due.request.group() == due.request.group() &&

@@ -38,7 +38,6 @@ class LeaseNotificationRetries {
   std::vector<Due> TakeDue(absl::Time now) ABSL_LOCKS_EXCLUDED(mutex_);
   void Delivered(const Due& due) ABSL_LOCKS_EXCLUDED(mutex_);
   void Failed(const Due& due, absl::Time now) ABSL_LOCKS_EXCLUDED(mutex_);
-  size_t size() const ABSL_LOCKS_EXCLUDED(mutex_);
 
  private:
   struct Entry {
