@@ -147,8 +147,15 @@ struct Outputs {
 int Main() {
   const int rank = absl::GetFlag(FLAGS_rank);
   const std::string prefix = absl::StrCat("EPF_CHURN rank=", rank);
+  // Milliseconds since start at each phase, printed with the result: where a run's time goes.
+  const absl::Time started = absl::Now();
+  std::string phases;
+  auto mark = [&](const char* phase) {
+    absl::StrAppend(&phases, " ", phase, "_ms=", absl::ToInt64Milliseconds(absl::Now() - started));
+  };
   auto fail = [&](const std::string& what, const absl::Status& status) {
-    std::cout << prefix << " ok=0 wrong=0 error=\"" << what << ": " << status.ToString() << "\"" << std::endl;
+    std::cout << prefix << " ok=0 wrong=0" << phases << " error=\"" << what << ": " << status.ToString() << "\""
+              << std::endl;
     return 2;
   };
   auto connected = client::Client::Connect(absl::GetFlag(FLAGS_socket), {.client_name = absl::StrCat("churn-", rank)});
@@ -160,7 +167,9 @@ int Main() {
       return fail("cudaSetDevice", absl::InvalidArgumentError("--device"));
     }
     options.accessing_device = absl::GetFlag(FLAGS_device);
+    (void)cudaFree(nullptr);  // the context now, so that its cost shows as its own phase
   }
+  mark("cuda");
   auto lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), options);
   // The previous client of this rank may still be leaving (its daemon ends that lease when it sees it go).
   for (int tries = 0; tries < 333 && absl::IsFailedPrecondition(lease.status()); ++tries) {
@@ -168,6 +177,7 @@ int Main() {
     lease = (*connected)->Attach(absl::GetFlag(FLAGS_group), rank, absl::GetFlag(FLAGS_token), options);
   }
   if (!lease.ok()) return fail("Attach", lease.status());
+  mark("attached");
   const int R = (*lease)->world_size();
   const host::LowLatencyShape shape{.num_ranks = R,
                                     .num_experts = absl::GetFlag(FLAGS_experts),
@@ -205,6 +215,7 @@ int Main() {
     views.push_back({*x, *idx, *w});
   }
 
+  mark("uploaded");
   std::vector<Outputs> outputs(rounds);
   for (int round = 0; round < rounds; ++round) {
     const bool hook = absl::GetFlag(FLAGS_hooks) && round % 2 == 1;
@@ -228,6 +239,7 @@ int Main() {
     outputs[round] = {std::move(*recv), std::move(*combined)};
   }
   if (absl::Status done = (*buffer)->Check(); !done.ok()) return fail("Check", done);
+  mark("called");
 
   // Every element: counts, the received rows of every expert, the combined rows.
   int64_t wrong = 0;
@@ -267,7 +279,8 @@ int Main() {
     }
     expected[round] = Round{};
   }
-  std::cout << prefix << " ok=" << (wrong == 0 ? 1 : 0) << " wrong=" << wrong;
+  mark("checked");
+  std::cout << prefix << " ok=" << (wrong == 0 ? 1 : 0) << " wrong=" << wrong << phases;
   if (wrong > 0) std::cout << " error=\"" << first << "\"";
   std::cout << std::endl;
   return wrong == 0 ? 0 : 1;
