@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "epfabric/common/status_macros.h"
 #include "groups/group_checks.h"
 #include "logging.h"
@@ -37,6 +38,12 @@ bool Leases::EndingLocked(const std::string& group, int rank) const {
 
 absl::StatusOr<v1::AttachResponse> Leases::Attach(const v1::AttachRequest& request, const ClientIdentity& client) {
   absl::StatusOr<v1::AttachResponse> response = StartLease(request, client);
+  const absl::Time give_up = absl::Now() + limits_.degraded_attach_wait;
+  while (absl::IsUnavailable(response.status()) && local_->State(request.group()) == v1::GROUP_STATE_DEGRADED &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+    response = StartLease(request, client);
+  }
   if (response.ok() && observer_) observer_(request.group(), request.rank(), /*attached=*/true);
   return response;
 }

@@ -36,6 +36,9 @@ struct LeaseLimits {
   absl::Duration default_ttl = absl::Seconds(10);
   absl::Duration min_ttl = absl::Seconds(1);
   absl::Duration max_ttl = absl::Minutes(5);
+  // How long Attach waits for a DEGRADED group to be READY again before it refuses: a member that missed heartbeats
+  // (a starved or paused daemon) comes back with the same incarnation and the group is restored by itself.
+  absl::Duration degraded_attach_wait = absl::Seconds(3);
 };
 
 class Leases {

@@ -6,9 +6,12 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "groups/group_checks.h"
@@ -387,6 +390,15 @@ absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::Atta
     const v1::MemberInfo& owner = view.members(group.info.ranks(request.rank()));
     return absl::FailedPreconditionError(absl::StrCat("group rank ", request.rank(), " is served by daemon rank ",
                                                       owner.rank(), " at ", owner.peer_address(), "; attach there"));
+  }
+  if (group.info.state() == v1::GROUP_STATE_DEGRADED) {
+    std::vector<std::string> lost;
+    for (int r : groups::LostRanks(group.info, group.incarnations, view)) {
+      lost.push_back(absl::StrCat(r, " (daemon rank ", group.info.ranks(r), ")"));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "group '", request.group(), "' is GROUP_STATE_DEGRADED: group rank(s) ", absl::StrJoin(lost, ", "),
+        " down or restarted; it is READY again when they are back with the incarnation that committed it"));
   }
   if (group.info.state() != v1::GROUP_STATE_READY) {
     return absl::UnavailableError(

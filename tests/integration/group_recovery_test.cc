@@ -40,10 +40,21 @@ TEST(Fabric, PausedMemberThatComesBackRestoresItsGroups) {
         absl::Seconds(5));
     ASSERT_TRUE(view.ok()) << "rank " << rank << ": " << view.status();
   }
+  // Attach waits (bounded, 3 s) for the group to be READY again, then refuses naming the member it waited for.
   v1::AttachResponse attached;
-  EXPECT_EQ(Attach(**fabric, 1, "paused", 1, group.token(), &attached).error_code(), grpc::StatusCode::UNAVAILABLE);
+  const absl::Time asked = absl::Now();
+  const grpc::Status refused = Attach(**fabric, 1, "paused", 1, group.token(), &attached);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("group rank(s) 2 (daemon rank 2) down or restarted"));
+  EXPECT_GE(absl::Now() - asked, absl::Seconds(2.5));
+  // An Attach made while the member is stopped succeeds when the member comes back within that wait.
+  grpc::Status late;
+  std::thread attach([&] { late = Attach(**fabric, 1, "paused", 1, group.token(), &attached); });
+  absl::SleepFor(absl::Milliseconds(100));
   (*fabric)->daemon(2).process().Signal(SIGCONT);
   const absl::Time resumed = absl::Now();
+  attach.join();
+  EXPECT_TRUE(late.ok()) << late.error_message();
   for (int rank : {0, 1, 2}) {
     auto view = (*fabric)->WaitView(
         rank,
@@ -56,7 +67,6 @@ TEST(Fabric, PausedMemberThatComesBackRestoresItsGroups) {
   }
   std::cout << "[ RESTORED ] group READY everywhere " << absl::ToDoubleMilliseconds(absl::Now() - resumed)
             << " ms after SIGCONT\n";
-  EXPECT_TRUE(Attach(**fabric, 1, "paused", 1, group.token(), &attached).ok());
 }
 
 // Issue #14, case 1: a create that times out because a member is stopped is rolled back everywhere, also on that
