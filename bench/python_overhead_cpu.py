@@ -11,10 +11,13 @@ Usage: bench/python_overhead_cpu.py [--iterations N] [--json FILE]  (EPF_BUILD_D
 """
 import argparse
 import ctypes
+import datetime
 import json
 import os
 import pathlib
+import platform
 import statistics
+import subprocess
 import sys
 import time
 
@@ -218,10 +221,18 @@ def main():
         print(f"{name:24} {py:10.1f} {c:10.1f} {py - c:10.1f}")
     print(f"{'layout (python)':24} {results['layout_python_us']:10.1f}")
     print(f"{'ll dispatch+combine (py)':24} {results['ll_pair_python_us']:10.1f}")
-    results["shape"] = {"max_tokens": M, "hidden": HIDDEN, "topk": TOPK, "experts": EXPERTS, "ranks": 1,
-                        "backend": "host", "torch": torch.__version__, "python": sys.version.split()[0]}
+    commit = subprocess.run(["git", "-C", str(pathlib.Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    report = {"name": "python-overhead-cpu",
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ"),
+              "device": f"CPU host-backend run ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)",
+              "commit": commit or "unknown",
+              "config": {"max_tokens": M, "hidden": HIDDEN, "topk": TOPK, "experts": EXPERTS, "ranks": 1,
+                         "backend": "host", "torch": torch.__version__, "python": sys.version.split()[0],
+                         "iterations": opts.iterations},
+              "results": results}
     if opts.json:
-        pathlib.Path(opts.json).write_text(json.dumps(results, indent=2) + "\n")
+        pathlib.Path(opts.json).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
