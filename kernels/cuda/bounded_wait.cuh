@@ -126,7 +126,7 @@ __device__ __forceinline__ bool bounded_wait(Pred pred, uint64_t timeout_ns, Ker
       if (peer_lost(lost_ranks, peer_rank)) {
         // A rank that ends its lease right after its last data landed is published as lost after that landing: data
         // that arrived between the poll above and this read is there, and the rank was not silent (seen across
-        // hosts, where a rank's last puts land moments before it exits: 4 hosts x 2 ranks, 2026-11-26).
+        // hosts, where a rank's last puts land moments before it exits).
         if (pred()) return true;
         if (record_loss) record_peer_lost(status, site, waiting_rank, peer_rank, channel);
         return false;

@@ -20,8 +20,8 @@ struct LaunchShape {
 // Loads `kernel` on the current device now and opts it in to `dynamic_smem_bytes`. CUDA loads kernels lazily by
 // default, and a first launch that has to load code waits for the kernels running on the device: a gate kernel, or
 // a peer rank's kernel of the same process spinning on a signal, then holds it up (and the peers waiting for this
-// rank's kernel) up to that kernel's timeout. Seen as barrier timeouts of the first combine with 4 GPUs driven from
-// one process (intranode_bench, 2026-11-26). Querying the attributes loads the function.
+// rank's kernel) up to that kernel's timeout: barrier timeouts of the first combine when one process drives several
+// GPUs. Querying the attributes loads the function.
 template <typename Kernel>
 cudaError_t preload_kernel(Kernel kernel, size_t dynamic_smem_bytes = 0) {
   cudaFuncAttributes attributes;

@@ -203,7 +203,7 @@ __device__ __forceinline__ void send_phase(const DispatchParams& p, MaskedRanks<
     // One expert per routing warp (the last E warps of the grid). The routing warps of a block leave their counts in
     // shared memory, and the block's last warp publishes them all behind one system-scope fence: each system-scope
     // fence or release costs about 2 us, and those of one SM's warps do not overlap (a release per routing warp, 16
-    // per SM, took 3.4 us from the last data item to the last count; 2 x H100, 2026-11-27). The barrier orders the
+    // per SM, took 3.4 us from the last data item to the last count on an H100). The barrier orders the
     // other warps' table stores before that fence. Each lane acquires the work counter itself, so its own fence
     // covers the data warps' stores.
     __shared__ int64_t s_count[kWarpsPerBlock];

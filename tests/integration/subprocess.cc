@@ -47,10 +47,10 @@ std::string MakeTempDir() {
 }
 
 // The child dies with the test: a test process killed by a signal (a timeout's SIGTERM or SIGKILL, ^C) runs no
-// destructor, and its daemons and workers would otherwise live on and load the machine for the tests after it (40
-// daemons did, session 12). PR_SET_PDEATHSIG fires when the thread that forked exits, so children are started from
-// threads that outlive them (every test here starts them from its main thread). Between fork and exec the child calls
-// only async-signal-safe functions (the test process has threads).
+// destructor, and its daemons and workers would otherwise live on and load the machine for the tests after it.
+// PR_SET_PDEATHSIG fires when the thread that forked exits, so children are started from threads that outlive them
+// (every test here starts them from its main thread). Between fork and exec the child calls only async-signal-safe
+// functions (the test process has threads).
 absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv) {
   Subprocess process;
   process.dir_ = MakeTempDir();

@@ -40,8 +40,8 @@ TEST(Subprocess, DISABLED_HelperStartsAChildAndIsKilled) {
   kill(getpid(), SIGKILL);
 }
 
-// A test process SIGKILLed mid-test runs no destructor: its daemons and workers would outlive it (session 12 found
-// 40 such daemons an hour later, loading the machine for every test after). Here the helper above is that test
+// A test process SIGKILLed mid-test runs no destructor: its daemons and workers would outlive it and load the
+// machine for every test after. Here the helper above is that test
 // process; its child must be gone (or a zombie) within a second of its death.
 TEST(Subprocess, ChildrenDieWithAKilledTestProcess) {
   const std::string dir = MakeTempDir();
