@@ -124,7 +124,7 @@ def overhead_in_processes(fab, token, iterations):
     out = []
     for p in procs:
         text, _ = p.communicate(timeout=300)
-        line = [l for l in text.splitlines() if l.startswith("EPF_CHILD ")]
+        line = [t for t in text.splitlines() if t.startswith("EPF_CHILD ")]
         if p.returncode != 0 or not line:
             raise RuntimeError(f"a child rank failed:\n{text}")
         out.append(json.loads(line[0].split(" ", 1)[1]))
@@ -261,12 +261,15 @@ def main():
                    "normal_first_dispatch_tokens": 512, "trials": opts.trials, "iterations": opts.iterations,
                    "graph_pairs": GRAPH_PAIRS,
                    "python": sys.version.split()[0], "torch": torch.__version__,
-                   "timing": "warm attach: attach + first dispatch (+ layout in normal mode) until the stream is "
-                             "idle, the slower rank, median of trials; overhead: Python method wall time minus the "
-                             "time inside the C ABI call, median per call, the slower rank; python_overhead_*_us: both ranks are threads of this process, so this includes waiting for the GIL while the other rank runs Python; *_one_rank_per_process: each rank in its own process (how servers run); graph: CUDA events around the "
-                             "replay of one graph of graph_pairs back-to-back dispatch + combine pairs (fp8), per pair, "
-                             "median, the slower rank (low_latency_bench's both_us with the ranks sharing GPU 0 is the "
-                             "C++ figure to compare); eager: one dispatch + combine from Python, same events"},
+                   "timing": "warm attach: attach + first dispatch (+ layout in normal mode) until the stream is idle, "
+                             "the slower rank, median of trials; overhead: Python method wall time minus the time "
+                             "inside the C ABI call, median per call, the slower rank; python_overhead_*_us: both ranks"
+                             " are threads of this process, so this includes waiting for the GIL while the other rank "
+                             "runs Python; *_one_rank_per_process: each rank in its own process (how servers run); "
+                             "graph: CUDA events around the replay of one graph of graph_pairs back-to-back dispatch + "
+                             "combine pairs (fp8), per pair, median, the slower rank (low_latency_bench's both_us with "
+                             "the ranks sharing GPU 0 is the C++ figure to compare); eager: one dispatch + combine from"
+                             " Python, same events"},
         "results": results,
     }
     print(f"{'measure':45s} value")

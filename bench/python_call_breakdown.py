@@ -26,7 +26,6 @@ def main():
     opts = parser.parse_args()
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     x = torch.empty(128, 7168, dtype=torch.bfloat16, device=dev)
-    idx = torch.zeros(128, 8, dtype=torch.int64, device=dev)
     scales = torch.empty(36, 56, 256, dtype=torch.float32, device=dev)
     cuda = dev.type == "cuda"
     ops = {

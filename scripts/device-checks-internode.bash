@@ -1,3 +1,4 @@
+# shellcheck disable=SC2034  # status is device-checks' global (this file is sourced by it)
 # Sourced by device-checks (its globals: BUNDLE, OUT, SECRET_FILE, status, device_of): the internode checks
 # (issue #12), kept apart by role so that device-checks stays one screen per check.
 
@@ -74,9 +75,10 @@ run_internode() {
     if [[ " $* " == *" --mode=both "* ]]; then
       # One low-latency group that serves normal mode too: normal mode's parts first (rounded up to 4096).
       local args=("$@") normal ll
-      normal=$("$worker" --region_bytes --ranks="$per_host" --hosts="$hosts" "${args[@]/#--mode=both/--mode=normal}") &&
-        ll=$("$worker" --region_bytes --ranks="$per_host" --hosts="$hosts" "${args[@]/#--mode=both/--mode=low_latency}") ||
-        { echo "$name: --region_bytes failed"; status=1; return; }
+      if ! normal=$("$worker" --region_bytes --ranks="$per_host" --hosts="$hosts" "${args[@]/#--mode=both/--mode=normal}") ||
+        ! ll=$("$worker" --region_bytes --ranks="$per_host" --hosts="$hosts" "${args[@]/#--mode=both/--mode=low_latency}"); then
+        echo "$name: --region_bytes failed"; status=1; return
+      fi
       local normal_nvl=$(((${normal% *} + 4095) / 4096 * 4096)) normal_rdma=$(((${normal#* } + 4095) / 4096 * 4096))
       mode=(--low_latency --normal_bytes="$normal_nvl" --normal_rdma_bytes="$normal_rdma")
       bytes="$((normal_nvl + ${ll% *})) $((normal_rdma + ${ll#* }))"
@@ -126,7 +128,7 @@ run_internode() {
     done
     echo "fabric: $up of $world members up"
     if [[ $only == wide ]]; then
-      local wide=(--mode=low_latency --repeats=2 --timeout_ms=120000 --tokens=8 --hidden=256 --topk=8 --experts=$e16)
+      local wide=(--mode=low_latency --repeats=2 --timeout_ms=120000 --tokens=8 --hidden=256 --topk=8 "--experts=$e16")
       internode_case wide-relay no "${wide[@]}" --hooks --fp8 --seed=61
       internode_case wide-device no "${wide[@]}" --low_latency_issue=device --seed=62
     fi

@@ -45,9 +45,12 @@ demo_run_workers() {
   shift 2
   local rc=0 pid
   DEMO_WORKER_PIDS=()
+  # EPF_DEMO_WORKER_FLAGS: more worker flags, separated by spaces.
+  local extra_flags=()
+  read -r -a extra_flags <<<"${EPF_DEMO_WORKER_FLAGS:-}"
   for ((r = 0; r < DEMO_RANKS; r++)); do
     "$DEMO_WORKER" --socket="$DEMO_DIR/$DEMO_SOCK$r.sock" --group="$group" --rank="$r" --launch_unix_ns="$(date +%s%N)" \
-      --token="$token" "${DEMO_DEVICE_FLAGS[@]/\{device\}/$((r % DEMO_GPUS))}" "$@" ${EPF_DEMO_WORKER_FLAGS:-} \
+      --token="$token" "${DEMO_DEVICE_FLAGS[@]/\{device\}/$((r % DEMO_GPUS))}" "$@" "${extra_flags[@]}" \
       >"$DEMO_DIR/w$r.out" 2>"$DEMO_DIR/w$r.err" &
     DEMO_WORKER_PIDS+=($!)
   done
@@ -349,7 +352,7 @@ cmd_demo() {
   done
   DEMO_INTER_PIDS=()
   if compgen -G "/dev/shm/*$DEMO_FABRIC*" >/dev/null; then
-    log "shared memory left behind: $(ls /dev/shm | grep "$DEMO_FABRIC" | tr '\n' ' ')"
+    log "shared memory left behind: $(compgen -G "/dev/shm/*$DEMO_FABRIC*" | tr '\n' ' ')"
     failed=1
   fi
   echo

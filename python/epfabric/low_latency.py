@@ -217,8 +217,8 @@ class LowLatencyMixin:
         """
         from .buffer import _config, required_group_bytes
         cfg = self._ll_cfg
-        if (cfg is not None and (cfg["max_tokens"], cfg["hidden"], cfg["num_experts"]) == (max_tokens, hidden,
-                                                                                          num_experts)
+        if (cfg is not None
+                and (cfg["max_tokens"], cfg["hidden"], cfg["num_experts"]) == (max_tokens, hidden, num_experts)
                 and topk <= cfg["topk"]):
             self._ll_key = (max_tokens, hidden, topk, num_experts)
             return

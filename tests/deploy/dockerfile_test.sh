@@ -37,9 +37,9 @@ done < <(grep -oE 'apt-get install [^&]*' <<<"$runs" | grep -v xargs || true)
 grep -q 'runtime-packages.txt' <<<"$runs" || fail "the runtime stage does not install the runtime-packages list"
 
 # Every scripts/epf command the Dockerfile uses exists.
-for command in $(grep -oE 'scripts/epf [a-z-]+' <<<"$runs" | awk '{ print $2 }' | sort -u); do
+while read -r command; do
   "$ROOT/scripts/epf" --help | grep -qE "^  $command( |$)" || fail "scripts/epf has no command '$command'"
-done
+done < <(grep -oE 'scripts/epf [a-z-]+' <<<"$runs" | awk '{ print $2 }' | sort -u)
 
 # Runtime stage: the last FROM onwards.
 runtime=$(awk '/^FROM /{ block = "" } { block = block $0 "\n" } END { printf "%s", block }' "$file")

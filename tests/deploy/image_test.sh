@@ -24,6 +24,7 @@ if ((${#run[@]} == 0)); then
 fi
 trap 'podman rmi -f "$tag" >/dev/null 2>&1 || true' EXIT
 "${run[@]}" "$tag" --help | grep -q -- --metrics_listen
+# shellcheck disable=SC2016  # the script runs in the container's sh
 "${run[@]}" --entrypoint sh "$tag" -c '
   epfabricd --client_socket=/run/epfabric/d.sock --insecure_peer_port --backend=host & pid=$!
   for i in $(seq 100); do [ -S /run/epfabric/d.sock ] && break; sleep 0.1; done

@@ -130,7 +130,7 @@ class ApiTest(unittest.TestCase):
         nvl, _ = epfabric.required_group_bytes(32, HIDDEN, TOPK, EXPERTS, False, 1, N)
         cls.token = cls.client.create_group("api-normal", [0, 1], nvl, 0, False)
         cls.bufs = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(cls.fabric.sockets[r], "api-normal", r,
-                                                                          cls.token))
+                                                                        cls.token))
 
     @classmethod
     def tearDownClass(cls):
@@ -169,16 +169,16 @@ class ApiTest(unittest.TestCase):
         layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
         cases = [
             ("x.dtype", TypeError, lambda: b.dispatch(x.float(), **layout, topk_idx=idx)),
-            ("not contiguous", ValueError, lambda: b.dispatch(torch.zeros(HIDDEN, 4, dtype=torch.bfloat16, device=dev).t(),
-                                                              **layout, topk_idx=idx)),
+            ("not contiguous", ValueError,
+             lambda: b.dispatch(torch.zeros(HIDDEN, 4, dtype=torch.bfloat16, device=dev).t(), **layout, topk_idx=idx)),
             ("dimensions", ValueError, lambda: b.dispatch(x[0], **layout, topk_idx=idx)),
             ("topk_idx.dtype", TypeError, lambda: b.dispatch(x, **layout, topk_idx=idx.int())),
             ("required unless handle", ValueError, lambda: b.dispatch(x, topk_idx=idx)),
             ("torch.Tensor", TypeError, lambda: b.dispatch([1, 2], **layout, topk_idx=idx)),
             ("hidden = ", ValueError, lambda: b.dispatch(torch.zeros(4, 2 * HIDDEN, dtype=torch.bfloat16, device=dev),
                                                          **layout, topk_idx=idx)),
-            ("INVALID_ARGUMENT", epfabric.EpfError, lambda: b.dispatch(torch.zeros(3, HIDDEN, dtype=torch.bfloat16, device=dev),
-                                                                       **layout, topk_idx=idx)),
+            ("INVALID_ARGUMENT", epfabric.EpfError,
+             lambda: b.dispatch(torch.zeros(3, HIDDEN, dtype=torch.bfloat16, device=dev), **layout, topk_idx=idx)),
             ("DispatchHandle", TypeError, lambda: b.combine(x, ("not", "a", "handle"))),
             ("created in normal mode", RuntimeError, lambda: b.low_latency_dispatch(x, idx, 8, EXPERTS)),
         ]

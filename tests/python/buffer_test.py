@@ -178,7 +178,6 @@ class NormalModeTest(FabricCase):
             self.assertTrue(bool((recv_idx[n:] == -1).all()), "padded rows have top-k -1")
             self.assertEqual(counts, [])
 
-
     def test_fp8_packed_ue8m0_scales(self):
         """DeepEP's int scales: packed UE8M0 int32 [tokens, hidden / 512] (column-major here, as DeepGEMM makes them)
         travel with their tokens and come back as int32 [received, hidden / 512]."""
@@ -439,16 +438,19 @@ class LowLatencyTest(FabricCase):
             bufs[r].check()
             return costs[r][0].clone().cpu(), costs[r][1].clone().cpu()
 
-        costs = [(torch.zeros(N, dtype=torch.int64, device=b.device), torch.zeros(N, dtype=torch.int64, device=b.device))
+        costs = [(torch.zeros(N, dtype=torch.int64, device=b.device),
+                  torch.zeros(N, dtype=torch.int64, device=b.device))
                  for b in bufs]
         last = [(torch.zeros(N, dtype=torch.int64), torch.zeros(N, dtype=torch.int64)) for _ in range(N)]
         for i in range(2):
             ins = self.inputs(SEED + 40 + i)
             for r, (dispatch_cost, combine_cost) in enumerate(fabric.run_ranks(N, lambda r: rank(r, ins, costs))):
                 self.assertTrue(bool((dispatch_cost - last[r][0] >= L).all()),
-                                f"call {i} rank {r}: dispatch wait costs {last[r][0].tolist()} -> {dispatch_cost.tolist()}")
+                                f"call {i} rank {r}: dispatch wait costs {last[r][0].tolist()} -> "
+                                f"{dispatch_cost.tolist()}")
                 self.assertTrue(bool((combine_cost - last[r][1] >= 1).all()),
-                                f"call {i} rank {r}: combine wait costs {last[r][1].tolist()} -> {combine_cost.tolist()}")
+                                f"call {i} rank {r}: combine wait costs {last[r][1].tolist()} -> "
+                                f"{combine_cost.tolist()}")
                 last[r] = (dispatch_cost, combine_cost)
         x, idx, _ = fabric.to_dev(*self.inputs(SEED)[0])
         for bad, kind, needle in ((costs[0][0].int(), TypeError, "dtype"), (costs[0][0][:1], ValueError, "entries")):

@@ -58,10 +58,10 @@ def worker(rank, store, hosts):
 
     def shapes_round(buf):
         """DeepEP's test_intranode order on a new Buffer: a dispatch without top-k (the C Buffer is set up for top-1;
-        with top-k across hosts), then one with top-k and twice the hidden size: every rank replaces its C Buffer at that call; the first handle is then
-        refused by combine. DeepEP's handle fields: rank_prefix_matrix (EPFABRIC_RANK_PREFIX_MATRIX=gather) equals
-        the one computed by hand, and the received rows come by source rank as it says; is_token_in_rank is the
-        dispatch's; the rest say that they are not available."""
+        with top-k across hosts), then one with top-k and twice the hidden size: every rank replaces its C Buffer at
+        that call; the first handle is then refused by combine. DeepEP's handle fields: rank_prefix_matrix
+        (EPFABRIC_RANK_PREFIX_MATRIX=gather) equals the one computed by hand, and the received rows come by source rank
+        as it says; is_token_in_rank is the dispatch's; the rest say that they are not available."""
         per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(didx, EXPERTS)
         layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
         os.environ["EPFABRIC_RANK_PREFIX_MATRIX"] = "gather"
@@ -143,7 +143,8 @@ def worker(rank, store, hosts):
     ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=roomy, low_latency_mode=True, explicitly_destroy=True)
     low_latency_round(ll)
     first = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)[2]
-    # Another num_max_dispatch_tokens_per_rank that fits the group: every rank replaces its low-latency C Buffer at this call
+    # Another num_max_dispatch_tokens_per_rank that fits the group: every rank replaces its low-latency C Buffer at
+    # this call
     low_latency_round(ll, M=2 * M)
     assert ll._ll_cfg["max_tokens"] == 2 * M, ll._ll_cfg
     try:
