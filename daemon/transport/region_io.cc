@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
-#include "epfabric/kernels/transport/device.h"
+#include "epfabric/kernels/transport/signal.h"
 
 namespace epfabric::daemon::transport {
 namespace {

@@ -1,4 +1,4 @@
-// Kernels of the transport: a list issuer (tests, benchmarks) and the receiving daemon's signal add.
+// Kernels of the transport: a list issuer (tests, benchmarks). The receiving daemon's signal add is signal_add.cu.
 #include <vector>
 
 #include "api/launch_error.h"
@@ -35,11 +35,6 @@ __global__ void issue_commands(const IssueParams params) {
   if (!ok && transport_device::ring_failed(ring)) params.ring_failed[c] = 1;
 }
 
-__global__ void signal_add(unsigned long long* word, long long value) {
-  atomicAdd_system(word, static_cast<unsigned long long>(value));
-  __threadfence_system();
-}
-
 }  // namespace
 
 absl::Status LaunchIssueCommands(const std::vector<DeviceRing>& rings, const Command* commands, const int* offsets,
@@ -66,14 +61,6 @@ absl::Status LaunchIssueCommands(const std::vector<DeviceRing>& rings, const Com
   params.ring_failed = ring_failed;
   issue_commands<<<static_cast<int>(rings.size()), 32, 0, stream>>>(params);
   return LaunchError(cudaGetLastError(), "transport issue_commands");
-}
-
-absl::Status LaunchSignalAdd(void* word, int64_t value, cudaStream_t stream) {
-  if (word == nullptr || reinterpret_cast<uintptr_t>(word) % 8 != 0) {
-    return absl::InvalidArgumentError("transport: signal word null or not 8-byte aligned");
-  }
-  signal_add<<<1, 1, 0, stream>>>(static_cast<unsigned long long*>(word), static_cast<long long>(value));
-  return LaunchError(cudaGetLastError(), "transport signal_add");
 }
 
 }  // namespace epfabric::kernels::transport

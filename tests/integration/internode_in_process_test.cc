@@ -19,7 +19,7 @@ class RefusingAllocator final : public client::Allocator {
   std::atomic<bool> armed{false};
 
  private:
-  std::shared_ptr<client::Allocator> base_ = client::DefaultAllocator(v1::BACKEND_HOST);
+  std::shared_ptr<client::Allocator> base_ = client::DefaultAllocator(client::Backend::kHost);
 };
 
 // A rank whose dispatch fails before it sent its rows (its allocator refuses: the same path as a lost rank's peer, bad

@@ -297,7 +297,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     if (!created.ok()) return fail("Buffer::Create (low latency)", created.status());
     ll_buffer = std::move(*created);
   }
-  Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);
+  Memory mem((*buffer)->backend() == client::Backend::kCuda);
   Checks checks(rank);
 
   if (absl::GetFlag(FLAGS_reset_first)) {
@@ -394,8 +394,8 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
                    "restart_to_first_dispatch_ms=%.2f tokens_total=%d remote_rows_total=%d",
                    static_cast<int>(dispatch_ms.size()), Median(dispatch_ms), Median(combine_ms), bytes,
                    checks.max_rel_err(), checks.max_rel_err_vs_bf16, refused, cases, timeouts,
-                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", RestartToFirstDispatchMs(), round_tokens,
-                   remote_rows)
+                   (*buffer)->backend() == client::Backend::kCuda ? "cuda" : "host", RestartToFirstDispatchMs(),
+                   round_tokens, remote_rows)
             << std::endl;
   return 0;
 }

@@ -142,7 +142,7 @@ int RunRestartProbe(const Scenario& s, const BufferConfig& config, int64_t main_
   if (!buffer.ok()) return fail("buffer", buffer.status());
   const double buffer_ms = now();
 
-  Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);
+  Memory mem((*buffer)->backend() == client::Backend::kCuda);
   auto inputs = MakeProbeInputs(s, rank, mem);
   if (!inputs.ok()) return fail("inputs", inputs.status());
   const double inputs_ms = now();
@@ -158,7 +158,7 @@ int RunRestartProbe(const Scenario& s, const BufferConfig& config, int64_t main_
                    "device=%d mode=%s tokens=%d hidden=%d topk=%d experts=%d fp8=%d received=%d attach_retries=%d "
                    "ok=1",
                    rank, dispatch_ms, main_ms, connect_ms, attach_ms, buffer_ms, dispatch_ms, inputs_ms, context_ms,
-                   (*buffer)->backend() == v1::BACKEND_CUDA ? "cuda" : "host", device,
+                   (*buffer)->backend() == client::Backend::kCuda ? "cuda" : "host", device,
                    s.low_latency ? "low_latency" : "normal", static_cast<int>(inputs->topk_idx.shape[0]), s.hidden,
                    s.topk, s.experts, s.fp8 ? 1 : 0, *received, attach_retries)
             << std::endl;

@@ -192,7 +192,7 @@ int Main() {
                               .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))};
   auto buffer = Buffer::Create(lease->get(), config);
   if (!buffer.ok()) return fail("Buffer::Create", buffer.status());
-  Memory mem((*buffer)->backend() == v1::BACKEND_CUDA);
+  Memory mem((*buffer)->backend() == client::Backend::kCuda);
 
   // Every round's inputs first, so that the rounds run back to back; the references after them, so that the first
   // round starts as soon as the client is attached (as a serving process's does).

@@ -32,15 +32,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "epfabric/client/client.h"
 #include "epfabric/kernels/common.h"
 #include "epfabric/kernels/intranode.h"
 #include "epfabric/kernels/low_latency.h"
 
 namespace epfabric::client {
+class Lease;  // epfabric/client/client.h
 namespace internal {
 struct InternodeHandle;
 }
+
+// Where a Buffer's data lives and its work runs (the lease's backend): cuda (device memory, kernels on the caller's
+// stream) or host (host memory, the host backend on the calling thread).
+enum class Backend { kCuda, kHost };
 
 // A contiguous row-major tensor: pointer, element type, shape. An empty view (data == nullptr and no shape) means
 // "not given". A view with a shape and no elements (a rank with 0 tokens) is given even when data is null: every
@@ -77,7 +81,7 @@ class Allocator {
 };
 
 // cuda: cudaMallocAsync / cudaFreeAsync on the call's stream; host: 256-byte aligned host memory.
-std::shared_ptr<Allocator> DefaultAllocator(v1::Backend backend);
+std::shared_ptr<Allocator> DefaultAllocator(Backend backend);
 
 // What a Buffer is sized for. Every rank of the group uses the same; the group's regions (CreateGroup's
 // num_nvl_bytes; in a group that serves both modes, the mode's part) must be at least RequiredRegionBytes(config,
@@ -263,7 +267,7 @@ class Buffer {
 
   int rank() const;
   int num_ranks() const;
-  v1::Backend backend() const;
+  Backend backend() const;
   const BufferConfig& config() const;
 
   absl::StatusOr<DispatchLayout> GetDispatchLayout(const TensorView& topk_idx, cudaStream_t stream = nullptr);
@@ -303,16 +307,6 @@ class Buffer {
                                                                      cudaStream_t stream);
   // Starts counting into the lease's counters page (the outermost Buffer of a lease only).
   absl::Status CountInto(Lease* lease);
-  static absl::StatusOr<std::unique_ptr<Buffer>> CreateOver(Lease* lease, const BufferConfig& config, int rank,
-                                                            const std::vector<int>& ranks,
-                                                            std::shared_ptr<Allocator> allocator,
-                                                            uint64_t region_offset = 0);
-  static absl::StatusOr<std::unique_ptr<Buffer>> CreateInternode(Lease* lease, const BufferConfig& config,
-                                                                 std::shared_ptr<Allocator> allocator,
-                                                                 uint64_t nvl_limit, uint64_t rdma_limit);
-  static absl::StatusOr<std::unique_ptr<Buffer>> CreateLowLatencyInternode(Lease* lease, const BufferConfig& config,
-                                                                           std::shared_ptr<Allocator> allocator,
-                                                                           uint64_t nvl_offset, uint64_t rdma_offset);
   std::unique_ptr<State> state_;
 };
 

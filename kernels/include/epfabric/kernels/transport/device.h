@@ -1,4 +1,5 @@
-// The transport from CUDA: what host code needs to drive device-side issuers, and the receiving daemon's signal add.
+// The transport from CUDA: what host code needs to drive device-side issuers (and, through signal.h, the receiving
+// daemon's signal add).
 // The internode kernels issue through kernels/cuda/transport.cuh directly; LaunchIssueCommands runs the same device
 // code over a list of commands (conformance tests, benchmarks).
 #pragma once
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "epfabric/kernels/status_word.h"
 #include "epfabric/kernels/transport/ring.h"
+#include "epfabric/kernels/transport/signal.h"
 
 namespace epfabric::kernels::transport {
 
@@ -29,9 +31,5 @@ struct DeviceRing {
 absl::Status LaunchIssueCommands(const std::vector<DeviceRing>& rings, const Command* commands, const int* offsets,
                                  bool quiet, int self_rank, uint64_t timeout_ns, KernelStatus* status, int* ring_failed,
                                  cudaStream_t stream);
-
-// The receiving daemon: adds `value` to the 8-byte word at `word` (device memory) with a system-scope atomic, after
-// everything queued earlier on `stream` (the puts it received before the signal).
-absl::Status LaunchSignalAdd(void* word, int64_t value, cudaStream_t stream);
 
 }  // namespace epfabric::kernels::transport

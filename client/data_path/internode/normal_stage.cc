@@ -1,13 +1,13 @@
-// The internode normal mode of the Buffer (internode_path.h): the RDMA stage around an inner intranode Buffer.
-#include "internode_path.h"
+// The RDMA stage of normal mode across hosts (normal_stage.h), and the shape of a group across hosts.
+#include "data_path/internode/normal_stage.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "buffer_internal.h"
 #include "epfabric/common/status_macros.h"
+#include "tensor/tensors.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -76,17 +76,18 @@ InternodeRowShape InternodeRowShape::Of(const DispatchArgs& args) {
   return rows;
 }
 
-absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
-    Lease* lease, const BufferConfig& config, const InternodeGroupShape& shape, std::unique_ptr<Buffer> inner,
-    DataPath* inner_path, std::shared_ptr<Allocator> allocator, uint64_t rdma_limit) {
-  auto path = std::unique_ptr<InternodePath>(new InternodePath());
+absl::StatusOr<std::unique_ptr<NormalRdmaStage>> NormalRdmaStage::Create(Lease* lease, const BufferConfig& config,
+                                                                         const InternodeGroupShape& shape,
+                                                                         KernelPath* nvlink,
+                                                                         std::shared_ptr<Allocator> allocator,
+                                                                         uint64_t rdma_limit) {
+  auto path = std::unique_ptr<NormalRdmaStage>(new NormalRdmaStage());
   path->lease_ = lease;
   path->config_ = config;
   path->shape_ = shape;
-  path->inner_ = std::move(inner);
-  path->inner_path_ = inner_path;
+  path->nvlink_ = nvlink;
   path->allocator_ = std::move(allocator);
-  EPF_ASSIGN_OR_RETURN(path->access_, NewRegionAccess(lease->backend()));
+  EPF_ASSIGN_OR_RETURN(path->access_, NewRegionAccess(nvlink->backend()));
   path->lost_ranks_ = lease->lost_ranks_words(/*device=*/false);
   InitLostIgnore(path->lost_ranks_, path->lost_ignore_);
   EPF_ASSIGN_OR_RETURN(path->layout_,
@@ -116,7 +117,7 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
                          transport::RingIssuer::Create(transport::RingAt(commands, c, slots), c, slots));
     path->rings_.push_back(ring);
   }
-  if (lease->backend() == v1::BACKEND_CUDA) {
+  if (nvlink->backend() == Backend::kCuda) {
     // The padded (worst-case) calls' steps run on the device: their status word, and the rings as mapped there.
     void* device_commands = lease->commands_region_device();
     if (device_commands == nullptr) {
@@ -138,16 +139,16 @@ absl::StatusOr<std::unique_ptr<InternodePath>> InternodePath::Create(
   return path;
 }
 
-InternodePath::~InternodePath() {
+NormalRdmaStage::~NormalRdmaStage() {
   if (status_ != nullptr) cudaFree(status_);
 }
 
-absl::StatusOr<Tensor> InternodePath::NewTensor(DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {
+absl::StatusOr<Tensor> NormalRdmaStage::NewTensor(DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {
   return internal::NewTensor(allocator_, dtype, std::move(shape), stream);
 }
 
-absl::StatusOr<std::shared_ptr<InternodeHandle>> InternodePath::Plan(const DispatchArgs& args, int num_tokens,
-                                                                     cudaStream_t stream) {
+absl::StatusOr<std::shared_ptr<InternodeHandle>> NormalRdmaStage::Plan(const DispatchArgs& args, int num_tokens,
+                                                                       cudaStream_t stream) {
   const int H = shape_.num_hosts, L = shape_.ranks_per_host, R = H * L, M = config_.max_tokens_per_rank;
   auto plan = std::make_shared<InternodeHandle>();
   std::vector<uint8_t> in_rank(static_cast<size_t>(num_tokens) * R);
@@ -179,8 +180,8 @@ absl::StatusOr<std::shared_ptr<InternodeHandle>> InternodePath::Plan(const Dispa
   return plan;
 }
 
-kernels::InternodePackParams InternodePath::PackParams(const DispatchArgs& args, const InternodeHandle& plan,
-                                                       int row_bytes, int num_scales, int num_topk) const {
+kernels::InternodePackParams NormalRdmaStage::PackParams(const DispatchArgs& args, const InternodeHandle& plan,
+                                                         int row_bytes, int num_scales, int num_topk) const {
   kernels::InternodePackParams p;
   p.x = internal::GivenData(args.x);
   p.row_bytes = row_bytes;
@@ -203,8 +204,8 @@ kernels::InternodePackParams InternodePath::PackParams(const DispatchArgs& args,
   return p;
 }
 
-absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHandle& plan, uint64_t call,
-                                     int row_bytes, int num_scales, int num_topk, cudaStream_t stream) {
+absl::Status NormalRdmaStage::SendRows(const DispatchArgs& args, const InternodeHandle& plan, uint64_t call,
+                                       int row_bytes, int num_scales, int num_topk, cudaStream_t stream) {
   // The gateways have copied out the previous dispatch's rows, and our previous puts from the send slabs are done.
   EPF_RETURN_IF_ERROR(WaitWords(layout_.slab_free, call - 1, "release of the previous dispatch's slabs"));
   EPF_RETURN_IF_ERROR(QuietAll());
@@ -214,7 +215,7 @@ absl::Status InternodePath::SendRows(const DispatchArgs& args, const InternodeHa
   return IssueDispatchRows(plan.send_counts.data(), row_bytes, num_scales, num_topk, p.topk_weights != nullptr);
 }
 
-absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
+absl::StatusOr<DispatchResult> NormalRdmaStage::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
   if (args.cached != nullptr && args.cached->internode == nullptr) {
     return absl::InvalidArgumentError("cached: the handle is not from an internode dispatch");
   }
@@ -225,7 +226,7 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
   }
   // Worst-case mode runs the padded path (no host wait); a cached dispatch follows its handle.
   const bool padded = args.cached != nullptr ? args.cached->internode->padded : args.num_worst_tokens > 0;
-  if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
+  if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(nvlink_->backend(), stream));
   last_call_device_ = padded && device_steps();
   leave_launched_ = false;
   absl::StatusOr<DispatchResult> result = padded ? RunPaddedDispatch(args, stream) : RunDispatch(args, stream);
@@ -233,12 +234,12 @@ absl::StatusOr<DispatchResult> InternodePath::Dispatch(const DispatchArgs& args,
   return result;
 }
 
-absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cudaStream_t stream) {
+absl::StatusOr<CombineResult> NormalRdmaStage::Combine(const CombineArgs& args, cudaStream_t stream) {
   if (args.handle->internode == nullptr || args.handle->internode->inner == nullptr) {
     return absl::InvalidArgumentError("handle is not from an internode dispatch");
   }
   const bool padded = args.handle->internode->padded;
-  if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(lease_->backend(), stream));
+  if (!padded) EPF_RETURN_IF_ERROR(RefuseCaptureAcrossHosts(nvlink_->backend(), stream));
   last_call_device_ = padded && device_steps();
   leave_launched_ = false;
   absl::StatusOr<CombineResult> result = padded ? RunPaddedCombine(args, stream) : RunCombine(args, stream);
@@ -246,7 +247,7 @@ absl::StatusOr<CombineResult> InternodePath::Combine(const CombineArgs& args, cu
   return result;
 }
 
-void InternodePath::FailCall(cudaStream_t stream) {
+void NormalRdmaStage::FailCall(cudaStream_t stream) {
   if (device_steps()) {
     // The device steps already launched issue on the same rings as LeaveCall: they end first (their waits are
     // bounded). While capturing nothing ran, and the capture itself fails.
@@ -260,7 +261,7 @@ void InternodePath::FailCall(cudaStream_t stream) {
   LeaveCall();
 }
 
-absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& args, cudaStream_t stream) {
+absl::StatusOr<DispatchResult> NormalRdmaStage::RunDispatch(const DispatchArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, self = shape_.host, M = config_.max_tokens_per_rank;
   const kernels::InternodeRdmaLayout& l = layout_;
   const int num_tokens = static_cast<int>(args.x.shape[0]);
@@ -343,9 +344,9 @@ absl::StatusOr<DispatchResult> InternodePath::RunDispatch(const DispatchArgs& ar
   return NvlinkDispatch(args, {x_fwd, scales_fwd, idx_fwd, w_fwd}, std::move(recorded), stream);
 }
 
-absl::StatusOr<DispatchResult> InternodePath::NvlinkDispatch(const DispatchArgs& args, const ForwardedRows& fwd,
-                                                             std::shared_ptr<InternodeHandle> recorded,
-                                                             cudaStream_t stream) {
+absl::StatusOr<DispatchResult> NormalRdmaStage::NvlinkDispatch(const DispatchArgs& args, const ForwardedRows& fwd,
+                                                               std::shared_ptr<InternodeHandle> recorded,
+                                                               cudaStream_t stream) {
   const bool cached = args.cached != nullptr;
   DispatchArgs inner_args;
   inner_args.x = fwd.x.view;
@@ -359,10 +360,13 @@ absl::StatusOr<DispatchResult> InternodePath::NvlinkDispatch(const DispatchArgs&
   if (cached) {
     inner_args.cached = args.cached->internode->inner;
   } else {
-    EPF_ASSIGN_OR_RETURN(inner_layout, Stage(inner_->GetDispatchLayout(fwd.topk_idx.view, stream)));
+    // The forwarded indices are peer data: checked as the Buffer checks its caller's (host memory now; device memory
+    // by the layout kernel, whose count the NVLink stage's dispatch refuses).
+    EPF_RETURN_IF_ERROR(Annotate(nvlink_->CheckExpertIndices(fwd.topk_idx.view)));
+    EPF_ASSIGN_OR_RETURN(inner_layout, Stage(nvlink_->Layout(fwd.topk_idx.view, stream)));
     inner_args.layout = &inner_layout;
   }
-  EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(inner_->Dispatch(inner_args, stream)));
+  EPF_ASSIGN_OR_RETURN(DispatchResult result, Stage(nvlink_->Dispatch(inner_args, stream)));
 
   auto handle = std::make_shared<DispatchHandle>(*result.handle);
   handle->num_tokens = static_cast<int>(args.x.shape[0]);
@@ -378,7 +382,7 @@ absl::StatusOr<DispatchResult> InternodePath::NvlinkDispatch(const DispatchArgs&
   return result;
 }
 
-absl::StatusOr<CombineResult> InternodePath::InnerCombine(const CombineArgs& args, cudaStream_t stream) {
+absl::StatusOr<CombineResult> NormalRdmaStage::InnerCombine(const CombineArgs& args, cudaStream_t stream) {
   // The NVLink stage: each gateway's tokens reduced over this host's ranks. With one host this is the whole combine
   // (biases included), so a one-host group gives the intranode path's bits.
   CombineArgs inner_args;
@@ -389,10 +393,10 @@ absl::StatusOr<CombineResult> InternodePath::InnerCombine(const CombineArgs& arg
     inner_args.bias_0 = args.bias_0;
     inner_args.bias_1 = args.bias_1;
   }
-  return Stage(inner_->Combine(inner_args, stream));
+  return Stage(nvlink_->Combine(inner_args, stream));
 }
 
-absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args, cudaStream_t stream) {
+absl::StatusOr<CombineResult> NormalRdmaStage::RunCombine(const CombineArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, self = shape_.host;
   const kernels::InternodeRdmaLayout& l = layout_;
   const InternodeHandle& plan = *args.handle->internode;
@@ -429,8 +433,8 @@ absl::StatusOr<CombineResult> InternodePath::RunCombine(const CombineArgs& args,
   return SumHosts(args, plan, stream);
 }
 
-absl::StatusOr<CombineResult> InternodePath::SumHosts(const CombineArgs& args, const InternodeHandle& plan,
-                                                      cudaStream_t stream) {
+absl::StatusOr<CombineResult> NormalRdmaStage::SumHosts(const CombineArgs& args, const InternodeHandle& plan,
+                                                        cudaStream_t stream) {
   const int hidden = static_cast<int>(args.x.shape[1]);
   const int num_topk = args.topk_weights.empty() ? 0 : static_cast<int>(args.topk_weights.shape[1]);
   CombineResult result;
@@ -457,7 +461,7 @@ absl::StatusOr<CombineResult> InternodePath::SumHosts(const CombineArgs& args, c
   return result;
 }
 
-absl::Status InternodePath::Check(cudaStream_t stream) {
+absl::Status NormalRdmaStage::Check(cudaStream_t stream) {
   if (status_ != nullptr) {
     // The padded calls' device steps: their record names whom a wait was for, or a ring the daemon stopped (a peer
     // lost, a refused command: its own record says more). The device already told the peers (StepLeaveIfFailed).
@@ -475,7 +479,7 @@ absl::Status InternodePath::Check(cudaStream_t stream) {
       return own;
     }
   }
-  absl::Status inner = Annotate(inner_->Check(stream));
+  absl::Status inner = Annotate(nvlink_->Check(stream));
   // The NVLink stage of a call whose RDMA stage ran on the device failed: the peers on other hosts learn it now, as
   // from a host-driven call's error.
   if (!inner.ok() && last_call_device_) {
@@ -485,7 +489,7 @@ absl::Status InternodePath::Check(cudaStream_t stream) {
   return inner;
 }
 
-absl::Status InternodePath::Annotate(absl::Status status) const {
+absl::Status NormalRdmaStage::Annotate(absl::Status status) const {
   if (status.ok()) return status;
   const int first = shape_.host * shape_.ranks_per_host;
   return absl::Status(status.code(),
@@ -493,10 +497,10 @@ absl::Status InternodePath::Annotate(absl::Status status) const {
                                       first, status.message()));
 }
 
-absl::Status InternodePath::Reset(cudaStream_t stream) {
+absl::Status NormalRdmaStage::Reset(cudaStream_t stream) {
   // Our sends are complete before the words are zeroed, so none lands in a peer after its own reset.
   EPF_RETURN_IF_ERROR(QuietAll());
-  EPF_RETURN_IF_ERROR(Annotate(inner_->Reset(stream)));
+  EPF_RETURN_IF_ERROR(Annotate(nvlink_->Reset(stream)));
   EPF_RETURN_IF_ERROR(access_->Zero(region_, layout_.signal_bytes, stream));
   if (status_ != nullptr) {
     EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status_, 0, sizeof(kernels::KernelStatus), stream));

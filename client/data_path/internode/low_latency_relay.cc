@@ -1,5 +1,5 @@
 // Low-latency mode across hosts on the cuda backend: the calling thread relays between launches
-// (internode_low_latency.h, docs/internode-dispatch.md "Low latency across hosts").
+// (low_latency_stage.h, docs/internode-dispatch.md "Low latency across hosts").
 //
 // The kernels are the intranode low-latency kernels over all ranks, with each rank on another host mapped to an
 // outbox in this rank's RDMA region (writes: this rank's slots, compact) and the inbox (reads). A call runs as steps:
@@ -20,10 +20,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "data_path/internode/low_latency_stage.h"
+#include "data_path/internode/normal_stage.h"
+#include "data_path/lost_ranks.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/common.h"
-#include "internode_low_latency.h"
-#include "internode_path.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -45,12 +46,12 @@ const char* AwaitedName(Awaited what) {
   return "signal";
 }
 
-class LowLatencyRelayPath final : public LowLatencyPathAround {
+class LowLatencyRelayStage final : public LowLatencyRdmaStage {
  public:
-  LowLatencyRelayPath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
-                      std::unique_ptr<RegionAccess> access, const kernels::LowLatencyLayout& layout, int rank,
-                      void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout)
-      : LowLatencyPathAround(std::move(inner)),
+  LowLatencyRelayStage(KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote,
+                       std::unique_ptr<RegionAccess> access, const kernels::LowLatencyLayout& layout, int rank,
+                       void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout)
+      : LowLatencyRdmaStage(inner),
         remote_(std::move(remote)),
         access_(std::move(access)),
         l_(layout),
@@ -334,11 +335,9 @@ class LowLatencyRelayPath final : public LowLatencyPathAround {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyRelayPath(std::unique_ptr<DataPath> inner,
-                                                                 std::unique_ptr<LowLatencyRemote> remote,
-                                                                 const kernels::LowLatencyLayout& layout, int rank,
-                                                                 void* own_region, const uint64_t* lost_ranks_host,
-                                                                 absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<LowLatencyRdmaStage>> NewLowLatencyRelayStage(
+    KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote, const kernels::LowLatencyLayout& layout, int rank,
+    void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout) {
   if (layout.signal_bytes / sizeof(uint64_t) > static_cast<size_t>(kRegionAccessMaxWords)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the low-latency signals of this shape (%d bytes) exceed what the relay reads at once (%d bytes): fewer "
@@ -346,8 +345,8 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyRelayPath(std::unique_ptr
         layout.signal_bytes, kRegionAccessMaxWords * sizeof(uint64_t)));
   }
   EPF_ASSIGN_OR_RETURN(std::unique_ptr<RegionAccess> access, NewRegionAccess(inner->backend()));
-  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyRelayPath>(
-      std::move(inner), std::move(remote), std::move(access), layout, rank, own_region, lost_ranks_host, timeout));
+  return std::unique_ptr<LowLatencyRdmaStage>(std::make_unique<LowLatencyRelayStage>(
+      inner, std::move(remote), std::move(access), layout, rank, own_region, lost_ranks_host, timeout));
 }
 
 }  // namespace epfabric::client::internal

@@ -1,4 +1,4 @@
-#include "buffer_stats.h"
+#include "buffer/buffer_stats.h"
 
 #include <algorithm>
 

@@ -13,7 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "buffer_internal.h"
+#include "buffer/buffer_state.h"
+#include "epfabric/client/client.h"
 #include "epfabric/common/status_macros.h"
 
 namespace epfabric::client {
@@ -127,7 +128,7 @@ absl::Status Buffer::State::ExplainFirstCall(absl::Status status) const {
 
 absl::Status Buffer::State::MaskRank(int r, cudaStream_t stream) {
   int32_t* mask = path->LowLatencyRankMask();
-  if (path->backend() == v1::BACKEND_CUDA) {
+  if (path->backend() == Backend::kCuda) {
     // Any nonzero word masks; stream order keeps it behind the calls already queued.
     const cudaError_t error = cudaMemsetAsync(mask + r, 1, sizeof(int32_t), stream);
     if (error != cudaSuccess) {

@@ -1,12 +1,12 @@
-// Internal: the Buffer's normal mode for a group that spans hosts (issue #12; docs/internode-dispatch.md). It owns
-// an inner intranode Buffer over this host's ranks (the NVLink stage) and moves rows between hosts through this
-// rank's RDMA region and the transport rings (the RDMA stage), on either backend:
+// Internal: the RDMA stage of normal mode across hosts (internode_path.h; docs/internode-dispatch.md). It moves rows
+// between hosts through this rank's RDMA region and the transport rings, and runs the NVLink stage (the internode
+// path's kernel path over this host's ranks) between its steps, on either backend:
 //   dispatch: pack per destination host -> put to the same local index on that host -> the gateway concatenates
 //             what arrived -> intranode dispatch within the host;
 //   combine:  intranode combine within the host -> put each source host's rows back -> the source sums per host.
 // All waits are bounded by BufferConfig::timeout and name the rank waited for. In worst-case mode (num_worst_tokens)
 // the RDMA stage's rows sit at fixed places and, on cuda, its puts and waits are kernels: nothing waits on the host,
-// so the calls can be captured into CUDA graphs (internode_worst.cc).
+// so the calls can be captured into CUDA graphs (normal_worst.cc).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,6 +17,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "data_path/internode/internode_path.h"
+#include "data_path/kernel_path.h"
+#include "data_path/lost_ranks.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/client/client.h"
 #include "epfabric/kernels/internode.h"
@@ -25,18 +28,10 @@
 
 namespace epfabric::client::internal {
 
-class DataPath;
-
-// The group's shape: host h holds ranks [h * ranks_per_host, (h + 1) * ranks_per_host).
-struct InternodeGroupShape {
-  int num_hosts = 0;
-  int ranks_per_host = 0;
-  int host = 0;        // this rank's host
-  int local_rank = 0;  // this rank's index on its host
-};
-
-// The shape of `lease`'s group, or InvalidArgument when its ranks are not grouped by host that way.
-absl::StatusOr<InternodeGroupShape> InternodeShapeOf(const Lease& lease);
+// FailedPrecondition while `stream` is being captured (cuda backend): calls of a group that spans hosts that
+// synchronise with the host between their stages (normal mode; low latency relayed) cannot be captured into a CUDA
+// graph. The message says what to use instead.
+absl::Status RefuseCaptureAcrossHosts(Backend backend, cudaStream_t stream, bool low_latency = false);
 
 // The transport channels (command rings) each mode issues on (decision 84). In a group that serves both modes with two
 // or more channels the last one is low latency's alone: its device-side issuer keeps its ring index in device memory
@@ -48,13 +43,9 @@ struct ChannelRange {
 ChannelRange NormalModeChannels(const Lease& lease);
 ChannelRange LowLatencyChannels(const Lease& lease);
 
-// What the inner (intranode) Buffer of an internode group is configured with: max_tokens_per_rank = hosts * the
-// outer bound (a gateway forwards what every host sent it), the host's experts, the host's ranks.
-BufferConfig InnerBufferConfig(const BufferConfig& outer, const InternodeGroupShape& shape);
-
 // What an internode dispatch records for combine and cached dispatch (DispatchHandle::internode).
 struct InternodeHandle {
-  // Worst-case mode (num_worst_tokens; internode_worst.cc): nothing was read back to the host. The counts are only in
+  // Worst-case mode (num_worst_tokens; normal_worst.cc): nothing was read back to the host. The counts are only in
   // the tensors below (send_tokens' first H entries, recv_counts_tensor), and the NVLink stage ran on H *
   // max_tokens_per_rank rows, host h's at h * max_tokens_per_rank.
   bool padded = false;
@@ -101,30 +92,30 @@ class RegionAccess {
   virtual absl::Status Scatter(const kernels::InternodeScatterParams& p, cudaStream_t stream) = 0;
 };
 
-absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backend);
+absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(Backend backend);
 
-class InternodePath {
+class NormalRdmaStage {
  public:
-  ~InternodePath();
-  // `inner` is the intranode Buffer over this host's ranks and `inner_path` its data path; `lease` must outlive this.
-  // The layout starts at the RDMA region's start and may take at most `rdma_limit` bytes of it (the normal-mode part
-  // of a group that serves both modes).
-  static absl::StatusOr<std::unique_ptr<InternodePath>> Create(Lease* lease, const BufferConfig& config,
-                                                               const InternodeGroupShape& shape,
-                                                               std::unique_ptr<Buffer> inner, DataPath* inner_path,
-                                                               std::shared_ptr<Allocator> allocator,
-                                                               uint64_t rdma_limit = UINT64_MAX);
+  ~NormalRdmaStage();
+  // `nvlink` is the NVLink stage (a normal-mode kernel path over this host's ranks, InnerBufferConfig), owned by the
+  // internode path with this stage; `lease` must outlive this. The layout starts at the RDMA region's start and may
+  // take at most `rdma_limit` bytes of it (the normal-mode part of a group that serves both modes).
+  static absl::StatusOr<std::unique_ptr<NormalRdmaStage>> Create(Lease* lease, const BufferConfig& config,
+                                                                 const InternodeGroupShape& shape, KernelPath* nvlink,
+                                                                 std::shared_ptr<Allocator> allocator,
+                                                                 uint64_t rdma_limit = UINT64_MAX);
 
-  // The Buffer has checked `args` against the global group (shapes, dtypes, layout) before calling these. A call that
-  // fails tells the ranks that wait for this one, on other hosts and on this one (LeaveCall), so that their waits end
-  // at once; every rank then resets. A refused call (bad arguments, checked before anything is sent) tells nobody.
+  // The Buffer has checked `args` against the global group (shapes, dtypes, layout), and the internode path the
+  // layout's expert indices, before calling these. A call that fails tells the ranks that wait for this one, on other
+  // hosts and on this one (LeaveCall), so that their waits end at once; every rank then resets. A refused call (bad
+  // arguments, checked before anything is sent) tells nobody.
   absl::StatusOr<DispatchResult> Dispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
   absl::Status Check(cudaStream_t stream);
   absl::Status Reset(cudaStream_t stream);
 
  private:
-  InternodePath() = default;
+  NormalRdmaStage() = default;
 
   // What LeaveCall adds to each word it owes a peer: far above any count of calls, so a waiting peer tells it apart.
   static constexpr uint64_t kLeftCallWord = kernels::kInternodeLeftCallWord;
@@ -132,20 +123,20 @@ class InternodePath {
 
   absl::StatusOr<DispatchResult> RunDispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> RunCombine(const CombineArgs& args, cudaStream_t stream);
-  // Dispatch's NVLink stage: the inner Buffer's layout (unless cached) and dispatch of the forwarded rows, and the
+  // Dispatch's NVLink stage: its layout (unless cached) and dispatch of the forwarded rows, and the
   // call's handle. `recorded` (not cached) is what combine and a cached dispatch need; the inner handle is added.
   struct ForwardedRows {
     Tensor x, x_scales, topk_idx, topk_weights;
   };
   absl::StatusOr<DispatchResult> NvlinkDispatch(const DispatchArgs& args, const ForwardedRows& fwd,
                                                 std::shared_ptr<InternodeHandle> recorded, cudaStream_t stream);
-  // Combine's NVLink stage (the inner Buffer's combine of the forwarded tokens) and its last step (the sum over
+  // Combine's NVLink stage (its combine of the forwarded tokens) and its last step (the sum over
   // hosts of the rows that came back, InternodeReduce).
   absl::StatusOr<CombineResult> InnerCombine(const CombineArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> SumHosts(const CombineArgs& args, const InternodeHandle& plan, cudaStream_t stream);
   // After a failed call: LeaveCall, once the call's device steps ended (cuda; nothing while capturing).
   void FailCall(cudaStream_t stream);
-  // Worst-case mode (internode_worst.cc): the RDMA stage with no host wait on cuda, its rows at fixed places.
+  // Worst-case mode (normal_worst.cc): the RDMA stage with no host wait on cuda, its rows at fixed places.
   absl::StatusOr<DispatchResult> RunPaddedDispatch(const DispatchArgs& args, cudaStream_t stream);
   absl::StatusOr<CombineResult> RunPaddedCombine(const CombineArgs& args, cudaStream_t stream);
   bool device_steps() const { return status_ != nullptr; }  // cuda: the padded calls' transport steps are kernels
@@ -179,7 +170,7 @@ class InternodePath {
   // UNAVAILABLE when the daemon publishes the rank that writes a missing word as lost.
   absl::Status WaitWords(size_t offset, uint64_t target, const char* what);
   absl::Status QuietAll();
-  // The inner Buffer's errors name ranks by their index on this host: say so, with the group rank of index 0.
+  // The NVLink stage's errors name ranks by their index on this host: say so, with the group rank of index 0.
   absl::Status Annotate(absl::Status status) const;
   template <typename T>
   absl::StatusOr<T> Stage(absl::StatusOr<T> result) const {
@@ -194,8 +185,7 @@ class InternodePath {
   Lease* lease_ = nullptr;
   BufferConfig config_;
   InternodeGroupShape shape_;
-  std::unique_ptr<Buffer> inner_;
-  DataPath* inner_path_ = nullptr;  // inner_'s: a failed call leaves it (AbandonCall)
+  KernelPath* nvlink_ = nullptr;  // the NVLink stage: a failed call leaves it too (AbandonCall)
   std::shared_ptr<Allocator> allocator_;
   std::unique_ptr<RegionAccess> access_;
   void* region_ = nullptr;

@@ -1,12 +1,12 @@
-// RegionAccess (internode_path.h) for both backends: plain memory on the host, stream-ordered CUDA copies and the
+// RegionAccess (normal_stage.h) for both backends: plain memory on the host, stream-ordered CUDA copies and the
 // internode kernels on cuda.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 
+#include "data_path/internode/normal_stage.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/common.h"
-#include "internode_path.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -134,8 +134,8 @@ class CudaRegionAccess final : public RegionAccess {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(v1::Backend backend) {
-  if (backend == v1::BACKEND_CUDA) {
+absl::StatusOr<std::unique_ptr<RegionAccess>> NewRegionAccess(Backend backend) {
+  if (backend == Backend::kCuda) {
     auto access = std::make_unique<CudaRegionAccess>();
     EPF_RETURN_IF_ERROR(access->Init());
     return std::unique_ptr<RegionAccess>(std::move(access));

@@ -1,5 +1,5 @@
-// Low-latency mode across hosts on the host backend (internode_low_latency.h).
-#include "internode_low_latency.h"
+// The transport side of low latency across hosts, and its stage on the host backend (low_latency_stage.h).
+#include "data_path/internode/low_latency_stage.h"
 
 #include <utility>
 
@@ -52,14 +52,14 @@ absl::StatusOr<std::unique_ptr<LowLatencyRemote>> LowLatencyRemote::Create(Lease
   return remote;
 }
 
-void LowLatencyRemote::Configure(DataPathConfig* config) const {
-  for (int r = 0; r < config->num_ranks; ++r) {
-    if (remote(r)) config->peer_regions[r] = outbox(r);
+void LowLatencyRemote::Reach(kernels::LowLatencyContext* context, bool put_as_written) const {
+  for (int r = 0; r < context->num_ranks; ++r) {
+    if (remote(r)) context->peer_regions[r] = outbox(r);
   }
-  config->remote_ranks = remote_ranks_;
-  config->remote_inbox = rdma_;
-  config->remote_put = &LowLatencyRemote::Put;
-  config->remote_put_arg = const_cast<LowLatencyRemote*>(this);
+  context->remote_ranks = remote_ranks_;
+  context->remote_inbox = rdma_;
+  context->remote_put = put_as_written ? &LowLatencyRemote::Put : nullptr;
+  context->remote_put_arg = const_cast<LowLatencyRemote*>(this);
 }
 
 std::vector<LowLatencyRemote::SignalRange> LowLatencyRemote::SignalRanges() const {
@@ -101,10 +101,10 @@ absl::Status LowLatencyRemote::TakeError() {
 
 namespace {
 
-class LowLatencyInternodePath final : public LowLatencyPathAround {
+class LowLatencyAsWrittenStage final : public LowLatencyRdmaStage {
  public:
-  LowLatencyInternodePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote)
-      : LowLatencyPathAround(std::move(inner)), remote_(std::move(remote)) {}
+  LowLatencyAsWrittenStage(KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote)
+      : LowLatencyRdmaStage(inner), remote_(std::move(remote)) {}
 
   absl::Status LowLatencyDispatch(const kernels::LowLatencyDispatchArgs& args, cudaStream_t stream) override {
     return Finish(inner_->LowLatencyDispatch(args, stream));
@@ -131,9 +131,9 @@ class LowLatencyInternodePath final : public LowLatencyPathAround {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyInternodePath(std::unique_ptr<DataPath> inner,
-                                                                     std::unique_ptr<LowLatencyRemote> remote) {
-  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyInternodePath>(std::move(inner), std::move(remote)));
+std::unique_ptr<LowLatencyRdmaStage> NewLowLatencyAsWrittenStage(KernelPath* inner,
+                                                                 std::unique_ptr<LowLatencyRemote> remote) {
+  return std::make_unique<LowLatencyAsWrittenStage>(inner, std::move(remote));
 }
 
 }  // namespace epfabric::client::internal

@@ -1,6 +1,6 @@
-// The RDMA stage of internode normal mode driven from the host (internode_path.h): the sends of rows and signals on
+// The RDMA stage of internode normal mode driven from the host (normal_stage.h): the sends of rows and signals on
 // the transport rings, the bounded waits on the region's words, the call counter, and what a failed call tells the
-// ranks that wait for it. The host-driven calls use all of it; the worst-case calls (internode_worst.cc) use it on
+// ranks that wait for it. The host-driven calls use all of it; the worst-case calls (normal_worst.cc) use it on
 // the host backend, where their transport steps are host code.
 #include <algorithm>
 #include <chrono>
@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "data_path.h"
+#include "data_path/internode/normal_stage.h"
+#include "data_path/lost_ranks.h"
 #include "epfabric/common/status_macros.h"
-#include "internode_path.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -21,12 +21,12 @@ constexpr uint64_t kWordBytes = sizeof(uint64_t);
 
 }  // namespace
 
-absl::Status InternodePath::QuietAll() {
+absl::Status NormalRdmaStage::QuietAll() {
   for (transport::RingIssuer& ring : rings_) EPF_RETURN_IF_ERROR(ring.Quiet(config_.timeout));
   return absl::OkStatus();
 }
 
-absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char* what) {
+absl::Status NormalRdmaStage::WaitWords(size_t offset, uint64_t target, const char* what) {
   const int H = shape_.num_hosts;
   std::vector<uint64_t> words(H);
   const absl::Time deadline = absl::Now() + config_.timeout;
@@ -83,8 +83,8 @@ absl::Status InternodePath::WaitWords(size_t offset, uint64_t target, const char
   }
 }
 
-absl::Status InternodePath::IssueDispatchRows(const int32_t* counts, int row_bytes, int num_scales, int num_topk,
-                                              bool has_weights) {
+absl::Status NormalRdmaStage::IssueDispatchRows(const int32_t* counts, int row_bytes, int num_scales, int num_topk,
+                                                bool has_weights) {
   const kernels::InternodeRdmaLayout& l = layout_;
   const int self = shape_.host;
   for (int h = 0; h < shape_.num_hosts; ++h) {
@@ -110,7 +110,7 @@ absl::Status InternodePath::IssueDispatchRows(const int32_t* counts, int row_byt
   return absl::OkStatus();
 }
 
-absl::Status InternodePath::IssueSlabFree() {
+absl::Status NormalRdmaStage::IssueSlabFree() {
   for (int h = 0; h < shape_.num_hosts; ++h) {
     if (h == shape_.host) continue;
     EPF_RETURN_IF_ERROR(
@@ -119,7 +119,7 @@ absl::Status InternodePath::IssueSlabFree() {
   return absl::OkStatus();
 }
 
-absl::Status InternodePath::IssueCombineRows(const int32_t* counts, int hidden, int num_topk) {
+absl::Status NormalRdmaStage::IssueCombineRows(const int32_t* counts, int hidden, int num_topk) {
   const kernels::InternodeRdmaLayout& l = layout_;
   const int self = shape_.host;
   const size_t x_row = static_cast<size_t>(hidden) * 2, w_row = static_cast<size_t>(num_topk) * sizeof(float);
@@ -142,7 +142,7 @@ absl::Status InternodePath::IssueCombineRows(const int32_t* counts, int hidden, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> InternodePath::BeginCall(int call, cudaStream_t stream) {
+absl::StatusOr<uint64_t> NormalRdmaStage::BeginCall(int call, cudaStream_t stream) {
   EPF_RETURN_IF_ERROR(access_->Sync(stream));  // a padded call before this one counts on the device
   uint8_t* word = region() + layout_.calls + call * kWordBytes;
   uint64_t count = 0;
@@ -153,11 +153,11 @@ absl::StatusOr<uint64_t> InternodePath::BeginCall(int call, cudaStream_t stream)
 }
 
 // Refusals come first and tell nobody: a call that every rank refuses must leave the group as it was.
-void InternodePath::LeaveCall() {
+void NormalRdmaStage::LeaveCall() {
   // This host's ranks wait for this one in their NVLink stage, in this call's barriers (it failed before it got there:
   // a rank on another host is lost, bad peer data, a broken transport) or the next call's (it failed after): they
   // learn it now instead of at their timeout. They do not see the cause themselves: it is on another host.
-  inner_path_->AbandonCall();
+  nvlink_->AbandonCall();
   const kernels::InternodeRdmaLayout& l = layout_;
   // Best effort within one timeout in all: the transport may be what failed, and a peer the marks miss still ends at
   // its own timeout.

@@ -1,13 +1,12 @@
 // Normal mode of the Buffer: layout, dispatch (also cached) and combine. Each call checks its tensors (dtype, shape,
-// and the kernels' rules on sizes, named after the tensors) before anything runs, allocates the outputs and hands
-// params structs to the data path.
+// and the kernels' rules on sizes, named after the tensors) and the group's generation before the data path runs it.
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "buffer_internal.h"
+#include "buffer/buffer_state.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/common/status_macros.h"
 
@@ -29,30 +28,6 @@ absl::Status CheckLayout(const DispatchLayout& l, int64_t num_tokens, int num_ra
                       "[num_tokens, num_ranks]");
 }
 
-// The counts notify derived from the peers' counts size the outputs: the kernels check every peer's count, and the
-// results are checked once more here before anything is allocated (a value outside these bounds cannot come from a
-// correct group).
-absl::Status CheckRecvCounts(int64_t num_recv, const std::vector<int32_t>& per_expert, int num_ranks,
-                             const BufferConfig& c, int expert_alignment) {
-  const int64_t max_recv = static_cast<int64_t>(num_ranks) * c.max_tokens_per_rank;
-  if (num_recv < 0 || num_recv > max_recv) {
-    return absl::DataLossError(absl::StrFormat(
-        "notify returned num_recv_tokens = %d: outside [0, %d] (num_ranks * max_tokens_per_rank): stale or corrupt "
-        "peer data",
-        num_recv, max_recv));
-  }
-  const int64_t max_entries = max_recv * std::max(c.max_topk, 1);
-  const int64_t max_per_expert = (max_entries + expert_alignment - 1) / expert_alignment * expert_alignment;
-  for (size_t e = 0; e < per_expert.size(); ++e) {
-    if (per_expert[e] < 0 || per_expert[e] > max_per_expert) {
-      return absl::DataLossError(absl::StrFormat(
-          "notify returned num_recv_tokens_per_expert[%d] = %d: outside [0, %d]: stale or corrupt peer data", e,
-          per_expert[e], max_per_expert));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_idx, cudaStream_t stream) {
@@ -66,21 +41,7 @@ absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_
   EPF_RETURN_IF_ERROR(s.path->CheckExpertIndices(topk_idx));
   EPF_RETURN_IF_ERROR(s.Usable());  // local: no generation needed
 
-  DispatchLayout layout;
-  EPF_ASSIGN_OR_RETURN(layout.num_tokens_per_rank, s.NewTensor(DType::kInt32, {s.num_ranks}, stream));
-  EPF_ASSIGN_OR_RETURN(layout.num_tokens_per_expert, s.NewTensor(DType::kInt32, {s.config.num_experts}, stream));
-  EPF_ASSIGN_OR_RETURN(layout.is_token_in_rank, s.NewTensor(DType::kBool, {num_tokens, s.num_ranks}, stream));
-  kernels::DispatchLayoutParams p;
-  p.topk_idx = static_cast<const int64_t*>(topk_idx.data);
-  p.num_tokens = static_cast<int>(num_tokens);
-  p.num_topk = static_cast<int>(num_topk);
-  p.num_experts = s.config.num_experts;
-  p.num_ranks = s.num_ranks;
-  p.num_tokens_per_rank = static_cast<int32_t*>(layout.num_tokens_per_rank.view.data);
-  p.num_tokens_per_expert = static_cast<int32_t*>(layout.num_tokens_per_expert.view.data);
-  p.is_token_in_rank = static_cast<bool*>(layout.is_token_in_rank.view.data);
-  EPF_RETURN_IF_ERROR(s.path->Layout(p, &layout, stream));
-  return layout;
+  return s.path->Layout(topk_idx, stream);
 }
 
 absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
@@ -174,91 +135,7 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
     EPF_RETURN_IF_ERROR(CheckLayout(*args.layout, num_tokens, s.num_ranks, c.num_experts));
   }
   EPF_RETURN_IF_ERROR(s.UsableForNormal());
-  EPF_RETURN_IF_ERROR(s.path->CheckDispatchExpertIndices(args, stream));
-  if (s.internode != nullptr) return s.internode->Dispatch(args, stream);
-
-  // ---- notify (unless cached): exchange the counts and learn how many rows arrive ----
-  auto handle = std::make_shared<DispatchHandle>();
-  handle->num_tokens = static_cast<int>(num_tokens);
-  handle->hidden = static_cast<int>(hidden);
-  DispatchResult result;
-  if (cached) {
-    handle->is_token_in_rank = args.cached->is_token_in_rank;
-    handle->rank_prefix_matrix = args.cached->rank_prefix_matrix;
-    handle->num_recv_tokens = worst_case ? args.num_worst_tokens : args.cached->num_recv_tokens;
-    handle->worst_case = worst_case || args.cached->worst_case;
-  } else {
-    handle->is_token_in_rank = args.layout->is_token_in_rank;
-    EPF_ASSIGN_OR_RETURN(handle->rank_prefix_matrix, s.NewTensor(DType::kInt32, {s.num_ranks, s.num_ranks}, stream));
-    kernels::IntranodeNotifyParams np;
-    np.num_tokens_per_rank = static_cast<const int32_t*>(args.layout->num_tokens_per_rank.view.data);
-    np.num_tokens_per_expert = static_cast<const int32_t*>(args.layout->num_tokens_per_expert.view.data);
-    np.num_tokens = static_cast<int>(num_tokens);
-    np.num_experts = c.num_experts;
-    np.expert_alignment = args.expert_alignment;
-    np.rank_prefix_matrix = static_cast<int32_t*>(handle->rank_prefix_matrix.view.data);
-    if (worst_case) {
-      // No wait: the dispatch kernel reads the count from the prefix matrix and checks it against the rows.
-      EPF_RETURN_IF_ERROR(s.path->NotifyNoWait(np, stream));
-      handle->num_recv_tokens = args.num_worst_tokens;
-      handle->worst_case = true;
-    } else {
-      EPF_ASSIGN_OR_RETURN(handle->num_recv_tokens, s.path->Notify(np, &result.num_recv_tokens_per_expert, stream));
-      EPF_RETURN_IF_ERROR(CheckRecvCounts(handle->num_recv_tokens, result.num_recv_tokens_per_expert, s.num_ranks, c,
-                                          args.expert_alignment));
-    }
-  }
-  const int64_t num_recv = handle->num_recv_tokens;
-
-  // ---- outputs ----
-  EPF_ASSIGN_OR_RETURN(result.recv_x, s.NewTensor(x.dtype, {num_recv, hidden}, stream));
-  if (fp8) {
-    EPF_ASSIGN_OR_RETURN(result.recv_x_scales, s.NewTensor(args.x_scales.dtype, {num_recv, num_scales}, stream));
-  }
-  if (num_topk > 0) {
-    EPF_ASSIGN_OR_RETURN(result.recv_topk_idx, s.NewTensor(DType::kInt64, {num_recv, num_topk}, stream));
-    if (!args.topk_weights.empty()) {
-      EPF_ASSIGN_OR_RETURN(result.recv_topk_weights, s.NewTensor(DType::kFloat32, {num_recv, num_topk}, stream));
-    }
-  }
-  // The handle's own tensors (the prefix matrix came with notify) in one allocation.
-  EPF_ASSIGN_OR_RETURN(std::vector<Tensor> own, s.NewTensors({{DType::kInt32, {s.num_ranks, c.num_sms}},
-                                                              {DType::kInt32, {num_tokens, s.num_ranks}},
-                                                              {DType::kInt32, {num_recv}}},
-                                                             stream));
-  handle->recv_channel_prefix = std::move(own[0]);
-  handle->send_slot = std::move(own[1]);
-  handle->recv_src_idx = std::move(own[2]);
-
-  kernels::IntranodeHandle& raw = handle->raw;
-  raw.num_tokens = handle->num_tokens;
-  raw.num_recv_tokens = handle->num_recv_tokens;
-  raw.is_token_in_rank = static_cast<const bool*>(handle->is_token_in_rank.view.data);
-  raw.rank_prefix_matrix = static_cast<int32_t*>(handle->rank_prefix_matrix.view.data);
-  raw.recv_channel_prefix = static_cast<int32_t*>(handle->recv_channel_prefix.view.data);
-  raw.send_slot = static_cast<int32_t*>(handle->send_slot.view.data);
-  raw.recv_src_idx = static_cast<int32_t*>(handle->recv_src_idx.view.data);
-
-  kernels::IntranodeDispatchParams dp;
-  dp.x = GivenPointer<void>(x);
-  dp.x_dtype = x.dtype;
-  dp.x_scales = fp8 ? GivenPointer<float>(args.x_scales) : nullptr;  // the words, float or int32
-  dp.num_scales = static_cast<int>(num_scales);
-  dp.hidden = static_cast<int>(hidden);
-  dp.topk_idx = GivenPointer<int64_t>(args.topk_idx);
-  dp.topk_weights = GivenPointer<float>(args.topk_weights);
-  dp.num_topk = static_cast<int>(num_topk);
-  dp.num_experts = c.num_experts;
-  dp.num_sms = c.num_sms;
-  dp.recv_capacity = static_cast<int>(num_recv);
-  dp.recv_x = result.recv_x.view.data;
-  dp.recv_x_scales = fp8 ? static_cast<float*>(result.recv_x_scales.view.data) : nullptr;
-  dp.recv_topk_idx = num_topk > 0 ? static_cast<int64_t*>(result.recv_topk_idx.view.data) : nullptr;
-  dp.recv_topk_weights = !args.topk_weights.empty() ? static_cast<float*>(result.recv_topk_weights.view.data) : nullptr;
-  dp.pad_recv_topk = handle->worst_case;
-  EPF_RETURN_IF_ERROR(s.path->Dispatch(dp, &raw, stream));
-  result.handle = std::move(handle);
-  return result;
+  return s.path->Dispatch(args, stream);
 }
 
 absl::StatusOr<CombineResult> Buffer::Combine(const CombineArgs& args, cudaStream_t stream) {
@@ -289,24 +166,7 @@ absl::StatusOr<CombineResult> Buffer::CombineUncounted(const CombineArgs& args, 
     EPF_RETURN_IF_ERROR(ExpectTensor(*bias, name, DType::kBF16, {h.num_tokens, hidden}, "[num_tokens, hidden]"));
   }
   EPF_RETURN_IF_ERROR(s.UsableForNormal());
-  if (s.internode != nullptr) return s.internode->Combine(args, stream);
-
-  CombineResult result;
-  EPF_ASSIGN_OR_RETURN(result.combined_x, s.NewTensor(DType::kBF16, {h.num_tokens, hidden}, stream));
-  if (num_topk > 0) {
-    EPF_ASSIGN_OR_RETURN(result.combined_topk_weights, s.NewTensor(DType::kFloat32, {h.num_tokens, num_topk}, stream));
-  }
-  kernels::IntranodeCombineParams cp;
-  cp.x = GivenPointer<void>(args.x);
-  cp.hidden = static_cast<int>(hidden);
-  cp.topk_weights = GivenPointer<float>(args.topk_weights);
-  cp.num_topk = static_cast<int>(num_topk);
-  cp.bias_0 = GivenPointer<void>(args.bias_0);
-  cp.bias_1 = GivenPointer<void>(args.bias_1);
-  cp.combined_x = result.combined_x.view.data;
-  cp.combined_topk_weights = num_topk > 0 ? static_cast<float*>(result.combined_topk_weights.view.data) : nullptr;
-  EPF_RETURN_IF_ERROR(s.path->Combine(cp, h.raw, stream));
-  return result;
+  return s.path->Combine(args, stream);
 }
 
 }  // namespace epfabric::client

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "buffer_internal.h"
+#include "buffer/buffer_state.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/common/status_macros.h"
 

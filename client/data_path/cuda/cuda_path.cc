@@ -7,9 +7,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "buffer_internal.h"
-#include "data_path.h"
+#include "data_path/kernel_path.h"
+#include "data_path/lost_ranks.h"
 #include "epfabric/common/status_macros.h"
+#include "tensor/tensors.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -69,9 +70,9 @@ class MappedWordPool {
   int32_t* device_ = nullptr;
 };
 
-class CudaDataPath final : public DataPath {
+class CudaDataPath final : public KernelPath {
  public:
-  explicit CudaDataPath(const DataPathConfig& config) : config_(config) {}
+  explicit CudaDataPath(const KernelPathConfig& config) : KernelPath(config) {}
 
   ~CudaDataPath() override {
     if (status_ != nullptr) cudaFree(status_);
@@ -79,7 +80,7 @@ class CudaDataPath final : public DataPath {
     if (host_counters_ != nullptr) cudaFreeHost(host_counters_);
   }
 
-  absl::Status Init() {
+  absl::Status Init(const ReachAcrossHosts& reach) {
     // Nothing here may synchronise the device or the legacy default stream: another rank of this process (ranks
     // sharing a GPU as threads, as tests and single-process launchers do) may have a kernel running that waits for
     // this rank, and a device-wide wait would then deadlock until that kernel times out. The zeroing runs on a
@@ -114,9 +115,8 @@ class CudaDataPath final : public DataPath {
     }
     EPF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(init_stream));
     // The regions were zeroed by the daemon when the lease started, so no reset is needed here.
-    if (config_.layout_only) return absl::OkStatus();
     if (config_.config.low_latency) {
-      EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, status_, rank_mask_));
+      EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, status_, rank_mask_, reach));
       if (kernels::LowLatencyWideGroup(ll_)) {  // the kernels read the regions from device memory
         EPF_ASSIGN_OR_RETURN(region_table_, kernels::LowLatencyRegionTable::Create(ll_, init_stream));
         ll_.peer_region_table = region_table_.get();
@@ -127,17 +127,18 @@ class CudaDataPath final : public DataPath {
     return absl::OkStatus();
   }
 
-  v1::Backend backend() const override { return v1::BACKEND_CUDA; }
+  Backend backend() const override { return Backend::kCuda; }
 
-  absl::Status CheckExpertIndices(const TensorView& /*topk_idx*/) override { return absl::OkStatus(); }
+  absl::Status CheckExpertIndicesOf(const TensorView& /*topk_idx*/, int /*num_experts*/) override {
+    return absl::OkStatus();
+  }
 
   // The number of invalid top-k entries, from the layout's mapped word (bounded wait) or, for a layout the caller
   // built, from a host copy of topk_idx.
-  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t stream) override {
+  absl::Status CheckLayoutIndices(const DispatchArgs& args, int num_experts, cudaStream_t stream) override {
     // Worst-case mode must not wait (it may be captured in a CUDA graph, where the layout kernel has not run): the
     // kernels treat entries outside [-1, num_experts) as -1, as the layout counted them.
     if (args.cached != nullptr || args.num_worst_tokens > 0) return absl::OkStatus();
-    const int num_experts = config_.config.num_experts;
     if (args.layout != nullptr && !args.layout->num_invalid_topk.view.empty() &&
         args.layout->num_invalid_topk.view.data != nullptr) {
       auto invalid = kernels::IntranodeWaitRecvCounts(
@@ -161,7 +162,7 @@ class CudaDataPath final : public DataPath {
                                        num_experts);
   }
 
-  absl::Status Layout(kernels::DispatchLayoutParams p, DispatchLayout* layout, cudaStream_t stream) override {
+  absl::Status LaunchLayout(kernels::DispatchLayoutParams p, DispatchLayout* layout, cudaStream_t stream) override {
     // The count of invalid entries goes to a mapped host word that Dispatch reads before notify.
     const int slot = invalid_topk_words_->Take();
     if (slot >= 0) {
@@ -199,13 +200,13 @@ class CudaDataPath final : public DataPath {
     return kernels::IntranodeNotify(Fresh(group_), p, stream);
   }
 
-  absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
-                        cudaStream_t stream) override {
+  absl::Status LaunchDispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
+                              cudaStream_t stream) override {
     return kernels::IntranodeDispatch(Fresh(group_), p, handle, stream);
   }
 
-  absl::Status Combine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
-                       cudaStream_t stream) override {
+  absl::Status LaunchCombine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
+                             cudaStream_t stream) override {
     return kernels::IntranodeCombine(Fresh(group_), p, handle, stream);
   }
 
@@ -280,7 +281,6 @@ class CudaDataPath final : public DataPath {
     return view;
   }
 
-  DataPathConfig config_;
   kernels::KernelStatus* status_ = nullptr;  // device memory
   int32_t* host_counters_ = nullptr;         // notify's, mapped: [0] = received tokens, [1..] per local expert
   int32_t* device_counters_ = nullptr;       // the device view of host_counters_
@@ -293,10 +293,10 @@ class CudaDataPath final : public DataPath {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewCudaDataPath(const DataPathConfig& config) {
+absl::StatusOr<std::unique_ptr<KernelPath>> NewCudaPath(const KernelPathConfig& config, const ReachAcrossHosts& reach) {
   auto path = std::make_unique<CudaDataPath>(config);
-  EPF_RETURN_IF_ERROR(path->Init());
-  return std::unique_ptr<DataPath>(std::move(path));
+  EPF_RETURN_IF_ERROR(path->Init(reach));
+  return std::unique_ptr<KernelPath>(std::move(path));
 }
 
 }  // namespace epfabric::client::internal

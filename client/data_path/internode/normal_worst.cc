@@ -1,6 +1,6 @@
 // Internode normal mode in worst-case mode (num_worst_tokens; docs/internode-dispatch.md, "Worst-case mode"): the
 // RDMA stage with nothing read back to the host, so that on cuda a dispatch and its combine can be captured into a
-// CUDA graph. The same composition as internode_path.cc, with two changes:
+// CUDA graph. The same composition as normal_stage.cc, with two changes:
 //   - the rows a gateway forwards sit at fixed places: host h's at [h * M, h * M + count_h) of H * M rows, padding
 //     (top-k -1) after them, so the NVLink stage's size is known before the call (its worst-case mode then sizes the
 //     outputs to num_worst_tokens as within one host);
@@ -12,9 +12,9 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "buffer_internal.h"
+#include "data_path/internode/normal_stage.h"
 #include "epfabric/common/status_macros.h"
-#include "internode_path.h"
+#include "tensor/tensors.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -27,7 +27,7 @@ const int32_t* HostInts(const Tensor& t) { return static_cast<const int32_t*>(t.
 
 }  // namespace
 
-absl::Status InternodePath::StepBegin(int call, InternodeWaitWords words, cudaStream_t stream) {
+absl::Status NormalRdmaStage::StepBegin(int call, InternodeWaitWords words, cudaStream_t stream) {
   if (!device_steps()) {
     EPF_ASSIGN_OR_RETURN(host_call_, BeginCall(call, stream));
     if (words == InternodeWaitWords::kSlabFree) {
@@ -41,7 +41,7 @@ absl::Status InternodePath::StepBegin(int call, InternodeWaitWords words, cudaSt
   return kernels::InternodeWait(p, stream);
 }
 
-absl::Status InternodePath::StepWait(int call, InternodeWaitWords words, bool quiet, cudaStream_t stream) {
+absl::Status NormalRdmaStage::StepWait(int call, InternodeWaitWords words, bool quiet, cudaStream_t stream) {
   if (!device_steps()) {
     const bool dispatch = words == InternodeWaitWords::kDispatchArrived;
     EPF_RETURN_IF_ERROR(WaitWords(dispatch ? layout_.dispatch_arrived : layout_.combine_arrived, host_call_,
@@ -53,7 +53,7 @@ absl::Status InternodePath::StepWait(int call, InternodeWaitWords words, bool qu
   return kernels::InternodeWait(p, stream);
 }
 
-kernels::InternodeWaitParams InternodePath::WaitParams(int call, InternodeWaitWords words) {
+kernels::InternodeWaitParams NormalRdmaStage::WaitParams(int call, InternodeWaitWords words) {
   kernels::InternodeWaitParams p;
   p.region = region();
   p.layout = layout_;
@@ -74,8 +74,8 @@ kernels::InternodeWaitParams InternodePath::WaitParams(int call, InternodeWaitWo
   return p;
 }
 
-absl::Status InternodePath::StepIssue(InternodeIssueStep step, const Tensor& counts, const InternodeRowShape& rows,
-                                      cudaStream_t stream) {
+absl::Status NormalRdmaStage::StepIssue(InternodeIssueStep step, const Tensor& counts, const InternodeRowShape& rows,
+                                        cudaStream_t stream) {
   if (!device_steps()) {
     switch (step) {
       case InternodeIssueStep::kDispatchRows:
@@ -109,18 +109,18 @@ absl::Status InternodePath::StepIssue(InternodeIssueStep step, const Tensor& cou
   return kernels::InternodeIssue(p, stream);
 }
 
-absl::Status InternodePath::StepLeaveIfFailed(const InternodeRowShape& rows, cudaStream_t stream) {
+absl::Status NormalRdmaStage::StepLeaveIfFailed(const InternodeRowShape& rows, cudaStream_t stream) {
   if (!device_steps()) return absl::OkStatus();
   // What LeaveCall does on the host, in stream order: the peers on other hosts stop waiting for this rank's words,
   // and this host's ranks for its arrival at the NVLink stage's barriers (this call's, or the next call's after a
   // combine). Check then reports the failure without leaving again (a second mark would read as corrupt).
   EPF_RETURN_IF_ERROR(StepIssue(InternodeIssueStep::kLeave, Tensor(), rows, stream));
-  EPF_RETURN_IF_ERROR(inner_path_->AbandonCallIfFailed(status_, stream));
+  EPF_RETURN_IF_ERROR(nvlink_->AbandonCallIfFailed(status_, stream));
   leave_launched_ = true;
   return absl::OkStatus();
 }
 
-absl::StatusOr<DispatchResult> InternodePath::RunPaddedDispatch(const DispatchArgs& args, cudaStream_t stream) {
+absl::StatusOr<DispatchResult> NormalRdmaStage::RunPaddedDispatch(const DispatchArgs& args, cudaStream_t stream) {
   const int H = shape_.num_hosts, M = config_.max_tokens_per_rank;
   const int num_tokens = static_cast<int>(args.x.shape[0]);
   const int hidden = static_cast<int>(args.x.shape[1]);
@@ -196,7 +196,7 @@ absl::StatusOr<DispatchResult> InternodePath::RunPaddedDispatch(const DispatchAr
                         cached ? nullptr : std::make_shared<InternodeHandle>(*plan), stream);
 }
 
-absl::StatusOr<CombineResult> InternodePath::RunPaddedCombine(const CombineArgs& args, cudaStream_t stream) {
+absl::StatusOr<CombineResult> NormalRdmaStage::RunPaddedCombine(const CombineArgs& args, cudaStream_t stream) {
   const InternodeHandle& plan = *args.handle->internode;
   const int hidden = static_cast<int>(args.x.shape[1]);
   const int num_topk = args.topk_weights.empty() ? 0 : static_cast<int>(args.topk_weights.shape[1]);

@@ -4,42 +4,42 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "buffer_internal.h"
-#include "data_path.h"
+#include "data_path/kernel_path.h"
+#include "data_path/lost_ranks.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/host_backend.h"
+#include "tensor/tensors.h"
 
 namespace epfabric::client::internal {
 namespace {
 
 namespace hb = kernels::host_backend;
 
-class HostDataPath final : public DataPath {
+class HostDataPath final : public KernelPath {
  public:
-  explicit HostDataPath(const DataPathConfig& config) : config_(config) {}
+  explicit HostDataPath(const KernelPathConfig& config) : KernelPath(config) {}
 
-  absl::Status Init() {
+  absl::Status Init(const ReachAcrossHosts& reach) {
     counters_.assign(1 + config_.experts_per_rank, -1);
     rank_mask_.assign(config_.num_ranks, 0);
-    if (config_.layout_only) return absl::OkStatus();
     if (config_.config.low_latency) {
-      EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, &status_, rank_mask_.data()));
+      EPF_ASSIGN_OR_RETURN(ll_, MakeLowLatencyContext(config_, &status_, rank_mask_.data(), reach));
     } else {
       group_ = MakeIntranodeGroup(config_, &status_);
     }
     return absl::OkStatus();
   }
 
-  v1::Backend backend() const override { return v1::BACKEND_HOST; }
+  Backend backend() const override { return Backend::kHost; }
 
-  absl::Status CheckExpertIndices(const TensorView& topk_idx) override {
+  absl::Status CheckExpertIndicesOf(const TensorView& topk_idx, int num_experts) override {
     if (topk_idx.empty()) return absl::OkStatus();
     return kernels::CheckExpertIndices("topk_idx", static_cast<const int64_t*>(topk_idx.data), topk_idx.shape[0],
-                                       topk_idx.shape[1], config_.config.num_experts);
+                                       topk_idx.shape[1], num_experts);
   }
 
-  absl::Status CheckDispatchExpertIndices(const DispatchArgs& args, cudaStream_t /*stream*/) override {
-    EPF_RETURN_IF_ERROR(CheckExpertIndices(args.topk_idx));
+  absl::Status CheckLayoutIndices(const DispatchArgs& args, int num_experts, cudaStream_t /*stream*/) override {
+    EPF_RETURN_IF_ERROR(CheckExpertIndicesOf(args.topk_idx, num_experts));
     if (args.cached != nullptr || args.layout == nullptr) return absl::OkStatus();
     const TensorView& invalid = args.layout->num_invalid_topk.view;
     if (!invalid.empty() && invalid.data != nullptr && *static_cast<const int32_t*>(invalid.data) != 0) {
@@ -49,8 +49,8 @@ class HostDataPath final : public DataPath {
     return absl::OkStatus();
   }
 
-  absl::Status Layout(kernels::DispatchLayoutParams p, DispatchLayout* layout, cudaStream_t stream) override {
-    EPF_ASSIGN_OR_RETURN(layout->num_invalid_topk, NewTensor(config_.allocator, kernels::DType::kInt32, {1}, stream));
+  absl::Status LaunchLayout(kernels::DispatchLayoutParams p, DispatchLayout* layout, cudaStream_t stream) override {
+    EPF_ASSIGN_OR_RETURN(layout->num_invalid_topk, NewTensor(kernels::DType::kInt32, {1}, stream));
     p.num_invalid_topk = static_cast<int32_t*>(layout->num_invalid_topk.view.data);
     return hb::GetDispatchLayout(p);
   }
@@ -74,13 +74,13 @@ class HostDataPath final : public DataPath {
     return hb::IntranodeNotify(Fresh(group_), p);
   }
 
-  absl::Status Dispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
-                        cudaStream_t /*stream*/) override {
+  absl::Status LaunchDispatch(const kernels::IntranodeDispatchParams& p, kernels::IntranodeHandle* handle,
+                              cudaStream_t /*stream*/) override {
     return hb::IntranodeDispatch(Fresh(group_), p, handle);
   }
 
-  absl::Status Combine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
-                       cudaStream_t /*stream*/) override {
+  absl::Status LaunchCombine(const kernels::IntranodeCombineParams& p, const kernels::IntranodeHandle& handle,
+                             cudaStream_t /*stream*/) override {
     return hb::IntranodeCombine(Fresh(group_), p, handle);
   }
 
@@ -121,7 +121,6 @@ class HostDataPath final : public DataPath {
     return view;
   }
 
-  DataPathConfig config_;
   kernels::KernelStatus status_{};
   std::vector<int32_t> counters_;   // notify's: [0] = received tokens, [1..] per local expert
   std::vector<int32_t> rank_mask_;  // low latency
@@ -131,10 +130,10 @@ class HostDataPath final : public DataPath {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewHostDataPath(const DataPathConfig& config) {
+absl::StatusOr<std::unique_ptr<KernelPath>> NewHostPath(const KernelPathConfig& config, const ReachAcrossHosts& reach) {
   auto path = std::make_unique<HostDataPath>(config);
-  EPF_RETURN_IF_ERROR(path->Init());
-  return std::unique_ptr<DataPath>(std::move(path));
+  EPF_RETURN_IF_ERROR(path->Init(reach));
+  return std::unique_ptr<KernelPath>(std::move(path));
 }
 
 }  // namespace epfabric::client::internal

@@ -1,6 +1,6 @@
-// Low-latency mode across hosts on the cuda backend with the puts issued from the device (internode_low_latency.h,
+// Low-latency mode across hosts on the cuda backend with the puts issued from the device (low_latency_stage.h,
 // kernels/low_latency_remote.h): every step is a launch on the caller's stream and every wait is a kernel's bounded
-// wait, so a call can be captured into a CUDA graph. The relay (internode_low_latency_relay.cc) sends the same ranges
+// wait, so a call can be captured into a CUDA graph. The relay (low_latency_relay.cc) sends the same ranges
 // from the calling thread instead.
 #include <algorithm>
 #include <atomic>
@@ -11,10 +11,10 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "data_path/internode/low_latency_stage.h"
+#include "data_path/internode/normal_stage.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/transport/issuer.h"
-#include "internode_low_latency.h"
-#include "internode_path.h"
 
 namespace epfabric::client::internal {
 namespace {
@@ -44,12 +44,12 @@ std::set<const void*>& RingsHeld() {
   return *held;
 }
 
-class LowLatencyDevicePath final : public LowLatencyPathAround {
+class LowLatencyDeviceStage final : public LowLatencyRdmaStage {
  public:
-  LowLatencyDevicePath(std::unique_ptr<DataPath> inner, std::unique_ptr<LowLatencyRemote> remote,
-                       kernels::LowLatencyRemoteRings rings, std::vector<transport::RingControl*> controls,
-                       unsigned long long* next, absl::Duration timeout)
-      : LowLatencyPathAround(std::move(inner)),
+  LowLatencyDeviceStage(KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote,
+                        kernels::LowLatencyRemoteRings rings, std::vector<transport::RingControl*> controls,
+                        unsigned long long* next, absl::Duration timeout)
+      : LowLatencyRdmaStage(inner),
         remote_(std::move(remote)),
         rings_(rings),
         controls_(std::move(controls)),
@@ -58,7 +58,7 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
 
   // The last puts must reach their destinations before the lease can end (it drops what its rings hold), and the
   // rings' next index goes back to the host side so that a later issuer on this lease carries on from it.
-  ~LowLatencyDevicePath() override {
+  ~LowLatencyDeviceStage() override {
     QuietOnHost().IgnoreError();
     cudaFree(next_);
     std::lock_guard<std::mutex> lock(rings_held_mu);
@@ -160,9 +160,9 @@ class LowLatencyDevicePath final : public LowLatencyPathAround {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_ptr<DataPath> inner,
-                                                                  std::unique_ptr<LowLatencyRemote> remote,
-                                                                  Lease* lease, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<LowLatencyRdmaStage>> NewLowLatencyDeviceStage(KernelPath* inner,
+                                                                              std::unique_ptr<LowLatencyRemote> remote,
+                                                                              Lease* lease, absl::Duration timeout) {
   const uint32_t slots = lease->group().ring_slots();
   const ChannelRange channels = LowLatencyChannels(*lease);
   if (lease->group().num_normal_bytes() > 0 && channels.first == 0) {
@@ -221,8 +221,8 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyDevicePath(std::unique_pt
   }
   for (int c = 0; c < rings.num_rings; ++c) rings.rings[c].next = counters + c;
   std::move(release).Cancel();  // the path releases the rings when it goes
-  return std::unique_ptr<DataPath>(std::make_unique<LowLatencyDevicePath>(std::move(inner), std::move(remote), rings,
-                                                                          std::move(controls), counters, timeout));
+  return std::unique_ptr<LowLatencyRdmaStage>(
+      std::make_unique<LowLatencyDeviceStage>(inner, std::move(remote), rings, std::move(controls), counters, timeout));
 }
 
 }  // namespace epfabric::client::internal

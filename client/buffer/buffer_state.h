@@ -1,5 +1,5 @@
-// Internal to the Buffer's files (buffer.cc, buffer_normal.cc, buffer_low_latency.cc, data_path_*.cc): the Buffer's
-// state, output allocation, and the checks of TensorViews (dtype and shape; the rules on sizes are the kernels').
+// Internal to the Buffer's files (buffer.cc, buffer_normal.cc, buffer_low_latency.cc, buffer_generation.cc): the
+// Buffer's state, which holds its one data path (data_path/data_path.h) whatever the group's shape.
 #pragma once
 
 #include <cstdint>
@@ -9,49 +9,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "buffer_stats.h"
-#include "data_path.h"
+#include "buffer/buffer_stats.h"
+#include "data_path/data_path.h"
 #include "epfabric/client/buffer.h"
-#include "internode_path.h"
+#include "tensor/tensors.h"
 
 namespace epfabric::client {
-namespace internal {
-
-// Notify's host-side wait outlasts the kernel's own timeout by this much, so that the kernel's record (naming the
-// peer), not the host wait, explains a timeout.
-inline constexpr uint64_t kNotifyGraceNs = 1000ull * 1000 * 1000;
-
-// An output tensor from `allocator` (at least 256 bytes, so that pointers are never null).
-absl::StatusOr<Tensor> NewTensor(const std::shared_ptr<Allocator>& allocator, kernels::DType dtype,
-                                 std::vector<int64_t> shape, cudaStream_t stream);
-
-// Tensors that callers never see as tensors of their own (a handle's) in one allocation, each at a 256-byte boundary:
-// one allocator call instead of one per tensor (a framework's allocator is a callback into an interpreter). They
-// share the block's lifetime.
-struct TensorSpec {
-  kernels::DType dtype;
-  std::vector<int64_t> shape;
-};
-absl::StatusOr<std::vector<Tensor>> NewTensors(const std::shared_ptr<Allocator>& allocator,
-                                               const std::vector<TensorSpec>& specs, cudaStream_t stream);
-
-// Every message names the field and its value. `want` holds the expected sizes (-1: any), `meaning` names the
-// dimensions for the message.
-absl::Status ExpectDType(const TensorView& t, const char* name, kernels::DType want);
-absl::Status ExpectShape(const TensorView& t, const char* name, const std::vector<int64_t>& want, const char* meaning);
-absl::Status ExpectTensor(const TensorView& t, const char* name, kernels::DType dtype,
-                          const std::vector<int64_t>& shape, const char* meaning);
-
-// A pointer the kernels accept for a given tensor: never null (an empty but given tensor still says "given" to the
-// peers). With no elements nothing is read or written through it, so a host address serves on cuda as well; it is
-// aligned because the kernels' argument checks want 16-byte alignment. Null for a tensor that is not given.
-const void* GivenData(const TensorView& t);
-template <typename T>
-const T* GivenPointer(const TensorView& t) {
-  return static_cast<const T*>(GivenData(t));
-}
-
-}  // namespace internal
 
 struct Buffer::State {
   Lease* lease = nullptr;
@@ -60,10 +23,8 @@ struct Buffer::State {
   int rank = 0;
   int num_ranks = 0;
   int experts_per_rank = 0;
-  // Groups within one host: the data path. Groups that span hosts: only its layout and index checks (over the whole
-  // group); `internode` runs the calls.
+  // The data path for the group's shape (cuda, host, or internode); the Buffer never asks which.
   std::unique_ptr<internal::DataPath> path;
-  std::unique_ptr<internal::InternodePath> internode;
 
   // The lease's data-path counters (null for inner Buffers and leases without a page).
   std::unique_ptr<internal::DataPathRecorder> stats;
