@@ -66,7 +66,7 @@ grpc::Status PeerService::ProposeGroup(grpc::ServerContext* context, const v1::P
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, kMethod, *request));
   return Signed(*context, *who, kMethod,
                 Answer(IfSameFabric(*membership_, request->fabric_id(),
-                                    [&] { return groups_->Propose(request->request(), CallDeadline(*context)); }),
+                                    [&] { return groups_->Propose(request->request(), CallDeadline(*context), request->client()); }),
                        response),
                 *response);
 }
