@@ -175,8 +175,9 @@ std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id,
   const int64_t unix_ms = absl::ToUnixMillis(now);
   const absl::string_view role = RoleName(claim.role);
   const std::string body_sha256 = Sha256Hex(body);
-  return absl::StrCat(kVersion, ":", role, ":", claim.rank, ":", unix_ms, ":", fresh, ":", body_sha256, ":", audience,
-                      ":", Mac(secret, SignedText(fabric_id, method, role, claim.rank, unix_ms, fresh, body_sha256, audience)));
+  return absl::StrCat(
+      kVersion, ":", role, ":", claim.rank, ":", unix_ms, ":", fresh, ":", body_sha256, ":", audience, ":",
+      Mac(secret, SignedText(fabric_id, method, role, claim.rank, unix_ms, fresh, body_sha256, audience)));
 }
 
 absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl::string_view fabric_id,
@@ -305,8 +306,7 @@ std::string PeerAudience(absl::string_view address) {
 
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> MakePeerProofInterceptorFactory(
     std::string secret, std::string fabric_id, PeerProofClaim claim, std::string audience) {
-  return std::make_unique<ProofInterceptorFactory>(std::move(secret), std::move(fabric_id), claim,
-                                                   std::move(audience));
+  return std::make_unique<ProofInterceptorFactory>(std::move(secret), std::move(fabric_id), claim, std::move(audience));
 }
 
 }  // namespace epfabric::common

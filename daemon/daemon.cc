@@ -323,7 +323,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
   groups::GroupLimits group_limits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes};
   if (group_limits.max_total_region_bytes == 0) {
-    group_limits.max_total_region_bytes = DefaultRegionBudget(s->backend.backend, s->backend.device, options.system_root);
+    group_limits.max_total_region_bytes =
+        DefaultRegionBudget(s->backend.backend, s->backend.device, options.system_root);
   } else if (group_limits.max_total_region_bytes == UINT64_MAX) {
     group_limits.max_total_region_bytes = 0;  // none of ours
   }
@@ -331,10 +332,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                      options.max_region_bytes_per_client != 0
                                          ? options.max_region_bytes_per_client
                                          : group_limits.max_total_region_bytes / 2};
-  Logger("daemon")->info("regions: at most {} bytes in all (--max_total_region_bytes{}); per client {} groups, {} bytes "
-                         "per member",
-                         group_limits.max_total_region_bytes, options.max_total_region_bytes == 0 ? ", derived" : "",
-                         client_quotas.max_groups, client_quotas.max_region_bytes);
+  Logger("daemon")->info(
+      "regions: at most {} bytes in all (--max_total_region_bytes{}); per client {} groups, {} bytes "
+      "per member",
+      group_limits.max_total_region_bytes, options.max_total_region_bytes == 0 ? ", derived" : "",
+      client_quotas.max_groups, client_quotas.max_region_bytes);
   s->groups = std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(),
                                                      lease_limits, group_limits, s->transport.get(), client_quotas);
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });

@@ -73,7 +73,8 @@ absl::StatusOr<std::map<int64_t, std::string>> ParseTenantLabels(const std::stri
     if (label.empty() || label.size() > 63 ||
         label.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
             absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("label '", label, "' of uid ", uid, " is not [A-Za-z0-9._-]{1,63}"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("label '", label, "' of uid ", uid, " is not [A-Za-z0-9._-]{1,63}"));
     }
     labels[uid] = std::string(label);
   }

@@ -52,10 +52,10 @@ absl::Status Registry::CheckQuotaLocked(const std::string& client, const v1::Gro
   if (quotas_.max_region_bytes != 0) {
     for (int rank : info.ranks()) {
       if (bytes_on[rank] + MemberRegionBytes(info) > quotas_.max_region_bytes) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "client ", client, " holds ", bytes_on[rank], " bytes of regions on rank ", rank, "; ",
-            MemberRegionBytes(info), " more would pass its limit of ", quotas_.max_region_bytes,
-            " per client and member (--max_region_bytes_per_client)"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("client ", client, " holds ", bytes_on[rank], " bytes of regions on rank ", rank, "; ",
+                         MemberRegionBytes(info), " more would pass its limit of ", quotas_.max_region_bytes,
+                         " per client and member (--max_region_bytes_per_client)"));
       }
     }
   }

@@ -297,7 +297,7 @@ class Connection {
   absl::Mutex mutex_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mutex_);
   std::deque<std::pair<uint64_t, uint64_t>> awaiting_ ABSL_GUARDED_BY(mutex_);  // (seq, cookie), sent in order
-  absl::Status dead_ ABSL_GUARDED_BY(mutex_);           // shut down (Cancelled) or no sender thread: for good
+  absl::Status dead_ ABSL_GUARDED_BY(mutex_);        // shut down (Cancelled) or no sender thread: for good
   absl::Status quarantine_ ABSL_GUARDED_BY(mutex_);  // the last fault, for the rest of its ring generation
   uint32_t quarantined_ ABSL_GUARDED_BY(mutex_) = 0;
   bool faulted_ ABSL_GUARDED_BY(mutex_) = false;  // the ack thread saw the current connection fail
@@ -421,8 +421,7 @@ class SocketLink final : public GroupLink {
 
 }  // namespace
 
-std::unique_ptr<GroupLink> MakeSocketLink(const GroupSetup& setup, const LinkOptions& options,
-                                          LocalCopies* copies) {
+std::unique_ptr<GroupLink> MakeSocketLink(const GroupSetup& setup, const LinkOptions& options, LocalCopies* copies) {
   return std::make_unique<SocketLink>(setup, options, copies);
 }
 

@@ -1,11 +1,11 @@
 #include "transport/socket_wire.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/crypto.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -290,8 +290,9 @@ class SocketWireImpl final : public SocketWire {
     if (group != nullptr) {
       absl::Status ended = Serve(fd, *group);
       if (absl::IsDeadlineExceeded(ended)) {
-        Logger("transport")->info("data connection of group '{}' idle for {}: closed", group->name,
-                                  absl::FormatDuration(options_.idle_timeout));
+        Logger("transport")
+            ->info("data connection of group '{}' idle for {}: closed", group->name,
+                   absl::FormatDuration(options_.idle_timeout));
       } else if (!absl::IsUnavailable(ended)) {
         Logger("transport")->warn("data connection of group '{}': {}", group->name, ended.ToString());
       }
@@ -416,10 +417,10 @@ class SocketWireImpl final : public SocketWire {
   mutable absl::Mutex mutex_;
   std::map<std::string, std::shared_ptr<ReceiveGroup>> groups_ ABSL_GUARDED_BY(mutex_);
   int receivers_ ABSL_GUARDED_BY(mutex_) = 0;
-  std::list<int> pending_ ABSL_GUARDED_BY(mutex_);  // connections in their handshake, oldest first
+  std::list<int> pending_ ABSL_GUARDED_BY(mutex_);    // connections in their handshake, oldest first
   std::set<int> hello_done_ ABSL_GUARDED_BY(mutex_);  // in pending_, their hello arrived whole
-  std::set<int> shed_fds_ ABSL_GUARDED_BY(mutex_);  // shed from pending_, their threads not yet past the handshake
-  int shed_ ABSL_GUARDED_BY(mutex_) = 0;            // shed_fds_.size(): receivers that are about to go
+  std::set<int> shed_fds_ ABSL_GUARDED_BY(mutex_);    // shed from pending_, their threads not yet past the handshake
+  int shed_ ABSL_GUARDED_BY(mutex_) = 0;              // shed_fds_.size(): receivers that are about to go
   SocketWireCounters counters_ ABSL_GUARDED_BY(mutex_);
   int spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // the accept thread's
   absl::Time last_emfile_warning_ = absl::InfinitePast();   // the accept thread's

@@ -30,7 +30,8 @@ TEST(CreateGroupAbi, ATooSmallTokenBufferCreatesNoGroup) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (absl::Now() < deadline && daemon->running()) {
     struct stat st {};
-    if (stat(socket.c_str(), &st) == 0 && (connected = epf_client_connect(socket.c_str(), "abi", 5.0, &client)) == EPF_OK) {
+    if (stat(socket.c_str(), &st) == 0 &&
+        (connected = epf_client_connect(socket.c_str(), "abi", 5.0, &client)) == EPF_OK) {
       break;
     }
     absl::SleepFor(absl::Milliseconds(100));

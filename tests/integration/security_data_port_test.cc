@@ -208,8 +208,8 @@ TEST_F(DataPort, TricklingStrangersDoNotKeepAPeerOut) {
   const int threads = fabric_->daemon(1).process().Threads();
   stop = true;
   attacker.join();
-  std::cout << "[ TRICKLE  ] daemon 1: " << cpu << " s CPU in " << seconds << " s, threads " << threads_before
-            << " -> " << threads << "\n";
+  std::cout << "[ TRICKLE  ] daemon 1: " << cpu << " s CPU in " << seconds << " s, threads " << threads_before << " -> "
+            << threads << "\n";
   EXPECT_LT(threads, threads_before + 100) << "at most 64 unproven connections (a thread each) at once";
   EXPECT_LT(cpu, 0.6 * seconds) << "the accept loop does not spin";
   // After the attack, on a fresh lease: the link works (it would reconnect had it failed).

@@ -68,8 +68,9 @@ class Fairness : public ::testing::Test {
 
   absl::StatusOr<Subprocess> Worker(const std::string& group, const std::string& token,
                                     const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {WorkerBinary(), "--socket=" + fabric_->daemon(0).socket(), "--group=" + group,
-                                     "--rank=0", "--token=" + token, "--timeout_ms=60000"};
+    std::vector<std::string> argv = {WorkerBinary(),     "--socket=" + fabric_->daemon(0).socket(),
+                                     "--group=" + group, "--rank=0",
+                                     "--token=" + token, "--timeout_ms=60000"};
     argv.insert(argv.end(), args.begin(), args.end());
     return Subprocess::Start(argv);
   }

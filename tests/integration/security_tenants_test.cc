@@ -5,9 +5,9 @@
 #include <gmock/gmock.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -207,19 +207,19 @@ TEST(Quotas, OneClientCannotTakeEveryGroup) {
   if (geteuid() != 0) GTEST_SKIP() << "the cases of other uids need root";
   OpenSocketDirectory((*fabric)->daemon(0).socket());
   const std::string socket = "--socket=" + (*fabric)->daemon(0).socket();
-  RunResult other = RunBinary(AsUid(62100, {EpctlBinary(), socket, "create-group", "--group=other", "--ranks=0",
-                                            "--nvl_bytes=1048576"}));
+  RunResult other = RunBinary(
+      AsUid(62100, {EpctlBinary(), socket, "create-group", "--group=other", "--ranks=0", "--nvl_bytes=1048576"}));
   EXPECT_EQ(other.exit_code, 0) << "another uid has a quota of its own: " << other.out << other.err;
-  RunResult a1 = RunBinary(AsUid(62101, {EpctlBinary(), socket, "create-group", "--group=team-a-1", "--ranks=0",
-                                         "--nvl_bytes=1048576"}));
+  RunResult a1 = RunBinary(
+      AsUid(62101, {EpctlBinary(), socket, "create-group", "--group=team-a-1", "--ranks=0", "--nvl_bytes=1048576"}));
   EXPECT_EQ(a1.exit_code, 0) << a1.out << a1.err;
   for (int i = 2; i <= 3; ++i) {
-    RunResult more = RunBinary(AsUid(62102, {EpctlBinary(), socket, "create-group",
-                                             absl::StrCat("--group=team-a-", i), "--ranks=0", "--nvl_bytes=1048576"}));
+    RunResult more = RunBinary(AsUid(62102, {EpctlBinary(), socket, "create-group", absl::StrCat("--group=team-a-", i),
+                                             "--ranks=0", "--nvl_bytes=1048576"}));
     EXPECT_EQ(more.exit_code, 0) << more.out << more.err;
   }
-  RunResult over = RunBinary(AsUid(62102, {EpctlBinary(), socket, "create-group", "--group=team-a-4", "--ranks=0",
-                                           "--nvl_bytes=1048576"}));
+  RunResult over = RunBinary(
+      AsUid(62102, {EpctlBinary(), socket, "create-group", "--group=team-a-4", "--ranks=0", "--nvl_bytes=1048576"}));
   EXPECT_NE(over.exit_code, 0) << "uids 62101 and 62102 are one tenant (team-a) with one quota of 3";
   EXPECT_THAT(over.out + over.err, HasSubstr("tenant:team-a"));
 }

@@ -70,8 +70,8 @@ TEST(LocalCopies, PutsAndSignalsOfAChannelApplyInOrderLikeMemmove) {
     // Sizes around the inline limit and the chunk, overlapping either way often.
     const uint64_t bytes = random() % 3 == 0 ? 1 + random() % 4096 : 1 + random() % (12ull << 20);
     const uint64_t src = random() % (kBytes - bytes);
-    const uint64_t dst = random() % 2 == 0 ? random() % (kBytes - bytes)
-                                           : std::min(kBytes - bytes, src + random() % (bytes + 1));
+    const uint64_t dst =
+        random() % 2 == 0 ? random() % (kBytes - bytes) : std::min(kBytes - bytes, src + random() % (bytes + 1));
     copies.Put(*channel, dst, src, bytes, c);
     std::memmove(model.data() + dst, model.data() + src, bytes);
   }

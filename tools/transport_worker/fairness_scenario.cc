@@ -62,8 +62,7 @@ int FloodScenario(client::Lease& lease, Issuers& issuers, uint64_t flood_bytes, 
   return 0;
 }
 
-int SignalLatencyScenario(client::Lease& lease, RegionAccess& region, Issuers& issuers, int count,
-                          absl::Duration gap) {
+int SignalLatencyScenario(client::Lease& lease, RegionAccess& region, Issuers& issuers, int count, absl::Duration gap) {
   Command signal = {};
   signal.opcode = static_cast<uint8_t>(Opcode::kSignalAdd);
   signal.dst_rank = static_cast<uint16_t>(lease.rank());

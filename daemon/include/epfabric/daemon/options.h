@@ -59,7 +59,8 @@ struct DaemonOptions {
   int max_groups = 256;
   uint64_t max_total_region_bytes = 0;
   // Per client identity (a tenant label, else host and uid), counted by the coordinator across the fabric: groups,
-  // and bytes of regions on any one member (0 for bytes: half of max_total_region_bytes as derived; 0 for groups: none).
+  // and bytes of regions on any one member (0 for bytes: half of max_total_region_bytes as derived; 0 for groups:
+  // none).
   int max_groups_per_client = 64;
   uint64_t max_region_bytes_per_client = 0;
   // "uid=label,uid=label": uids whose clients count as one tenant for the quotas (empty: every uid on its own).
