@@ -492,6 +492,9 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
   auto side_channel = ConnectUnix(own_fd_socket);
   if (!side_channel.ok()) return Annotate(side_channel.status(), absl::StrCat(what, ": fd side channel"));
   s->side_channel = std::move(*side_channel);
+  // The uid the daemons run as (the one this process was pointed at): another rank's fd socket must be served by it
+  // too before the group's token goes there (a process that bound a dead daemon's socket path is not).
+  EPF_ASSIGN_OR_RETURN(const common::PeerCredentials own_daemon, common::GetPeerCredentials(s->side_channel.get()));
   // A request for one of this rank's own regions on its lease's side channel.
   auto own_request = [&](v1::RegionDescriptor::Kind kind) {
     v1::FdRequest fd_request;
@@ -562,6 +565,12 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Attach(const std::string& group, 
       auto connection = ConnectUnix(path);
       if (!connection.ok()) {
         return Annotate(connection.status(), absl::StrCat(what, ": fd socket of rank ", owner));
+      }
+      EPF_ASSIGN_OR_RETURN(const common::PeerCredentials server, common::GetPeerCredentials(connection->get()));
+      if (server.uid != own_daemon.uid) {
+        return absl::PermissionDeniedError(absl::StrCat(what, ": fd socket of rank ", owner, " ", path,
+                                                        " is served by uid ", server.uid, ", not by the daemons' uid ",
+                                                        own_daemon.uid, "; the token was not sent"));
       }
       v1::FdRequest fd_request;
       fd_request.set_group(group);

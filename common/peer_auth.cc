@@ -23,16 +23,21 @@
 namespace epfabric::common {
 namespace {
 
-constexpr absl::string_view kVersion = "v2";
+constexpr absl::string_view kVersion = "v3";
 
 absl::string_view RoleName(PeerRole role) { return role == PeerRole::kMember ? "member" : "ops"; }
 
 std::string Mac(absl::string_view secret, absl::string_view message) { return HmacSha256Hex(secret, message); }
 
 std::string SignedText(absl::string_view fabric_id, absl::string_view method, absl::string_view role, int rank,
-                       int64_t unix_ms, absl::string_view nonce, absl::string_view body_sha256) {
+                       int64_t unix_ms, absl::string_view nonce, absl::string_view body_sha256,
+                       absl::string_view audience) {
   return absl::StrCat("epfabric-peer-", kVersion, "|", fabric_id, "|", method, "|", role, "|", rank, "|", unix_ms, "|",
-                      nonce, "|", body_sha256);
+                      nonce, "|", body_sha256, "|", audience);
+}
+
+bool IsAudience(absl::string_view text) {
+  return text.size() <= 5 && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 std::string ReplyText(absl::string_view fabric_id, absl::string_view method, absl::string_view request_nonce,
@@ -57,8 +62,9 @@ std::string Flatten(const grpc::ByteBuffer& buffer) {
 
 class ProofInterceptor final : public grpc::experimental::Interceptor {
  public:
-  ProofInterceptor(const std::string* secret, const std::string* fabric_id, PeerProofClaim claim, std::string method)
-      : secret_(secret), fabric_id_(fabric_id), claim_(claim), method_(std::move(method)) {}
+  ProofInterceptor(const std::string* secret, const std::string* fabric_id, PeerProofClaim claim, std::string method,
+                   const std::string* audience)
+      : secret_(secret), fabric_id_(fabric_id), claim_(claim), method_(std::move(method)), audience_(audience) {}
 
   // A unary call sends its metadata and its one message in one batch, so the proof can cover the message. A call
   // whose metadata goes out alone (streaming) signs an empty body, which the server refuses unless it is empty.
@@ -76,7 +82,7 @@ class ProofInterceptor final : public grpc::experimental::Interceptor {
         body = Flatten(*methods->GetSerializedSendMessage());
       }
       metadata->emplace(kPeerAuthMetadataKey,
-                        MakePeerProof(*secret_, *fabric_id_, method_, claim_, body, absl::Now(), nonce));
+                        MakePeerProof(*secret_, *fabric_id_, method_, claim_, body, absl::Now(), nonce, *audience_));
     }
     methods->Proceed();
   }
@@ -86,21 +92,23 @@ class ProofInterceptor final : public grpc::experimental::Interceptor {
   const std::string* fabric_id_;
   const PeerProofClaim claim_;
   const std::string method_;
+  const std::string* audience_;
 };
 
 class ProofInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  ProofInterceptorFactory(std::string secret, std::string fabric_id, PeerProofClaim claim)
-      : secret_(std::move(secret)), fabric_id_(std::move(fabric_id)), claim_(claim) {}
+  ProofInterceptorFactory(std::string secret, std::string fabric_id, PeerProofClaim claim, std::string audience)
+      : secret_(std::move(secret)), fabric_id_(std::move(fabric_id)), claim_(claim), audience_(std::move(audience)) {}
 
   grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo* info) override {
-    return new ProofInterceptor(&secret_, &fabric_id_, claim_, info->method());
+    return new ProofInterceptor(&secret_, &fabric_id_, claim_, info->method(), &audience_);
   }
 
  private:
   const std::string secret_;
   const std::string fabric_id_;
   const PeerProofClaim claim_;
+  const std::string audience_;
 };
 
 }  // namespace
@@ -161,19 +169,21 @@ std::string NewPeerNonce() {
 }
 
 std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
-                          const PeerProofClaim& claim, absl::string_view body, absl::Time now,
-                          absl::string_view nonce) {
+                          const PeerProofClaim& claim, absl::string_view body, absl::Time now, absl::string_view nonce,
+                          absl::string_view audience) {
   const std::string fresh = nonce.empty() ? NewPeerNonce() : std::string(nonce);
   const int64_t unix_ms = absl::ToUnixMillis(now);
   const absl::string_view role = RoleName(claim.role);
   const std::string body_sha256 = Sha256Hex(body);
-  return absl::StrCat(kVersion, ":", role, ":", claim.rank, ":", unix_ms, ":", fresh, ":", body_sha256, ":",
-                      Mac(secret, SignedText(fabric_id, method, role, claim.rank, unix_ms, fresh, body_sha256)));
+  return absl::StrCat(
+      kVersion, ":", role, ":", claim.rank, ":", unix_ms, ":", fresh, ":", body_sha256, ":", audience, ":",
+      Mac(secret, SignedText(fabric_id, method, role, claim.rank, unix_ms, fresh, body_sha256, audience)));
 }
 
 absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl::string_view fabric_id,
                                                   absl::string_view method, absl::string_view proof,
-                                                  absl::string_view body, absl::Time now) {
+                                                  absl::string_view body, absl::Time now,
+                                                  absl::string_view expected_audience) {
   if (proof.empty()) {
     return absl::UnauthenticatedError(
         absl::StrCat(method, ": no fabric credential (", kPeerAuthMetadataKey, " metadata) on the call"));
@@ -182,9 +192,10 @@ absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl
   VerifiedPeerProof verified;
   PeerProofClaim& claim = verified.claim;
   int64_t unix_ms = 0;
-  if (parts.size() != 7 || parts[0] != kVersion || !absl::SimpleAtoi(parts[2], &claim.rank) ||
+  if (parts.size() != 8 || parts[0] != kVersion || !absl::SimpleAtoi(parts[2], &claim.rank) ||
       !absl::SimpleAtoi(parts[3], &unix_ms) || !IsLowerHex(parts[4], 24) || !IsLowerHex(parts[5], 64) ||
-      parts[6].size() != 64 || absl::StrCat(claim.rank) != parts[2] || absl::StrCat(unix_ms) != parts[3]) {
+      !IsAudience(parts[6]) || parts[7].size() != 64 || absl::StrCat(claim.rank) != parts[2] ||
+      absl::StrCat(unix_ms) != parts[3]) {
     // Numbers in their one canonical spelling: a proof has exactly one text.
     return absl::UnauthenticatedError(absl::StrCat(method, ": malformed fabric credential"));
   }
@@ -198,8 +209,8 @@ absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl
     return absl::UnauthenticatedError(absl::StrCat(method, ": malformed fabric credential"));
   }
   const std::string expected =
-      Mac(secret, SignedText(fabric_id, method, parts[1], claim.rank, unix_ms, parts[4], parts[5]));
-  if (CRYPTO_memcmp(expected.data(), parts[6].data(), expected.size()) != 0) {
+      Mac(secret, SignedText(fabric_id, method, parts[1], claim.rank, unix_ms, parts[4], parts[5], parts[6]));
+  if (CRYPTO_memcmp(expected.data(), parts[7].data(), expected.size()) != 0) {
     return absl::UnauthenticatedError(absl::StrCat(method, ": the fabric credential does not verify for fabric '",
                                                    fabric_id, "' (another fabric id or secret, or a forgery)"));
   }
@@ -208,6 +219,13 @@ absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl
     return absl::UnauthenticatedError(absl::StrCat(method, ": the fabric credential is ", absl::FormatDuration(skew),
                                                    " away from this daemon's clock (limit ",
                                                    absl::FormatDuration(kPeerAuthMaxSkew), ")"));
+  }
+  // The signed audience is authentic; it must name this daemon (a proof captured by whoever holds a dead member's
+  // port is no good at any other member).
+  if (!expected_audience.empty() && parts[6] != expected_audience) {
+    return absl::UnauthenticatedError(absl::StrCat(method, ": the fabric credential was made for another daemon (port ",
+                                                   parts[6].empty() ? "none" : parts[6], ", this one listens on ",
+                                                   expected_audience, ")"));
   }
   // The signed digest is authentic; the request must be the one it was made for.
   if (Sha256Hex(body) != parts[5]) {
@@ -281,9 +299,14 @@ absl::Status PeerNonceCache::Remember(absl::string_view method, const VerifiedPe
   return absl::OkStatus();
 }
 
+std::string PeerAudience(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  return colon == absl::string_view::npos ? "" : std::string(address.substr(colon + 1));
+}
+
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> MakePeerProofInterceptorFactory(
-    std::string secret, std::string fabric_id, PeerProofClaim claim) {
-  return std::make_unique<ProofInterceptorFactory>(std::move(secret), std::move(fabric_id), claim);
+    std::string secret, std::string fabric_id, PeerProofClaim claim, std::string audience) {
+  return std::make_unique<ProofInterceptorFactory>(std::move(secret), std::move(fabric_id), claim, std::move(audience));
 }
 
 }  // namespace epfabric::common

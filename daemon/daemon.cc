@@ -213,6 +213,24 @@ struct Daemon::State {
   }
 };
 
+namespace {
+
+// The default --max_total_region_bytes: half the machine's memory for host regions (they are shared memory; the
+// daemons of the other GPUs and the tenants need the rest), 90% of the GPU's memory for device regions.
+uint64_t DefaultRegionBudget(v1::Backend backend, int device, const std::string& system_root) {
+  if (backend == v1::BACKEND_CUDA) {
+    for (const v1::Gpu& gpu : topology::DiscoverGpus(system_root)) {
+      if (gpu.ordinal() == device && gpu.memory_bytes() > 0) return gpu.memory_bytes() / 10 * 9;
+    }
+  }
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;  // unknown: no limit of ours
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 2;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   auto state = std::make_unique<State>();
   State* s = state.get();
@@ -303,15 +321,33 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   s->membership = std::make_unique<fabric::Membership>(fabric_config, self, s->links.get());
   groups::LeaseLimits lease_limits;
   lease_limits.default_ttl = absl::Milliseconds(options.lease_ttl_ms);
-  s->groups = std::make_unique<groups::GroupManager>(
-      s->membership.get(), s->links.get(), s->allocator.get(), lease_limits,
-      groups::GroupLimits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes}, s->transport.get());
+  groups::GroupLimits group_limits{static_cast<size_t>(options.max_groups), options.max_total_region_bytes};
+  if (group_limits.max_total_region_bytes == 0) {
+    group_limits.max_total_region_bytes =
+        DefaultRegionBudget(s->backend.backend, s->backend.device, options.system_root);
+  } else if (group_limits.max_total_region_bytes == UINT64_MAX) {
+    group_limits.max_total_region_bytes = 0;  // none of ours
+  }
+  groups::ClientQuotas client_quotas{static_cast<size_t>(options.max_groups_per_client),
+                                     options.max_region_bytes_per_client != 0
+                                         ? options.max_region_bytes_per_client
+                                         : group_limits.max_total_region_bytes / 2};
+  Logger("daemon")->info(
+      "regions: at most {} bytes in all (--max_total_region_bytes{}); per client {} groups, {} bytes "
+      "per member",
+      group_limits.max_total_region_bytes, options.max_total_region_bytes == 0 ? ", derived" : "",
+      client_quotas.max_groups, client_quotas.max_region_bytes);
+  s->groups = std::make_unique<groups::GroupManager>(s->membership.get(), s->links.get(), s->allocator.get(),
+                                                     lease_limits, group_limits, s->transport.get(), client_quotas);
   s->membership->SetChangeListener([s](const v1::Membership& view, bool degraded) { s->OnMembership(view, degraded); });
   s->membership->SetJoinObserver([s](const v1::JoinRequest& request) { s->groups->Adopt(request); });
   s->membership->SetLocalGroups([s] { return s->groups->LocalRecords(); });
 
   s->fd_channel = std::make_unique<FdChannel>(s->groups.get());
-  s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener);
+  ClientNaming naming;
+  naming.host_id = s->host_id;
+  EPF_ASSIGN_OR_RETURN(naming.tenant_of_uid, ParseTenantLabels(options.tenant_labels));
+  s->control = std::make_unique<ControlService>(s->groups.get(), &s->listener, std::move(naming));
   s->peer = std::make_unique<PeerService>(s->membership.get(), s->groups.get(), s->peer_auth.get());
   // metrics: read through the owners' accessors at scrape time.
   s->metrics = std::make_unique<metrics::DaemonMetrics>([s] {
@@ -345,6 +381,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   providers.health = [s] { return BuildHealthReport(s->Fabric(), s->membership->CoordinatorReachable()); };
   providers.clients = [s] { return s->groups->Clients(); };
   s->peer_ops = std::make_unique<OpsService>(providers, s->peer_auth.get());
+  providers.caller_uid = [s](const grpc::ServerContext& context) -> int64_t {
+    auto credentials = s->listener.Lookup(context.peer());
+    return credentials ? static_cast<int64_t>(credentials->uid) : -1;
+  };
   s->ops = std::make_unique<OpsService>(std::move(providers));
 
   EPF_RETURN_IF_ERROR(ClaimSocketPath(s->socket_path));
@@ -383,6 +423,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                  " (is another process listening on that port?)"));
     }
     const bool ipv6 = listen.host.find(':') != std::string::npos;
+    s->peer_auth->SetAudience(absl::StrCat(selected_port));
     s->membership->SetPeerAddress(ipv6 ? absl::StrCat("[", listen.host, "]:", selected_port)
                                        : absl::StrCat(listen.host, ":", selected_port));
     SetServing(peer_server, {"", kPeerService, kOpsService}, true);

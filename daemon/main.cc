@@ -23,7 +23,16 @@ ABSL_FLAG(bool, insecure_peer_port, false,
           "Serve the peer port without credentials (no TLS, no fabric secret), on any address. Tests only.");
 ABSL_FLAG(int, max_groups, 256, "Most groups this daemon holds at once (RESOURCE_EXHAUSTED beyond).");
 ABSL_FLAG(uint64_t, max_total_region_bytes, 0,
-          "Most bytes of regions this daemon holds for all its groups together (0: no limit of ours).");
+          "Most bytes of regions this daemon holds for all its groups together (0: half the machine's memory on the "
+          "host backend, 90% of the GPU's on cuda; 18446744073709551615: no limit of ours).");
+ABSL_FLAG(int, max_groups_per_client, 64,
+          "Most groups one client identity (a --tenant_labels label, else host and uid) holds across the fabric; "
+          "counted by the coordinator (0: no limit).");
+ABSL_FLAG(uint64_t, max_region_bytes_per_client, 0,
+          "Most bytes of regions one client identity's groups hold on any one member; counted by the coordinator "
+          "(0: half of --max_total_region_bytes as in effect).");
+ABSL_FLAG(std::string, tenant_labels, "",
+          "uid=label,uid=label: uids whose clients count as one tenant for the per-client quotas.");
 ABSL_FLAG(std::string, fabric_secret_file, "",
           "File (mode 0600, owned by this user, >= 16 bytes) holding the fabric secret: every peer call carries an "
           "HMAC proof made with it. For fabrics on one host (loopback); across hosts use --tls_*.");
@@ -80,6 +89,9 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.fabric_secret_file = absl::GetFlag(FLAGS_fabric_secret_file);
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
   o.max_total_region_bytes = absl::GetFlag(FLAGS_max_total_region_bytes);
+  o.max_groups_per_client = absl::GetFlag(FLAGS_max_groups_per_client);
+  o.max_region_bytes_per_client = absl::GetFlag(FLAGS_max_region_bytes_per_client);
+  o.tenant_labels = absl::GetFlag(FLAGS_tenant_labels);
   o.client_socket = absl::GetFlag(FLAGS_client_socket);
   const std::string mode = absl::GetFlag(FLAGS_client_socket_mode);
   if (mode.empty() || mode.find_first_not_of("01234567") != std::string::npos) {

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "spdlog/common.h"
@@ -58,6 +59,27 @@ absl::Status FlagError(const char* flag, const std::string& message) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::map<int64_t, std::string>> ParseTenantLabels(const std::string& text) {
+  std::map<int64_t, std::string> labels;
+  if (text.empty()) return labels;
+  for (absl::string_view pair : absl::StrSplit(text, ',')) {
+    const size_t eq = pair.find('=');
+    int64_t uid = -1;
+    if (eq == absl::string_view::npos || !absl::SimpleAtoi(pair.substr(0, eq), &uid) || uid < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("'", pair, "' is not uid=label"));
+    }
+    const absl::string_view label = pair.substr(eq + 1);
+    if (label.empty() || label.size() > 63 ||
+        label.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+            absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("label '", label, "' of uid ", uid, " is not [A-Za-z0-9._-]{1,63}"));
+    }
+    labels[uid] = std::string(label);
+  }
+  return labels;
+}
 
 absl::Status ValidateOptions(const DaemonOptions& o) {
   if (o.world_size < 1 || o.world_size > 4096) {
@@ -180,6 +202,12 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   }
   if (o.max_groups < 1 || o.max_groups > 65536) {
     return FlagError("max_groups", absl::StrCat(o.max_groups, " is not in 1..65536"));
+  }
+  if (o.max_groups_per_client < 0 || o.max_groups_per_client > 65536) {
+    return FlagError("max_groups_per_client", absl::StrCat(o.max_groups_per_client, " is not in 0..65536"));
+  }
+  if (absl::StatusOr<std::map<int64_t, std::string>> labels = ParseTenantLabels(o.tenant_labels); !labels.ok()) {
+    return FlagError("tenant_labels", std::string(labels.status().message()));
   }
   if (o.lease_ttl_ms < 1000 || o.lease_ttl_ms > 300000) {
     return FlagError("lease_ttl_ms", absl::StrCat(o.lease_ttl_ms, " is not in 1000..300000"));

@@ -208,6 +208,9 @@ epf_status epf_create_group_ex(epf_client* client, const char* name, const int32
                                token_out, token_capacity);
 }
 
+// What epfabric.h promises a token fits in.
+constexpr size_t kTokenBufferBytes = 65;
+
 epf_status epf_create_group_opts(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                                  uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency,
                                  const epf_group_options* options, char* token_out, size_t token_capacity) {
@@ -215,6 +218,11 @@ epf_status epf_create_group_opts(epf_client* client, const char* name, const int
     return Fail(Null("client, name, ranks or token_out"));
   }
   if (num_ranks < 0) return Fail(absl::InvalidArgumentError(absl::StrCat("num_ranks = ", num_ranks)));
+  // Checked before the group exists: a group whose token the caller never gets could not be used or deleted.
+  if (token_capacity < kTokenBufferBytes) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("token_capacity = ", token_capacity, ": at least ",
+                                                        kTokenBufferBytes, " bytes; no group was created")));
+  }
   epfabric::v1::CreateGroupRequest request;
   request.set_name(name);
   for (int i = 0; i < num_ranks; ++i) request.add_ranks(ranks[i]);
@@ -232,8 +240,10 @@ epf_status epf_create_group_opts(epf_client* client, const char* name, const int
   auto created = client->client->CreateGroup(request);
   if (!created.ok()) return Fail(created.status());
   if (created->token().size() + 1 > token_capacity) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("token_capacity = ", token_capacity, ": the token needs ", created->token().size() + 1)));
+    // Not with a daemon of this version (tokens are 32 characters); a group nobody can use is deleted again.
+    (void)client->client->DeleteGroup(name, created->token());
+    return Fail(absl::InvalidArgumentError(absl::StrCat("token_capacity = ", token_capacity, ": the token needs ",
+                                                        created->token().size() + 1, "; the group was deleted")));
   }
   std::memcpy(token_out, created->token().c_str(), created->token().size() + 1);
   return Report(absl::OkStatus());

@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
     auto secret = epfabric::common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file");
     if (!secret.ok()) return UsageError(std::string(secret.status().message()));
     interceptors.push_back(epfabric::common::MakePeerProofInterceptorFactory(
-        *secret, options.fabric_id, epfabric::common::PeerProofClaim{epfabric::common::PeerRole::kOps, -1}));
+        *secret, options.fabric_id, epfabric::common::PeerProofClaim{epfabric::common::PeerRole::kOps, -1},
+        epfabric::common::PeerAudience(options.address)));
   }
   auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
       epfabric::epctl::TargetOf(options), *credentials, grpc::ChannelArguments(), std::move(interceptors));

@@ -69,7 +69,10 @@ std::shared_ptr<grpc::Channel> PeerLinks::Channel(const std::string& address) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (!secret_.empty()) interceptors.push_back(common::MakePeerProofInterceptorFactory(secret_, fabric_id_, claim_));
+  if (!secret_.empty()) {
+    interceptors.push_back(
+        common::MakePeerProofInterceptorFactory(secret_, fabric_id_, claim_, common::PeerAudience(address)));
+  }
   auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(address, ChannelCredentials(), args,
                                                                          std::move(interceptors));
   channels_[address] = channel;

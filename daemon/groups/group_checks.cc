@@ -219,4 +219,8 @@ bool CanRestore(const v1::GroupInfo& info, const std::vector<uint64_t>& incarnat
   return incarnations.size() == static_cast<size_t>(info.ranks_size()) && !LostAMember(info, incarnations, view);
 }
 
+uint64_t MemberRegionBytes(const v1::GroupInfo& info) {
+  return info.num_nvl_bytes() + info.num_rdma_bytes() + info.num_normal_bytes() + info.num_normal_rdma_bytes();
+}
+
 }  // namespace epfabric::daemon::groups

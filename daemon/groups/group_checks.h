@@ -42,6 +42,16 @@ struct GroupLimits {
   uint64_t max_total_region_bytes = 0;
 };
 
+// What one client identity (a tenant label, else host and uid) may hold across the fabric, counted by the
+// coordinator (0: no limit): groups, and bytes of regions on any one member (the sum over its groups on that member).
+struct ClientQuotas {
+  size_t max_groups = 0;
+  uint64_t max_region_bytes = 0;
+};
+
+// Bytes of regions one member holds for a group described by `info` (every region kind together).
+uint64_t MemberRegionBytes(const v1::GroupInfo& info);
+
 // Whether `sharing` (UNSPECIFIED: the backend's default) can be used on `backend`.
 bool SharingFitsBackend(v1::MemorySharing sharing, v1::Backend backend);
 

@@ -21,10 +21,11 @@ void StartNotifyLease(v1::Peer::Stub* stub, grpc::ClientContext* context, const 
 }  // namespace
 
 GroupManager::GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
-                           LeaseLimits lease_limits, GroupLimits group_limits, transport::Transport* transport)
+                           LeaseLimits lease_limits, GroupLimits group_limits, transport::Transport* transport,
+                           ClientQuotas client_quotas)
     : membership_(membership),
       links_(links),
-      registry_(membership, links),
+      registry_(membership, links, client_quotas),
       local_(membership, allocator, group_limits, transport),
       leases_(membership, &local_, lease_limits) {
   leases_.SetObserver(
@@ -135,13 +136,14 @@ absl::Status GroupManager::ForwardedStatus(const grpc::ClientContext& context, c
 }
 
 absl::StatusOr<v1::CreateGroupResponse> GroupManager::CreateGroup(const v1::CreateGroupRequest& request,
-                                                                  absl::Time deadline) {
+                                                                  absl::Time deadline, const std::string& client) {
   EPF_RETURN_IF_ERROR(ValidateCreateGroup(request, membership_->config().world_size));
   if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + kPeerCallDeadline;
-  if (membership_->is_coordinator()) return registry_.Propose(request, deadline);
+  if (membership_->is_coordinator()) return registry_.Propose(request, deadline, client);
   v1::ProposeGroupRequest forward;
   forward.set_fabric_id(membership_->config().fabric_id);
   *forward.mutable_request() = request;
+  forward.set_client(client);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));  // the coordinator finishes within it, or rolls back
   const std::string nonce = links_->ExpectProof(context);

@@ -47,12 +47,15 @@ inline constexpr char kAnsweredByCoordinator[] = "epf-answered-by-coordinator";
 class GroupManager {
  public:
   GroupManager(fabric::Membership* membership, fabric::PeerLinks* links, memory::RegionAllocator* allocator,
-               LeaseLimits lease_limits, GroupLimits group_limits = {}, transport::Transport* transport = nullptr);
+               LeaseLimits lease_limits, GroupLimits group_limits = {}, transport::Transport* transport = nullptr,
+               ClientQuotas client_quotas = {});
 
   // ---- Control service (any daemon) ----
   // All or nothing for the caller: the create finishes before `deadline` (the caller's) or is rolled back everywhere.
+  // `client` names the caller for the coordinator's per-client quotas (ProposeGroupRequest.client).
   absl::StatusOr<v1::CreateGroupResponse> CreateGroup(const v1::CreateGroupRequest& request,
-                                                      absl::Time deadline = absl::InfiniteFuture());
+                                                      absl::Time deadline = absl::InfiniteFuture(),
+                                                      const std::string& client = {});
   // With request.force(): no token; the caller (the control service) has checked the right to force.
   absl::Status DeleteGroup(const v1::DeleteGroupRequest& request);
   // Groups this daemon is a member of (the coordinator also lists groups it only registers).
@@ -96,8 +99,9 @@ class GroupManager {
 
   // ---- Peer service, coordinator side ----
   absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request,
-                                                  absl::Time deadline = absl::InfiniteFuture()) {
-    return registry_.Propose(request, deadline);
+                                                  absl::Time deadline = absl::InfiniteFuture(),
+                                                  const std::string& client = {}) {
+    return registry_.Propose(request, deadline, client);
   }
   absl::Status Retire(const v1::RetireGroupRequest& request) { return registry_.Retire(request); }
   // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again.

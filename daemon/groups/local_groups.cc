@@ -462,10 +462,12 @@ absl::StatusOr<SharedRegion> LocalGroups::ShareRegion(const std::string& group_n
                                                       owner.fd_socket(), "); ask there"));
   }
   const memory::Region* region = nullptr;
+  std::shared_ptr<memory::Region> commands;  // held here: a lease end may replace the transport's meanwhile
   if (kind == v1::RegionDescriptor::KIND_NVL) region = group.nvl.get();
   if (kind == v1::RegionDescriptor::KIND_RDMA) region = group.rdma.get();
   if (kind == v1::RegionDescriptor::KIND_COMMANDS && group.transport != nullptr) {
-    region = group.transport->commands().get();
+    commands = group.transport->commands();
+    region = commands.get();
   }
   if (kind == v1::RegionDescriptor::KIND_STATS) region = group.stats.get();
   if (region == nullptr) {

@@ -36,11 +36,41 @@ absl::Status NotTheCoordinator(int rank) {
 
 }  // namespace
 
-absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupRequest& request, absl::Time deadline) {
+absl::Status Registry::CheckQuotaLocked(const std::string& client, const v1::GroupInfo& info) const {
+  if (client.empty()) return absl::OkStatus();
+  size_t groups = 0;
+  std::map<int, uint64_t> bytes_on;  // fabric rank -> bytes of the client's groups there
+  for (const auto& [name, entry] : entries_) {
+    if (entry.client != client) continue;
+    ++groups;
+    for (int rank : entry.info.ranks()) bytes_on[rank] += MemberRegionBytes(entry.info);
+  }
+  if (quotas_.max_groups != 0 && groups >= quotas_.max_groups) {
+    return absl::ResourceExhaustedError(absl::StrCat("client ", client, " holds ", groups, " groups (limit ",
+                                                     quotas_.max_groups, " per client, --max_groups_per_client)"));
+  }
+  if (quotas_.max_region_bytes != 0) {
+    for (int rank : info.ranks()) {
+      if (bytes_on[rank] + MemberRegionBytes(info) > quotas_.max_region_bytes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("client ", client, " holds ", bytes_on[rank], " bytes of regions on rank ", rank, "; ",
+                         MemberRegionBytes(info), " more would pass its limit of ", quotas_.max_region_bytes,
+                         " per client and member (--max_region_bytes_per_client)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupRequest& request, absl::Time deadline,
+                                                          const std::string& client) {
   if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + kPeerCallDeadline;
   const fabric::FabricConfig& config = membership_->config();
   if (!membership_->is_coordinator()) return NotTheCoordinator(config.rank);
   EPF_RETURN_IF_ERROR(ValidateCreateGroup(request, config.world_size));
+  if (client.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("client: ", client.size(), " bytes (at most 256)"));
+  }
   const v1::Membership view = membership_->View();
   const v1::Backend backend = view.members(request.ranks(0)).backend();
   for (int rank : request.ranks()) {
@@ -95,7 +125,8 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
     if (entries_.count(request.name()) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("name: a group named '", request.name(), "' exists"));
     }
-    entries_[request.name()] = Entry{info, common::Sha256Hex(token), {}};
+    EPF_RETURN_IF_ERROR(CheckQuotaLocked(client, info));
+    entries_[request.name()] = Entry{info, common::Sha256Hex(token), {}, client};
   }
   std::vector<std::string> addresses;
   for (int rank : request.ranks()) addresses.push_back(view.members(rank).peer_address());

@@ -31,6 +31,7 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/fan_out.h"
+#include "groups/group_checks.h"
 
 namespace epfabric::daemon::groups {
 
@@ -40,15 +41,18 @@ inline constexpr absl::Duration kRetiredMemory = absl::Minutes(5);
 
 class Registry {
  public:
-  Registry(fabric::Membership* membership, fabric::PeerLinks* links) : membership_(membership), links_(links) {}
+  Registry(fabric::Membership* membership, fabric::PeerLinks* links, ClientQuotas quotas = {})
+      : membership_(membership), links_(links), quotas_(quotas) {}
 
   // CreateGroup on the coordinator: checks, reserves the name, Prepare then Commit on every member, all before
   // `deadline` (the caller's). All or nothing: on any failure, or when the caller's deadline passed meanwhile, every
   // member that may hold the group releases it; members that cannot be reached then are released as soon as they
   // answer again (RetryPendingReleases), and the name is free once they are.
+  // `client` names who asked (ProposeGroupRequest.client; empty: not counted): RESOURCE_EXHAUSTED naming the quota
+  // when the client's groups would pass ClientQuotas.
   absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request,
-                                                  absl::Time deadline = absl::InfiniteFuture())
-      ABSL_LOCKS_EXCLUDED(mutex_);
+                                                  absl::Time deadline = absl::InfiniteFuture(),
+                                                  const std::string& client = {}) ABSL_LOCKS_EXCLUDED(mutex_);
   // DeleteGroup on the coordinator: checks the token, Release on every live member, forgets the name. Members that are
   // down or do not answer are released when they answer again (RetryPendingReleases); the name is free once they are.
   absl::Status Retire(const v1::RetireGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -70,7 +74,11 @@ class Registry {
     v1::GroupInfo info;
     std::string token_sha256;            // the coordinator keeps only the token's digest
     std::vector<uint64_t> incarnations;  // of the members at Commit, by group rank
+    std::string client;                  // who created it (empty: adopted, or not known)
   };
+  // OK when `client` may hold one more group like `info` (ClientQuotas).
+  absl::Status CheckQuotaLocked(const std::string& client, const v1::GroupInfo& info) const
+      ABSL_SHARED_LOCKS_REQUIRED(mutex_);
 
   // Forgets a name whose creation failed.
   void Forget(const std::string& name) ABSL_LOCKS_EXCLUDED(mutex_);
@@ -90,6 +98,7 @@ class Registry {
 
   fabric::Membership* const membership_;
   fabric::PeerLinks* const links_;
+  const ClientQuotas quotas_;
 
   mutable absl::Mutex mutex_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mutex_);

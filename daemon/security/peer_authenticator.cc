@@ -53,7 +53,10 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, 
   }
   if (!config_.secret.empty()) {
     EPF_ASSIGN_OR_RETURN(const common::VerifiedPeerProof verified,
-                         common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, body, now));
+                         common::VerifyPeerProof(config_.secret, config_.fabric_id, method, proof, body, now, [&] {
+                           absl::MutexLock lock(&audience_mutex_);
+                           return audience_;
+                         }()));
     PeerIdentity from_secret;
     from_secret.authenticated = true;
     from_secret.role = verified.claim.role;

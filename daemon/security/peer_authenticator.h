@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "epfabric/common/peer_auth.h"
 
 namespace epfabric::daemon::security {
@@ -43,6 +44,13 @@ std::string OpsCommonName(absl::string_view fabric_id);
 class PeerAuthenticator {
  public:
   explicit PeerAuthenticator(PeerAuthConfig config) : config_(std::move(config)) {}
+
+  // The port this daemon's peer server listens on (known once it is bound): from then on a proof must name it. Until
+  // it is set no proof's audience is checked (no call can arrive before the port is bound).
+  void SetAudience(std::string port) ABSL_LOCKS_EXCLUDED(audience_mutex_) {
+    absl::MutexLock lock(&audience_mutex_);
+    audience_ = std::move(port);
+  }
 
   // The caller's identity, or UNAUTHENTICATED saying what is missing or wrong. `request` is the request the handler
   // received: a fabric-secret proof must have been made for it (its serialization), and its nonce is spent.
@@ -71,6 +79,8 @@ class PeerAuthenticator {
   absl::StatusOr<PeerIdentity> FromCommonName(absl::string_view method, absl::string_view cn) const;
 
   const PeerAuthConfig config_;
+  mutable absl::Mutex audience_mutex_;
+  std::string audience_ ABSL_GUARDED_BY(audience_mutex_);
   // Nonces of accepted proofs: a replay within the window is refused.
   mutable common::PeerNonceCache nonces_;
 };

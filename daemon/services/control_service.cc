@@ -1,5 +1,8 @@
 #include "services/control_service.h"
 
+#include <algorithm>
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "epfabric/proto/grpc_status.h"
 #include "logging.h"
@@ -8,6 +11,14 @@
 #include <unistd.h>
 
 namespace epfabric::daemon {
+
+bool IsOperator(int64_t uid) { return uid == 0 || uid == static_cast<int64_t>(getuid()); }
+
+std::string ClientNaming::Name(int64_t uid) const {
+  if (auto it = tenant_of_uid.find(uid); it != tenant_of_uid.end()) return absl::StrCat("tenant:", it->second);
+  if (uid < 0) return "";  // an in-process caller (tests): not counted
+  return absl::StrCat(host_id, "/uid:", uid);
+}
 
 groups::ClientIdentity ControlService::Caller(grpc::ServerContext* context) const {
   groups::ClientIdentity identity;
@@ -30,7 +41,7 @@ grpc::Status ControlService::Finish(const char* method, grpc::ServerContext* con
 
 grpc::Status ControlService::CreateGroup(grpc::ServerContext* context, const v1::CreateGroupRequest* request,
                                          v1::CreateGroupResponse* response) {
-  auto result = groups_->CreateGroup(*request, CallDeadline(*context));
+  auto result = groups_->CreateGroup(*request, CallDeadline(*context), naming_.Name(Caller(context).uid));
   if (result.ok()) *response = std::move(*result);
   return Finish("CreateGroup", context, result.status(), true);
 }
@@ -57,6 +68,19 @@ grpc::Status ControlService::DeleteGroup(grpc::ServerContext* context, const v1:
 grpc::Status ControlService::ListGroups(grpc::ServerContext* context, const v1::ListGroupsRequest*,
                                         v1::ListGroupsResponse* response) {
   *response = groups_->ListGroups();
+  // A tenant sees the groups it holds a lease of here, not every tenant's names; the operator (this daemon's uid or
+  // root) sees all of them.
+  const groups::ClientIdentity caller = Caller(context);
+  if (!IsOperator(caller.uid)) {
+    std::set<std::string> own;
+    for (const v1::ClientInfo& client : groups_->Clients()) {
+      if (client.uid() == caller.uid) own.insert(client.group());
+    }
+    auto* groups = response->mutable_groups();
+    groups->erase(std::remove_if(groups->begin(), groups->end(),
+                                 [&](const v1::GroupInfo& group) { return own.count(group.name()) == 0; }),
+                  groups->end());
+  }
   return Finish("ListGroups", context, absl::OkStatus(), false);
 }
 

@@ -2,15 +2,31 @@
 // group manager; absl::Status becomes a gRPC status here.
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <string>
+
 #include "epfabric/v1/control.grpc.pb.h"
 #include "groups/group_manager.h"
 #include "services/client_listener.h"
 
 namespace epfabric::daemon {
 
+// The daemon's own uid or root: an operator, who sees every tenant's groups and leases (tenants see their own).
+bool IsOperator(int64_t uid);
+
+// How callers are named for the coordinator's per-client quotas: the operator's tenant label of the caller's uid
+// (--tenant_labels), else "<host_id>/uid:<uid>" (uids are per host).
+struct ClientNaming {
+  std::string host_id;
+  std::map<int64_t, std::string> tenant_of_uid;
+  std::string Name(int64_t uid) const;
+};
+
 class ControlService final : public v1::Control::Service {
  public:
-  ControlService(groups::GroupManager* groups, const ClientListener* listener) : groups_(groups), listener_(listener) {}
+  ControlService(groups::GroupManager* groups, const ClientListener* listener, ClientNaming naming = {})
+      : groups_(groups), listener_(listener), naming_(std::move(naming)) {}
 
   grpc::Status CreateGroup(grpc::ServerContext*, const v1::CreateGroupRequest*, v1::CreateGroupResponse*) override;
   grpc::Status DeleteGroup(grpc::ServerContext*, const v1::DeleteGroupRequest*, v1::DeleteGroupResponse*) override;
@@ -27,6 +43,7 @@ class ControlService final : public v1::Control::Service {
 
   groups::GroupManager* const groups_;
   const ClientListener* const listener_;
+  const ClientNaming naming_;
 };
 
 }  // namespace epfabric::daemon

@@ -125,6 +125,10 @@ void FdChannel::Accept() {
     return;
   }
   std::string why;
+  if (limits_.live() >= kMaxConnections) {
+    absl::MutexLock lock(&mutex_);
+    EvictOldestIdleLocked();
+  }
   if (!limits_.Admit(fd.get(), credentials->uid, &why)) {
     connections_refused_.fetch_add(1, std::memory_order_relaxed);  // metrics hook
     int suppressed = 0;
@@ -144,12 +148,28 @@ void FdChannel::Accept() {
   connections_.push_back(std::move(connection));
 }
 
+void FdChannel::EvictOldestIdleLocked() {
+  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+    Connection* connection = it->get();
+    if (connection->busy || connection->finished || !connection->held_lease.empty()) continue;
+    Logger("fdchannel")
+        ->info("every connection slot is taken: closing the oldest connection without a lease ({})",
+               Describe(connection->peer));
+    // Reaped by the poller's next round (the connection may be in the round's poll set now); its slot is free now.
+    shutdown(connection->fd.get(), SHUT_RDWR);
+    connection->finished = true;
+    limits_.Release(connection->fd.get());
+    return;
+  }
+}
+
 void FdChannel::PollLoop() {
   std::vector<pollfd> entries;
   std::vector<Connection*> polled;
   while (true) {
     entries.assign({pollfd{wake_fd_.get(), POLLIN, 0}, pollfd{listen_fd_.get(), POLLIN, 0}});
     polled.clear();
+    bool partial_waiting = false;
     {
       absl::MutexLock lock(&mutex_);
       if (stopping_) return;
@@ -169,14 +189,31 @@ void FdChannel::PollLoop() {
           it = connections_.erase(it);
           continue;
         }
-        if (!connection->busy) {
+        if (!connection->busy && connection->partial_since != absl::InfinitePast()) {
+          if (now - connection->partial_since > kMessageTimeout) {
+            Logger("fdchannel")
+                ->info("closing the connection of {}: its request did not arrive whole within {}",
+                       Describe(connection->peer), absl::FormatDuration(kMessageTimeout));
+            limits_.Release(connection->fd.get());
+            it = connections_.erase(it);
+            continue;
+          }
+          // Its bytes stay readable, so polling it would spin: look again after kPartialRecheck.
+          if (now - connection->last_activity >= kPartialRecheck) {
+            connection->busy = true;
+            ready_.push_back(connection);
+          } else {
+            partial_waiting = true;
+          }
+        } else if (!connection->busy) {
           entries.push_back(pollfd{connection->fd.get(), POLLIN, 0});
           polled.push_back(connection);
         }
         ++it;
       }
     }
-    if (poll(entries.data(), entries.size(), kPollMs) <= 0) continue;
+    const int wait_ms = partial_waiting ? static_cast<int>(absl::ToInt64Milliseconds(kPartialRecheck)) : kPollMs;
+    if (poll(entries.data(), entries.size(), wait_ms) <= 0) continue;
     if (entries[0].revents != 0) {
       uint64_t drained = 0;
       (void)!read(wake_fd_.get(), &drained, sizeof(drained));
@@ -185,7 +222,7 @@ void FdChannel::PollLoop() {
     // Workers wait for ready_ through the mutex's condition.
     absl::MutexLock lock(&mutex_);
     for (size_t i = 0; i < polled.size(); ++i) {
-      if (entries[i + 2].revents == 0) continue;
+      if (entries[i + 2].revents == 0 || polled[i]->finished) continue;
       polled[i]->busy = true;
       ready_.push_back(polled[i]);
     }
@@ -202,7 +239,8 @@ void FdChannel::WorkerLoop() {
       connection = ready_.front();
       ready_.pop_front();
     }
-    const bool keep = ServeOne(connection);
+    const Served served = ServeOne(connection);
+    const bool keep = served != Served::kClose;
     if (!keep) {
       // The peer sees the end of the connection now; the descriptor is closed when the poller reaps it.
       shutdown(connection->fd.get(), SHUT_RDWR);
@@ -213,15 +251,32 @@ void FdChannel::WorkerLoop() {
       connection->busy = false;
       connection->finished = !keep;
       connection->last_activity = absl::Now();
+      if (served == Served::kAnswered) {
+        connection->partial_since = absl::InfinitePast();
+      } else if (served == Served::kPartial && connection->partial_since == absl::InfinitePast()) {
+        connection->partial_since = connection->last_activity;
+      }
     }
     Wake();
   }
 }
 
-bool FdChannel::ServeOne(Connection* connection) {
+FdChannel::Served FdChannel::ServeOne(Connection* connection) {
   const int fd = connection->fd.get();
+  // Only a request that has arrived whole is read (a 4-byte length, then the payload): a worker never waits for the
+  // rest of one. A length over the limit is read and refused below.
+  char head[4 + kMaxRequestBytes];
+  const ssize_t queued = recv(fd, head, sizeof(head), MSG_PEEK | MSG_DONTWAIT);
+  if (queued == 0) return Served::kClose;
+  if (queued < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? Served::kNothing : Served::kClose;
+  if (queued < 4) return Served::kPartial;
+  const uint32_t length = static_cast<uint32_t>(static_cast<uint8_t>(head[0])) |
+                          static_cast<uint32_t>(static_cast<uint8_t>(head[1])) << 8 |
+                          static_cast<uint32_t>(static_cast<uint8_t>(head[2])) << 16 |
+                          static_cast<uint32_t>(static_cast<uint8_t>(head[3])) << 24;
+  if (length <= kMaxRequestBytes && static_cast<size_t>(queued) < 4 + length) return Served::kPartial;
   // Clients never send descriptors: max_fds = 0 refuses (and closes) any that arrive.
-  auto message = common::ReceiveFds(fd, kMessageTimeout, /*max_fds=*/0, kMaxRequestBytes);
+  auto message = common::ReceiveFds(fd, kAnswerTimeout, /*max_fds=*/0, kMaxRequestBytes);
   if (!message.ok()) {
     if (message.status().code() != absl::StatusCode::kUnavailable) {
       // The stream cannot be resynchronised after a refused or incomplete message: answer, then close.
@@ -231,11 +286,11 @@ bool FdChannel::ServeOne(Connection* connection) {
           message.status().code() == absl::StatusCode::kResourceExhausted ? absl::StatusCode::kInvalidArgument
                                                                           : message.status().code(),
           absl::StrCat(message.status().message(), "; closing the connection")));
-      (void)common::SendFds(fd, {}, response.SerializeAsString(), kMessageTimeout);
+      (void)common::SendFds(fd, {}, response.SerializeAsString(), kAnswerTimeout);
     }
-    return false;
+    return Served::kClose;
   }
-  if (stopping()) return false;
+  if (stopping()) return Served::kClose;
   Answer answer;
   v1::FdRequest request;
   if (!request.ParseFromString(message->payload)) {
@@ -250,11 +305,11 @@ bool FdChannel::ServeOne(Connection* connection) {
   }
   std::vector<int> fds;
   if (answer.fd.valid()) fds.push_back(answer.fd.get());
-  if (absl::Status sent = common::SendFds(fd, fds, answer.response.SerializeAsString(), kMessageTimeout); !sent.ok()) {
+  if (absl::Status sent = common::SendFds(fd, fds, answer.response.SerializeAsString(), kAnswerTimeout); !sent.ok()) {
     Logger("fdchannel")->info("answering {}: {}", Describe(connection->peer), sent.ToString());
-    return false;
+    return Served::kClose;
   }
-  return true;
+  return Served::kAnswered;
 }
 
 FdChannel::Answer FdChannel::Handle(const v1::FdRequest& request, const common::PeerCredentials& peer,

@@ -4,9 +4,14 @@
 // the backend. Protocol: proto/epfabric/v1/fdchannel.proto, framed by epfabric/common/fd_passing.h; docs/client.md.
 //
 // Threads: one poller (accepts, watches every idle connection, closes idle ones) and a fixed pool of kWorkers that
-// serve one request each time a connection becomes readable. Connections cost no thread while they wait (an
-// attached client holds its lease on one for as long as it lives). Every read and write has a deadline
-// (kMessageTimeout), so a stalled client holds up at most one worker for that long.
+// serve one request each time a whole request has arrived. Connections cost no thread while they wait (an attached
+// client holds its lease on one for as long as it lives). A worker never waits for a client: a request that has only
+// partly arrived stays with the poller (which looks again every kPartialRecheck and closes the connection when the
+// rest has not come within kMessageTimeout), and an answer the client does not take within kAnswerTimeout closes the
+// connection. So a stalled connection costs a worker microseconds, and readable connections are served first come,
+// first served whatever their uid. When every slot is taken, a new connection closes the oldest one that holds no
+// lease and is not being served (a client binds its lease right after connecting; a tenant can choose its uids in
+// a container, so the per-uid cap alone is no fairness).
 #pragma once
 
 #include <sys/types.h>
@@ -46,7 +51,12 @@ class FdChannel {
   // Workers serving requests; requests are short (a map lookup and a sendmsg).
   static constexpr int kWorkers = 4;
   // A message that started arriving must be complete within this; the connection is closed otherwise.
-  static constexpr absl::Duration kMessageTimeout = absl::Seconds(5);
+  static constexpr absl::Duration kMessageTimeout = absl::Seconds(2);
+  // How often the poller looks again at a connection whose request has partly arrived.
+  static constexpr absl::Duration kPartialRecheck = absl::Milliseconds(10);
+  // An answer must leave within this (a client reads each answer before its next request, so its socket always
+  // has room); the connection is closed otherwise.
+  static constexpr absl::Duration kAnswerTimeout = absl::Milliseconds(100);
 
   explicit FdChannel(groups::GroupManager* groups) : groups_(groups) {}
   ~FdChannel();
@@ -82,14 +92,20 @@ class FdChannel {
     absl::Time last_activity;  // guarded by mutex_
     bool busy = false;         // queued or being served; guarded by mutex_
     bool finished = false;     // closed by its worker; reaped by the poller; guarded by mutex_
+    // When its current request started to arrive (InfinitePast: none is partly here); guarded by mutex_.
+    absl::Time partial_since = absl::InfinitePast();
   };
+  // What a worker found on a readable connection.
+  enum class Served { kAnswered, kPartial, kNothing, kClose };
 
   // The poller: accepts, hands readable connections to the workers, closes idle ones, reaps finished ones.
   void PollLoop();
   void Accept();
   void WorkerLoop();
-  // Serves one request of `connection`; false when the connection is to be closed.
-  bool ServeOne(Connection* connection);
+  // Serves one request of `connection` if all of it has arrived.
+  Served ServeOne(Connection* connection);
+  // When every slot is taken: closes the oldest connection that holds no lease and is not being served.
+  void EvictOldestIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Wakes the poller (a connection came back from a worker, or the channel stops).
   void Wake();
   bool stopping() const;

@@ -1,5 +1,7 @@
 #include "services/ops_service.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "epfabric/proto/grpc_status.h"
 
@@ -59,8 +61,12 @@ grpc::Status OpsService::ListClients(grpc::ServerContext* context, const v1::Lis
                                      v1::ListClientsResponse* response) {
   EPF_OPS_AUTHORIZE("ListClients");
   if (!providers_.clients) return Unavailable("clients");
-  // A lease id is its holder's handle on the lease: it is never listed (docs/security.md).
+  // A lease id is its holder's handle on the lease: it is never listed (docs/security.md). On the client socket a
+  // tenant sees its own leases only; the operator (the daemon's uid or root) sees everyone's.
+  const int64_t caller = providers_.caller_uid ? providers_.caller_uid(*context) : 0;
+  const bool everyone = caller == 0 || caller == static_cast<int64_t>(getuid());
   for (v1::ClientInfo& client : providers_.clients()) {
+    if (!everyone && client.uid() != caller) continue;
     client.clear_lease_id();
     *response->add_clients() = std::move(client);
   }

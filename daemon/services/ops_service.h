@@ -15,6 +15,8 @@ struct OpsProviders {
   std::function<v1::FabricView()> fabric;
   std::function<std::vector<v1::ClientInfo>()> clients;
   std::function<v1::Stats(const v1::GetStatsRequest&)> stats;
+  // On the client socket: the caller's uid (SO_PEERCRED), -1 when unknown; unset on the peer port.
+  std::function<int64_t(const grpc::ServerContext&)> caller_uid;
 };
 
 class OpsService final : public v1::Ops::Service {

@@ -64,11 +64,13 @@ grpc::Status PeerService::ProposeGroup(grpc::ServerContext* context, const v1::P
   constexpr absl::string_view kMethod = "/epfabric.v1.Peer/ProposeGroup";
   context->AddTrailingMetadata(groups::kAnsweredByCoordinator, "1");
   EPF_PEER_AUTHORIZE(auth_->RequireMember(*context, kMethod, *request));
-  return Signed(*context, *who, kMethod,
-                Answer(IfSameFabric(*membership_, request->fabric_id(),
-                                    [&] { return groups_->Propose(request->request(), CallDeadline(*context)); }),
-                       response),
-                *response);
+  return Signed(
+      *context, *who, kMethod,
+      Answer(
+          IfSameFabric(*membership_, request->fabric_id(),
+                       [&] { return groups_->Propose(request->request(), CallDeadline(*context), request->client()); }),
+          response),
+      *response);
 }
 
 grpc::Status PeerService::RetireGroup(grpc::ServerContext* context, const v1::RetireGroupRequest* request,

@@ -37,6 +37,12 @@ void CommandRing::Initialize() {
   StoreRelease(control_->magic, kRingMagic);
 }
 
+void CommandRing::Rebind(void* memory) {
+  absl::MutexLock lock(&mutex_);
+  control_ = static_cast<RingControl*>(memory);
+  slots_ = reinterpret_cast<Command*>(static_cast<char*>(memory) + sizeof(RingControl));
+}
+
 uint64_t CommandRing::MakeCookie(uint64_t index) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   return (static_cast<uint64_t>(channel_) << 56) | (static_cast<uint64_t>(generation_ & 0xffff) << kIndexBits) |
          (index & kIndexMask);

@@ -35,6 +35,10 @@ class CommandRing {
 
   // Writes the header an issuer checks (magic, slot count, no waiting rank). After the memory was zeroed.
   void Initialize();
+  // Moves the ring to `memory` (zeroed, RingBytes(slots) bytes) for its next generation: a lease's old holder keeps
+  // its mapping of the old memory, which nobody polls any more. No Poll may run meanwhile (the proxy removed the
+  // ring); completions may (they take the lock). Before Reset.
+  void Rebind(void* memory) ABSL_LOCKS_EXCLUDED(mutex_);
 
   // Proxy thread (one at a time per ring): takes up to `budget` published commands, checks each against `bounds`
   // and posts the valid ones on `link`. Returns how many commands it took.
@@ -54,6 +58,8 @@ class CommandRing {
 
   // Cookie layout: channel (8 bits) | generation (16 bits) | index (40 bits).
   static int CookieChannel(uint64_t cookie) { return static_cast<int>(cookie >> 56); }
+  // The ring generation (lease) a command belongs to: a wire that failed a generation's command fails the rest of it.
+  static uint32_t CookieGeneration(uint64_t cookie) { return static_cast<uint32_t>((cookie >> 40) & 0xffff); }
 
  private:
   uint64_t MakeCookie(uint64_t index) const;
@@ -62,8 +68,9 @@ class CommandRing {
   // Marks `index` done and advances the completed prefix (and the shared copy, and waiting_rank).
   void DoneLocked(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
-  kernels::transport::RingControl* const control_;
-  kernels::transport::Command* const slots_;
+  // Written only by Rebind (under mutex_, with no Poll running); read by Poll outside the lock for that reason.
+  kernels::transport::RingControl* control_;
+  kernels::transport::Command* slots_;
   const int channel_;
   const uint32_t slot_count_;
 

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/status_macros.h"
 #include "logging.h"
+#include "transport/command_ring.h"
 #include "transport/region_io.h"
 #include "transport/socket_protocol.h"
 
@@ -30,8 +31,12 @@ struct Item {
 };
 
 // The issuer side of one (destination rank, channel): a sender thread (connects, proves the group, writes frames in
-// order) and an ack thread (completes them). Once it fails it stays failed: every queued and later command completes
-// with the error naming the rank, at once.
+// order) and, per connection, an ack thread (completes them). A fault (the peer closed, reset or refused the
+// connection, a bad acknowledgement) completes everything queued and unacknowledged with the error naming the rank;
+// a later command of the same ring generation (lease) fails at once with that error too, because an earlier command
+// of its stream was lost (a signal must never land after a put that did not), while the first command of a later
+// generation connects anew: a link outlives a fault of the peer or of the network, and a dead peer costs one connect
+// per lease, not one per command. A connection idle for idle_close is closed and made again on the next command.
 class Connection {
  public:
   Connection(const GroupSetup& setup, int dest_rank, int channel, std::string address, LinkOptions options)
@@ -46,51 +51,71 @@ class Connection {
     try {
       sender_ = std::thread([this] { Send(); });
     } catch (const std::system_error& e) {
-      Fail(OutOfThreads("sender", e));
+      absl::MutexLock lock(&mutex_);
+      dead_ = absl::UnavailableError(OutOfThreads("sender", e).message());
     }
   }
   ~Connection() { Shutdown(); }
 
   void Enqueue(const Item& item) ABSL_LOCKS_EXCLUDED(mutex_) {
-    absl::Status dead;
+    absl::Status refused;
     {
       absl::MutexLock lock(&mutex_);
-      if (failed_.ok()) {
+      const bool quarantined = !quarantine_.ok() && CommandRing::CookieGeneration(item.cookie) == quarantined_;
+      if (dead_.ok() && !quarantined) {
         queue_.push_back(item);
         return;
       }
-      dead = failed_;
+      refused = dead_.ok() ? quarantine_ : dead_;
     }
-    setup_.sink->Complete(item.cookie, dead);
+    setup_.sink->Complete(item.cookie, refused);
   }
 
   void Shutdown() ABSL_LOCKS_EXCLUDED(mutex_) {
-    Fail(absl::CancelledError(absl::StrCat(peer_, ": the group's transport is shutting down")));
+    {
+      absl::MutexLock lock(&mutex_);
+      if (dead_.ok()) dead_ = absl::CancelledError(absl::StrCat(peer_, ": the group's transport is shutting down"));
+      if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // unblocks both threads
+    }
     if (sender_.joinable()) sender_.join();
-    if (acker_.joinable()) acker_.join();
-    absl::MutexLock lock(&mutex_);
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
+    FailOutstanding(absl::CancelledError(absl::StrCat(peer_, ": the group's transport is shutting down")));
   }
 
  private:
-  // Marks the connection failed (the first status wins), wakes the threads and completes everything outstanding.
-  void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mutex_) {
+  // Completes everything queued and unacknowledged with `status` (the first fault of a connection wins: later
+  // calls for the same connection find nothing left), quarantines their ring generation, and shuts the connection
+  // down, which ends its threads.
+  void FailOutstanding(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mutex_) {
     std::vector<uint64_t> cookies;
-    absl::Status failed;
+    const absl::Status failed = absl::IsCancelled(status) ? status : absl::UnavailableError(status.message());
     {
       absl::MutexLock lock(&mutex_);
-      if (!failed_.ok()) return;
-      failed_ = absl::IsCancelled(status) ? status : absl::UnavailableError(status.message());
-      failed = failed_;
       for (const auto& [seq, cookie] : awaiting_) cookies.push_back(cookie);
       for (const Item& item : queue_) cookies.push_back(item.cookie);
       awaiting_.clear();
       queue_.clear();
-      if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // unblocks both threads
+      if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+      if (!cookies.empty()) {
+        quarantine_ = failed;
+        quarantined_ = CommandRing::CookieGeneration(cookies.back());
+      }
     }
+    if (cookies.empty()) return;
     if (!absl::IsCancelled(status)) Logger("transport")->warn("{}", std::string(status.message()));
     for (uint64_t cookie : cookies) setup_.sink->Complete(cookie, failed);
+  }
+
+  // The current connection ends (a fault, idle, or shutdown): its ack thread is joined, its descriptor closed.
+  void Disconnect(std::thread& acker) ABSL_LOCKS_EXCLUDED(mutex_) {
+    {
+      absl::MutexLock lock(&mutex_);
+      if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+    }
+    if (acker.joinable()) acker.join();
+    absl::MutexLock lock(&mutex_);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    faulted_ = false;
   }
 
   absl::Status OutOfThreads(const char* role, const std::system_error& e) const {
@@ -116,6 +141,7 @@ class Connection {
     std::string proof(kMacHexBytes, '\0');
     absl::Status read = ReadFull(fd, server_nonce, kNonceBytes, peer_);
     if (read.ok()) read = ReadFull(fd, proof.data(), proof.size(), peer_);
+    cut_short_ = absl::IsUnavailable(read);  // closed or reset, not timed out
     if (!read.ok()) {
       return absl::UnavailableError(absl::StrCat(peer_, ": refused the group's handshake (", read.message(), ")"));
     }
@@ -129,34 +155,85 @@ class Connection {
   }
 
   void Send() {
-    absl::StatusOr<int> fd = ConnectTcp(address_, options_.connect_timeout);
-    if (!fd.ok()) return Fail(absl::UnavailableError(absl::StrCat(peer_, ": ", fd.status().message())));
-    {
-      absl::MutexLock lock(&mutex_);
-      fd_ = *fd;
-      if (!failed_.ok()) return;
+    while (true) {
+      {
+        absl::MutexLock lock(&mutex_);
+        mutex_.Await(absl::Condition(
+            +[](Connection* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !c->queue_.empty() || !c->dead_.ok(); }, this));
+        if (!dead_.ok()) return;
+      }
+      absl::Status connected = Connect();
+      if (!connected.ok()) {
+        FailOutstanding(connected);
+        std::thread none;
+        Disconnect(none);
+        continue;
+      }
+      std::thread acker;
+      try {
+        acker = std::thread([this, fd = fd_unlocked_] { Acknowledge(fd); });
+      } catch (const std::system_error& e) {
+        FailOutstanding(OutOfThreads("acknowledgement", e));
+        std::thread none;
+        Disconnect(none);
+        continue;
+      }
+      absl::Status ended = Stream(fd_unlocked_);
+      if (!ended.ok()) FailOutstanding(ended);
+      Disconnect(acker);
     }
-    if (absl::Status shaken = Handshake(*fd); !shaken.ok()) return Fail(shaken);
-    try {
-      acker_ = std::thread([this, fd = *fd] { Acknowledge(fd); });
-    } catch (const std::system_error& e) {
-      return Fail(OutOfThreads("acknowledgement", e));
+  }
+
+  // Connects and proves the group; the descriptor is fd_ (and fd_unlocked_ for this thread).
+  // A listener under a flood of stalling strangers closes its oldest unproven connections, which can be ours when the
+  // machine is slow: a handshake cut short (the listener closed it) is tried again, a few times. A refused connect or
+  // a handshake that timed out (a dead or stopped peer) is not.
+  absl::Status Connect() {
+    constexpr int kAttempts = 4;
+    absl::Status last;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      if (attempt > 0) {
+        std::thread none;
+        Disconnect(none);
+        absl::SleepFor(absl::Milliseconds(10 * attempt));
+      }
+      absl::StatusOr<int> fd = ConnectTcp(address_, options_.connect_timeout);
+      if (!fd.ok()) return absl::UnavailableError(absl::StrCat(peer_, ": ", fd.status().message()));
+      {
+        absl::MutexLock lock(&mutex_);
+        fd_ = *fd;
+        fd_unlocked_ = *fd;
+        if (!dead_.ok()) return dead_;
+      }
+      last = Handshake(*fd);
+      if (last.ok() || !absl::IsUnavailable(last) || !cut_short_) return last;
     }
+    return last;
+  }
+
+  // Frames of this connection in order until a fault (its status), idle_close without anything outstanding, or
+  // shutdown (OK for both).
+  absl::Status Stream(int fd) {
     std::unique_ptr<RegionIo> io;
     uint64_t seq = 0;
     while (true) {
       Item item;
       {
         absl::MutexLock lock(&mutex_);
-        mutex_.Await(absl::Condition(
-            +[](Connection* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !c->queue_.empty() || !c->failed_.ok(); },
-            this));
-        if (!failed_.ok()) return;
+        auto ready = +[](Connection* c) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return !c->queue_.empty() || !c->dead_.ok() || c->faulted_;
+        };
+        if (!mutex_.AwaitWithTimeout(absl::Condition(ready, this), options_.idle_close) && awaiting_.empty()) {
+          return absl::OkStatus();  // idle: closed now, made again on the next command
+        }
+        if (!dead_.ok()) return absl::OkStatus();
+        if (faulted_) return fault_;
+        if (queue_.empty()) continue;
         item = queue_.front();
         queue_.pop_front();
         awaiting_.emplace_back(++seq, item.cookie);  // before the frame leaves, so that its ack finds it
       }
-      if (absl::Status sent = SendFrame(*fd, item, seq, io); !sent.ok()) return Fail(sent);
+      if (absl::Status sent = SendFrame(fd, item, seq, io); !sent.ok()) return sent;
     }
   }
 
@@ -176,29 +253,38 @@ class Connection {
     return absl::OkStatus();
   }
 
+  // Completes acknowledged frames; on a fault, tells the sender (which fails what is outstanding) and returns.
   void Acknowledge(int fd) {
     uint64_t acked = 0;
     while (true) {
       FrameHeader ack;
-      if (absl::Status read = ReadFull(fd, &ack, sizeof(ack), peer_); !read.ok()) {
-        return Fail(absl::UnavailableError(absl::StrCat(read.message(), " (rank ", dest_rank_, " lost)")));
-      }
+      absl::Status fault;
       std::vector<uint64_t> done;
-      {
+      if (absl::Status read = ReadFull(fd, &ack, sizeof(ack), peer_); !read.ok()) {
+        fault = absl::UnavailableError(absl::StrCat(read.message(), " (rank ", dest_rank_, " lost)"));
+      } else {
         absl::MutexLock lock(&mutex_);
         const uint64_t sent = awaiting_.empty() ? acked : awaiting_.back().first;
-        if (ack.type != static_cast<uint32_t>(FrameType::kAck) || ack.seq <= acked || ack.seq > sent) {
-          // Not from an honest listener: stop trusting the connection.
-        } else {
+        if (ack.type == static_cast<uint32_t>(FrameType::kAck) && ack.seq > acked && ack.seq <= sent) {
           while (!awaiting_.empty() && awaiting_.front().first <= ack.seq) {
             done.push_back(awaiting_.front().second);
             awaiting_.pop_front();
           }
           acked = ack.seq;
         }
+        // Otherwise not from an honest listener: stop trusting the connection.
+        if (done.empty()) fault = absl::UnavailableError(absl::StrCat(peer_, ": bad acknowledgement"));
       }
-      if (done.empty()) return Fail(absl::UnavailableError(absl::StrCat(peer_, ": bad acknowledgement")));
       for (uint64_t cookie : done) setup_.sink->Complete(cookie, absl::OkStatus());
+      if (!fault.ok()) {
+        absl::MutexLock lock(&mutex_);
+        if (!faulted_) {
+          faulted_ = true;
+          fault_ = fault;
+        }
+        if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // a sender blocked in a write sees the end too
+        return;
+      }
     }
   }
 
@@ -211,15 +297,21 @@ class Connection {
   absl::Mutex mutex_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mutex_);
   std::deque<std::pair<uint64_t, uint64_t>> awaiting_ ABSL_GUARDED_BY(mutex_);  // (seq, cookie), sent in order
-  absl::Status failed_ ABSL_GUARDED_BY(mutex_);
+  absl::Status dead_ ABSL_GUARDED_BY(mutex_);        // shut down (Cancelled) or no sender thread: for good
+  absl::Status quarantine_ ABSL_GUARDED_BY(mutex_);  // the last fault, for the rest of its ring generation
+  uint32_t quarantined_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool faulted_ ABSL_GUARDED_BY(mutex_) = false;  // the ack thread saw the current connection fail
+  absl::Status fault_ ABSL_GUARDED_BY(mutex_);
   int fd_ ABSL_GUARDED_BY(mutex_) = -1;
+  int fd_unlocked_ = -1;    // fd_, for the sender thread that sets it
+  bool cut_short_ = false;  // the sender thread's: the last handshake ended by the listener closing it
   std::thread sender_;
-  std::thread acker_;  // started by the sender thread, joined after it
 };
 
 class SocketLink final : public GroupLink {
  public:
-  SocketLink(const GroupSetup& setup, const LinkOptions& options) : setup_(setup), options_(options) {}
+  SocketLink(const GroupSetup& setup, const LinkOptions& options, LocalCopies* copies)
+      : setup_(setup), options_(options), copies_(copies) {}
   ~SocketLink() override { Shutdown(); }
 
   absl::Status Connect(const std::vector<v1::TransportEndpoint>& members) override {
@@ -227,7 +319,11 @@ class SocketLink final : public GroupLink {
       return absl::InvalidArgumentError(
           absl::StrCat("transport: ", members.size(), " endpoints for a group of ", setup_.world));
     }
-    EPF_ASSIGN_OR_RETURN(std::unique_ptr<RegionIo> local, MakeRegionIo(setup_.region));
+    std::vector<std::unique_ptr<LocalCopies::Channel>> local;
+    for (int c = 0; c < setup_.channels; ++c) {
+      EPF_ASSIGN_OR_RETURN(std::unique_ptr<RegionIo> io, MakeRegionIo(setup_.region));
+      local.push_back(copies_->Open(std::move(io), setup_.sink));
+    }
     {
       absl::MutexLock lock(&local_mutex_);
       local_ = std::move(local);
@@ -242,26 +338,22 @@ class SocketLink final : public GroupLink {
   void Put(int channel, int dst_rank, uint64_t dst_offset, uint64_t src_offset, uint64_t bytes,
            uint64_t cookie) override {
     if (dst_rank == setup_.self_rank) {
-      absl::Status copied;
-      {
-        absl::MutexLock lock(&local_mutex_);
-        copied = local_ != nullptr ? local_->CopyWithin(dst_offset, src_offset, bytes)
-                                   : absl::FailedPreconditionError("transport: not connected");
+      LocalCopies::Channel* local = Local(channel);
+      if (local == nullptr) {
+        return setup_.sink->Complete(cookie, absl::FailedPreconditionError("transport: not connected"));
       }
-      return setup_.sink->Complete(cookie, copied);
+      return copies_->Put(*local, dst_offset, src_offset, bytes, cookie);
     }
     Route(channel, dst_rank, {FrameType::kPut, dst_offset, src_offset, bytes, cookie});
   }
 
   void SignalAdd(int channel, int dst_rank, uint64_t dst_offset, int64_t value, uint64_t cookie) override {
     if (dst_rank == setup_.self_rank) {
-      absl::Status added;
-      {
-        absl::MutexLock lock(&local_mutex_);
-        added = local_ != nullptr ? local_->SignalAdd(dst_offset, value)
-                                  : absl::FailedPreconditionError("transport: not connected");
+      LocalCopies::Channel* local = Local(channel);
+      if (local == nullptr) {
+        return setup_.sink->Complete(cookie, absl::FailedPreconditionError("transport: not connected"));
       }
-      return setup_.sink->Complete(cookie, added);
+      return copies_->SignalAdd(*local, dst_offset, value, cookie);
     }
     Route(channel, dst_rank, {FrameType::kSignal, dst_offset, 0, static_cast<uint64_t>(value), cookie});
   }
@@ -278,6 +370,12 @@ class SocketLink final : public GroupLink {
       }
     }
     for (Connection* connection : made) connection->Shutdown();
+    std::vector<LocalCopies::Channel*> local;
+    {
+      absl::MutexLock lock(&local_mutex_);
+      for (auto& channel : local_) local.push_back(channel.get());
+    }
+    for (LocalCopies::Channel* channel : local) copies_->Close(*channel);
   }
 
  private:
@@ -310,14 +408,21 @@ class SocketLink final : public GroupLink {
   // [rank * channels + channel], made on first use; null for this member.
   std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(connections_mutex_);
   bool shut_down_ ABSL_GUARDED_BY(connections_mutex_) = false;
+  LocalCopies::Channel* Local(int channel) {
+    absl::MutexLock lock(&local_mutex_);
+    return channel >= 0 && channel < static_cast<int>(local_.size()) ? local_[channel].get() : nullptr;
+  }
+
+  LocalCopies* const copies_;
   absl::Mutex local_mutex_;
-  std::unique_ptr<RegionIo> local_ ABSL_GUARDED_BY(local_mutex_);
+  // [channel]: commands to this member itself (made at Connect, kept until the link goes).
+  std::vector<std::unique_ptr<LocalCopies::Channel>> local_ ABSL_GUARDED_BY(local_mutex_);
 };
 
 }  // namespace
 
-std::unique_ptr<GroupLink> MakeSocketLink(const GroupSetup& setup, const LinkOptions& options) {
-  return std::make_unique<SocketLink>(setup, options);
+std::unique_ptr<GroupLink> MakeSocketLink(const GroupSetup& setup, const LinkOptions& options, LocalCopies* copies) {
+  return std::make_unique<SocketLink>(setup, options, copies);
 }
 
 }  // namespace epfabric::daemon::transport::socket_wire

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -77,6 +78,55 @@ absl::Status WriteFull(int fd, const void* data, size_t bytes, const std::string
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       return absl::DeadlineExceededError(absl::StrCat(peer, ": send timed out"));
     }
+    return absl::UnavailableError(absl::StrCat(peer, ": ", r < 0 ? strerror(errno) : "connection closed"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Waits until `fd` is ready for `events` or `deadline` passes; false on timeout.
+bool WaitReady(int fd, short events, absl::Time deadline) {
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd p = {fd, events, 0};
+    const int r = poll(&p, 1, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return true;  // let the I/O call report the error
+  }
+}
+
+}  // namespace
+
+absl::Status ReadFullBefore(int fd, void* data, size_t bytes, absl::Time deadline, const std::string& peer) {
+  auto* out = static_cast<char*>(data);
+  while (bytes > 0) {
+    if (!WaitReady(fd, POLLIN, deadline)) return absl::DeadlineExceededError(absl::StrCat(peer, ": timed out"));
+    const ssize_t r = recv(fd, out, bytes, MSG_DONTWAIT);
+    if (r > 0) {
+      out += r;
+      bytes -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) return absl::UnavailableError(absl::StrCat(peer, ": connection closed"));
+    if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+    return absl::UnavailableError(absl::StrCat(peer, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFullBefore(int fd, const void* data, size_t bytes, absl::Time deadline, const std::string& peer) {
+  const auto* in = static_cast<const char*>(data);
+  while (bytes > 0) {
+    if (!WaitReady(fd, POLLOUT, deadline)) return absl::DeadlineExceededError(absl::StrCat(peer, ": send timed out"));
+    const ssize_t r = send(fd, in, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r > 0) {
+      in += r;
+      bytes -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     return absl::UnavailableError(absl::StrCat(peer, ": ", r < 0 ? strerror(errno) : "connection closed"));
   }
   return absl::OkStatus();

@@ -61,6 +61,10 @@ void RandomBytes(uint8_t* bytes, size_t n);
 // when SO_RCVTIMEO/SO_SNDTIMEO expire). `peer` names the other side in messages.
 absl::Status ReadFull(int fd, void* data, size_t bytes, const std::string& peer);
 absl::Status WriteFull(int fd, const void* data, size_t bytes, const std::string& peer);
+// The same with one deadline for the whole exchange, however the bytes trickle in (the data listener's handshake:
+// a peer that sends one byte every half second cannot hold a connection past `deadline`). DeadlineExceeded after.
+absl::Status ReadFullBefore(int fd, void* data, size_t bytes, absl::Time deadline, const std::string& peer);
+absl::Status WriteFullBefore(int fd, const void* data, size_t bytes, absl::Time deadline, const std::string& peer);
 // SO_RCVTIMEO and SO_SNDTIMEO (zero: none).
 void SetIoTimeout(int fd, absl::Duration timeout);
 

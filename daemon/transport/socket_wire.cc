@@ -1,15 +1,19 @@
 #include "transport/socket_wire.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/crypto.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <list>
 #include <map>
 #include <set>
 #include <system_error>
@@ -44,7 +48,19 @@ struct ReceiveGroup {
   absl::Mutex mutex;
   bool closed ABSL_GUARDED_BY(mutex) = false;
   std::set<int> fds ABSL_GUARDED_BY(mutex);  // accepted connections, shut down when the group goes
+  // The proven connection of each (issuer rank, channel): a newer one replaces it (the issuer reconnected).
+  std::map<std::pair<int, int>, int> by_issuer ABSL_GUARDED_BY(mutex);
 };
+
+// Descriptors the data listener's connections may hold: a third of what the process may open beyond a reserve for
+// gRPC, regions and peer channels (read at every accept: `ulimit -n` may change).
+int DescriptorBudget(int configured) {
+  constexpr rlim_t kReserved = 64;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return configured;
+  const rlim_t budget = limit.rlim_cur > kReserved ? (limit.rlim_cur - kReserved) / 3 : 0;
+  return static_cast<int>(std::min<rlim_t>(budget, static_cast<rlim_t>(configured)));
+}
 
 class SocketWireImpl;
 
@@ -79,7 +95,9 @@ class SocketWireImpl final : public SocketWire {
     if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
     if (acceptor_.joinable()) acceptor_.join();
     if (listen_fd_ >= 0) close(listen_fd_);
+    if (spare_fd_ >= 0) close(spare_fd_);
     absl::MutexLock lock(&mutex_);
+    for (int fd : pending_) shutdown(fd, SHUT_RDWR);
     for (auto& [name, group] : groups_) Close(*group);
     mutex_.Await(absl::Condition(
         +[](int* n) { return *n == 0; }, &receivers_));
@@ -154,8 +172,9 @@ class SocketWireImpl final : public SocketWire {
     local->set_transport(v1::TRANSPORT_SOCKET);
     local->set_region_bytes(group->region_bytes);
     local->set_data_address(address_);
-    socket_wire::LinkOptions link_options{options_.connect_timeout, options_.handshake_timeout};
-    return std::make_unique<RegisteredLink>(this, group, socket_wire::MakeSocketLink(setup, link_options));
+    socket_wire::LinkOptions link_options{options_.connect_timeout, options_.handshake_timeout,
+                                          options_.idle_timeout / 2};
+    return std::make_unique<RegisteredLink>(this, group, socket_wire::MakeSocketLink(setup, link_options, &copies_));
   }
 
   // The group stops receiving: its connections are shut down and it leaves the registry; returns once no receiver
@@ -185,27 +204,71 @@ class SocketWireImpl final : public SocketWire {
       pollfd p = {listen_fd_, POLLIN, 0};
       if (poll(&p, 1, 200) <= 0) continue;
       const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
+      if (fd < 0) {
+        const int error = errno;
+        if (error == EMFILE || error == ENFILE) {
+          // Out of descriptors: the spare one sheds the pending connection (so it leaves the backlog and poll does
+          // not report it again at once), then accepting pauses.
+          ShedWithSpare();
+          Count(&SocketWireCounters::connections_refused);
+          if (absl::Now() - last_emfile_warning_ > absl::Seconds(10)) {
+            last_emfile_warning_ = absl::Now();
+            Logger("transport")->warn("data listener: out of descriptors ({}); shedding connections", strerror(error));
+          }
+          absl::SleepFor(absl::Milliseconds(100));
+        } else if (error != EINTR && error != EAGAIN && error != ECONNABORTED) {
+          absl::SleepFor(absl::Milliseconds(10));
+        }
+        continue;
+      }
       {
         absl::MutexLock lock(&mutex_);
-        if (receivers_ >= options_.max_connections) {
+        const int budget = DescriptorBudget(options_.max_connections);
+        // Unproven connections make room for a new one, oldest first; proven ones are bounded per group.
+        if (static_cast<int>(pending_.size()) >= options_.max_pending_handshakes ||
+            (receivers_ - shed_ >= budget && !pending_.empty())) {
+          ShedOldestPendingLocked();
+        }
+        if (receivers_ - shed_ >= budget) {
           ++counters_.connections_refused;
           close(fd);
           continue;
         }
         ++receivers_;
+        pending_.push_back(fd);
       }
       try {
-        std::thread([this, fd] { Receive(fd); }).detach();
+        std::thread([this, fd, accepted = absl::Now()] { Receive(fd, accepted); }).detach();
       } catch (const std::system_error& e) {
         // Out of threads: the peer's connection fails (its issuer reports the rank), this daemon stays up.
         Logger("transport")->warn("refused a data connection: cannot start a receiver thread ({})", e.what());
-        close(fd);
         absl::MutexLock lock(&mutex_);
+        pending_.remove(fd);
+        close(fd);
         --receivers_;
         ++counters_.connections_refused;
       }
     }
+  }
+
+  // Shuts the oldest unproven connection down, preferring one whose hello has not arrived whole (a trickling
+  // stranger; an issuing daemon sends its hello at once); its thread sees the end at once, counts it and exits.
+  void ShedOldestPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    auto victim = std::find_if(pending_.begin(), pending_.end(), [&](int fd) { return hello_done_.count(fd) == 0; });
+    if (victim == pending_.end()) victim = pending_.begin();
+    const int oldest = *victim;
+    pending_.erase(victim);
+    hello_done_.erase(oldest);
+    shed_fds_.insert(oldest);
+    ++shed_;
+    shutdown(oldest, SHUT_RDWR);
+  }
+
+  void ShedWithSpare() {
+    if (spare_fd_ >= 0) close(spare_fd_);
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) close(fd);
+    spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
 
   void Count(uint64_t SocketWireCounters::*counter) {
@@ -214,25 +277,41 @@ class SocketWireImpl final : public SocketWire {
   }
 
   // One accepted connection, from handshake to close.
-  void Receive(int fd) {
-    std::shared_ptr<ReceiveGroup> group = Handshake(fd);
+  void Receive(int fd, absl::Time accepted) {
+    const std::pair<int, int> issuer_channel = {-1, -1};
+    std::pair<int, int> key = issuer_channel;
+    std::shared_ptr<ReceiveGroup> group = Handshake(fd, accepted + options_.handshake_timeout, &key);
+    {
+      absl::MutexLock lock(&mutex_);
+      pending_.remove(fd);
+      hello_done_.erase(fd);
+      if (shed_fds_.erase(fd) != 0) --shed_;
+    }
     if (group != nullptr) {
       absl::Status ended = Serve(fd, *group);
-      if (!absl::IsUnavailable(ended))
+      if (absl::IsDeadlineExceeded(ended)) {
+        Logger("transport")
+            ->info("data connection of group '{}' idle for {}: closed", group->name,
+                   absl::FormatDuration(options_.idle_timeout));
+      } else if (!absl::IsUnavailable(ended)) {
         Logger("transport")->warn("data connection of group '{}': {}", group->name, ended.ToString());
+      }
       absl::MutexLock lock(&group->mutex);
       group->fds.erase(fd);
+      auto it = group->by_issuer.find(key);
+      if (it != group->by_issuer.end() && it->second == fd) group->by_issuer.erase(it);
     }
     close(fd);
     absl::MutexLock lock(&mutex_);
     --receivers_;
   }
 
-  // The group the connection proved it belongs to (registered in its fds), or null (counted, nothing written).
-  std::shared_ptr<ReceiveGroup> Handshake(int fd) {
-    socket_wire::SetIoTimeout(fd, options_.handshake_timeout);
+  // The group the connection proved it belongs to (registered in its fds, replacing the connection of the same
+  // issuer rank and channel), or null (counted, nothing written). The whole exchange ends by `deadline`.
+  std::shared_ptr<ReceiveGroup> Handshake(int fd, absl::Time deadline, std::pair<int, int>* key) {
+    const std::string peer = "data connection";
     Hello hello;
-    if (!socket_wire::ReadFull(fd, &hello, sizeof(hello), "data connection").ok()) {
+    if (!socket_wire::ReadFullBefore(fd, &hello, sizeof(hello), deadline, peer).ok()) {
       Count(&SocketWireCounters::handshakes_refused);
       return nullptr;
     }
@@ -240,31 +319,50 @@ class SocketWireImpl final : public SocketWire {
     const std::string name(hello.group, strnlen(hello.group, sizeof(hello.group)));
     {
       absl::MutexLock lock(&mutex_);
+      if (shed_fds_.count(fd) == 0) hello_done_.insert(fd);
       auto it = groups_.find(name);
       if (it != groups_.end()) group = it->second;
     }
     const bool plausible = hello.magic == socket_wire::kHelloMagic && hello.version == socket_wire::kProtocolVersion &&
                            group != nullptr && hello.dest_rank == group->self_rank && hello.issuer_rank >= 0 &&
                            hello.issuer_rank < group->world && hello.channel >= 0 && hello.channel < group->channels;
-    if (!plausible) {
-      Count(&SocketWireCounters::handshakes_refused);
-      return nullptr;
-    }
+    // A stranger gets the same 80 bytes whether or not the group exists here (random ones when it does not), and
+    // the refusal comes after its proof either way: the data port is no oracle of group names.
     uint8_t nonce[socket_wire::kNonceBytes];
     socket_wire::RandomBytes(nonce, sizeof(nonce));
-    const std::string proof = socket_wire::ServerProof(group->key, hello, nonce);
+    std::string proof(socket_wire::kMacHexBytes, '\0');
+    if (plausible) {
+      proof = socket_wire::ServerProof(group->key, hello, nonce);
+    } else {
+      uint8_t noise[socket_wire::kMacHexBytes / 2];
+      socket_wire::RandomBytes(noise, sizeof(noise));
+      static constexpr char kHex[] = "0123456789abcdef";
+      for (size_t i = 0; i < sizeof(noise); ++i) {
+        proof[2 * i] = kHex[noise[i] >> 4];
+        proof[2 * i + 1] = kHex[noise[i] & 15];
+      }
+    }
     std::string answer(socket_wire::kMacHexBytes, '\0');
-    absl::Status io = socket_wire::WriteFull(fd, nonce, sizeof(nonce), "data connection");
-    if (io.ok()) io = socket_wire::WriteFull(fd, proof.data(), proof.size(), "data connection");
-    if (io.ok()) io = socket_wire::ReadFull(fd, answer.data(), answer.size(), "data connection");
-    const std::string expected = socket_wire::ClientProof(group->key, hello, nonce);
-    if (!io.ok() || CRYPTO_memcmp(answer.data(), expected.data(), expected.size()) != 0) {
+    absl::Status io = socket_wire::WriteFullBefore(fd, nonce, sizeof(nonce), deadline, peer);
+    if (io.ok()) io = socket_wire::WriteFullBefore(fd, proof.data(), proof.size(), deadline, peer);
+    if (io.ok()) io = socket_wire::ReadFullBefore(fd, answer.data(), answer.size(), deadline, peer);
+    const std::string expected =
+        plausible ? socket_wire::ClientProof(group->key, hello, nonce) : std::string(socket_wire::kMacHexBytes, 'x');
+    if (!plausible || !io.ok() || CRYPTO_memcmp(answer.data(), expected.data(), expected.size()) != 0) {
       Count(&SocketWireCounters::handshakes_refused);
       return nullptr;
     }
-    socket_wire::SetIoTimeout(fd, absl::ZeroDuration());
+    // Proven: from now on a connection that carries nothing for idle_timeout is closed.
+    socket_wire::SetIoTimeout(fd, options_.idle_timeout);
+    *key = {hello.issuer_rank, hello.channel};
     absl::MutexLock lock(&group->mutex);
     if (group->closed) return nullptr;
+    auto [it, fresh] = group->by_issuer.emplace(*key, fd);
+    if (!fresh) {
+      // The issuer reconnected (or someone holding the group's key opened another): the newest one serves.
+      shutdown(it->second, SHUT_RDWR);
+      it->second = fd;
+    }
     group->fds.insert(fd);
     return group;
   }
@@ -311,6 +409,7 @@ class SocketWireImpl final : public SocketWire {
   }
 
   const SocketWireOptions options_;
+  LocalCopies copies_;  // every group's commands to this member itself
   int listen_fd_ = -1;
   std::string address_;
   std::thread acceptor_;
@@ -318,7 +417,13 @@ class SocketWireImpl final : public SocketWire {
   mutable absl::Mutex mutex_;
   std::map<std::string, std::shared_ptr<ReceiveGroup>> groups_ ABSL_GUARDED_BY(mutex_);
   int receivers_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::list<int> pending_ ABSL_GUARDED_BY(mutex_);    // connections in their handshake, oldest first
+  std::set<int> hello_done_ ABSL_GUARDED_BY(mutex_);  // in pending_, their hello arrived whole
+  std::set<int> shed_fds_ ABSL_GUARDED_BY(mutex_);    // shed from pending_, their threads not yet past the handshake
+  int shed_ ABSL_GUARDED_BY(mutex_) = 0;              // shed_fds_.size(): receivers that are about to go
   SocketWireCounters counters_ ABSL_GUARDED_BY(mutex_);
+  int spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // the accept thread's
+  absl::Time last_emfile_warning_ = absl::InfinitePast();   // the accept thread's
 };
 
 void RegisteredLink::Shutdown() {

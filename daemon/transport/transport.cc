@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/status_macros.h"
+#include "logging.h"
 #include "transport/socket_protocol.h"
 #include "transport/verbs/verbs_logic.h"
 #include "transport/verbs/verbs_wire.h"
@@ -11,7 +12,7 @@ namespace epfabric::daemon::transport {
 using kernels::transport::RingBytes;
 
 GroupTransport::GroupTransport(Proxy* proxy, std::shared_ptr<memory::Region> commands, int channels, uint32_t slots)
-    : proxy_(proxy), commands_(std::move(commands)) {
+    : proxy_(proxy), slots_(slots), commands_(std::move(commands)) {
   char* base = static_cast<char*>(commands_->base());
   for (int c = 0; c < channels; ++c) {
     rings_.push_back(std::make_unique<CommandRing>(base + c * RingBytes(slots), c, slots));
@@ -55,7 +56,25 @@ void GroupTransport::Stop(absl::Duration timeout) {
 }
 
 void GroupTransport::Reset() {
-  for (auto& ring : rings_) ring->Reset();
+  absl::StatusOr<std::shared_ptr<memory::Region>> fresh = absl::FailedPreconditionError("no allocator");
+  if (allocator_ != nullptr) fresh = allocator_->Allocate(command_spec_);
+  if (!fresh.ok()) {
+    Logger("transport")
+        ->warn("group '{}': no new command region for the next lease ({}); the zeroed one serves again",
+               command_spec_.group, fresh.status().ToString());
+    for (auto& ring : rings_) ring->Reset();
+    return;
+  }
+  char* base = static_cast<char*>((*fresh)->base());
+  for (size_t c = 0; c < rings_.size(); ++c) {
+    // Out of the proxy while it moves, so that no Poll reads the old memory's slots meanwhile.
+    if (proxied_) proxy_->Remove(rings_[c].get());
+    rings_[c]->Rebind(base + c * RingBytes(slots_));
+    rings_[c]->Reset();
+    if (proxied_) proxy_->Add({rings_[c].get(), link_.get(), &bounds_});
+  }
+  absl::MutexLock lock(&commands_mutex_);
+  commands_ = std::move(*fresh);
 }
 
 std::vector<RingCounters> GroupTransport::counters() const {
@@ -114,6 +133,8 @@ absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const Group
   setup.region = spec.rdma;
   setup.sink = group.get();
   group->bounds_.self_rank = spec.self_rank;
+  group->allocator_ = command_allocator_.get();
+  group->command_spec_ = region;
   group->local_region_bytes_ = spec.rdma != nullptr ? spec.rdma->descriptor().size_bytes() : 0;
   EPF_ASSIGN_OR_RETURN(group->link_, wire_->Open(setup, local));
   return group;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "epfabric/v1/peer.pb.h"
 #include "memory/region.h"
@@ -45,12 +46,17 @@ class GroupTransport final : public CompletionSink {
   absl::Status Connect(const std::vector<v1::TransportEndpoint>& members);
 
   // Lease end, around the zeroing of the rank's regions (the command region included): Stop ends the rings (their
-  // issuers see kLeaseEnded) and waits, bounded, for what is in flight; Reset starts fresh rings on zeroed memory.
+  // issuers see kLeaseEnded) and waits, bounded, for what is in flight; Reset starts fresh rings in a new command
+  // region, so that the old holder's mapping of the old one reaches no ring of the next holder (when the new
+  // region cannot be allocated, the zeroed old one serves again, with a warning).
   void Stop(absl::Duration timeout);
-  void Reset();
+  void Reset() ABSL_LOCKS_EXCLUDED(commands_mutex_);
 
-  // The command region (kind COMMANDS), handed to the rank's lease holder.
-  const std::shared_ptr<memory::Region>& commands() const { return commands_; }
+  // The command region (kind COMMANDS) of the current lease generation, handed to the rank's lease holder.
+  std::shared_ptr<memory::Region> commands() const ABSL_LOCKS_EXCLUDED(commands_mutex_) {
+    absl::MutexLock lock(&commands_mutex_);
+    return commands_;
+  }
   std::vector<RingCounters> counters() const;
 
   void Complete(uint64_t cookie, absl::Status status) override;
@@ -60,7 +66,11 @@ class GroupTransport final : public CompletionSink {
   GroupTransport(Proxy* proxy, std::shared_ptr<memory::Region> commands, int channels, uint32_t slots);
 
   Proxy* const proxy_;
-  std::shared_ptr<memory::Region> commands_;
+  memory::RegionAllocator* allocator_ = nullptr;  // of command regions (Reset)
+  memory::RegionSpec command_spec_;
+  uint32_t slots_ = 0;
+  mutable absl::Mutex commands_mutex_;
+  std::shared_ptr<memory::Region> commands_ ABSL_GUARDED_BY(commands_mutex_);
   std::vector<std::unique_ptr<CommandRing>> rings_;
   std::unique_ptr<GroupLink> link_;  // after rings_: destroyed first, while the rings still take completions
   CommandBounds bounds_;

@@ -59,7 +59,8 @@ inline std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address, co
                                                   std::vector<std::string>* proofs = nullptr) {
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (claim.has_value()) {
-    interceptors.push_back(common::MakePeerProofInterceptorFactory(TestFabricSecret(), fabric_id, *claim));
+    interceptors.push_back(
+        common::MakePeerProofInterceptorFactory(TestFabricSecret(), fabric_id, *claim, common::PeerAudience(address)));
   }
   if (proofs != nullptr) interceptors.push_back(std::make_unique<ProofRecorderFactory>(proofs));
   return grpc::experimental::CreateCustomChannelWithInterceptors(address, grpc::InsecureChannelCredentials(),

@@ -108,7 +108,8 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
       for (int i = 1 + mutator.Pick(3); i > 0; --i) mutator.Mutate(&request);
       std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
       interceptors.push_back(common::MakePeerProofInterceptorFactory(
-          secret, fabric_id, common::PeerProofClaim{common::PeerRole::kMember, claimed_rank}));
+          secret, fabric_id, common::PeerProofClaim{common::PeerRole::kMember, claimed_rank},
+          common::PeerAudience(addresses[target])));
       auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
           addresses[target], grpc::InsecureChannelCredentials(), grpc::ChannelArguments(), std::move(interceptors));
       auto stub = v1::Peer::NewStub(channel);
@@ -225,8 +226,9 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   EXPECT_GT(total, 100);
 }
 
-// Proofs are bound to their request and spent once (issue #34): a valid proof on a mutated body, a mutated proof on
-// its own body, and a proof sent twice are all refused (UNAUTHENTICATED), and every daemon survives.
+// Proofs are bound to their request and their daemon and spent once (issue #34): a valid proof on a mutated body, a
+// mutated proof on its own body, a proof sent twice and a proof made for another daemon are all refused
+// (UNAUTHENTICATED), and every daemon survives.
 TEST(PeerFuzz, MutatedProofsAndBodiesAreRefused) {
   const char* env = std::getenv("EPF_FUZZ_SECONDS");
   const absl::Duration budget = absl::Seconds(env != nullptr ? std::atoi(env) : 8) / 2;
@@ -242,15 +244,20 @@ TEST(PeerFuzz, MutatedProofsAndBodiesAreRefused) {
   seed.set_name("absent");
 
   Mutator mutator(0x9f00f ^ static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
-  int bodies = 0, proofs = 0, replays = 0;
+  int bodies = 0, proofs = 0, replays = 0, elsewhere = 0;
   const absl::Time deadline = absl::Now() + budget;
   while (absl::Now() < deadline) {
-    const std::string address = view.membership().members(1 + mutator.Pick(2)).peer_address();
+    const int target = 1 + mutator.Pick(2);
+    const std::string address = view.membership().members(target).peer_address();
+    const std::string other = view.membership().members(3 - target).peer_address();
     auto stub = v1::Peer::NewStub(PeerChannel(address, fabric_id, std::nullopt));
     v1::ReleaseGroupRequest request = seed;
-    std::string proof = common::MakePeerProof(secret, fabric_id, kRelease, {common::PeerRole::kMember, 0},
-                                              seed.SerializeAsString(), absl::Now());
-    const int kind = mutator.Pick(3);
+    const int kind = mutator.Pick(4);
+    // Kind 3: a good proof, made for the other member (as one captured there would be).
+    std::string proof =
+        common::MakePeerProof(secret, fabric_id, kRelease, {common::PeerRole::kMember, 0}, seed.SerializeAsString(),
+                              absl::Now(), "", common::PeerAudience(kind == 3 ? other : address));
+    if (kind == 3) ++elsewhere;
     if (kind == 0) {
       for (int i = 1 + mutator.Pick(3); i > 0; --i) mutator.Mutate(&request);
       if (request.SerializeAsString() == seed.SerializeAsString()) continue;
@@ -270,7 +277,7 @@ TEST(PeerFuzz, MutatedProofsAndBodiesAreRefused) {
       }
       if (proof == original) continue;
       ++proofs;
-    } else {
+    } else if (kind == 2) {
       // Once with its own body (accepted), then again.
       grpc::ClientContext first;
       first.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
@@ -293,7 +300,7 @@ TEST(PeerFuzz, MutatedProofsAndBodiesAreRefused) {
         << request.DebugString();
   }
   std::cout << "[ FUZZ     ] " << bodies << " re-bodied proofs, " << proofs << " mutated proofs, " << replays
-            << " replays\n";
+            << " replays, " << elsewhere << " proofs made for another daemon\n";
   for (int rank = 0; rank < 3; ++rank) {
     EXPECT_TRUE((*fabric)->daemon(rank).process().running()) << "rank " << rank << " died:\n"
                                                              << (*fabric)->daemon(rank).process().Stderr();

@@ -85,6 +85,16 @@ TEST(PeerProof, ACapturedProofIsGoodForItsOwnRequestOnceAndForNothingElse) {
   EXPECT_EQ(status.error_code(), Code::UNAUTHENTICATED) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("used already"));
 
+  // A proof made for rank 1 (as the coordinator sends the same Release to every member) is no good at rank 0.
+  const std::string for_rank_1 = common::MakePeerProof(TestFabricSecret(), fabric_id, "/epfabric.v1.Peer/ReleaseGroup",
+                                                       Member(0), tenant.SerializeAsString(), absl::Now(), "",
+                                                       common::PeerAudience(PeerAddress(**fabric, 1)));
+  auto stranger_at_zero = v1::Peer::NewStub(PeerChannel(PeerAddress(**fabric, 0), fabric_id, std::nullopt));
+  status = WithDeadline([&](auto* c) { return stranger_at_zero->ReleaseGroup(c, tenant, &released); }, for_rank_1);
+  EXPECT_EQ(status.error_code(), Code::UNAUTHENTICATED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("made for another daemon"));
+  EXPECT_TRUE(GroupReadyOn(**fabric, 0, "tenant"));
+
   // A fresh proof from the coordinator's credential passes.
   status = WithDeadline([&](auto* c) { return as_zero->ReleaseGroup(c, tenant, &released); });
   EXPECT_TRUE(status.ok()) << status.error_message();

@@ -15,6 +15,7 @@
 //                then a good command on another channel still completes.
 //   zero         checks that the whole RDMA region is zero (nobody wrote it).
 //   bench        the transport benchmark's measurements (bench_scenario.h; bench/transport_bench.cc).
+//   flood, signals  fairness between groups on one daemon (fairness_scenario.h).
 // Output: `EPF_RESULT ok=1 ...` and exit 0 when everything matched; ok=0 with the reason and exit 1 otherwise;
 // `stream` exits 3 after a transport error. --issue_from=device issues the conformance commands from a CUDA kernel.
 #include <cuda_runtime_api.h>
@@ -34,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "bench_scenario.h"
 #include "epfabric/client/client.h"
+#include "fairness_scenario.h"
 #include "issue.h"
 #include "region_access.h"
 #include "scenario.h"
@@ -52,6 +54,9 @@ ABSL_FLAG(int, timeout_ms, 20000, "Bound of every wait.");
 ABSL_FLAG(std::string, bad, "dest_range", "bad: which refused command.");
 ABSL_FLAG(std::string, issue_from, "host", "host or device (cuda backend).");
 ABSL_FLAG(int, device, -1, "CUDA device of this process (cuda backend): its daemon's GPU; -1 = rank mod GPUs.");
+ABSL_FLAG(uint64_t, flood_bytes, 64ull << 20, "flood: bytes of each local put.");
+ABSL_FLAG(int, signals, 100, "signals: how many to time.");
+ABSL_FLAG(int, signal_gap_ms, 5, "signals: pause between two.");
 ABSL_FLAG(bool, print_region_bytes, false, "Print the RDMA region size the scenario needs (--world, --channels).");
 ABSL_FLAG(int, world, 4, "--print_region_bytes: ranks.");
 ABSL_FLAG(int, channels, 4, "--print_region_bytes: channels.");
@@ -370,6 +375,17 @@ int Main() {
   layout.channels = static_cast<int>(l.group().transport_channels());
   const bool device = l.backend() == v1::BACKEND_CUDA;
   RegionAccess region(l.rdma_region(), l.rdma_region_bytes(), device);
+  const std::string scenario = absl::GetFlag(FLAGS_scenario);
+  if (scenario == "flood" || scenario == "signals") {
+    auto issuers = Issuers::Create(l, false, absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+    if (!issuers.ok()) return Fail(issuers.status().ToString());
+    if (scenario == "flood") {
+      return FloodScenario(l, **issuers, absl::GetFlag(FLAGS_flood_bytes),
+                           absl::Milliseconds(absl::GetFlag(FLAGS_duration_ms)));
+    }
+    return SignalLatencyScenario(l, region, **issuers, absl::GetFlag(FLAGS_signals),
+                                 absl::Milliseconds(absl::GetFlag(FLAGS_signal_gap_ms)));
+  }
   if (absl::GetFlag(FLAGS_scenario) != "zero" && absl::GetFlag(FLAGS_scenario) != "bad" &&
       region.bytes() < layout.RegionBytes()) {
     return Fail(
@@ -378,7 +394,6 @@ int Main() {
   auto issuers = Issuers::Create(l, absl::GetFlag(FLAGS_issue_from) == "device",
                                  absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
   if (!issuers.ok()) return Fail(issuers.status().ToString());
-  const std::string scenario = absl::GetFlag(FLAGS_scenario);
   if (scenario == "conformance") return Conformance(l, region, **issuers, layout);
   if (scenario == "big") return Big(l, region, **issuers, layout);
   if (scenario == "stream") return Stream(l, region, **issuers, layout);

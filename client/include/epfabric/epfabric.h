@@ -97,7 +97,7 @@ epf_status epf_client_daemon_info(epf_client* client, int32_t* fabric_rank, int3
  * equal host ids share a host. EPF_INVALID_ARGUMENT when `capacity` is too small (the message says how much). */
 epf_status epf_client_host_id(epf_client* client, char* out, size_t capacity);
 /* Creates a group over `ranks` (fabric ranks, group rank i = ranks[i]); writes the token (NUL-terminated) into
- * token_out (at least 65 bytes). */
+ * token_out (at least 65 bytes: a smaller token_capacity is EPF_INVALID_ARGUMENT and creates nothing). */
 epf_status epf_create_group(epf_client* client, const char* name, const int32_t* ranks, int num_ranks,
                             uint64_t num_nvl_bytes, uint64_t num_rdma_bytes, int low_latency, char* token_out,
                             size_t token_capacity);

@@ -3,14 +3,15 @@
 // Every member holds the same secret, read from a file only its owner can read. A caller never sends the secret:
 // each call carries, in the metadata `kPeerAuthMetadataKey`, a proof
 //
-//     v2:<role>:<rank>:<unix_ms>:<nonce>:<body_sha256>:<hex HMAC-SHA256(secret,
-//     "epfabric-peer-v2|fabric|method|role|rank|unix_ms|nonce|body_sha256")>
+//     v3:<role>:<rank>:<unix_ms>:<nonce>:<body_sha256>:<audience>:<hex HMAC-SHA256(secret,
+//     "epfabric-peer-v3|fabric|method|role|rank|unix_ms|nonce|body_sha256|audience")>
 //
 // bound to the fabric, the RPC method, the claimed role and rank, the time (accepted within kPeerAuthMaxSkew), the
-// serialized request (its SHA-256) and a random 96-bit nonce that the server remembers until the proof's window ends
-// (PeerNonceCache). A process that cannot read the secret file cannot make a proof; a server that is not a member (an
-// impostor on a dead member's port) learns a proof that is good for nothing: not for another request body, not for
-// the same request a second time, not after the window.
+// serialized request (its SHA-256), a random 96-bit nonce that the server remembers until the proof's window ends
+// (PeerNonceCache), and the daemon it is for (the audience: the port the caller dialled; a secret fabric lives on one
+// host, where a port names one daemon). A process that cannot read the secret file cannot make a proof; a server that
+// is not a member (an impostor on a dead member's port) learns a proof that is good for nothing: not at another
+// daemon, not for another request body, not for the same request a second time, not after the window.
 //
 // The answer proves its server too: in `kPeerReplyMetadataKey` (trailing metadata) the server sends
 //
@@ -78,16 +79,22 @@ std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
 
 // Makes a proof for one call (`method` is the full gRPC method, "/epfabric.v1.Peer/Join") whose serialized request
 // is `body`. An empty `nonce` picks a fresh one; a caller that passes one must never use it twice.
+// `audience` is PeerAudience of the address the call goes to.
 std::string MakePeerProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
                           const PeerProofClaim& claim, absl::string_view body, absl::Time now,
-                          absl::string_view nonce = "");
+                          absl::string_view nonce = "", absl::string_view audience = "");
 
-// Checks a proof against the request the server received (`body`, serialized); returns what it proves. It does not
-// check the nonce for reuse: that is PeerNonceCache's job, after this. Unauthenticated errors say what is wrong
-// without revealing anything about the secret.
+// The audience of a call to `address` ("host:port", "[v6]:port"): its port.
+std::string PeerAudience(absl::string_view address);
+
+// Checks a proof against the request the server received (`body`, serialized) and, when `expected_audience` is not
+// empty, against the daemon that received it (its peer port); returns what it proves. It does not check the nonce for
+// reuse: that is PeerNonceCache's job, after this. Unauthenticated errors say what is wrong without revealing
+// anything about the secret.
 absl::StatusOr<VerifiedPeerProof> VerifyPeerProof(absl::string_view secret, absl::string_view fabric_id,
                                                   absl::string_view method, absl::string_view proof,
-                                                  absl::string_view body, absl::Time now);
+                                                  absl::string_view body, absl::Time now,
+                                                  absl::string_view expected_audience = "");
 
 // The server's proof for its answer (`response`, serialized) to the call whose proof had `request_nonce`.
 std::string MakePeerReplyProof(absl::string_view secret, absl::string_view fabric_id, absl::string_view method,
@@ -122,8 +129,8 @@ class PeerNonceCache {
 };
 
 // A client interceptor that adds a fresh proof to every call of a channel (unary calls: the proof covers the
-// request, which goes out in the same batch as the metadata).
+// request, which goes out in the same batch as the metadata); `audience`: PeerAudience of the channel's address.
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> MakePeerProofInterceptorFactory(
-    std::string secret, std::string fabric_id, PeerProofClaim claim);
+    std::string secret, std::string fabric_id, PeerProofClaim claim, std::string audience);
 
 }  // namespace epfabric::common

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -53,9 +54,17 @@ struct DaemonOptions {
   uint64_t max_region_bytes = 0;
   // cuda backend: "posix_fd" (cuMem + file descriptor over the socket) or "cuda_ipc".
   std::string memory_sharing = "posix_fd";
-  // Quotas (RESOURCE_EXHAUSTED beyond): groups held by this daemon, and bytes of their regions (0: no limit).
+  // Quotas (RESOURCE_EXHAUSTED beyond): groups held by this daemon, and bytes of their regions (0: derived from the
+  // machine: half its memory on the host backend, 90% of the GPU's on cuda; UINT64_MAX: none).
   int max_groups = 256;
   uint64_t max_total_region_bytes = 0;
+  // Per client identity (a tenant label, else host and uid), counted by the coordinator across the fabric: groups,
+  // and bytes of regions on any one member (0 for bytes: half of max_total_region_bytes as derived; 0 for groups:
+  // none).
+  int max_groups_per_client = 64;
+  uint64_t max_region_bytes_per_client = 0;
+  // "uid=label,uid=label": uids whose clients count as one tenant for the quotas (empty: every uid on its own).
+  std::string tenant_labels;
   // Default client lease TTL.
   int lease_ttl_ms = 10000;
   // Mutual TLS on the peer port: all three or none.
@@ -74,6 +83,9 @@ struct DaemonOptions {
   int proxy_threads = 2;
   int proxy_spin_us = 1000;
 };
+
+// --tenant_labels parsed: uid -> label. Labels are [A-Za-z0-9._-]{1,63}.
+absl::StatusOr<std::map<int64_t, std::string>> ParseTenantLabels(const std::string& text);
 
 // Checks every field and their combinations. The error message starts with the offending flag ("--rank: ...").
 absl::Status ValidateOptions(const DaemonOptions& options);
