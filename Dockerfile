@@ -39,13 +39,15 @@ RUN apt-get update -qq \
  && groupadd --system --gid 10001 epfabric \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin epfabric \
  && mkdir -p /run/epfabric && chown 10001:10001 /run/epfabric && chmod 0750 /run/epfabric
+# EPFABRIC_SOCKET: the socket epctl (and the Python package) use when given none.
 ENV PATH=/opt/epfabric/bin:$PATH \
     LD_LIBRARY_PATH=/opt/epfabric/lib \
-    EPF_CLIENT_SOCKET=/run/epfabric/epfabricd.sock
+    EPFABRIC_SOCKET=/run/epfabric/epfabricd.sock
 USER 10001:10001
 # 7000: peer port (--peer_listen), 9400: Prometheus (--metrics_listen); both only when the flags say so.
 EXPOSE 7000 9400
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
-  CMD epctl --socket="$EPF_CLIENT_SOCKET" --timeout_ms=3000 health || exit 1
+  CMD epctl --timeout_ms=3000 health || exit 1
+# One daemon (--world_size=1): no peer, no credential to provide. tests/deploy/pod_harness.py runs this command.
 ENTRYPOINT ["epfabricd"]
 CMD ["--client_socket=/run/epfabric/epfabricd.sock"]

@@ -17,6 +17,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
@@ -134,7 +135,7 @@ absl::StatusOr<std::string> ReadFabricSecretFile(const std::string& path, absl::
                                                      ", not by this user (uid ", ::geteuid(), ")"));
   } else if ((st.st_mode & 077) != 0) {
     status = absl::InvalidArgumentError(
-        absl::StrCat("--", flag, ": '", path, "' has mode 0", absl::StrCat(absl::Hex(st.st_mode & 0777)),
+        absl::StrCat("--", flag, ": '", path, "' has mode ", absl::StrFormat("%04o", st.st_mode & 0777),
                      "; a fabric secret must not be readable or writable by group or others (chmod 600)"));
   } else if (st.st_size > 4096) {
     status = absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", path, "' is larger than 4096 bytes"));

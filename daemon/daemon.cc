@@ -24,10 +24,12 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/group_manager.h"
+#include "grpc/health/v1/health.pb.h"
 #include "logging.h"
 #include "memory/region.h"
 #include "metrics/daemon_metrics.h"
 #include "metrics/http_server.h"
+#include "security/host_secret.h"
 #include "security/peer_authenticator.h"
 #include "services/client_listener.h"
 #include "services/control_service.h"
@@ -95,6 +97,27 @@ uint64_t RandomIncarnation() {
 void SetServing(grpc::Server* server, std::initializer_list<const char*> services, bool serving) {
   if (server == nullptr || server->GetHealthCheckService() == nullptr) return;
   for (const char* service : services) server->GetHealthCheckService()->SetServingStatus(service, serving);
+}
+
+// The fabric secret of the peer port: the operator's file; none when TLS or --insecure_peer_port is the credential;
+// otherwise one made for the operator (security/host_secret.h): in memory for a single daemon, the host's shared file
+// for a fabric of several daemons on loopback (ValidateOptions refused a secret-only port off loopback).
+absl::StatusOr<std::string> PeerSecret(const DaemonOptions& options) {
+  if (!options.fabric_secret_file.empty()) {
+    return common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file");
+  }
+  if (options.insecure_peer_port || !options.tls_cert.empty()) return std::string();
+  if (options.world_size == 1) {
+    Logger("daemon")->info("--world_size=1: no peer can call this daemon (its peer port refuses every call)");
+    return security::RandomSecret();
+  }
+  const std::string path = security::HostFabricSecretPath(options.client_socket, options.fabric_id);
+  EPF_ASSIGN_OR_RETURN(security::HostSecret host, security::LoadOrCreateHostFabricSecret(path));
+  Logger("daemon")->info(
+      "peer calls prove the host's fabric secret {} ({}; every daemon of fabric '{}' whose "
+      "--client_socket is in that directory reads it)",
+      path, host.created ? "created, mode 0600" : "read", options.fabric_id);
+  return host.secret;
 }
 
 }  // namespace
@@ -249,10 +272,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
   }
 
-  std::string secret;
-  if (!options.fabric_secret_file.empty()) {
-    EPF_ASSIGN_OR_RETURN(secret, common::ReadFabricSecretFile(options.fabric_secret_file, "fabric_secret_file"));
-  }
+  EPF_ASSIGN_OR_RETURN(const std::string secret, PeerSecret(options));
   fabric::TlsFiles tls{options.tls_cert, options.tls_key, options.tls_ca, options.tls_target_name};
   EPF_ASSIGN_OR_RETURN(s->links,
                        fabric::PeerLinks::Create(tls, secret, options.fabric_id,
@@ -396,6 +416,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     s->metrics_http->Serve();
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC's own health service carries no protobuf descriptor: linking ours registers grpc.health.v1.Health in the
+  // generated pool, so that reflection can describe it and the metrics count its calls under its service name.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   // Peer server first: its port becomes part of this daemon's identity in the fabric.

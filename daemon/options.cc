@@ -112,11 +112,6 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   }
   auto listen = ParseHostPort(o.peer_listen);
   if (!listen.ok()) return FlagError("peer_listen", std::string(listen.status().message()));
-  if (!o.insecure_peer_port && tls_files == 0 && o.fabric_secret_file.empty()) {
-    return FlagError("peer_listen",
-                     "the peer port needs a credential: --fabric_secret_file (single host, loopback) or "
-                     "--tls_cert/--tls_key/--tls_ca (mutual TLS); --insecure_peer_port serves it without one (tests)");
-  }
   // A fabric secret never protects traffic that leaves the host: its proofs travel with the requests in plaintext.
   if (!IsLoopbackHost(listen->host) && !o.insecure_peer_port && tls_files == 0) {
     return FlagError("peer_listen",

@@ -15,7 +15,7 @@ set(bin ${PREFIX}/${BINDIR})
 set(lib ${PREFIX}/${LIBDIR})
 set(inc ${PREFIX}/${INCLUDEDIR})
 set(expected
-    ${bin}/epfabricd ${bin}/epctl ${bin}/epfabric_worker
+    ${bin}/epfabricd ${bin}/epctl ${bin}/epfabric_worker ${bin}/epfabric_device_plugin
     ${lib}/libepfabric_client.a ${lib}/libepfabric_buffer.a ${lib}/libepfabric_kernels.a
     ${lib}/libepfabric_client.so
     ${lib}/python3/dist-packages/epfabric/__init__.py ${lib}/python3/dist-packages/epfabric/deep_ep.py
@@ -29,7 +29,7 @@ foreach(file IN LISTS expected)
     list(APPEND missing ${file})
   endif()
 endforeach()
-foreach(program epfabricd epctl epfabric_worker)
+foreach(program epfabricd epctl epfabric_worker epfabric_device_plugin)
   if(EXISTS ${bin}/${program} AND NOT IS_DIRECTORY ${bin}/${program})
     file(READ ${bin}/${program} magic LIMIT 4 HEX)
     if(NOT magic STREQUAL "7f454c46")

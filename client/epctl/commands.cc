@@ -1,15 +1,15 @@
 #include "epctl/commands.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <tuple>
 #include <utility>
 
-#include <google/protobuf/struct.pb.h>
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,19 +17,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "epfabric/v1/control.grpc.pb.h"
+#include "epfabric/v1/epctl.pb.h"
 #include "epfabric/v1/ops.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace epfabric::epctl {
 
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json;
+std::string ToJson(const google::protobuf::Message& message, const OmittedFields& omitted) {
+  return ContractJson(message, omitted) + "\n";
 }
 
 void SetDeadline(grpc::ClientContext& context, const GlobalOptions& options) {
@@ -37,9 +32,20 @@ void SetDeadline(grpc::ClientContext& context, const GlobalOptions& options) {
 }
 
 std::string RpcError(const std::string& what, const GlobalOptions& options, const grpc::Status& status) {
+  std::string hint;
+  // A plaintext client on a mutual-TLS port sees only a failed connection: say what is likely missing.
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !options.address.empty() && options.tls_ca.empty()) {
+    hint = " (if the peer port runs mutual TLS, it requires TLS: give --tls_ca, --tls_cert and --tls_key)";
+  }
   return absl::StrCat("epctl: ", what, " on ", TargetOf(options),
                       " failed: ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
-                      status.error_message());
+                      status.error_message(), hint);
+}
+
+std::string ControlOnlyOnSocket(const std::string& command) {
+  return absl::StrCat("epctl: ", command,
+                      " calls the Control service, which a daemon serves only on its client socket (its peer port "
+                      "serves Peer and Ops): use --socket=PATH on the daemon's host");
 }
 
 namespace {
@@ -47,8 +53,11 @@ namespace {
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
-              std::ostream& err) {
+// One health check: the grpc.health.v1 answer, and Ops.GetHealth's report where the daemon gives one. Exit code 0
+// only when SERVING (and, for the daemon as a whole, not FAIL); 1 otherwise, and for a report refused for the
+// caller's credential (a healthy-looking answer from a port that does not accept us is not a health check).
+int CheckHealthOnce(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel,
+                    v1::HealthDocument* document, std::string* error) {
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   SetDeadline(context, options);
@@ -57,33 +66,54 @@ int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>
   HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
-    err << RpcError("health check", options, status) << "\n";
+    *error = RpcError("health check", options, status);
     return 1;
   }
+  document->set_status(response.status());
+  document->set_service(options.service);
   // The incidents behind the verdict, when the daemon can tell (Ops.GetHealth).
   auto ops = v1::Ops::NewStub(channel);
   grpc::ClientContext report_context;
   SetDeadline(report_context, options);
-  v1::HealthReport report;
-  const bool have_report = ops->GetHealth(&report_context, v1::GetHealthRequest(), &report).ok();
-
-  const std::string name = HealthCheckResponse::ServingStatus_Name(response.status());
-  if (options.json) {
-    google::protobuf::Struct doc;
-    (*doc.mutable_fields())["status"].set_string_value(name);
-    if (have_report) {
-      google::protobuf::Struct report_json;
-      (void)google::protobuf::util::JsonStringToMessage(ToJson(report), &report_json);
-      *(*doc.mutable_fields())["report"].mutable_struct_value() = report_json;
-    }
-    out << ToJson(doc);
-  } else {
-    out << (options.service.empty() ? "epfabricd" : options.service) << ": " << name << "\n";
-    if (have_report) out << FormatHealthReport(report);
+  const grpc::Status report_status =
+      ops->GetHealth(&report_context, v1::GetHealthRequest(), document->mutable_report());
+  if (report_status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      report_status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    *error = RpcError("Ops.GetHealth", options, report_status);
+    return 1;
   }
+  if (!report_status.ok()) document->clear_report();
   // The daemon as a whole: a FAIL verdict (e.g. its Join is refused) is a failure even while gRPC serves.
-  const bool failed = options.service.empty() && have_report && report.overall() == v1::HealthReport::FAIL;
+  const bool failed = options.service.empty() && document->report().overall() == v1::HealthReport::FAIL;
   return response.status() == HealthCheckResponse::SERVING && !failed ? 0 : 1;
+}
+
+int RunHealth(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
+              std::ostream& err) {
+  // --wait_ms: ask again every 100 ms until healthy or the time is up (a daemon that is still starting).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.wait_ms);
+  v1::HealthDocument document;
+  std::string error;
+  int code = 1;
+  while (true) {
+    document.Clear();
+    error.clear();
+    code = CheckHealthOnce(options, channel, &document, &error);
+    if (code == 0 || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!error.empty()) {
+    err << error << (options.wait_ms > 0 ? absl::StrCat(" (waited ", options.wait_ms, " ms)") : "") << "\n";
+    return 1;
+  }
+  if (options.json) {
+    out << ToJson(document);
+  } else {
+    out << (options.service.empty() ? "epfabricd" : options.service) << ": "
+        << HealthCheckResponse::ServingStatus_Name(document.status()) << "\n";
+    if (document.has_report()) out << FormatHealthReport(document.report());
+  }
+  return code;
 }
 
 int RunFabric(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
@@ -118,6 +148,10 @@ int RunTopology(const GlobalOptions& options, const std::shared_ptr<grpc::Channe
 
 int RunCreateGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
                    std::ostream& err) {
+  if (!options.address.empty()) {
+    err << ControlOnlyOnSocket("create-group") << "\n";
+    return 2;
+  }
   auto request = CreateGroupRequestFrom(options);
   if (!request.ok()) {
     err << "epctl: " << request.status().message() << "\n";
@@ -143,6 +177,14 @@ int RunCreateGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Cha
 
 int RunDeleteGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
                    std::ostream& err) {
+  if (!options.address.empty()) {
+    err << ControlOnlyOnSocket("delete-group") << "\n";
+    return 2;
+  }
+  if (options.group.empty()) {
+    err << "epctl: --group: required (the group's name)\n";
+    return 2;
+  }
   auto stub = v1::Control::NewStub(channel);
   grpc::ClientContext context;
   SetDeadline(context, options);
@@ -156,8 +198,30 @@ int RunDeleteGroup(const GlobalOptions& options, const std::shared_ptr<grpc::Cha
     err << RpcError("DeleteGroup", options, status) << "\n";
     return 1;
   }
-  if (!options.json) out << "group '" << options.group << "' deleted\n";
+  if (options.json) {
+    v1::DeleteGroupDocument document;
+    document.set_group(options.group);
+    document.set_deleted(true);
+    document.set_forced(options.force);
+    out << ToJson(document);
+  } else {
+    out << "group '" << options.group << "' deleted\n";
+  }
   return 0;
+}
+
+int RunSchema(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>&, std::ostream& out,
+              std::ostream& err) {
+  for (const JsonDocument& document : JsonDocuments()) {
+    if (document.command == options.command) {
+      out << ContractSchema(document.type, absl::StrCat("epctl ", document.command, " --json"), document.omitted);
+      return 0;
+    }
+  }
+  std::vector<std::string> names;
+  for (const JsonDocument& document : JsonDocuments()) names.push_back(document.command);
+  err << "epctl: --command: '" << options.command << "' is not one of " << absl::StrJoin(names, ", ") << "\n";
+  return 2;
 }
 
 std::string BackendName(v1::Backend backend) {
@@ -206,9 +270,38 @@ absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOption
   return request;
 }
 
+const std::vector<JsonDocument>& JsonDocuments() {
+  static const auto* documents = new std::vector<JsonDocument>{
+      {"health", v1::HealthDocument::descriptor(), {}},
+      {"topology", v1::Topology::descriptor(), {}},
+      {"fabric", v1::FabricView::descriptor(), {}},
+      {"create-group", v1::CreateGroupResponse::descriptor(), {}},
+      {"delete-group", v1::DeleteGroupDocument::descriptor(), {}},
+      {"groups", v1::ListGroupsResponse::descriptor(), {}},
+      // A lease id is its holder's handle: the daemon never lists it, so the document has no such key.
+      {"leases", v1::ListClientsResponse::descriptor(), {"epfabric.v1.ClientInfo.lease_id"}},
+      {"stats", v1::Stats::descriptor(), {}},
+  };
+  return *documents;
+}
+
+const OmittedFields& OmittedFor(const std::string& command) {
+  static const OmittedFields kNone;
+  for (const JsonDocument& document : JsonDocuments()) {
+    if (document.command == command) return document.omitted;
+  }
+  return kNone;
+}
+
+bool NeedsDaemon(const std::string& command) { return command != "schema"; }
+
 absl::Status ValidateGlobalOptions(const GlobalOptions& options) {
   if (options.socket.empty() == options.address.empty()) {
-    return absl::InvalidArgumentError("give exactly one of --socket=PATH and --address=HOST:PORT");
+    return absl::InvalidArgumentError(
+        "give exactly one of --socket=PATH and --address=HOST:PORT (or set EPFABRIC_SOCKET to the daemon's socket)");
+  }
+  if (options.wait_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--wait_ms: ", options.wait_ms, " is negative"));
   }
   if (options.timeout_ms <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("--timeout_ms: ", options.timeout_ms, " is not positive"));
@@ -220,6 +313,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> CredentialsFor(const G
   const int given = !options.tls_ca.empty() + !options.tls_cert.empty() + !options.tls_key.empty();
   if (given == 0) return grpc::InsecureChannelCredentials();
   if (given != 3) return absl::InvalidArgumentError("--tls_ca, --tls_cert and --tls_key go together");
+  if (options.address.empty()) return absl::InvalidArgumentError("--tls_*: only with --address (the peer port)");
   grpc::SslCredentialsOptions ssl;
   for (auto [flag, path, field] : {std::tuple{"tls_ca", &options.tls_ca, &ssl.pem_root_certs},
                                    std::tuple{"tls_cert", &options.tls_cert, &ssl.pem_cert_chain},
@@ -240,9 +334,11 @@ std::string TargetOf(const GlobalOptions& options) {
 const std::vector<Command>& Commands() {
   static const auto* commands = new std::vector<Command>{
       {"health", "Is the daemon serving? (grpc.health.v1; exit 0 only when SERVING)",
-       "epctl health [--service=NAME] [--json]\n"
+       "epctl health [--service=NAME] [--wait_ms=N] [--json]\n"
        "  Asks the daemon's grpc.health.v1 service. Without --service it reports the daemon as a whole; with\n"
-       "  --service=epfabric.v1.Control (or .Ops, .Peer) that service. Exit status 0 only when SERVING.\n",
+       "  --service=epfabric.v1.Control (or .Ops, .Peer, .Fabric) that service. Exit status 0 only when SERVING\n"
+       "  (and, for the daemon as a whole, Ops.GetHealth's verdict is not FAIL); 1 also when the port refuses\n"
+       "  this caller's credential. --wait_ms asks again every 100 ms until SERVING or N ms have passed.\n",
        RunHealth},
       {"topology", "GPUs, their NVLink/peer matrix, RDMA NICs, host id and daemon identity",
        "epctl topology [--json]\n"
@@ -288,6 +384,12 @@ const std::vector<Command>& Commands() {
        "  --group keeps the series of one group. --watch prints them again every --interval_ms (--count times;\n"
        "  0 = until interrupted).\n",
        RunStats},
+      {"schema", "The JSON Schema of a command's --json output (no daemon needed)",
+       "epctl schema --command=NAME\n"
+       "  Prints the JSON Schema (draft 2020-12) of `epctl NAME --json`: keys are the proto field names in .proto\n"
+       "  order, all present; 64-bit integers are strings and enums names (the proto3 JSON mapping). The same\n"
+       "  schemas are in docs/epctl-json/ (docs/epctl-json.md).\n",
+       RunSchema},
   };
   return *commands;
 }

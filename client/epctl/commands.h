@@ -13,6 +13,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/status/statusor.h"
+#include "epctl/json_contract.h"
 #include "epfabric/v1/control.pb.h"
 #include "epfabric/v1/ops.pb.h"
 
@@ -25,6 +26,8 @@ struct GlobalOptions {
   int timeout_ms = 5000;
   bool json = false;
   std::string service;  // health: which service ("" = the daemon as a whole)
+  int wait_ms = 0;      // health: ask again until SERVING or this many ms have passed
+  std::string command;  // schema: the command whose --json schema to print
   // create-group / delete-group.
   std::string group;
   std::string ranks;  // "0,1,2"
@@ -40,6 +43,8 @@ struct GlobalOptions {
   std::string token;
   // Mutual TLS towards a peer port that requires it (--address only): all three or none.
   std::string tls_ca, tls_cert, tls_key;
+  // The name to check in the daemon's certificate instead of the dialled host (a pod IP has no name in it).
+  std::string tls_target_name;
   // Fabric secret towards a peer port on loopback (--address only): epctl proves itself as ops tooling.
   std::string fabric_secret_file;
   std::string fabric_id = "epfabric";
@@ -73,8 +78,23 @@ const Command* FindCommand(const std::string& name);
 // Builds a CreateGroup request from the options; errors name the flag.
 absl::StatusOr<v1::CreateGroupRequest> CreateGroupRequestFrom(const GlobalOptions& options);
 
+// The JSON document each command prints with --json (json_contract.h): its message type and the fields it leaves
+// out. `epctl schema --command=NAME` prints the schema; docs/epctl-json/NAME.schema.json holds the same.
+struct JsonDocument {
+  std::string command;
+  const google::protobuf::Descriptor* type;
+  OmittedFields omitted;
+};
+const std::vector<JsonDocument>& JsonDocuments();
+const OmittedFields& OmittedFor(const std::string& command);
+
+// False for verbs that answer without a daemon (schema).
+bool NeedsDaemon(const std::string& command);
+
 // Shared by the verbs' files.
-std::string ToJson(const google::protobuf::Message& message);
+std::string ToJson(const google::protobuf::Message& message, const OmittedFields& omitted = {});
+// The error of a Control verb (create-group, delete-group, groups) given --address.
+std::string ControlOnlyOnSocket(const std::string& command);
 void SetDeadline(grpc::ClientContext& context, const GlobalOptions& options);
 std::string RpcError(const std::string& what, const GlobalOptions& options, const grpc::Status& status);
 

@@ -2,6 +2,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -9,11 +10,15 @@
 #include "epfabric/common/cli.h"
 #include "epfabric/common/peer_auth.h"
 
-ABSL_FLAG(std::string, socket, "", "Unix socket of the daemon (its --client_socket).");
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket of the daemon (its --client_socket); default $EPFABRIC_SOCKET when --address is not given.");
 ABSL_FLAG(std::string, address, "", "host:port of the daemon's peer port, instead of --socket.");
 ABSL_FLAG(int, timeout_ms, 5000, "Deadline of each call in milliseconds.");
 ABSL_FLAG(bool, json, false, "Print JSON instead of text.");
 ABSL_FLAG(std::string, service, "", "health: the service to ask about (default: the daemon as a whole).");
+ABSL_FLAG(int, wait_ms, 0, "health: ask again every 100 ms until SERVING or this many milliseconds have passed.");
+ABSL_FLAG(std::string, command, "", "schema: the command whose --json output to describe.");
+ABSL_FLAG(bool, version, false, "Print epctl's version and exit.");
 ABSL_FLAG(std::string, group, "", "create-group/delete-group: the group's name; stats: only this group's series.");
 ABSL_FLAG(std::string, ranks, "", "create-group: fabric ranks of the members, comma-separated.");
 ABSL_FLAG(uint64_t, nvl_bytes, 0, "create-group: bytes of the NVLink region per member.");
@@ -37,12 +42,15 @@ ABSL_FLAG(std::string, fabric_id, "epfabric", "With --fabric_secret_file: the da
 ABSL_FLAG(std::string, tls_ca, "", "With --address to a mutual-TLS peer port: PEM CA bundle.");
 ABSL_FLAG(std::string, tls_cert, "", "With --address to a mutual-TLS peer port: PEM client certificate.");
 ABSL_FLAG(std::string, tls_key, "", "With --address to a mutual-TLS peer port: PEM client key.");
+ABSL_FLAG(std::string, tls_target_name, "",
+          "With --tls_*: the name to check in the daemon's certificate instead of the host of --address.");
 
 namespace {
 
 void PrintUsage(std::ostream& out) {
   out << "epctl: ops tool for epfabricd.\n"
-         "Usage: epctl (--socket=PATH | --address=HOST:PORT) [--json] [--timeout_ms=N] COMMAND\n"
+         "Usage: epctl [--socket=PATH | --address=HOST:PORT] [--json] [--timeout_ms=N] COMMAND\n"
+         "       (no --socket or --address: the socket in $EPFABRIC_SOCKET)\n"
          "       epctl COMMAND --help\n\nCommands:\n";
   for (const auto& command : epfabric::epctl::Commands()) {
     out << "  " << command.name << std::string(14 - std::min<size_t>(13, command.name.size()), ' ') << command.summary
@@ -58,9 +66,26 @@ int UsageError(const std::string& message) {
 
 }  // namespace
 
+// The daemon's socket when neither --socket nor --address is given: $EPFABRIC_SOCKET, as the client library reads
+// it. A template for several ranks ("gpu{local_rank}.sock") names no one socket.
+absl::StatusOr<std::string> DefaultSocket() {
+  const char* env = std::getenv("EPFABRIC_SOCKET");
+  if (env == nullptr || *env == '\0') return std::string();
+  const std::string socket = env;
+  if (socket.find('{') != std::string::npos) {
+    return absl::InvalidArgumentError("EPFABRIC_SOCKET='" + socket +
+                                      "' is a template for several ranks; give --socket=PATH for one daemon");
+  }
+  return socket;
+}
+
 int main(int argc, char** argv) {
   auto args = epfabric::cli::ParseFlags(argc, argv);
   if (!args.ok()) return UsageError(std::string(args.status().message()));
+  if (absl::GetFlag(FLAGS_version)) {
+    std::cout << "epctl " << EPF_VERSION << "\n";
+    return epfabric::cli::kExitOk;
+  }
   if (args->positional.empty()) {
     if (args->help) {
       PrintUsage(std::cout);
@@ -83,6 +108,9 @@ int main(int argc, char** argv) {
   options.timeout_ms = absl::GetFlag(FLAGS_timeout_ms);
   options.json = absl::GetFlag(FLAGS_json);
   options.service = absl::GetFlag(FLAGS_service);
+  options.wait_ms = absl::GetFlag(FLAGS_wait_ms);
+  options.command = absl::GetFlag(FLAGS_command);
+  options.tls_target_name = absl::GetFlag(FLAGS_tls_target_name);
   options.group = absl::GetFlag(FLAGS_group);
   options.ranks = absl::GetFlag(FLAGS_ranks);
   options.nvl_bytes = absl::GetFlag(FLAGS_nvl_bytes);
@@ -103,6 +131,17 @@ int main(int argc, char** argv) {
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.fabric_secret_file = absl::GetFlag(FLAGS_fabric_secret_file);
   options.fabric_id = absl::GetFlag(FLAGS_fabric_id);
+  if (!epfabric::epctl::NeedsDaemon(command->name)) {
+    return command->run(options, nullptr, std::cout, std::cerr);
+  }
+  if (options.socket.empty() && options.address.empty()) {
+    auto socket = DefaultSocket();
+    if (!socket.ok()) return UsageError(std::string(socket.status().message()));
+    options.socket = *socket;
+  }
+  if (!options.tls_target_name.empty() && options.tls_ca.empty()) {
+    return UsageError("--tls_target_name: only with --tls_ca/--tls_cert/--tls_key");
+  }
   if (absl::Status valid = epfabric::epctl::ValidateGlobalOptions(options); !valid.ok()) {
     return UsageError(std::string(valid.message()));
   }
@@ -116,7 +155,9 @@ int main(int argc, char** argv) {
         *secret, options.fabric_id, epfabric::common::PeerProofClaim{epfabric::common::PeerRole::kOps, -1},
         epfabric::common::PeerAudience(options.address)));
   }
+  grpc::ChannelArguments channel_args;
+  if (!options.tls_target_name.empty()) channel_args.SetSslTargetNameOverride(options.tls_target_name);
   auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
-      epfabric::epctl::TargetOf(options), *credentials, grpc::ChannelArguments(), std::move(interceptors));
+      epfabric::epctl::TargetOf(options), *credentials, channel_args, std::move(interceptors));
   return command->run(options, channel, std::cout, std::cerr);
 }

@@ -135,6 +135,10 @@ std::string FormatStats(const v1::Stats& stats) {
 
 int RunGroups(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>& channel, std::ostream& out,
               std::ostream& err) {
+  if (!options.address.empty()) {
+    err << ControlOnlyOnSocket("groups") << "\n";
+    return 2;
+  }
   auto stub = v1::Control::NewStub(channel);
   grpc::ClientContext context;
   SetDeadline(context, options);
@@ -159,7 +163,7 @@ int RunLeases(const GlobalOptions& options, const std::shared_ptr<grpc::Channel>
     err << RpcError("ListClients", options, status) << "\n";
     return 1;
   }
-  out << (options.json ? ToJson(response) : FormatLeases(response, std::time(nullptr)));
+  out << (options.json ? ToJson(response, OmittedFor("leases")) : FormatLeases(response, std::time(nullptr)));
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -119,8 +120,44 @@ absl::Status Leases::EndLease(const std::string& lease_id, const std::string& re
     group = lease->info.group();
     rank = lease->info.rank();
   }
-  FinishEnding(lease_id, group, rank, reason);
+  // The other members stop waiting for this rank now; the zeroing follows on the cleaner thread.
+  if (observer_) observer_(group, rank, /*attached=*/false);
+  FinishEndingLater(lease_id, group, rank, reason);
   return absl::OkStatus();
+}
+
+Leases::~Leases() {
+  std::thread cleaner;
+  {
+    absl::MutexLock lock(&cleaner_mutex_);
+    cleaner_stopping_ = true;
+    cleaner = std::move(cleaner_);
+  }
+  if (cleaner.joinable()) cleaner.join();
+}
+
+void Leases::FinishEndingLater(std::string lease_id, std::string group, int rank, std::string why) {
+  absl::MutexLock lock(&cleaner_mutex_);
+  cleaner_queue_.push_back({std::move(lease_id), std::move(group), rank, std::move(why)});
+  if (!cleaner_.joinable() && !cleaner_stopping_) cleaner_ = std::thread([this] { CleanerLoop(); });
+}
+
+void Leases::CleanerLoop() {
+  while (true) {
+    PendingEnding next;
+    {
+      absl::MutexLock lock(&cleaner_mutex_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cleaner_mutex_) {
+        return cleaner_stopping_ || !cleaner_queue_.empty();
+      };
+      cleaner_mutex_.Await(absl::Condition(&ready));
+      // Drains the queue before stopping: an ending lease must not stay `ending` (Attach and ReleaseGroup wait).
+      if (cleaner_queue_.empty()) return;
+      next = std::move(cleaner_queue_.front());
+      cleaner_queue_.pop_front();
+    }
+    ZeroAndRemove(next.lease_id, next.group, next.rank, next.why);
+  }
 }
 
 void Leases::ExpireLeases(absl::Time now) {
@@ -143,6 +180,10 @@ void Leases::ExpireLeases(absl::Time now) {
 void Leases::FinishEnding(const std::string& lease_id, const std::string& group, int rank, const std::string& why) {
   // First, so that the survivors' waits end while this rank's regions are still being zeroed.
   if (observer_) observer_(group, rank, /*attached=*/false);
+  ZeroAndRemove(lease_id, group, rank, why);
+}
+
+void Leases::ZeroAndRemove(const std::string& lease_id, const std::string& group, int rank, const std::string& why) {
   {
     // A whole region is zeroed (cudaMemsetAsync + synchronise, or a memset of shared memory): no lock is held. The
     // references are dropped before the lease goes, so that ReleaseGroup (which waits for it) frees the memory.

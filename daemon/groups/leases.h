@@ -2,16 +2,22 @@
 // Detach, on expiry, when the fd side-channel connection that holds it closes, or when its group is released.
 // When it ends (other than by release) the rank's regions are zeroed before anyone can attach to that rank again.
 //
-// Locking: `mutex_` guards the leases. Lock order: Leases::mutex_ before LocalGroups::mutex_ (Attach, KeepAlive and
-// ReleaseGroup read or change the groups while holding it; LocalGroups never calls back). Regions are zeroed and
-// freed outside both: an ending lease stays in the map, marked `ending`, until its regions are zeroed, so that an
-// Attach of the same rank waits for it (and lookups by lease id no longer see it).
+// Detach and a closed side channel end a lease at once and leave the zeroing to the cleaner thread: the caller does
+// not wait for a whole region to be cleared (an Attach of that rank does, and so does ReleaseGroup).
+//
+// Locking: `mutex_` guards the leases; `cleaner_mutex_` the cleaner's queue (never held with another lock). Lock order:
+// Leases::mutex_ before LocalGroups::mutex_ (Attach, KeepAlive and ReleaseGroup read or change the groups while holding
+// it; LocalGroups never calls back). Regions are zeroed and freed outside both: an ending lease stays in the map,
+// marked `ending`, until its regions are zeroed, so that an Attach of the same rank waits for it (and lookups by lease
+// id no longer see it).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -45,6 +51,10 @@ class Leases {
  public:
   Leases(fabric::Membership* membership, LocalGroups* local, LeaseLimits limits)
       : membership_(membership), local_(local), limits_(limits) {}
+  // Finishes the endings still queued for the cleaner (their regions are zeroed), then stops it.
+  ~Leases();
+  Leases(const Leases&) = delete;
+  Leases& operator=(const Leases&) = delete;
 
   // Told, outside every lock, when a client attached to a rank of a group (`attached`) or its lease starts ending
   // (before its regions are zeroed), so that the other members stop waiting for that rank (issue #14). Set it once,
@@ -63,7 +73,8 @@ class Leases {
       ABSL_LOCKS_EXCLUDED(mutex_);
   // Ends leases whose TTL passed (cleaning their regions). Called periodically.
   void ExpireLeases(absl::Time now) ABSL_LOCKS_EXCLUDED(mutex_);
-  // Ends the lease as Detach does (regions zeroed), logging `reason`; NotFound when it is not live (any more).
+  // Ends the lease as Detach does, logging `reason`; NotFound when it is not live (any more). Returns once the lease
+  // is no longer live; its regions are zeroed by the cleaner thread, before the rank can be attached again.
   absl::Status EndLease(const std::string& lease_id, const std::string& reason) ABSL_LOCKS_EXCLUDED(mutex_);
   // The live lease `lease_id` (group, rank, pid and uid of the process that attached); NotFound otherwise.
   absl::StatusOr<v1::ClientInfo> LeaseInfo(const std::string& lease_id) const ABSL_LOCKS_EXCLUDED(mutex_);
@@ -98,6 +109,15 @@ class Leases {
   // outside every lock, then removes the lease and wakes those waiting for its rank.
   void FinishEnding(const std::string& lease_id, const std::string& group, int rank, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mutex_);
+  // FinishEnding without telling the observer (EndLease told it already): what the cleaner thread runs. It uses
+  // only this object and `local_`, so the destructor can drain the queue after the owner's later members are gone.
+  void ZeroAndRemove(const std::string& lease_id, const std::string& group, int rank, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mutex_);
+
+  // Hands ZeroAndRemove to the cleaner thread (started on first use).
+  void FinishEndingLater(std::string lease_id, std::string group, int rank, std::string why)
+      ABSL_LOCKS_EXCLUDED(cleaner_mutex_);
+  void CleanerLoop() ABSL_LOCKS_EXCLUDED(cleaner_mutex_);
 
   fabric::Membership* const membership_;
   LocalGroups* const local_;
@@ -107,6 +127,16 @@ class Leases {
   mutable absl::Mutex mutex_ ABSL_ACQUIRED_BEFORE(local_->mutex_);
   absl::CondVar ended_;                                          // signalled when an ending lease is removed
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mutex_);  // by lease id
+
+  struct PendingEnding {
+    std::string lease_id, group;
+    int rank = -1;
+    std::string why;
+  };
+  absl::Mutex cleaner_mutex_;
+  std::deque<PendingEnding> cleaner_queue_ ABSL_GUARDED_BY(cleaner_mutex_);
+  bool cleaner_stopping_ ABSL_GUARDED_BY(cleaner_mutex_) = false;
+  std::thread cleaner_ ABSL_GUARDED_BY(cleaner_mutex_);
 };
 
 }  // namespace epfabric::daemon::groups

@@ -2,9 +2,10 @@
 
 `Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode, ...)` takes a torch.distributed process group as
 DeepEP's does. Each process talks to the daemon at $EPFABRIC_SOCKET ("{local_rank}" and "{rank}" are filled in, for
-one daemon per GPU). Group rank 0 creates the EP group through its daemon over the daemons of every process (or uses
-$EPFABRIC_GROUP with the token in $EPFABRIC_TOKEN, for groups an operator made) and broadcasts the token over the
-process group; every rank attaches. docs/python.md lists where behaviour differs from DeepEP.
+one daemon per GPU; a comma-separated list names local rank i's socket at position i). Group rank 0 creates the EP
+group through its daemon over the daemons of every process (or uses $EPFABRIC_GROUP with the token in
+$EPFABRIC_TOKEN, for groups an operator made) and broadcasts the token over the process group; every rank attaches.
+docs/python.md lists where behaviour differs from DeepEP.
 """
 import atexit
 import ctypes
@@ -49,6 +50,11 @@ def _socket_path(rank):
         local_rank = torch.cuda.current_device()
     else:
         local_rank = rank
+    if "," in template:  # one socket per local rank, in order (what epfabric's device plugin hands a container)
+        sockets = template.split(",")
+        if local_rank >= len(sockets):
+            raise RuntimeError(f"EPFABRIC_SOCKET lists {len(sockets)} sockets; local rank {local_rank} has none")
+        return sockets[local_rank]
     return template.format(local_rank=local_rank, rank=rank)
 
 
@@ -122,7 +128,27 @@ def _global_rank(group, group_rank):
     return get(group, group_rank)
 
 
+def _check_one_daemon_per_rank(fabric_ranks):
+    """Each process of the group needs its own daemon (one per GPU): several processes that reach the same daemon
+    mean that $EPFABRIC_SOCKET names one socket for all of them."""
+    shared = {}
+    for group_rank, fabric_rank in enumerate(fabric_ranks):
+        shared.setdefault(fabric_rank, []).append(group_rank)
+    for fabric_rank, group_ranks in shared.items():
+        if len(group_ranks) > 1:
+            template = os.environ.get("EPFABRIC_SOCKET", "")
+            hint = ("it has no {local_rank}: write e.g. /run/epfabric/gpu{local_rank}.sock, one daemon per GPU"
+                    if "{local_rank}" not in template and "{rank}" not in template else
+                    "its {local_rank}/{rank} resolves to one daemon for them (check LOCAL_RANK and each daemon's "
+                    "--rank)")
+            raise RuntimeError(f"epfabric: group ranks {group_ranks} all reach the daemon of fabric rank {fabric_rank} "
+                               f"through EPFABRIC_SOCKET={template!r}; {hint}")
+
+
 _CREATED = weakref.WeakSet()
+# (socket, name, token) of every group this process created and has not deleted yet, by name: kept after its Buffer
+# is collected, so that the exit handler deletes it even then.
+_OWNED_GROUPS = {}
 
 
 class Buffer(_buffer.Buffer):
@@ -142,6 +168,10 @@ class Buffer(_buffer.Buffer):
     def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
                  allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, use_fabric=False,
                  explicitly_destroy=False, enable_shrink=False, comm=None):
+        if group is None:
+            raise NotImplementedError("epfabric.deep_ep.Buffer needs a torch.distributed process group: DeepEP's MPI "
+                                      "path (group=None, comm=...) is not supported; pass the process group "
+                                      "(e.g. dist.new_group(ranks)) instead")
         self.group = group
         self.explicitly_destroy = explicitly_destroy
         self._owns_group = None
@@ -150,6 +180,7 @@ class Buffer(_buffer.Buffer):
         members = [None] * size  # (fabric rank, host id) of each group rank's daemon
         dist.all_gather_object(members, (client.daemon_info().fabric_rank, client.host_id()), group=group)
         fabric_ranks = [fabric_rank for fabric_rank, _ in members]
+        _check_one_daemon_per_rank(fabric_ranks)
         named = os.environ.get("EPFABRIC_GROUP")
         shared = [None]
         if rank == 0:
@@ -180,6 +211,7 @@ class Buffer(_buffer.Buffer):
                                f"for low_latency_mode={low_latency_mode}")
         if self._owns_group is not None:
             _CREATED.add(self)
+            _OWNED_GROUPS[name] = self._owns_group
         dist.barrier(group=group)
 
     def _sync_ranks(self) -> bool:
@@ -226,14 +258,23 @@ class Buffer(_buffer.Buffer):
             return
         socket, name, token = self._owns_group
         self._owns_group = None
+        _OWNED_GROUPS.pop(name, None)
         Client(socket).delete_group(name, token)
 
 
 @atexit.register
 def _delete_created_groups():
+    """At interpreter exit, rank 0 deletes the groups it created, whether or not its own Detach succeeded (a Detach
+    that timed out must not leave the group's memory on every daemon)."""
     for buffer in list(_CREATED):
         try:
             buffer._release()
-            buffer._delete_group()
+        except Exception:  # a Detach that failed or timed out: the lease ends with the connection or the group
+            pass
+    # Also the groups whose Buffer was collected before exit (its Detach ran then).
+    for socket, name, token in list(_OWNED_GROUPS.values()):
+        _OWNED_GROUPS.pop(name, None)
+        try:
+            Client(socket).delete_group(name, token)
         except Exception:  # the daemon may be gone already; the group then went with it
             pass

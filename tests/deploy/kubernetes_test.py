@@ -24,8 +24,22 @@ import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KUBE = os.path.join(ROOT, "deploy", "kubernetes")
-OVERLAYS = ["sidecar", "per-node", "multi-node"]
+OVERLAYS = ["sidecar", "single-pod", "per-node", "multi-node"]
 failures = []
+
+
+def library_env():
+    """The EPFABRIC_* variables that the library, the Python package and the tools read."""
+    names = set()
+    for folder in ("python/epfabric", "client", "tools"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in files:
+                if name.endswith((".py", ".cc", ".h")):
+                    names |= set(re.findall(r"\b(EPFABRIC_[A-Z_]+)\b", open(os.path.join(dirpath, name)).read()))
+    return names
+
+
+LIBRARY_ENV = library_env()
 
 
 def fail(where, message):
@@ -69,6 +83,9 @@ def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     for c in containers:
         cw = f"{where} container {c['name']}"
+        for item in c.get("env", []):
+            if item["name"].startswith("EPFABRIC_") and item["name"] not in LIBRARY_ENV:
+                fail(cw, f"env {item['name']}: nothing in python/epfabric, client/ or tools/ reads it")
         sc = c.get("securityContext") or {}
         if sc.get("privileged"):
             fail(cw, "privileged")
@@ -92,9 +109,11 @@ def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
         socket_dir = os.path.dirname(socket)
         if socket_dir not in mounts:
             fail(cw, f"the socket directory {socket_dir} is not a mounted volume")
-        if not (flag_values(args, "fabric_secret_file") or flag_values(args, "tls_cert") or
-                "--insecure_peer_port" in args):
-            fail(cw, "no peer credential (--fabric_secret_file, --tls_* or --insecure_peer_port)")
+        # Off loopback the peer port needs mutual TLS (or the test-only --insecure_peer_port); on loopback a daemon
+        # makes its own credential when none is named (docs/security.md, "A first run").
+        off_loopback = [v for v in flag_values(args, "peer_listen") if not v.startswith(("127.", "localhost:", "[::1]"))]
+        if off_loopback and not (flag_values(args, "tls_cert") or "--insecure_peer_port" in args):
+            fail(cw, f"--peer_listen={off_loopback[0]} without --tls_* (or --insecure_peer_port)")
         for secret in flag_values(args, "fabric_secret_file"):
             if os.path.dirname(secret) not in mounts:
                 fail(cw, f"{secret} is not on a mounted volume")

@@ -164,6 +164,36 @@ TEST(Daemon, ReflectionListsServices) {
               IsSupersetOf({"epfabric.v1.Peer", "epfabric.v1.Ops"}));
 }
 
+// grpcurl's `describe grpc.health.v1.Health`: the daemon's reflection finds the file that defines the health service
+// (gRPC's own health service carries no descriptor; the daemon registers ours), and its health checks are counted
+// under that service in epfabric_rpcs_total.
+TEST(Daemon, ReflectionDescribesTheHealthServiceAndMetricsCountIt) {
+  auto daemon = DaemonUnderTest::Start({"--metrics_listen=127.0.0.1:0"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub((*daemon)->SocketChannel());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto stream = stub->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  request.set_file_containing_symbol("grpc.health.v1.Health");
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_FALSE(response.has_error_response()) << response.error_response().error_message();
+  ASSERT_GE(response.file_descriptor_response().file_descriptor_proto_size(), 1);
+  EXPECT_NE(response.file_descriptor_response().file_descriptor_proto(0).find("grpc/health/v1/health.proto"),
+            std::string::npos);
+  (void)stream->Finish();
+
+  ASSERT_TRUE(CheckHealth((*daemon)->SocketChannel(), "").ok());
+  RunResult stats = RunBinary({EpctlBinary(), "--socket=" + (*daemon)->socket(), "stats"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_THAT(stats.out, ::testing::ContainsRegex("epfabric_rpcs_total [^\n]*method=Check[^\n]*"
+                                                  "service=grpc.health.v1.Health"));
+  EXPECT_THAT(stats.out, ::testing::Not(::testing::HasSubstr("service=unknown")));
+}
+
 TEST(Daemon, BadRequestIsRefusedAndTheDaemonKeepsServing) {
   auto daemon = DaemonUnderTest::Start();
   ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -353,7 +383,9 @@ TEST(Epctl, UsageErrorsExitTwo) {
   EXPECT_EQ(unknown.err, "epctl: unknown command 'frobnicate' (see epctl --help)\n");
   RunResult both = RunBinary({EpctlBinary(), "--socket=/x", "--address=127.0.0.1:1", "health"});
   EXPECT_EQ(both.exit_code, 2);
-  EXPECT_EQ(both.err, "epctl: give exactly one of --socket=PATH and --address=HOST:PORT\n");
+  EXPECT_EQ(both.err,
+            "epctl: give exactly one of --socket=PATH and --address=HOST:PORT (or set EPFABRIC_SOCKET to the daemon's "
+            "socket)\n");
   RunResult neither = RunBinary({EpctlBinary(), "topology"});
   EXPECT_EQ(neither.exit_code, 2);
 }

@@ -271,17 +271,19 @@ TEST(PeerAuth, OpsToolingReadsThePeerPortWithTheSecretAndSeesNoLeaseIds) {
   EXPECT_THAT(without.err, HasSubstr("no fabric credential"));
 }
 
-TEST(PeerAuth, DaemonRefusesToStartWithoutAPeerCredential) {
+// On loopback a daemon makes its own credential (docs/security.md, "A first run"); off loopback it needs TLS.
+TEST(PeerAuth, DaemonRefusesAPeerPortOffLoopbackWithoutTlsAndAnOpenSecret) {
   const std::string dir = MakeTempDir();
-  RunResult result = RunBinary({DaemonBinary(), "--client_socket=" + dir + "/d.sock"});
+  RunResult result = RunBinary({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--peer_listen=0.0.0.0:0"});
   EXPECT_EQ(result.exit_code, 2);
-  EXPECT_THAT(result.err, HasSubstr("--peer_listen: the peer port needs a credential"));
+  EXPECT_THAT(result.err, HasSubstr("--peer_listen: '0.0.0.0' is not a loopback address"));
   const std::string open = dir + "/open.secret";
   std::ofstream(open) << "a-secret-that-others-can-read\n";
   std::filesystem::permissions(open, std::filesystem::perms::owner_read | std::filesystem::perms::others_read);
   result = RunBinary({DaemonBinary(), "--client_socket=" + dir + "/d.sock", "--fabric_secret_file=" + open});
   EXPECT_EQ(result.exit_code, 2);
-  EXPECT_THAT(result.err, HasSubstr("must not be readable or writable by group or others"));
+  EXPECT_THAT(result.err,
+              HasSubstr("has mode 0404; a fabric secret must not be readable or writable by group or others"));
   std::filesystem::remove_all(dir);
 }
 

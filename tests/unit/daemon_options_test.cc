@@ -33,14 +33,17 @@ DaemonOptions Valid() {
 
 TEST(ValidateOptions, DefaultsWithASocketAreValid) { EXPECT_TRUE(ValidateOptions(Valid()).ok()); }
 
-TEST(ValidateOptions, ThePeerPortNeedsACredential) {
+// On loopback the daemon makes its own credential (security/host_secret.h); off loopback one must be named.
+TEST(ValidateOptions, ALoopbackPeerPortNeedsNoHandMadeCredential) {
   DaemonOptions o = Valid();
   o.fabric_secret_file.clear();
-  EXPECT_EQ(ValidateOptions(o).message(),
-            "--peer_listen: the peer port needs a credential: --fabric_secret_file (single host, loopback) or "
-            "--tls_cert/--tls_key/--tls_ca (mutual TLS); --insecure_peer_port serves it without one (tests)");
-  o.insecure_peer_port = true;
   EXPECT_TRUE(ValidateOptions(o).ok());
+  o.world_size = 2;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.peer_listen = "10.0.0.1:7000";
+  EXPECT_EQ(ValidateOptions(o).message(),
+            "--peer_listen: '10.0.0.1' is not a loopback address; give --tls_cert/--tls_key/--tls_ca for mutual TLS, "
+            "or --insecure_peer_port to listen without it");
 }
 
 TEST(ValidateOptions, MultiRankNeedsACoordinator) {

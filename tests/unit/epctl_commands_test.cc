@@ -154,3 +154,64 @@ TEST(CreateGroupRequestFrom, ParsesAndNamesBadFlags) {
 
 }  // namespace
 }  // namespace epfabric::epctl
+
+namespace epfabric::epctl {
+namespace {
+
+// The --json contract (json_contract.h): .proto order, every field, proto3 JSON values, sorted map keys, omissions.
+TEST(ContractJson, FieldsInProtoOrderWithMappingValuesAndSortedMaps) {
+  v1::Stats stats;
+  stats.set_uptime_seconds(12);
+  (*stats.mutable_counters())["z"] = 1;
+  (*stats.mutable_counters())["a\"b"] = 18446744073709551615u;
+  v1::MetricSample* sample = stats.add_samples();
+  sample->set_name("epfabric_rpcs_total");
+  (*sample->mutable_labels())["service"] = "s";
+  (*sample->mutable_labels())["code"] = "OK";
+  sample->set_value(0.5);
+  EXPECT_EQ(ContractJson(stats),
+            "{\n"
+            "  \"uptime_seconds\": \"12\",\n"
+            "  \"counters\": {\n"
+            "    \"a\\\"b\": \"18446744073709551615\",\n"
+            "    \"z\": \"1\"\n"
+            "  },\n"
+            "  \"samples\": [\n"
+            "    {\n"
+            "      \"name\": \"epfabric_rpcs_total\",\n"
+            "      \"labels\": {\n"
+            "        \"code\": \"OK\",\n"
+            "        \"service\": \"s\"\n"
+            "      },\n"
+            "      \"value\": 0.5,\n"
+            "      \"type\": \"\"\n"
+            "    }\n"
+            "  ]\n"
+            "}");
+}
+
+TEST(ContractJson, UnsetMessagesArePrintedWholeAndOmittedFieldsAreNot) {
+  v1::ListClientsResponse clients;
+  clients.add_clients()->set_group("g");
+  const std::string json = ContractJson(clients, OmittedFor("leases"));
+  EXPECT_EQ(json.find("lease_id"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"group\": \"g\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pid\": \"0\""), std::string::npos) << json;
+  const std::string schema = ContractSchema(v1::ListClientsResponse::descriptor(), "t", OmittedFor("leases"));
+  EXPECT_EQ(schema.find("lease_id"), std::string::npos);
+  EXPECT_NE(schema.find("\"additionalProperties\": false"), std::string::npos);
+  v1::CreateGroupResponse created;  // group unset: still an object with every key
+  EXPECT_NE(ContractJson(created).find("\"group\": {\n    \"name\": \"\""), std::string::npos) << ContractJson(created);
+}
+
+TEST(ContractJson, EveryCommandWithJsonHasADocument) {
+  for (const Command& command : Commands()) {
+    if (command.name == "schema") continue;
+    bool found = false;
+    for (const JsonDocument& document : JsonDocuments()) found = found || document.command == command.name;
+    EXPECT_TRUE(found) << command.name;
+  }
+}
+
+}  // namespace
+}  // namespace epfabric::epctl
