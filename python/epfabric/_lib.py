@@ -107,6 +107,7 @@ class AllocatorCallbacks(ctypes.Structure):  # epf_allocator
     _fields_ = [("struct_size", ctypes.c_uint32), ("alloc", ALLOC_FN), ("free_fn", FREE_FN), ("ctx", ctypes.c_void_p),
                 ("alloc_tensor", ALLOC_TENSOR_FN)]
 
+
 class BufferOptions(ctypes.Structure):  # epf_buffer_options
     _fields_ = [("struct_size", ctypes.c_uint32), ("low_latency_issue", ctypes.c_int32),
                 ("enable_shrink", ctypes.c_int32)]
