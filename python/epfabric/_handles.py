@@ -33,8 +33,6 @@ class UnavailableField:
 
 
 _NOT_EXPOSED = "the C library keeps it inside its dispatch handle and does not export it"
-_PREFIX_REASON = ("it needs every rank's num_tokens_per_rank, which the C library does not export; "
-                  "epfabric.deep_ep.Buffer computes it with EPFABRIC_RANK_PREFIX_MATRIX=gather")
 _INTRANODE_FIELDS = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
                      "is_token_in_rank", "send_head")
 _INTERNODE_FIELDS = ("is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
@@ -51,7 +49,7 @@ class DispatchHandle(tuple):
     rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum,
     recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head).
     is_token_in_rank is the dispatch's tensor; rank_prefix_matrix is DeepEP's int32 [num_ranks, num_ranks]
-    (`[i][j]` = tokens ranks 0..i send to rank j) where the Buffer can compute it; every other field is an
+    (`[i][j]` = tokens ranks 0..i send to rank j, the library's own, on the Buffer's device); every other field is an
     UnavailableField (docs/python.md).
 
     Attributes:
@@ -66,7 +64,7 @@ class DispatchHandle(tuple):
         for name in (_INTERNODE_FIELDS if internode else _INTRANODE_FIELDS):
             value = known.get(name)
             if value is None:
-                value = UnavailableField(name, _PREFIX_REASON if name == "rank_prefix_matrix" else _NOT_EXPOSED)
+                value = UnavailableField(name, _NOT_EXPOSED)
             fields.append(value)
         self = super().__new__(cls, fields)
         self._c = c_handle

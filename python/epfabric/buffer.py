@@ -300,18 +300,6 @@ class Buffer(NormalMixin, LowLatencyMixin):
              ctypes.byref(options), ctypes.byref(cbuf))
         return cbuf
 
-    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
-        """DeepEP's rank_prefix_matrix for a dispatch's handle, or None where it cannot be computed: it needs every
-        rank's num_tokens_per_rank, which the C library does not export (epfabric.deep_ep.Buffer can gather them).
-
-        Arguments:
-            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
-
-        Returns:
-            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int`, or None.
-        """
-        return None
-
     def _sync_ranks(self) -> bool:
         """Waits until every rank of the group has reached this point with nothing of the group in flight (the
         replacement of a C Buffer, see _renew). epfabric.Buffer has no channel between its ranks but the library's

@@ -39,11 +39,6 @@ __version__ = "2.1.0+epfabric"
 # The dtype of top-k expert indices (DeepEP's topk_idx_t).
 topk_idx_t = torch.int64
 
-# "gather": every normal dispatch's handle carries DeepEP's rank_prefix_matrix, from an all-gather of
-# num_tokens_per_rank over the process group (a collective and a host wait per dispatch); anything else: it is an
-# UnavailableField (the C library does not export it).
-_PREFIX_MATRIX_ENV = "EPFABRIC_RANK_PREFIX_MATRIX"
-
 
 def _socket_path(rank: int) -> str:
     template = os.environ.get("EPFABRIC_SOCKET")
@@ -213,24 +208,6 @@ class Buffer(_buffer.Buffer):
             torch.cuda.synchronize(self.device)
         self._collectives.barrier()
         return True
-
-    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
-        """DeepEP's rank_prefix_matrix (`[i][j]` = tokens ranks 0..i send to rank j) with EPFABRIC_RANK_PREFIX_MATRIX
-        =gather: every rank's num_tokens_per_rank gathered over the process group, then summed over source ranks.
-        That is a collective (and a host wait) per dispatch, so it is off unless asked for; every rank must then
-        dispatch the same calls (as DeepEP's callers do).
-
-        Arguments:
-            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
-
-        Returns:
-            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int` on this Buffer's device, or None (not asked
-                for, or a group across hosts, whose handle has no such field).
-        """
-        if os.environ.get(_PREFIX_MATRIX_ENV) != "gather" or self.group_size != self.num_nvl_ranks:
-            return None
-        rows = self._collectives.all_gather_tensor(num_tokens_per_rank.to(torch.int32))
-        return torch.stack(rows).cumsum(0, dtype=torch.int32).to(self.device)
 
     def destroy(self) -> None:
         """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""

@@ -12,7 +12,7 @@ from ._calls import (_BF16, _BOOL, _CA_BIAS_0, _CA_BIAS_1, _CA_W, _CA_X, _COMBIN
                      _SCALES)
 from ._handles import DispatchHandle
 from ._sizing import _config, _count, _max_tokens, required_group_bytes
-from ._lib import lib
+from ._lib import call, lib
 from ._tensors import put
 from .utils import Config, EventOverlap
 
@@ -167,7 +167,7 @@ class NormalMixin:
             self._alloc.end_call()
         if handle is None:
             new_handle = DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens, hidden,
-                                        topk, is_token_in_rank, self._rank_prefix_matrix(num_tokens_per_rank),
+                                        topk, is_token_in_rank, self._handle_prefix_matrix(result.handle),
                                         self.group_size != self.num_nvl_ranks, self._normal_serial)
             per_expert = calls.counts[:min(result.num_local_experts, _MAX_LOCAL_EXPERTS)]
         else:  # the cached handle stays the handle; DeepEP's cached dispatch returns only the rows
@@ -251,6 +251,15 @@ class NormalMixin:
         return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
                             allocate_on_comm_stream)
 
+    def _handle_prefix_matrix(self, c_handle: int) -> Optional[torch.Tensor]:
+        """DeepEP's rank_prefix_matrix of a dispatch within one host (int32 [num_ranks, num_ranks], the handle's
+        memory, written by the dispatch in stream order); None across hosts, whose DeepEP handle has none."""
+        if self.group_size != self.num_nvl_ranks:
+            return None
+        d = _lib.Tensor()
+        call("epf_dispatch_handle_rank_prefix_matrix", ctypes.c_void_p(c_handle), ctypes.byref(d))
+        return self._alloc.wrap(d)
+
     def _release_layout(self) -> None:
         if self._last_layout is not None:
             lib.epf_layout_release(ctypes.byref(self._last_layout[0]))
@@ -281,31 +290,33 @@ class NormalMixin:
     def _ensure_normal(self, hidden: int, topk: int, num_experts: int, num_tokens: int,
                        config: Optional[Config]) -> None:
         """Makes sure the normal-mode C Buffer serves a dispatch of this shape: the one there when it does (hidden and
-        top-k up to its own, the same experts and SMs, tokens up to what it holds), else a new one (_renew) for a shape
-        that covers both (the larger hidden size and top-k) when the group's regions hold it with `num_tokens` tokens
-        per rank, else for this call's shape alone.
+        top-k up to its own, the same experts, tokens up to what it holds), else a new one (_renew) for a shape that
+        covers both (the larger hidden size and top-k) when the group's regions hold it with `num_tokens` tokens per
+        rank, else for this call's shape alone. The SM count (channels) is fixed when a C Buffer is made: a call whose
+        Config asks for another count runs on the C Buffer there (DeepEP's callers tune num_sms call by call; making a
+        C Buffer synchronizes every rank).
 
         Arguments:
             hidden: the call's hidden size.
             topk: the call's top-k (1 without top-k).
             num_experts: the call's number of experts.
             num_tokens: the call's tokens.
-            config: the call's Config (its num_sms), or None for the Buffer's.
+            config: the call's Config (its num_sms for a new C Buffer), or None for the Buffer's.
 
         Raises:
             ValueError: the group's regions hold no C Buffer for this call, saying the bytes it needs and the bytes the
                 group has.
         """
-        num_sms = config.num_sms if config is not None else (self._num_sms or type(self).num_sms)
-        key = (hidden, topk, num_experts, num_sms)
+        key = (hidden, topk, num_experts)
         cfg = self._cfg
         if cfg is not None:
             if key == self._normal_key and num_tokens <= cfg["max_tokens"]:  # as the last call: checked then
                 return
             if (hidden <= cfg["hidden"] and topk <= cfg["topk"] and num_experts == cfg["num_experts"]
-                    and num_sms == cfg["num_sms"] and num_tokens <= cfg["max_tokens"]):
+                    and num_tokens <= cfg["max_tokens"]):
                 self._normal_key = key
                 return
+        num_sms = config.num_sms if config is not None else (self._num_sms or type(self).num_sms)
         candidates = [(hidden, max(topk, 1))]
         if cfg is not None:
             candidates.insert(0, (max(hidden, cfg["hidden"]), max(topk, cfg["topk"])))

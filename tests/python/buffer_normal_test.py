@@ -294,6 +294,9 @@ class PerCallShapeTest(FabricCase):
             out["second"] = dict(b._cfg)
             out["recv"] = (recv_x, recv_idx, recv_w, counts)
             out["combined"] = b.combine(recv_x, handle)[0]
+            # DeepEP's callers tune num_sms call by call: another Config runs on the C Buffer there (not replaced)
+            tuned = b.dispatch(x, **layout, topk_idx=idx, topk_weights=w, config=epfabric.Config(num_sms=8))
+            out["tuned"] = (tuned[:4], b._normal_serial, b.combine(tuned[0], tuned[4], config=epfabric.Config(4))[0])
             with self.assertRaisesRegex(ValueError, "dispatch again"):  # its C Buffer was replaced
                 b.combine(no_topk[0], no_topk[4])
             out["handle"] = (handle[0], handle[4] is in_rank, len(handle))
@@ -314,6 +317,10 @@ class PerCallShapeTest(FabricCase):
             self.assertEqual(out["serial"], 2, "the call that did not fit replaced nothing")
             NormalModeTest.check_dispatch(self, r, ins, *out["recv"])
             NormalModeTest.check_dispatch(self, r, ins, *out["again"])
+            tuned, serial, tuned_combined = out["tuned"]
+            NormalModeTest.check_dispatch(self, r, ins, *tuned)
+            self.assertEqual(serial, 2, "a call with another Config.num_sms replaced the C Buffer")
+            self.assertTrue(torch.equal(tuned_combined, out["combined"]), f"rank {r}: combine after a tuned dispatch")
             x, idx, _ = ins[r]
             ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, True)
             torch.testing.assert_close(out["combined"].float(), x.float() * ranks, rtol=2 ** -7, atol=1e-2)
@@ -322,11 +329,11 @@ class PerCallShapeTest(FabricCase):
             prefix, same_in_rank, length = out["handle"]
             self.assertEqual(length, 6, "DeepEP's intranode handle has six fields")
             self.assertTrue(same_in_rank, "handle[4] is the dispatch's is_token_in_rank")
-            # epfabric.Buffer has no way to gather the other ranks' counts: rank_prefix_matrix says so
-            self.assertIsInstance(prefix, epfabric.UnavailableField)
-            self.assertIn("EPFABRIC_RANK_PREFIX_MATRIX", repr(prefix))
-            with self.assertRaisesRegex(NotImplementedError, "rank_prefix_matrix"):
-                prefix[0]
+            # DeepEP's rank_prefix_matrix: [i][j] = tokens ranks 0..i send to rank j
+            sent = torch.stack([torch.stack([((ids >= d * L) & (ids < (d + 1) * L)).any(1).sum() for d in range(N)])
+                                for _, ids, _ in ins]).to(torch.int32)
+            self.assertEqual(prefix.dtype, torch.int32)
+            self.assertTrue(torch.equal(prefix.cpu(), sent.cumsum(0, dtype=torch.int32)), f"rank {r}: {prefix}")
 
 
 if __name__ == "__main__":
