@@ -5,7 +5,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ._elastic_layout import align
+from ._words import align
 
 _ALIGNMENT = 2 << 20  # DeepEP 2's buffer sizes are multiples of 2 MiB
 

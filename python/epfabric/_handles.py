@@ -49,8 +49,9 @@ class DispatchHandle(tuple):
     rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, recv_rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum,
     recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, recv_src_meta, send_rdma_head, send_nvl_head).
     is_token_in_rank is the dispatch's tensor; rank_prefix_matrix is DeepEP's int32 [num_ranks, num_ranks]
-    (`[i][j]` = tokens ranks 0..i send to rank j, the library's own, on the Buffer's device); every other field is an
-    UnavailableField (docs/python.md).
+    (`[i][j]` = tokens ranks 0..i send to rank j, the library's own, on the Buffer's device); across hosts the rows
+    come by source rank as DeepEP's and recv_gbl_rank_prefix_sum (`[num_ranks]` int32, rows from ranks 0..i) says
+    where each source's end; every other field is an UnavailableField (docs/python.md).
 
     Attributes:
         num_recv_tokens, num_tokens, hidden, topk: the dispatch's received rows, rows, hidden size and top-k.
@@ -58,8 +59,10 @@ class DispatchHandle(tuple):
 
     def __new__(cls, c_handle: ctypes.c_void_p, num_recv_tokens: int, num_tokens: int, hidden: int, topk: int,
                 is_token_in_rank: Optional[torch.Tensor] = None, rank_prefix_matrix: Optional[torch.Tensor] = None,
-                internode: bool = False, serial: int = 0):
-        known = {"is_token_in_rank": is_token_in_rank, "rank_prefix_matrix": rank_prefix_matrix}
+                internode: bool = False, serial: int = 0, recv_gbl_rank_prefix_sum: Optional[torch.Tensor] = None,
+                order: Optional[torch.Tensor] = None):
+        known = {"is_token_in_rank": is_token_in_rank, "rank_prefix_matrix": rank_prefix_matrix,
+                 "recv_gbl_rank_prefix_sum": recv_gbl_rank_prefix_sum}
         fields = []
         for name in (_INTERNODE_FIELDS if internode else _INTRANODE_FIELDS):
             value = known.get(name)
@@ -69,8 +72,26 @@ class DispatchHandle(tuple):
         self = super().__new__(cls, fields)
         self._c = c_handle
         self._serial = serial  # which C Buffer of its Buffer made it (Buffer._normal_serial)
+        # Across hosts: the library's received row of each of DeepEP's rows (by source rank), or None (same order).
+        self._order = order
         self.num_recv_tokens, self.num_tokens, self.hidden, self.topk = num_recv_tokens, num_tokens, hidden, topk
         return self
+
+    def in_deep_ep_order(self, recv_gbl_rank_prefix_sum: torch.Tensor, order: torch.Tensor) -> "DispatchHandle":
+        """This handle (across hosts) with DeepEP's recv_gbl_rank_prefix_sum and the rows' order; it takes over the
+        library's handle (this one then holds none).
+
+        Arguments:
+            recv_gbl_rank_prefix_sum: `[num_ranks]` with `torch.int`, rows received from ranks 0..i.
+            order: the library's received row of each row in DeepEP's order.
+
+        Returns:
+            handle: the new handle.
+        """
+        c_handle, self._c = self._c, None
+        fields = dict(zip(_INTERNODE_FIELDS, self))
+        return DispatchHandle(c_handle, self.num_recv_tokens, self.num_tokens, self.hidden, self.topk,
+                              fields["is_token_in_rank"], None, True, self._serial, recv_gbl_rank_prefix_sum, order)
 
     def __del__(self):
         if lib is not None and getattr(self, "_c", None):

@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Tuple, Union
 import torch
 
 from . import _elastic_layout as layout
+from . import _words as words
 from ._elastic_extras import ElasticExtrasMixin
 from ._elastic_handle import EPHandle
 from ._sizing import required_group_bytes
@@ -376,8 +377,8 @@ class ElasticBuffer(ElasticExtrasMixin):
             x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
             topk_idx=topk_idx, topk_weights=topk_weights, num_worst_tokens=worst)
         source = self.rank_idx * max_tokens + torch.arange(num_tokens, device=data.device, dtype=torch.int64)
-        recv_source = layout.decode_words(runtime.dispatch(layout.encode_words(source.unsqueeze(1)),
-                                                           handle=legacy)[0], 1)[:, 0]
+        sent = runtime.dispatch(words.encode_words(source.unsqueeze(1)), handle=legacy)[0]
+        recv_source = words.decode_words(sent, 1)[:, 0]
         valid = (recv_idx >= 0).any(1)
         order = torch.argsort(torch.where(valid, recv_source, torch.full_like(recv_source, 1 << 62)), stable=True)
         recv_x, recv_source, recv_idx, valid = recv_x, recv_source[order], recv_idx[order], valid[order]
@@ -406,7 +407,7 @@ class ElasticBuffer(ElasticExtrasMixin):
             if do_cpu_sync:
                 num_expanded = int(aligned.sum())
             else:
-                num_expanded = layout.align(rows * min(topk, num_local) + (alignment - 1) * num_local, alignment)
+                num_expanded = words.align(rows * min(topk, num_local) + (alignment - 1) * num_local, alignment)
         experts_per_rank = num_experts // self.num_ranks
         destination = torch.where(topk_idx >= 0, torch.div(topk_idx, experts_per_rank, rounding_mode="floor"),
                                   torch.full_like(topk_idx, -1)).to(torch.int32)
@@ -444,9 +445,9 @@ class ElasticBuffer(ElasticExtrasMixin):
         recv_x, recv_scales = (recv[0][order], recv[1][order]) if isinstance(recv, tuple) else (recv[order], None)
         recv_w = None
         if topk_weights is not None:
-            words = layout.encode_words(layout.float_words(topk_weights))
-            got = runtime.dispatch(words, handle=handle._legacy)[0][order]
-            recv_w = layout.words_float(layout.decode_words(got, topk_weights.shape[1]))
+            rows = words.encode_words(words.float_words(topk_weights))
+            got = runtime.dispatch(rows, handle=handle._legacy)[0][order]
+            recv_w = words.words_float(words.decode_words(got, topk_weights.shape[1]))
         return recv_x, recv_scales, recv_w
 
 
@@ -469,7 +470,7 @@ def buffer_size_hint(num_hosts: int, ranks_per_host: int, num_max_tokens_per_ran
     RDMA bytes normal mode needs (top-k 8 when 0, 256 experts rounded up to a multiple of the ranks, hidden at least
     the 8 columns of the emulation's side rows), 2 MiB-aligned."""
     ranks = num_hosts * ranks_per_host
-    experts = layout.align(256, ranks)
-    nvl, rdma = required_group_bytes(max(num_max_tokens_per_rank, 1), max(layout.align(hidden, 8), 8),
+    experts = words.align(256, ranks)
+    nvl, rdma = required_group_bytes(max(num_max_tokens_per_rank, 1), max(words.align(hidden, 8), 8),
                                      num_topk or 8, experts, False, num_hosts, ranks_per_host)
-    return layout.align(max(nvl, rdma), _ALIGNMENT)
+    return words.align(max(nvl, rdma), _ALIGNMENT)

@@ -6,6 +6,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 
 from . import _lib
+from . import _words as words
 from ._calls import (_BF16, _BOOL, _CA_BIAS_0, _CA_BIAS_1, _CA_W, _CA_X, _COMBINE, _CR_W, _CR_X, _DA_IDX, _DA_SCALES,
                      _DA_W, _DA_X, _DISPATCH, _DISPATCH_OUTPUTS, _F32, _FP8_DATA, _GET_LAYOUT, _I32, _I64,
                      _LA_IN_RANK, _LA_INVALID, _LA_PER_EXPERT, _LA_PER_RANK, _LAYOUT_OFFSETS, _MAX_LOCAL_EXPERTS,
@@ -38,7 +39,8 @@ class NormalMixin:
 
         Returns:
             num_tokens_per_rank: `[num_ranks]` with `torch.int`, the tokens this rank sends to each rank.
-            num_tokens_per_rdma_rank: None (the internode path derives it from the ranks' host ids).
+            num_tokens_per_rdma_rank: across hosts `[num_hosts]` with `torch.int`, the tokens this rank sends to each
+                host; None within one host (as DeepEP's).
             num_tokens_per_expert: `[num_experts]` with `torch.int`, the tokens this rank sends to each expert.
             is_token_in_rank: `[num_tokens, num_ranks]` with `torch.bool`, whether a token goes to a rank.
             event: the event after the call (with async_finish on cuda; else one that holds nothing).
@@ -53,7 +55,7 @@ class NormalMixin:
             # dispatch with this layout makes the new one): computed here, with torch.
             self._release_layout()
             per_rank, per_expert, in_rank = _torch_layout(topk_idx, num_experts, self.group_size)
-            return per_rank, None, per_expert, in_rank, self._event(async_finish)
+            return per_rank, self._per_host(in_rank), per_expert, in_rank, self._event(async_finish)
         layout = _lib.Layout()
         status = _GET_LAYOUT(self._cbuf, ctypes.byref(d), self._stream(), ctypes.byref(layout))
         try:
@@ -65,7 +67,7 @@ class NormalMixin:
             self._alloc.end_call()
         self._release_layout()
         self._last_layout = (layout, in_rank.data_ptr() if in_rank.numel() else None)
-        return per_rank, None, per_expert, in_rank, self._event(async_finish)
+        return per_rank, self._per_host(in_rank), per_expert, in_rank, self._event(async_finish)
 
     def dispatch(self, x: _Received, handle: Optional[DispatchHandle] = None,
                  num_tokens_per_rank: Optional[torch.Tensor] = None,
@@ -99,8 +101,8 @@ class NormalMixin:
             allocate_on_comm_stream: accepted; outputs are allocated on the current stream.
 
         Returns:
-            recv_x: the received rows, by source rank (within a host; across hosts by the source's index within its
-                host, then its host), as x: a tensor, or (data, scales) with the scales' dtype.
+            recv_x: the received rows, by source rank (as DeepEP's; across hosts the library's order is permuted
+                into it), as x: a tensor, or (data, scales) with the scales' dtype.
             recv_topk_idx: `[num_recv_tokens, num_topk]`, local expert indices, -1 for experts of other ranks
                 (None when cached).
             recv_topk_weights: the received weights (None when cached).
@@ -166,12 +168,22 @@ class NormalMixin:
         finally:
             self._alloc.end_call()
         if handle is None:
+            internode = self.group_size != self.num_nvl_ranks
             new_handle = DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens, hidden,
                                         topk, is_token_in_rank, self._handle_prefix_matrix(result.handle),
-                                        self.group_size != self.num_nvl_ranks, self._normal_serial)
+                                        internode, self._normal_serial)
             per_expert = calls.counts[:min(result.num_local_experts, _MAX_LOCAL_EXPERTS)]
+            if internode and recv_topk_idx is not None:
+                new_handle = self._deep_ep_order(new_handle, recv_topk_idx, num_tokens, data.device)
+                order = new_handle._order
+                recv_x, recv_topk_idx = recv_x[order], recv_topk_idx[order]
+                recv_scales = recv_scales[order] if recv_scales is not None else None
+                recv_topk_weights = recv_topk_weights[order] if recv_topk_weights is not None else None
         else:  # the cached handle stays the handle; DeepEP's cached dispatch returns only the rows
             lib.epf_dispatch_handle_destroy(ctypes.c_void_p(result.handle))
+            if handle._order is not None:
+                recv_x = recv_x[handle._order]
+                recv_scales = recv_scales[handle._order] if recv_scales is not None else None
             out_x = (recv_x, recv_scales) if fp8 else recv_x
             return out_x, None, None, None, None, self._event(async_finish)
         out_x = (recv_x, recv_scales) if fp8 else recv_x
@@ -203,6 +215,9 @@ class NormalMixin:
         if not isinstance(handle, DispatchHandle):
             raise TypeError("handle must be the DispatchHandle that dispatch returned")
         self._check_handle(handle, "combine")
+        if handle._order is not None:  # back to the library's received order
+            x = _unpermute(x, handle._order)
+            topk_weights = _unpermute(topk_weights, handle._order) if topk_weights is not None else None
         calls, dev, index = self._calls, self.device, self._dev_index
         args = calls.combine_args
         put(args, _CA_X, x, "x", _BF16, 2, dev, index)
@@ -250,6 +265,38 @@ class NormalMixin:
         """DeepEP's internode combine: the same call as combine. Arguments and returns: see combine."""
         return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
                             allocate_on_comm_stream)
+
+    def _per_host(self, is_token_in_rank: torch.Tensor) -> Optional[torch.Tensor]:
+        """DeepEP's num_tokens_per_rdma_rank: tokens that go to any rank of each host; None within one host."""
+        if self.group_size == self.num_nvl_ranks:
+            return None
+        hosts = self.group_size // self.num_nvl_ranks
+        return is_token_in_rank.view(-1, hosts, self.num_nvl_ranks).any(2).sum(0, dtype=torch.int32)
+
+    def _deep_ep_order(self, handle: DispatchHandle, recv_topk_idx: torch.Tensor, num_tokens: int,
+                       device: torch.device) -> DispatchHandle:
+        """DeepEP's order of the rows a dispatch across hosts received: by source rank, each source's rows in token
+        order (the library's internode path delivers them by the source's index within its host, then its host). A
+        cached dispatch of 8-column rows carrying this rank's index tells each received row's source; the rows past
+        the received ones (num_worst_tokens) stay last. Only device work: capturable into CUDA graphs.
+
+        Arguments:
+            handle: the dispatch's handle (its rows in the library's order).
+            recv_topk_idx: the dispatch's received top-k indices (-1 everywhere on padding rows).
+            num_tokens: the dispatch's tokens.
+            device: where they are.
+
+        Returns:
+            handle: the handle with recv_gbl_rank_prefix_sum and the order (it takes over the library's handle).
+        """
+        rows = words.encode_words(torch.full((num_tokens, 1), self.rank, dtype=torch.int64, device=device))
+        sources = words.decode_words(self.dispatch(rows, handle=handle)[0], 1)[:, 0]
+        valid = (recv_topk_idx >= 0).any(1)
+        sources = torch.where(valid, sources, torch.full_like(sources, self.group_size))
+        order = torch.argsort(sources, stable=True)
+        counts = torch.zeros(self.group_size + 1, dtype=torch.int32, device=device)
+        counts.scatter_add_(0, sources, torch.ones_like(sources, dtype=torch.int32))
+        return handle.in_deep_ep_order(torch.cumsum(counts[:self.group_size], 0, dtype=torch.int32), order)
 
     def _handle_prefix_matrix(self, c_handle: int) -> Optional[torch.Tensor]:
         """DeepEP's rank_prefix_matrix of a dispatch within one host (int32 [num_ranks, num_ranks], the handle's
@@ -345,6 +392,13 @@ class NormalMixin:
         if handle._serial != self._normal_serial:
             raise ValueError(f"{what}: this handle came from a dispatch before the Buffer was set up again for "
                              f"another shape ({self._cfg}); dispatch again and use the new handle")
+
+
+def _unpermute(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows in DeepEP's order back in the library's (the inverse of rows = library_rows[order])."""
+    out = torch.empty_like(rows)
+    out[order] = rows
+    return out
 
 
 def _torch_layout(topk_idx: torch.Tensor, num_experts: int,

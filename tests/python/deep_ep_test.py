@@ -46,11 +46,8 @@ def worker(rank, store, hosts):
         event.current_stream_wait()
         combined, _, _ = buf.combine(recv_x, handle)
         recv_x, combined = recv_x.cpu(), combined.cpu()
-        # Received order: by the source's index within its host, then its host, then token (docs/internode-dispatch.md;
-        # with one host, by source rank).
-        per_host = N // hosts
-        sources = sorted(range(N), key=lambda s: (s % per_host, s // per_host))
-        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in sources])
+        # Received order: by source rank, then token, as DeepEP's (across hosts the library's order is permuted into it)
+        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in range(N)])
         assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
         assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
@@ -81,12 +78,26 @@ def worker(rank, store, hosts):
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
         combined = buf.combine(recv_wide, handle)[0].cpu()
         torch.testing.assert_close(combined.float(), wide_w.float() * ranks, rtol=2 ** -7, atol=1e-2)
-        if hosts > 1:  # DeepEP's internode handle starts with is_token_in_rank
-            assert handle[0] is in_rank and len(handle) == 10
-            return
-        assert handle[4] is in_rank and len(handle) == 6
         sent = torch.stack([torch.stack([((ids >= d * L) & (ids < (d + 1) * L)).any(1).sum() for d in range(N)])
                             for _, ids, _ in ins]).to(torch.int32)
+        if hosts > 1:
+            # DeepEP's internode handle: is_token_in_rank first, recv_gbl_rank_prefix_sum at [-4] (rows from ranks
+            # 0..i, by which DeepEP's test_internode checks the rows: rank i's end there); the layout's per-host counts
+            assert handle[0] is in_rank and len(handle) == 10
+            prefix = handle[-4].cpu()
+            assert torch.equal(prefix, sent[:, rank].cumsum(0, dtype=torch.int32)), f"rank {rank}: {prefix}"
+            start = 0
+            for source in range(N):
+                end = int(prefix[source])
+                rows = ((ins[source][1] >= rank * L) & (ins[source][1] < (rank + 1) * L)).any(1)
+                assert torch.equal(recv_wide[start:end, :HIDDEN].cpu(), ins[source][0][rows]), f"rank {rank}: {source}"
+                start = end
+            per_host = N // hosts
+            on_host = in_rank.cpu().view(-1, hosts, per_host).any(2).sum(0, dtype=torch.int32)
+            assert torch.equal(buf.get_dispatch_layout(didx, EXPERTS)[1].cpu(), on_host)
+            return
+        assert buf.get_dispatch_layout(didx, EXPERTS)[1] is None
+        assert handle[4] is in_rank and len(handle) == 6
         want = sent.cumsum(0, dtype=torch.int32)  # [i][j]: tokens ranks 0..i send to rank j
         got = handle[0].cpu()
         assert got.dtype == torch.int32 and torch.equal(got, want), f"rank {rank}: {got} != {want}"
@@ -232,9 +243,7 @@ def worker(rank, store, hosts):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_recv, static_out = worst_case_calls(static_x)
-        per_host = N // hosts
-        sources = sorted(range(N), key=lambda s: (s % per_host, s // per_host))
-        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in sources])
+        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in range(N)])
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
         for sign in (-1.0, 1.0):  # replayed with every rank's rows negated, then as they were
             static_x.copy_(dx * sign)
