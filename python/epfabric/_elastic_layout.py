@@ -159,7 +159,8 @@ def _grouped_reduce(values: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
         last = torch.where(member, positions, torch.full_like(positions, -1)).max(1).values
         total = torch.zeros(num_tokens, hidden, dtype=torch.float32, device=values.device)
         for j in range(topk):
-            total += torch.where(member[:, j:j + 1], values[:, j].float(), torch.zeros((), device=values.device))
+            zero = torch.zeros((), dtype=torch.float32, device=values.device)
+            total += torch.where(member[:, j:j + 1], values[:, j].float(), zero)
         has = last >= 0
         rows = torch.arange(num_tokens, device=values.device)
         out[rows[has], last[has]] = total.to(values.dtype)[has]

@@ -314,12 +314,12 @@ class ElasticBuffer(ElasticExtrasMixin):
         parts = layout.SlotContributions(x, recv_idx, slots, reduce_local)
         weights = None
         if topk_weights is not None:
+            zero = torch.zeros((), dtype=topk_weights.dtype, device=x.device)
             if handle.do_expand:
                 safe = torch.where(slots >= 0, slots, torch.zeros_like(slots)).to(torch.int64)
-                weights = torch.where(slots >= 0, topk_weights[safe], torch.zeros((), device=x.device))
+                weights = torch.where(slots >= 0, topk_weights[safe], zero)
             else:
-                weights = torch.where(recv_idx >= 0, topk_weights[:recv_idx.shape[0]],
-                                      torch.zeros((), device=x.device))
+                weights = torch.where(recv_idx >= 0, topk_weights[:recv_idx.shape[0]], zero)
         combined_w = None
         slot_values: List[torch.Tensor] = []
         for j in range(recv_idx.shape[1]):
@@ -381,7 +381,7 @@ class ElasticBuffer(ElasticExtrasMixin):
         recv_source = words.decode_words(sent, 1)[:, 0]
         valid = (recv_idx >= 0).any(1)
         order = torch.argsort(torch.where(valid, recv_source, torch.full_like(recv_source, 1 << 62)), stable=True)
-        recv_x, recv_source, recv_idx, valid = recv_x, recv_source[order], recv_idx[order], valid[order]
+        recv_source, recv_idx, valid = recv_source[order], recv_idx[order], valid[order]
         recv_x, recv_scales = (recv_x[0][order], recv_x[1][order]) if isinstance(recv_x, tuple) else (
             recv_x[order], None)
         recv_w = recv_w[order] if recv_w is not None else None
