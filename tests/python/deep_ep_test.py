@@ -168,7 +168,7 @@ def worker(rank, store, hosts):
             dist.barrier()
 
     # Every keyword of DeepEP's V1 lines (those without an effect here are accepted), over an mpi4py-like comm
-    with_comm = deep_ep.Buffer(None, num_nvl_bytes=64 << 20, num_rdma_bytes=64 << 20 if hosts > 1 else 0,
+    with_comm = deep_ep.Buffer(None, num_nvl_bytes=8 << 20, num_rdma_bytes=8 << 20 if hosts > 1 else 0,
                                low_latency_mode=False, num_qps_per_rank=8, allow_nvlink_for_low_latency_mode=False,
                                allow_mnnvl=True, use_fabric=True, explicitly_destroy=True, enable_shrink=False,
                                comm=Comm())
