@@ -458,6 +458,13 @@ void epf_dispatch_handle_destroy(epf_dispatch_handle* handle) { delete handle; }
 int epf_dispatch_handle_num_recv_tokens(const epf_dispatch_handle* handle) { return handle->handle->num_recv_tokens; }
 int epf_dispatch_handle_num_tokens(const epf_dispatch_handle* handle) { return handle->handle->num_tokens; }
 
+epf_status epf_dispatch_handle_rank_prefix_matrix(const epf_dispatch_handle* handle, epf_tensor* out) {
+  if (handle == nullptr || out == nullptr) return Fail(Null("handle or out"));
+  // Across hosts the handle's rank_prefix_matrix is the NVLink stage's (ranks of one host), not DeepEP's.
+  *out = handle->handle->internode != nullptr ? epf_tensor{} : FromView(handle->handle->rank_prefix_matrix.view);
+  return Report(absl::OkStatus());
+}
+
 epf_status epf_combine(epf_buffer* buffer, const epf_combine_args* args, void* stream, epf_combine_result* out) {
   if (buffer == nullptr || args == nullptr || out == nullptr) return Fail(Null("buffer, args or out"));
   if (args->handle == nullptr) return Fail(Null("handle"));

@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 7  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 9  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -171,6 +171,7 @@ _SIGNATURES = {
     "epf_dispatch_ex": (_S, [_P, ctypes.POINTER(DispatchArgs), ctypes.POINTER(DispatchOptions), _P,
                              ctypes.POINTER(DispatchResult)]),
     "epf_dispatch_handle_destroy": (None, [_P]),
+    "epf_dispatch_handle_rank_prefix_matrix": (_S, [_P, _P]),
     "epf_combine": (_S, [_P, ctypes.POINTER(CombineArgs), _P, ctypes.POINTER(CombineResult)]),
     "epf_low_latency_dispatch": (_S, [_P, ctypes.POINTER(LLDispatchArgs), _P, ctypes.POINTER(LLDispatchResult)]),
     "epf_ll_handle_destroy": (None, [_P]),

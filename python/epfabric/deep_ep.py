@@ -1,11 +1,12 @@
 """A drop-in for DeepEP's Python API: `from epfabric import deep_ep` instead of `import deep_ep`.
 
-`Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode, ...)` takes a torch.distributed process group as
-DeepEP's does. Each process talks to the daemon at $EPFABRIC_SOCKET ("{local_rank}" and "{rank}" are filled in, for
-one daemon per GPU; a comma-separated list names local rank i's socket at position i). Group rank 0 creates the EP
-group through its daemon over the daemons of every process (or uses $EPFABRIC_GROUP with the token in
-$EPFABRIC_TOKEN, for groups an operator made) and broadcasts the token over the process group; every rank attaches.
-docs/python.md lists where behaviour differs from DeepEP.
+`Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode, ...)` (DeepEP V1, and the legacy Buffer of DeepEP 2)
+takes a torch.distributed process group (or an mpi4py `comm`) as DeepEP's does; `ElasticBuffer(group, ...)` is DeepEP
+2's (elastic.py), over a Buffer of this module. Each process talks to the daemon at $EPFABRIC_SOCKET ("{local_rank}"
+and "{rank}" are filled in, for one daemon per GPU; a comma-separated list names local rank i's socket at position
+i). Group rank 0 creates the EP group through its daemon over the daemons of every process (or uses $EPFABRIC_GROUP
+with the token in $EPFABRIC_TOKEN, for groups an operator made) and broadcasts the token over the process group;
+every rank attaches. docs/python.md lists where behaviour differs from DeepEP.
 """
 import atexit
 import ctypes
@@ -13,33 +14,33 @@ import os
 import uuid
 import warnings
 import weakref
-from typing import Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from . import _sizing
 from . import buffer as _buffer
+from . import elastic as _elastic
+from ._collectives import collectives_for
+from ._handles import DispatchHandle, LowLatencyHandle, UnavailableField
 from ._lib import EpfError, call
-from .buffer import DispatchHandle, UnavailableField
 from .client import Client
-from .low_latency import LowLatencyHandle
-from .utils import Config, EventOverlap
+from .elastic import EPHandle
+from .utils import Config, EventHandle, EventOverlap
 
-__all__ = ["Buffer", "Config", "EventOverlap", "DispatchHandle", "LowLatencyHandle", "UnavailableField", "topk_idx_t",
-           "__version__"]
+__all__ = ["Buffer", "ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "Config", "topk_idx_t",
+           "get_physical_domain_size", "get_logical_domain_size", "__version__", "DispatchHandle", "LowLatencyHandle",
+           "UnavailableField"]
 
-# DeepEP's version this drop-in follows, marked as epfabric's.
-__version__ = "1.2.1+epfabric"
+# DeepEP's version this drop-in follows (V1's Buffer as DeepEP 2 keeps it, and V2's ElasticBuffer), marked as
+# epfabric's.
+__version__ = "2.1.0+epfabric"
 # The dtype of top-k expert indices (DeepEP's topk_idx_t).
 topk_idx_t = torch.int64
 
-# "gather": every normal dispatch's handle carries DeepEP's rank_prefix_matrix, from an all-gather of
-# num_tokens_per_rank over the process group (a collective and a host wait per dispatch); anything else: it is an
-# UnavailableField (the C library does not export it).
-_PREFIX_MATRIX_ENV = "EPFABRIC_RANK_PREFIX_MATRIX"
 
-
-def _socket_path(rank):
+def _socket_path(rank: int) -> str:
     template = os.environ.get("EPFABRIC_SOCKET")
     if not template:
         raise RuntimeError("EPFABRIC_SOCKET is not set: the path of this process's epfabric daemon socket (e.g. "
@@ -89,10 +90,10 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
     if low_latency_mode:
         both = num_nvl_bytes > 0 and num_rdma_bytes > 0
         region = num_rdma_bytes if num_rdma_bytes > 0 else num_nvl_bytes
-        shape = _buffer.low_latency_shape_of(region, group_size if both else None)
+        shape = _sizing.low_latency_shape_of(region, group_size if both else None)
         if shape is not None and shape[2] == group_size:
             tokens, hidden, _, experts = shape
-            nvl, rdma = _buffer.required_group_bytes(tokens, hidden, 9, experts, True, num_hosts,
+            nvl, rdma = _sizing.required_group_bytes(tokens, hidden, 9, experts, True, num_hosts,
                                                      group_size // num_hosts)
         else:
             warnings.warn(f"epfabric: {region} bytes did not come from get_low_latency_rdma_size_hint({group_size} "
@@ -109,7 +110,7 @@ def _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode, group_size, nu
     return num_nvl_bytes, num_rdma_bytes, 0, 0
 
 
-def _num_hosts(host_ids):
+def _num_hosts(host_ids: List[str]) -> int:
     """How many hosts the group spans, from its ranks' host ids in group-rank order. The internode path needs the
     ranks of one host together and the same number on every host (group rank = host * ranks_per_host + local)."""
     hosts = list(dict.fromkeys(host_ids))
@@ -119,13 +120,6 @@ def _num_hosts(host_ids):
         raise ValueError(f"epfabric: the process group's ranks are not host-major with equal ranks per host (host ids "
                          f"in group-rank order: {host_ids}); order the ranks host by host")
     return len(hosts)
-
-
-def _global_rank(group, group_rank):
-    if group is None or group == dist.group.WORLD:
-        return group_rank
-    get = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank  # torch < 2.0
-    return get(group, group_rank)
 
 
 def _check_one_daemon_per_rank(fabric_ranks):
@@ -165,39 +159,56 @@ class Buffer(_buffer.Buffer):
     handle from before a replacement is refused by combine (dispatch again).
     """
 
-    def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
-                 allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, use_fabric=False,
-                 explicitly_destroy=False, enable_shrink=False, comm=None):
-        if group is None:
-            raise NotImplementedError("epfabric.deep_ep.Buffer needs a torch.distributed process group: DeepEP's MPI "
-                                      "path (group=None, comm=...) is not supported; pass the process group "
-                                      "(e.g. dist.new_group(ranks)) instead")
-        self.group = group
+    def __init__(self, group: Optional["dist.ProcessGroup"], num_nvl_bytes: int = 0, num_rdma_bytes: int = 0,
+                 low_latency_mode: bool = False, num_qps_per_rank: int = 24,
+                 allow_nvlink_for_low_latency_mode: bool = True, allow_mnnvl: bool = False, use_fabric: bool = False,
+                 explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Optional[Any] = None) -> None:
+        """Creates the EP group over the daemons of every rank (group rank 0) and attaches this rank. Every rank
+        calls it, as DeepEP's. The parameters of both V1 lines (v1.2.1; the early-2026 line with use_fabric and
+        enable_shrink; DeepEP 2's legacy Buffer without use_fabric) are accepted by keyword with DeepEP's meaning;
+        use_fabric's position is the early-2026 line's.
+
+        Arguments:
+            group: the torch.distributed process group, or None with `comm`.
+            num_nvl_bytes: DeepEP's buffer size for intranode communication (normal mode's region).
+            num_rdma_bytes: DeepEP's buffer size for internode communication, and low latency's within a host.
+            low_latency_mode: create a low-latency group (with num_nvl_bytes too: it also serves normal mode).
+            num_qps_per_rank: accepted (DeepEP's RDMA queue pairs per rank; the daemons own the transport).
+            allow_nvlink_for_low_latency_mode: accepted (low latency within a host always goes over NVLink/IPC).
+            allow_mnnvl: accepted (the daemons' host ids decide what is one host).
+            use_fabric: accepted (DeepEP's fabric memory API; the daemons own and share the regions).
+            explicitly_destroy: destroy() must be called (every rank); else the resources go when the Buffer is
+                collected or the process exits.
+            enable_shrink: low latency masks a lost or silent rank and goes on without it (the mask calls).
+            comm: an mpi4py communicator, used when group is None (its allgather, bcast and Barrier).
+        """
+        self.group = group if group is not None else comm
         self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
         self._owns_group = None
-        rank, size = group.rank(), group.size()
+        self._collectives = collectives_for(group, comm)
+        rank, size = self._collectives.rank, self._collectives.size
         client = Client(_socket_path(rank), client_name=f"deep_ep rank {rank}")
-        members = [None] * size  # (fabric rank, host id) of each group rank's daemon
-        dist.all_gather_object(members, (client.daemon_info().fabric_rank, client.host_id()), group=group)
+        # (fabric rank, host id) of each group rank's daemon
+        members = self._collectives.all_gather_object((client.daemon_info().fabric_rank, client.host_id()))
         fabric_ranks = [fabric_rank for fabric_rank, _ in members]
         _check_one_daemon_per_rank(fabric_ranks)
         named = os.environ.get("EPFABRIC_GROUP")
-        shared = [None]
+        shared = None
         if rank == 0:
             try:
                 if named:
-                    shared[0] = (named, os.environ.get("EPFABRIC_TOKEN", ""), None)
+                    shared = (named, os.environ.get("EPFABRIC_TOKEN", ""), None)
                 else:
                     name = f"deep_ep-{uuid.uuid4().hex[:12]}"
                     num_hosts = _num_hosts([host for _, host in members])
                     nvl, rdma, normal, normal_rdma = _group_bytes(num_nvl_bytes, num_rdma_bytes, low_latency_mode,
                                                                   size, num_hosts)
                     token = client.create_group(name, fabric_ranks, nvl, rdma, low_latency_mode, normal, normal_rdma)
-                    shared[0] = (name, token, None)
+                    shared = (name, token, None)
             except (EpfError, ValueError) as error:
-                shared[0] = (None, None, str(error))
-        dist.broadcast_object_list(shared, src=_global_rank(group, 0), group=group)
-        name, token, error = shared[0]
+                shared = (None, None, str(error))
+        name, token, error = self._collectives.broadcast_object(shared)
         if error is not None:
             raise RuntimeError(f"epfabric: group rank 0 could not create the EP group: {error}")
         if rank == 0 and not named:
@@ -212,7 +223,7 @@ class Buffer(_buffer.Buffer):
         if self._owns_group is not None:
             _CREATED.add(self)
             _OWNED_GROUPS[name] = self._owns_group
-        dist.barrier(group=group)
+        self._collectives.barrier()
 
     def _sync_ranks(self) -> bool:
         """Waits for this rank's queued work, then for every rank of the process group (a barrier).
@@ -222,38 +233,16 @@ class Buffer(_buffer.Buffer):
         """
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        dist.barrier(group=self.group)
+        self._collectives.barrier()
         return True
 
-    def _rank_prefix_matrix(self, num_tokens_per_rank: torch.Tensor) -> Optional[torch.Tensor]:
-        """DeepEP's rank_prefix_matrix (`[i][j]` = tokens ranks 0..i send to rank j) with EPFABRIC_RANK_PREFIX_MATRIX
-        =gather: every rank's num_tokens_per_rank gathered over the process group, then summed over source ranks.
-        That is a collective (and a host wait) per dispatch, so it is off unless asked for; every rank must then
-        dispatch the same calls (as DeepEP's callers do).
-
-        Arguments:
-            num_tokens_per_rank: `[num_ranks]` with `torch.int`, this rank's tokens to each rank.
-
-        Returns:
-            rank_prefix_matrix: `[num_ranks, num_ranks]` with `torch.int` on this Buffer's device, or None (not asked
-                for, or a group across hosts, whose handle has no such field).
-        """
-        if os.environ.get(_PREFIX_MATRIX_ENV) != "gather" or self.group_size != self.num_nvl_ranks:
-            return None
-        # gloo gathers host tensors, NCCL device tensors
-        on = "cpu" if dist.get_backend(self.group) == "gloo" else num_tokens_per_rank.device
-        mine = num_tokens_per_rank.to(on, torch.int32).contiguous()
-        rows = [torch.empty_like(mine) for _ in range(self.group_size)]
-        dist.all_gather(rows, mine, group=self.group)
-        return torch.stack(rows).cumsum(0, dtype=torch.int32).to(self.device)
-
-    def destroy(self):
+    def destroy(self) -> None:
         """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""
         super().destroy()
-        dist.barrier(group=self.group)
+        self._collectives.barrier()
         self._delete_group()
 
-    def _delete_group(self):
+    def _delete_group(self) -> None:
         if self._owns_group is None:
             return
         socket, name, token = self._owns_group
@@ -278,3 +267,77 @@ def _delete_created_groups():
             Client(socket).delete_group(name, token)
         except Exception:  # the daemon may be gone already; the group then went with it
             pass
+
+
+class ElasticBuffer(_elastic.ElasticBuffer):
+    __doc__ = _elastic.ElasticBuffer.__doc__
+
+    @staticmethod
+    def get_buffer_size_hint(group: "dist.ProcessGroup", num_max_tokens_per_rank: int, hidden: int,
+                             num_topk: int = 0, use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
+                             allow_multiple_reduction: bool = True) -> int:
+        """Bytes of region for these MoE settings, a multiple of 2 MiB: what normal mode needs over the hosts the
+        daemons of `group` span (a collective over the group).
+
+        Arguments:
+            group: the process group.
+            num_max_tokens_per_rank: the most tokens a rank dispatches.
+            hidden: the hidden size.
+            num_topk: the top-k (0: 8).
+            use_fp8_dispatch: accepted (BF16's size covers FP8).
+            allow_hybrid_mode: accepted.
+            allow_multiple_reduction: accepted.
+
+        Returns:
+            size: bytes of each rank's region (2 MiB-aligned).
+        """
+        host_ids = _host_ids(group)
+        hosts = _num_hosts(host_ids)
+        return _elastic.buffer_size_hint(hosts, len(host_ids) // hosts, num_max_tokens_per_rank, hidden, num_topk)
+
+    def _make_buffer(self, group: "dist.ProcessGroup", num_bytes: int, timeout_s: float) -> Buffer:
+        """A normal-mode Buffer of this module with num_bytes of region (and of RDMA region across hosts)."""
+        buffer = Buffer(group, num_nvl_bytes=num_bytes, num_rdma_bytes=num_bytes, explicitly_destroy=True)
+        buffer._timeout_s = timeout_s  # the C Buffers are made at the first calls, with it
+        return buffer
+
+
+def get_physical_domain_size(group: "dist.ProcessGroup") -> Tuple[int, int]:
+    """The hosts and ranks per host of `group` (the daemons' host ids; a collective over the group).
+
+    Arguments:
+        group: the process group.
+
+    Returns:
+        num_rdma_ranks: the hosts.
+        num_nvlink_ranks: ranks per host.
+    """
+    host_ids = _host_ids(group)
+    hosts = _num_hosts(host_ids)
+    return hosts, len(host_ids) // hosts
+
+
+def get_logical_domain_size(group: "dist.ProcessGroup", allow_hybrid_mode: bool = True) -> Tuple[int, int]:
+    """DeepEP 2's logical domains of `group`: (hosts, ranks per host) with allow_hybrid_mode across hosts, else
+    (1, ranks). A collective over the group.
+
+    Arguments:
+        group: the process group.
+        allow_hybrid_mode: whether hybrid mode is allowed.
+
+    Returns:
+        num_scaleout_ranks: scale-out ranks.
+        num_scaleup_ranks: scale-up ranks.
+    """
+    hosts, per_host = get_physical_domain_size(group)
+    return _elastic.logical_domain_size(hosts * per_host, per_host, allow_hybrid_mode)
+
+
+def _host_ids(group: "dist.ProcessGroup") -> List[str]:
+    """The host id of every rank's daemon, in group-rank order."""
+    collectives = collectives_for(group)
+    client = Client(_socket_path(collectives.rank), client_name=f"deep_ep rank {collectives.rank}")
+    try:
+        return collectives.all_gather_object(client.host_id())
+    finally:
+        client.close()

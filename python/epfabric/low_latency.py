@@ -1,12 +1,16 @@
 """Low-latency dispatch/combine (decoding) of epfabric.Buffer, with DeepEP's names, parameters and return values."""
 import ctypes
 import warnings
+from typing import Optional, Tuple, Union
 
 import torch
 
 from . import _lib, _tensors
+from ._handles import Hook, LowLatencyHandle
 from ._lib import call, lib
+from ._sizing import _config, required_group_bytes
 from ._tensors import describe, put
+from .utils import EventOverlap
 
 _BF16, _I64, _I32, _F32 = (torch.bfloat16,), (torch.int64,), (torch.int32,), (torch.float32,)
 # Byte offsets of the descriptors in the argument and result structs (written and read in place, see buffer.py).
@@ -23,7 +27,7 @@ _LL_DISPATCH, _LL_COMBINE = lib.epf_low_latency_dispatch_ex, lib.epf_low_latency
 _logfmt_warned = False
 
 
-def _warn_logfmt():
+def _warn_logfmt() -> None:
     """use_logfmt asks for DeepEP's lossy LogFMT-compressed combine (fewer bytes); epfabric runs the exact BF16 combine,
     whose result any LogFMT caller accepts, and says so once per process rather than refuse a server's setting."""
     global _logfmt_warned
@@ -33,37 +37,41 @@ def _warn_logfmt():
                       "is not implemented; docs/python.md)", stacklevel=3)
 
 
-def _hook(buffer, c_hook):
-    from .buffer import Hook  # buffer.py imports this module
-    return Hook(buffer, c_hook)
-
-
-class LowLatencyHandle(tuple):
-    """DeepEP's low-latency handle: (packed_recv_src_info, packed_recv_layout_range, num_max_dispatch_tokens_per_rank,
-    hidden, num_experts), plus the library's record that combine needs."""
-
-    def __new__(cls, c_handle, src_info, layout_range, max_tokens, hidden, num_experts, num_tokens, serial=0):
-        self = super().__new__(cls, (src_info, layout_range, max_tokens, hidden, num_experts))
-        self._c = c_handle
-        self._serial = serial  # which low-latency C Buffer of its Buffer made it (Buffer._ll_serial)
-        self.num_tokens = num_tokens
-        return self
-
-    def __del__(self):
-        if lib is not None and getattr(self, "_c", None):
-            lib.epf_ll_handle_destroy(self._c)
-            self._c = None
-
-
 class LowLatencyMixin:
-    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
-                             cumulative_local_expert_recv_stats=None, dispatch_wait_recv_cost_stats=None,
-                             use_fp8=True, round_scale=False, use_ue8m0=False, async_finish=False,
-                             return_recv_hook=False):
-        """Returns (recv_x, recv_count, handle, event, hook): recv_x is packed_recv_x [L, R*M, hidden] or, with
-        use_fp8, (packed_recv_x, packed_recv_x_scales [L, R*M, hidden/128], token-minor as DeepEP's).
-        dispatch_wait_recv_cost_stats (int64 [num_ranks]) is added to: per source rank, the nanoseconds the receive
-        phase waited for its data (DeepEP counts clock cycles)."""
+    """Low latency of epfabric.Buffer (which provides the C Buffers, streams, events and the lease)."""
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False
+                             ) -> Tuple[Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], torch.Tensor,
+                                        LowLatencyHandle, EventOverlap, Optional[Hook]]:
+        """Sends each token to its experts' ranks, packed per local expert (DeepEP's low_latency_dispatch).
+
+        Arguments:
+            x: `[num_tokens, hidden]` with `torch.bfloat16`, num_tokens <= num_max_dispatch_tokens_per_rank.
+            topk_idx: `[num_tokens, num_topk]` with `torch.int64`, -1 for no expert.
+            num_max_dispatch_tokens_per_rank: the most tokens any rank dispatches (every rank passes the same).
+            num_experts: the number of experts.
+            cumulative_local_expert_recv_stats: `[num_local_experts]` with `torch.int`, added to: tokens each local
+                expert received.
+            dispatch_wait_recv_cost_stats: `[num_ranks]` with `torch.int64`, added to: per source rank, the
+                nanoseconds the receive phase waited for its data (DeepEP counts clock cycles).
+            use_fp8: cast to FP8 e4m3 with a scale per 128 channels.
+            round_scale: round the scales to powers of two.
+            use_ue8m0: scales as packed UE8M0 (with round_scale).
+            async_finish: return an event recorded after the call (cuda).
+            return_recv_hook: return after the send phase; the hook runs the receive phase.
+
+        Returns:
+            recv_x: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` with `torch.bfloat16`,
+                or with use_fp8 (that data in FP8, scales `[.., .., hidden / 128]` token-minor as DeepEP's).
+            recv_count: `[num_local_experts]` with `torch.int`, the rows each local expert received.
+            handle: DeepEP's low-latency handle for combine.
+            event: the event after the call (with async_finish on cuda).
+            hook: the receive hook (return_recv_hook), else None.
+        """
         if not self.low_latency_mode or self._lease is None:
             self._low_latency_only("low_latency_dispatch")
         calls, dev, index = self._calls, self.device, self._dev_index
@@ -91,16 +99,38 @@ class LowLatencyMixin:
             self._alloc.end_call()
         handle = LowLatencyHandle(ctypes.c_void_p(result.handle), src_info, layout_range,
                                   num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0], self._ll_serial)
-        hook = _hook(self, result.hook) if result.hook else None
+        hook = Hook(self, result.hook) if result.hook else None
         if use_fp8:
             recv_x = (recv_x, scales.transpose(1, 2))  # stored [L, G, R*M]; DeepEP's [L, R*M, G] view of it
         return recv_x, count, handle, self._event(async_finish), hook
 
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
-                            async_finish=False, return_recv_hook=False, out=None,
-                            combine_wait_recv_cost_stats=None):
-        """Returns (combined_x, event, hook). combine_wait_recv_cost_stats (int64 [num_ranks]) is added to: per rank,
-        the nanoseconds the receive phase waited for its partial rows."""
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: LowLatencyHandle, use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None
+                            ) -> Tuple[torch.Tensor, EventOverlap, Optional[Hook]]:
+        """Sends the experts' outputs back and adds them up weighted at each token's rank (DeepEP's
+        low_latency_combine).
+
+        Arguments:
+            x: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` with `torch.bfloat16`.
+            topk_idx: the dispatch's `topk_idx`.
+            topk_weights: `[num_tokens, num_topk]` with `torch.float`, the weights.
+            handle: the handle low_latency_dispatch returned.
+            use_logfmt: DeepEP's LogFMT compression: the exact BF16 combine runs (with a warning, once).
+            zero_copy: x is already in get_next_low_latency_combine_buffer's tensor.
+            async_finish: return an event recorded after the call (cuda).
+            return_recv_hook: return after the send phase; the hook runs the receive phase.
+            out: `[num_tokens, hidden]` with `torch.bfloat16` to write into.
+            combine_wait_recv_cost_stats: `[num_ranks]` with `torch.int64`, added to: per rank, the nanoseconds the
+                receive phase waited for its partial rows.
+
+        Returns:
+            combined_x: `[num_tokens, hidden]` with `torch.bfloat16`.
+            event: the event after the call (with async_finish on cuda).
+            hook: the receive hook (return_recv_hook), else None.
+        """
         if not self.low_latency_mode or self._lease is None:
             self._low_latency_only("low_latency_combine")
         if use_logfmt:
@@ -128,11 +158,19 @@ class LowLatencyMixin:
             combined = out if out is not None else self._alloc.wrap_at(result, _LCR_X)
         finally:
             self._alloc.end_call()
-        hook = _hook(self, result.hook) if result.hook else None
+        hook = Hook(self, result.hook) if result.hook else None
         return combined, self._event(async_finish), hook
 
-    def get_next_low_latency_combine_buffer(self, handle):
-        """Where expert outputs go for a zero-copy combine: bf16 [L, R*M, hidden] inside this rank's region."""
+    def get_next_low_latency_combine_buffer(self, handle: LowLatencyHandle) -> torch.Tensor:
+        """Where expert outputs go for a zero-copy combine.
+
+        Arguments:
+            handle: the handle of the dispatch whose outputs go there.
+
+        Returns:
+            buffer: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` with
+                `torch.bfloat16`, inside this rank's region.
+        """
         self._low_latency_only("get_next_low_latency_combine_buffer")
         d = _lib.Tensor()
         call("epf_next_low_latency_combine_buffer", self._ll_cbuf, ctypes.byref(d))
@@ -141,32 +179,46 @@ class LowLatencyMixin:
             nbytes *= d.shape[i]
         return _tensors.view_as(_tensors.from_pointer(d.data, nbytes, self.device), d)
 
-    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
-        """Masks (mask=True) or unmasks group rank `rank_to_mask` for the following low-latency calls, in stream
-        order: nothing is sent to a masked rank, nothing awaited from it, its expert outputs count as zero. Needs a
-        Buffer made with enable_shrink=True (as DeepEP's mask buffer does)."""
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Masks or unmasks a rank for the following low-latency calls, in stream order: nothing is sent to a masked
+        rank, nothing awaited from it, its expert outputs count as zero. Needs a Buffer made with enable_shrink=True
+        (as DeepEP's mask buffer does).
+
+        Arguments:
+            rank_to_mask: the group rank.
+            mask: True masks it, False unmasks it.
+        """
         table = self._rank_mask(update=True)
         if not 0 <= rank_to_mask < table.numel():
             raise ValueError(f"rank_to_mask = {rank_to_mask}: not a rank of this group (0..{table.numel() - 1})")
         table[rank_to_mask] = 1 if mask else 0
 
-    def low_latency_query_mask_buffer(self, mask_status):
-        """Writes 1 for every masked rank (by the caller or after a timeout) and 0 elsewhere into `mask_status`
-        (int32 [num_ranks], on this buffer's device)."""
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """Writes which ranks are masked (by the caller or after a timeout).
+
+        Arguments:
+            mask_status: `[num_ranks]` with `torch.int` on this Buffer's device: 1 for a masked rank, else 0.
+        """
         table = self._rank_mask()
         describe(mask_status, "mask_status", (torch.int32,), 1, self.device)
         if mask_status.numel() != table.numel():
             raise ValueError(f"mask_status has {mask_status.numel()} entries: expected {table.numel()} (num_ranks)")
         mask_status.copy_((table != 0).to(torch.int32))
 
-    def low_latency_clean_mask_buffer(self):
+    def low_latency_clean_mask_buffer(self) -> None:
         """Unmasks every rank (enable_shrink=True)."""
         self._rank_mask(update=True).zero_()
 
-    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """epfabric's low-latency buffers need no cleaning between calls (monotonic signals, two halves), nor when
         normal-mode calls came in between (each mode has its own part of the region); this resets the low-latency
-        Buffer as after a timeout, so every rank must call it with nothing in flight, as DeepEP's."""
+        Buffer as after a timeout, so every rank must call it with nothing in flight, as DeepEP's.
+
+        Arguments:
+            num_max_dispatch_tokens_per_rank: accepted (DeepEP's shape of the part to clean).
+            hidden: accepted.
+            num_experts: accepted.
+        """
         self._low_latency_only("clean_low_latency_buffer")
         if self._ll_cbuf is not None:
             call("epf_buffer_reset", self._ll_cbuf, self._stream())
@@ -215,11 +267,10 @@ class LowLatencyMixin:
             ValueError: the group's low-latency regions do not hold this shape, saying the bytes it needs and the
                 bytes the group has.
         """
-        from .buffer import _config, required_group_bytes
         cfg = self._ll_cfg
-        if (cfg is not None
-                and (cfg["max_tokens"], cfg["hidden"], cfg["num_experts"]) == (max_tokens, hidden, num_experts)
-                and topk <= cfg["topk"]):
+        same = cfg is not None and (cfg["max_tokens"], cfg["hidden"], cfg["num_experts"]) == (max_tokens, hidden,
+                                                                                              num_experts)
+        if same and topk <= cfg["topk"]:
             self._ll_key = (max_tokens, hidden, topk, num_experts)
             return
         hosts = self.group_size // self.num_nvl_ranks

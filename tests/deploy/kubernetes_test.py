@@ -111,7 +111,8 @@ def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
             fail(cw, f"the socket directory {socket_dir} is not a mounted volume")
         # Off loopback the peer port needs mutual TLS (or the test-only --insecure_peer_port); on loopback a daemon
         # makes its own credential when none is named (docs/security.md, "A first run").
-        off_loopback = [v for v in flag_values(args, "peer_listen") if not v.startswith(("127.", "localhost:", "[::1]"))]
+        loopback = ("127.", "localhost:", "[::1]")
+        off_loopback = [v for v in flag_values(args, "peer_listen") if not v.startswith(loopback)]
         if off_loopback and not (flag_values(args, "tls_cert") or "--insecure_peer_port" in args):
             fail(cw, f"--peer_listen={off_loopback[0]} without --tls_* (or --insecure_peer_port)")
         for secret in flag_values(args, "fabric_secret_file"):

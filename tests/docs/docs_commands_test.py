@@ -91,9 +91,14 @@ def run_block(block, source, build, python):
             output += f"\nstill running:\n{ps.stdout}"
             os.killpg(process.pid, signal.SIGKILL)
         ok = process.returncode == 0 and not timed_out and not leftovers
-        verdict = "ok" if ok else ("TIMEOUT" if timed_out else ("LEFT PROCESSES RUNNING" if leftovers and
-                                                                 process.returncode == 0 else
-                                                                 f"EXIT {process.returncode}"))
+        if ok:
+            verdict = "ok"
+        elif timed_out:
+            verdict = "TIMEOUT"
+        elif leftovers and process.returncode == 0:
+            verdict = "LEFT PROCESSES RUNNING"
+        else:
+            verdict = f"EXIT {process.returncode}"
         print(f"--- {where}:{line} ({language}, {elapsed:.1f} s): {verdict}")
         if not ok:
             print(output)

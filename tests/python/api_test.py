@@ -4,6 +4,7 @@ errors from the daemon, and that epfabric.deep_ep.Buffer has DeepEP's method nam
 import inspect
 import unittest
 
+import deep_ep_signatures as signatures
 import fabric
 
 fabric.require_torch()
@@ -15,63 +16,99 @@ from epfabric import deep_ep  # noqa: E402
 N = 2
 HIDDEN, TOPK, EXPERTS = 256, 2, 8
 
-# DeepEP's Buffer (v1.2.x / main) as inference servers call it: method -> parameters in order.
-DEEP_EP_METHODS = {
-    "__init__": ["group", "num_nvl_bytes", "num_rdma_bytes", "low_latency_mode", "num_qps_per_rank",
-                 "allow_nvlink_for_low_latency_mode", "allow_mnnvl"],
-    "get_dispatch_layout": ["topk_idx", "num_experts", "previous_event", "async_finish", "allocate_on_comm_stream"],
-    "dispatch": ["x", "handle", "num_tokens_per_rank", "num_tokens_per_rdma_rank", "is_token_in_rank",
-                 "num_tokens_per_expert", "topk_idx", "topk_weights", "expert_alignment", "num_worst_tokens", "config",
-                 "previous_event", "async_finish", "allocate_on_comm_stream"],
-    "combine": ["x", "handle", "topk_weights", "bias", "config", "previous_event", "async_finish",
-                "allocate_on_comm_stream"],
-    "low_latency_dispatch": ["x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts",
-                             "cumulative_local_expert_recv_stats", "dispatch_wait_recv_cost_stats", "use_fp8",
-                             "round_scale", "use_ue8m0", "async_finish", "return_recv_hook"],
-    "low_latency_combine": ["x", "topk_idx", "topk_weights", "handle", "use_logfmt", "zero_copy", "async_finish",
-                            "return_recv_hook", "out", "combine_wait_recv_cost_stats"],
-    "get_next_low_latency_combine_buffer": ["handle"],
-    "clean_low_latency_buffer": ["num_max_dispatch_tokens_per_rank", "hidden", "num_experts"],
-    "get_local_buffer_tensor": ["dtype", "size", "offset", "use_rdma_buffer"],
-    "get_comm_stream": [],
-    "low_latency_update_mask_buffer": ["rank_to_mask", "mask"],
-    "low_latency_query_mask_buffer": ["mask_status"],
-    "low_latency_clean_mask_buffer": [],
-    "destroy": [],
-}
-DEEP_EP_STATIC = {
-    "set_num_sms": ["new_num_sms"],
-    "capture": [],
-    "get_low_latency_rdma_size_hint": ["num_max_dispatch_tokens_per_rank", "hidden", "num_ranks", "num_experts"],
-    "get_dispatch_config": ["num_ranks"],
-    "get_combine_config": ["num_ranks"],
-    "is_sm90_compiled": [],
-}
+# Where DeepEP's V1 lines put a parameter at another position, the drop-in follows the early-2026 line (567632d);
+# the others' callers pass those by keyword (DeepEP's own dispatch calls internode_dispatch with its line's order).
+KEYWORD_ONLY = {("V1_2_1", "__init__"), ("V1_2_1", "internode_dispatch"), ("LEGACY", "__init__"),
+                ("LEGACY", "internode_dispatch")}
+
+
+def parse(recorded):
+    """A recorded signature ("@a, b=1") as (is static, [(name, default as written, or None)])."""
+    static, text = recorded.startswith("@"), recorded.lstrip("@")
+    params = []
+    for part in filter(None, (p.strip() for p in text.split(", "))):
+        name, _, default = part.partition("=")
+        params.append((name, default or None))
+    return static, params
+
+
+def ours(fn):
+    """epfabric's parameters of `fn` as [(name, repr of the default, or None)], without self."""
+    return [(p.name, None if p.default is inspect.Parameter.empty else repr(p.default))
+            for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+
+
+def differences(label, owner, recorded):
+    """How `owner` (a class or module) differs from the recorded signatures: a list of messages."""
+    found = []
+    for method, signature in recorded.items():
+        static, params = parse(signature)
+        if not hasattr(owner, method):
+            found.append(f"{label}: {method} is missing")
+            continue
+        got = ours(getattr(owner, method))
+        got_names = [name for name, _ in got]
+        for name, default in params:
+            if name not in got_names:
+                found.append(f"{label}.{method}: parameter {name} is missing")
+            elif dict(got)[name] != default:
+                found.append(f"{label}.{method}({name}=...): default {dict(got)[name]}, DeepEP's {default}")
+        if (label, method) not in KEYWORD_ONLY and got_names[:len(params)] != [name for name, _ in params]:
+            found.append(f"{label}.{method}: order {got_names}, DeepEP's {[name for name, _ in params]}")
+        if isinstance(owner, type) and isinstance(inspect.getattr_static(owner, method), staticmethod) != static:
+            found.append(f"{label}.{method}: staticmethod should be {static}")
+    return found
 
 
 class SignatureTest(unittest.TestCase):
-    def test_deep_ep_buffer_has_deep_eps_methods_and_parameters(self):
-        for name, params in list(DEEP_EP_METHODS.items()) + list(DEEP_EP_STATIC.items()):
-            with self.subTest(method=name):
-                fn = getattr(deep_ep.Buffer, name)
-                got = [p for p in inspect.signature(fn).parameters if p != "self"]
-                self.assertEqual(got[:len(params)], params, f"deep_ep.Buffer.{name}")
-                if name in DEEP_EP_STATIC:
-                    self.assertIsInstance(inspect.getattr_static(deep_ep.Buffer, name), staticmethod, name)
-        for name in ("EventOverlap", "Config", "Buffer"):
+    """epfabric.deep_ep against DeepEP's signatures (deep_ep_signatures.py, recorded from DeepEP's repository): every
+    public method and function of both V1 lines, DeepEP 2's legacy Buffer and DeepEP 2's ElasticBuffer, EPHandle,
+    EventOverlap, EventHandle and Config exists, takes every parameter by keyword with DeepEP's default, in DeepEP's
+    order (but KEYWORD_ONLY), static where DeepEP's is."""
+
+    def check(self, label, owner, recorded):
+        self.assertEqual(differences(label, owner, recorded), [])
+
+    def test_v1_buffer_of_both_lines_and_deep_ep_2s_legacy_buffer(self):
+        for label in ("V1_2_1", "V1_EARLY_2026", "LEGACY"):
+            self.check(label, deep_ep.Buffer, getattr(signatures, label))
+
+    def test_deep_ep_2(self):
+        self.check("ELASTIC_BUFFER", deep_ep.ElasticBuffer, signatures.ELASTIC_BUFFER)
+        self.check("EP_HANDLE", deep_ep.EPHandle, signatures.EP_HANDLE)
+        self.check("EVENT_OVERLAP", deep_ep.EventOverlap, signatures.EVENT_OVERLAP)
+        self.check("EVENT_HANDLE", deep_ep.EventHandle, signatures.EVENT_HANDLE)
+        self.check("CONFIG", deep_ep.Config, signatures.CONFIG)
+        self.check("FUNCTIONS", deep_ep, signatures.FUNCTIONS)
+        for name in signatures.MODULE_NAMES:
             self.assertTrue(hasattr(deep_ep, name), name)
-        self.assertTrue(hasattr(deep_ep.EventOverlap(), "current_stream_wait"))
+            self.assertIn(name, deep_ep.__all__)
+
+    def test_the_check_reports_each_kind_of_difference(self):
+        class Wrong:
+            def dispatch(self, x, handle=2, num_tokens_per_rank=None):
+                pass
+
+            def combine(self, handle, x):
+                pass
+
+        for recorded, needle in (({"dispatch": "x, handle=None"}, "default"),
+                                 ({"dispatch": "x, handle=2, topk_idx=None"}, "parameter topk_idx"),
+                                 ({"combine": "x, handle"}, "order"), ({"dispatch": "@x, handle=2"}, "staticmethod"),
+                                 ({"low_latency_dispatch": "x"}, "missing")):
+            found = differences("Wrong", Wrong, recorded)
+            self.assertTrue(any(needle in d for d in found), (recorded, found))
+        self.assertEqual(differences("Wrong", Wrong, {"dispatch": "x, handle=2"}), [])
 
     def test_deep_ep_module_names(self):
         """The module-level names DeepEP's tests use: topk_idx_t (int64, as DeepEP's), __version__ (DeepEP's version
         marked as epfabric's), and Buffer.is_sm90_compiled() (True: the FP8 paths exist on every backend)."""
         self.assertIs(deep_ep.topk_idx_t, torch.int64)
         self.assertIsInstance(deep_ep.__version__, str)
-        self.assertRegex(deep_ep.__version__, r"^1\.2\.1\+epfabric")
+        self.assertRegex(deep_ep.__version__, r"^2\.1\.0\+epfabric")
         self.assertIs(deep_ep.Buffer.is_sm90_compiled(), True)
         self.assertIs(epfabric.Buffer.is_sm90_compiled(), True)
-        for name in ("topk_idx_t", "__version__"):
-            self.assertIn(name, deep_ep.__all__)
+        self.assertTrue(hasattr(deep_ep.EventOverlap(), "current_stream_wait"))
 
 
 class GroupShapeTest(unittest.TestCase):
@@ -129,8 +166,8 @@ class ApiTest(unittest.TestCase):
         cls.client = epfabric.Client(cls.fabric.sockets[0])
         nvl, _ = epfabric.required_group_bytes(32, HIDDEN, TOPK, EXPERTS, False, 1, N)
         cls.token = cls.client.create_group("api-normal", [0, 1], nvl, 0, False)
-        cls.bufs = fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(cls.fabric.sockets[r], "api-normal", r,
-                                                                        cls.token))
+        cls.bufs = fabric.run_ranks(
+            N, lambda r: epfabric.Buffer.attach(cls.fabric.sockets[r], "api-normal", r, cls.token))
 
     @classmethod
     def tearDownClass(cls):
@@ -167,18 +204,19 @@ class ApiTest(unittest.TestCase):
         idx = torch.zeros(4, TOPK, dtype=torch.int64, device=dev)
         per_rank, _, per_expert, in_rank, _ = b.get_dispatch_layout(idx, EXPERTS)
         layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+        bf16 = dict(dtype=torch.bfloat16, device=dev)
         cases = [
             ("x.dtype", TypeError, lambda: b.dispatch(x.float(), **layout, topk_idx=idx)),
-            ("not contiguous", ValueError,
-             lambda: b.dispatch(torch.zeros(HIDDEN, 4, dtype=torch.bfloat16, device=dev).t(), **layout, topk_idx=idx)),
+            ("not contiguous", ValueError, lambda: b.dispatch(torch.zeros(HIDDEN, 4, **bf16).t(),
+                                                              **layout, topk_idx=idx)),
             ("dimensions", ValueError, lambda: b.dispatch(x[0], **layout, topk_idx=idx)),
             ("topk_idx.dtype", TypeError, lambda: b.dispatch(x, **layout, topk_idx=idx.int())),
             ("required unless handle", ValueError, lambda: b.dispatch(x, topk_idx=idx)),
             ("torch.Tensor", TypeError, lambda: b.dispatch([1, 2], **layout, topk_idx=idx)),
             ("hidden = ", ValueError, lambda: b.dispatch(torch.zeros(4, 2 * HIDDEN, dtype=torch.bfloat16, device=dev),
                                                          **layout, topk_idx=idx)),
-            ("INVALID_ARGUMENT", epfabric.EpfError,
-             lambda: b.dispatch(torch.zeros(3, HIDDEN, dtype=torch.bfloat16, device=dev), **layout, topk_idx=idx)),
+            ("INVALID_ARGUMENT", epfabric.EpfError, lambda: b.dispatch(torch.zeros(3, HIDDEN, **bf16),
+                                                                       **layout, topk_idx=idx)),
             ("DispatchHandle", TypeError, lambda: b.combine(x, ("not", "a", "handle"))),
             ("created in normal mode", RuntimeError, lambda: b.low_latency_dispatch(x, idx, 8, EXPERTS)),
         ]

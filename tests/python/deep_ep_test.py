@@ -46,11 +46,8 @@ def worker(rank, store, hosts):
         event.current_stream_wait()
         combined, _, _ = buf.combine(recv_x, handle)
         recv_x, combined = recv_x.cpu(), combined.cpu()
-        # Received order: by the source's index within its host, then its host, then token (docs/internode-dispatch.md;
-        # with one host, by source rank).
-        per_host = N // hosts
-        sources = sorted(range(N), key=lambda s: (s % per_host, s // per_host))
-        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in sources])
+        # Received order: by source rank, then token, as DeepEP's (across hosts the library's order is permuted into it)
+        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in range(N)])
         assert torch.equal(recv_x, want), f"rank {rank}: recv_x"
         assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
@@ -59,12 +56,11 @@ def worker(rank, store, hosts):
     def shapes_round(buf):
         """DeepEP's test_intranode order on a new Buffer: a dispatch without top-k (the C Buffer is set up for top-1;
         with top-k across hosts), then one with top-k and twice the hidden size: every rank replaces its C Buffer at
-        that call; the first handle is then refused by combine. DeepEP's handle fields: rank_prefix_matrix
-        (EPFABRIC_RANK_PREFIX_MATRIX=gather) equals the one computed by hand, and the received rows come by source rank
-        as it says; is_token_in_rank is the dispatch's; the rest say that they are not available."""
+        that call; the first handle is then refused by combine. DeepEP's handle fields: rank_prefix_matrix equals the
+        one computed by hand, and the received rows come by source rank as it says; is_token_in_rank is the dispatch's;
+        the rest say that they are not available."""
         per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(didx, EXPERTS)
         layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
-        os.environ["EPFABRIC_RANK_PREFIX_MATRIX"] = "gather"
         # (across hosts a dispatch needs top-k: the gateways route by it)
         recv_x, _, _, _, first, _ = buf.dispatch(dx, **layout, **({} if hosts == 1 else dict(topk_idx=didx)))
         assert buf._cfg["hidden"] == HIDDEN and buf._cfg["topk"] == (1 if hosts == 1 else TOPK), buf._cfg
@@ -72,7 +68,6 @@ def worker(rank, store, hosts):
         assert torch.equal(cached_x.cpu(), recv_x.cpu())
         wide, wide_w = torch.cat([dx, -dx], 1), torch.cat([x, -x], 1)
         recv_wide, recv_idx, _, counts, handle, _ = buf.dispatch(wide, **layout, topk_idx=didx, topk_weights=dw)
-        del os.environ["EPFABRIC_RANK_PREFIX_MATRIX"]
         assert (buf._cfg["hidden"], buf._cfg["topk"]) == (2 * HIDDEN, TOPK), buf._cfg
         assert counts == [sum(int((ids == rank * L + e).sum()) for _, ids, _ in ins) for e in range(L)], counts
         try:
@@ -83,12 +78,26 @@ def worker(rank, store, hosts):
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
         combined = buf.combine(recv_wide, handle)[0].cpu()
         torch.testing.assert_close(combined.float(), wide_w.float() * ranks, rtol=2 ** -7, atol=1e-2)
-        if hosts > 1:  # DeepEP's internode handle starts with is_token_in_rank
-            assert handle[0] is in_rank and len(handle) == 10
-            return
-        assert handle[4] is in_rank and len(handle) == 6
         sent = torch.stack([torch.stack([((ids >= d * L) & (ids < (d + 1) * L)).any(1).sum() for d in range(N)])
                             for _, ids, _ in ins]).to(torch.int32)
+        if hosts > 1:
+            # DeepEP's internode handle: is_token_in_rank first, recv_gbl_rank_prefix_sum at [-4] (rows from ranks
+            # 0..i, by which DeepEP's test_internode checks the rows: rank i's end there); the layout's per-host counts
+            assert handle[0] is in_rank and len(handle) == 10
+            prefix = handle[-4].cpu()
+            assert torch.equal(prefix, sent[:, rank].cumsum(0, dtype=torch.int32)), f"rank {rank}: {prefix}"
+            start = 0
+            for source in range(N):
+                end = int(prefix[source])
+                rows = ((ins[source][1] >= rank * L) & (ins[source][1] < (rank + 1) * L)).any(1)
+                assert torch.equal(recv_wide[start:end, :HIDDEN].cpu(), ins[source][0][rows]), f"rank {rank}: {source}"
+                start = end
+            per_host = N // hosts
+            on_host = in_rank.cpu().view(-1, hosts, per_host).any(2).sum(0, dtype=torch.int32)
+            assert torch.equal(buf.get_dispatch_layout(didx, EXPERTS)[1].cpu(), on_host)
+            return
+        assert buf.get_dispatch_layout(didx, EXPERTS)[1] is None
+        assert handle[4] is in_rank and len(handle) == 6
         want = sent.cumsum(0, dtype=torch.int32)  # [i][j]: tokens ranks 0..i send to rank j
         got = handle[0].cpu()
         assert got.dtype == torch.int32 and torch.equal(got, want), f"rank {rank}: {got} != {want}"
@@ -105,8 +114,6 @@ def worker(rank, store, hosts):
                 raise AssertionError(f"handle[{i}] was usable")
             except NotImplementedError as error:
                 assert handle[i].name in str(error), error
-        unset = buf.dispatch(dx, **layout)[4]  # without the variable: not available either
-        assert isinstance(unset[0], deep_ep.UnavailableField) and "EPFABRIC_RANK_PREFIX_MATRIX" in repr(unset[0])
 
     M = TOKENS
 
@@ -115,9 +122,9 @@ def worker(rank, store, hosts):
         assert hook is None
         combined = ll.low_latency_combine(recv, didx, dw, handle)[0].cpu()
         count = count.cpu()
-        for l in range(L):
-            want_n = sum(int((ids == rank * L + l).any(1).sum()) for _, ids, _ in ins)
-            assert int(count[l]) == want_n, f"rank {rank} expert {l}: {int(count[l])} != {want_n}"
+        for le in range(L):
+            want_n = sum(int((ids == rank * L + le).any(1).sum()) for _, ids, _ in ins)
+            assert int(count[le]) == want_n, f"rank {rank} expert {le}: {int(count[le])} != {want_n}"
         weight = torch.where(idx >= 0, w, torch.zeros_like(w)).sum(1, keepdim=True)
         torch.testing.assert_close(combined.float(), x.float() * weight, rtol=2 ** -7, atol=1e-2)
 
@@ -138,13 +145,44 @@ def worker(rank, store, hosts):
     assert buf._cfg["hidden"] == 2 * HIDDEN, buf._cfg
     buf.destroy()
 
+    class Comm:
+        """An mpi4py-like communicator (DeepEP's `comm`, used when group is None) over the gloo process group."""
+
+        def Get_rank(self):
+            return rank
+
+        def Get_size(self):
+            return N
+
+        def allgather(self, obj):
+            out = [None] * N
+            dist.all_gather_object(out, obj)
+            return out
+
+        def bcast(self, obj, root=0):
+            box = [obj]
+            dist.broadcast_object_list(box, src=root)
+            return box[0]
+
+        def Barrier(self):
+            dist.barrier()
+
+    # Every keyword of DeepEP's V1 lines (those without an effect here are accepted), over an mpi4py-like comm
+    with_comm = deep_ep.Buffer(None, num_nvl_bytes=8 << 20, num_rdma_bytes=8 << 20 if hosts > 1 else 0,
+                               low_latency_mode=False, num_qps_per_rank=8, allow_nvlink_for_low_latency_mode=False,
+                               allow_mnnvl=True, use_fabric=True, explicitly_destroy=True, enable_shrink=False,
+                               comm=Comm())
+    assert with_comm.group_size == N and with_comm.rank == rank
+    normal_round(with_comm)
+    with_comm.destroy()
+
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, HIDDEN, N, EXPERTS)
     roomy = deep_ep.Buffer.get_low_latency_rdma_size_hint(2 * M, HIDDEN, N, EXPERTS)  # room for two shapes
     ll = deep_ep.Buffer(dist.group.WORLD, num_rdma_bytes=roomy, low_latency_mode=True, explicitly_destroy=True)
     low_latency_round(ll)
     first = ll.low_latency_dispatch(dx, didx, M, EXPERTS, use_fp8=False)[2]
-    # Another num_max_dispatch_tokens_per_rank that fits the group: every rank replaces its low-latency C Buffer at
-    # this call
+    # Another num_max_dispatch_tokens_per_rank that fits the group: every rank replaces its low-latency C Buffer at this
+    # call
     low_latency_round(ll, M=2 * M)
     assert ll._ll_cfg["max_tokens"] == 2 * M, ll._ll_cfg
     try:
@@ -205,9 +243,7 @@ def worker(rank, store, hosts):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_recv, static_out = worst_case_calls(static_x)
-        per_host = N // hosts
-        sources = sorted(range(N), key=lambda s: (s % per_host, s // per_host))
-        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in sources])
+        want = torch.cat([ins[s][0][((ins[s][1] >= rank * L) & (ins[s][1] < (rank + 1) * L)).any(1)] for s in range(N)])
         ranks = torch.stack([((idx >= d * L) & (idx < (d + 1) * L)).any(1) for d in range(N)], 1).sum(1, keepdim=True)
         for sign in (-1.0, 1.0):  # replayed with every rank's rows negated, then as they were
             static_x.copy_(dx * sign)

@@ -61,9 +61,9 @@ class DegradedGroupTest(unittest.TestCase):
             for r in (0, 1):
                 count, combined, mask = outs[r]
                 self.assertEqual(mask.tolist(), [0, 0, 1], f"rank {r}: rank 2 masked")
-                for l in range(L):
-                    want = sum(int((idx == r * L + l).any(1).sum()) for s, (_, idx, _) in enumerate(ins) if s != 2)
-                    self.assertEqual(int(count[l]), want, f"rank {r} expert {l}: nothing from the lost rank")
+                for le in range(L):
+                    want = sum(int((idx == r * L + le).any(1).sum()) for s, (_, idx, _) in enumerate(ins) if s != 2)
+                    self.assertEqual(int(count[le]), want, f"rank {r} expert {le}: nothing from the lost rank")
                 x, idx, w = ins[r]
                 alive = (idx >= 0) & (idx < 2 * L)
                 weight = torch.where(alive, w, torch.zeros_like(w)).sum(1, keepdim=True)

@@ -1,6 +1,5 @@
 """The drop-in's first-run errors and exit path (issue 37): each error names its cause, and the group rank 0 created is
 deleted at interpreter exit even when its Detach fails.
-  - Buffer(None, comm=...) (DeepEP's MPI path) is refused with NotImplementedError naming the process group;
   - EPFABRIC_SOCKET without {local_rank} for two ranks says so (not "ranks: 0 appears twice");
   - a dispatch that does not fit the group's memory says the bytes it needs;
   - a Detach that fails at exit still leaves no group on the daemons.
@@ -43,14 +42,6 @@ def run_ranks(body, world, socket_env, timeout=120):
 
 
 class FirstRun(unittest.TestCase):
-    def test_mpi_path_is_refused_with_a_message(self):
-        fabric.require_torch()
-        sys.path.insert(0, str(fabric.ROOT / "python"))
-        from epfabric import deep_ep
-        with self.assertRaises(NotImplementedError) as raised:
-            deep_ep.Buffer(None, num_nvl_bytes=1 << 20, comm=object())
-        self.assertIn("MPI path (group=None, comm=...) is not supported", str(raised.exception))
-
     def test_one_socket_for_two_ranks_names_the_template(self):
         with fabric.Fabric(1) as fab:
             results = run_ranks("""

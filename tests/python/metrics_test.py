@@ -103,8 +103,8 @@ class DataPathMetricsTest(unittest.TestCase):
                         return values[key]
 
                     tokens = sum(x.shape[0] for x, _ in rounds[r])
-                    self.assertEqual(at('epfabric_datapath_calls_total{group="m-normal",op="dispatch"}'),
-                                     4 if r == 0 else 3)
+                    dispatches = at('epfabric_datapath_calls_total{group="m-normal",op="dispatch"}')
+                    self.assertEqual(dispatches, 4 if r == 0 else 3)
                     self.assertEqual(at('epfabric_datapath_calls_total{group="m-normal",op="combine"}'), 3)
                     self.assertEqual(at('epfabric_datapath_tokens_total{group="m-normal",direction="sent"}'), tokens)
                     self.assertEqual(at('epfabric_datapath_bytes_total{group="m-normal",direction="sent"}'),

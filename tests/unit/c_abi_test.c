@@ -26,6 +26,9 @@ int main(void) {
   memset(&result, 0, sizeof(result));
   EXPECT(epf_dispatch_ex(NULL, NULL, &options, NULL, &result) == EPF_INVALID_ARGUMENT);
   EXPECT(strstr(epf_last_error(), "null") != NULL);
+  epf_tensor prefix;
+  EXPECT(epf_dispatch_handle_rank_prefix_matrix(NULL, &prefix) == EPF_INVALID_ARGUMENT);
+  EXPECT(strstr(epf_last_error(), "null") != NULL);
   epf_ll_options ll_options = {.struct_size = sizeof(ll_options)};
   epf_ll_dispatch_result ll_result;
   memset(&ll_result, 0, sizeof(ll_result));

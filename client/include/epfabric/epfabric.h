@@ -32,8 +32,9 @@ extern "C" {
  *   6: epf_create_group_opts with epf_group_options and epf_lease_num_normal_rdma_bytes (groups across hosts that
  *      serve both modes; the transport's rings);
  *   7: epf_buffer_create_opts with epf_buffer_options (who issues low latency's puts across hosts).
- *   8: epf_buffer_options.enable_shrink (masking lost ranks is opt-in). */
-#define EPF_ABI_MINOR_VERSION 8
+ *   8: epf_buffer_options.enable_shrink (masking lost ranks is opt-in);
+ *   9: epf_dispatch_handle_rank_prefix_matrix (DeepEP's rank_prefix_matrix of a dispatch within one host). */
+#define EPF_ABI_MINOR_VERSION 9
 
 typedef int32_t epf_status;
 enum {
@@ -253,6 +254,11 @@ epf_status epf_dispatch_ex(epf_buffer* buffer, const epf_dispatch_args* args, co
 void epf_dispatch_handle_destroy(epf_dispatch_handle* handle);
 int epf_dispatch_handle_num_recv_tokens(const epf_dispatch_handle* handle);
 int epf_dispatch_handle_num_tokens(const epf_dispatch_handle* handle);
+/* DeepEP's rank_prefix_matrix of a dispatch within one host: int32 [num_ranks, num_ranks], [i][j] = tokens ranks 0..i
+ * send to rank j, on the buffer's device, written by the dispatch in stream order (a cached dispatch's is its
+ * handle's). A view of the handle's memory: valid while the handle lives. A dispatch across hosts has none (nor has
+ * DeepEP's internode handle): *out is then the empty descriptor (data NULL, ndim 0) and the status EPF_OK. */
+epf_status epf_dispatch_handle_rank_prefix_matrix(const epf_dispatch_handle* handle, epf_tensor* out);
 
 typedef struct {
   epf_tensor x;            /* bf16 [num_recv_tokens, hidden] */
