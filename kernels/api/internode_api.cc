@@ -52,6 +52,7 @@ absl::StatusOr<InternodeRdmaLayout> ComputeInternodeRdmaLayout(const InternodeSh
   l.dispatch_arrived = Place(&cursor, H * 8);
   l.slab_free = Place(&cursor, H * 8);
   l.combine_arrived = Place(&cursor, H * 8);
+  l.combine_free = Place(&cursor, H * 8);
   l.send_count = Place(&cursor, H * 8);
   l.calls = Place(&cursor, 2 * 8);
   l.signal_bytes = cursor;

@@ -172,7 +172,7 @@ __device__ void issue_for_host(const InternodeIssueParams& p, HostSender& out, i
       out.signal(l.slab_free + self * kWord);
       break;
     case InternodeIssueStep::kLeave:
-      for (const size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived}) {
+      for (const size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived, l.combine_free}) {
         out.command(transport::Opcode::kSignalAdd, words + self * kWord, 0, kInternodeLeftCallWord);
       }
       break;

@@ -142,6 +142,15 @@ absl::Status NormalRdmaStage::IssueCombineRows(const int32_t* counts, int hidden
   return absl::OkStatus();
 }
 
+absl::Status NormalRdmaStage::IssueCombineFree() {
+  for (int h = 0; h < shape_.num_hosts; ++h) {
+    if (h == shape_.host) continue;
+    EPF_RETURN_IF_ERROR(
+        RingFor(h).SignalAdd(PeerRank(h), layout_.combine_free + shape_.host * kWordBytes, 1, config_.timeout));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> NormalRdmaStage::BeginCall(int call, cudaStream_t stream) {
   EPF_RETURN_IF_ERROR(access_->Sync(stream));  // a padded call before this one counts on the device
   uint8_t* word = region() + layout_.calls + call * kWordBytes;
@@ -165,7 +174,7 @@ void NormalRdmaStage::LeaveCall() {
   auto left = [&] { return std::max(absl::ZeroDuration(), deadline - absl::Now()); };
   for (int h = 0; h < shape_.num_hosts; ++h) {
     if (h == shape_.host) continue;
-    for (size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived}) {
+    for (size_t words : {l.dispatch_arrived, l.slab_free, l.combine_arrived, l.combine_free}) {
       RingFor(h).SignalAdd(PeerRank(h), words + shape_.host * kWordBytes, kLeftCallWord, left()).IgnoreError();
     }
   }

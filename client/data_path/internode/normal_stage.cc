@@ -425,12 +425,19 @@ absl::StatusOr<CombineResult> NormalRdmaStage::RunCombine(const CombineArgs& arg
     row += n;
   }
   EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  // Every other host summed our rows of the previous combine: its receive slab for us is free again.
+  EPF_RETURN_IF_ERROR(WaitWords(l.combine_free, host_combines_, "release of the previous combine's receive slabs"));
   EPF_RETURN_IF_ERROR(IssueCombineRows(plan.recv_counts.data(), hidden, num_topk));
   EPF_RETURN_IF_ERROR(WaitWords(l.combine_arrived, call, "combine rows"));
   // Our rows are in place at their sources before we return: a process that detaches right after its last combine
   // must not take commands still in its rings with it (a lease's end drops what its rings hold).
   EPF_RETURN_IF_ERROR(QuietAll());
-  return SumHosts(args, plan, stream);
+  EPF_ASSIGN_OR_RETURN(CombineResult result, SumHosts(args, plan, stream));
+  // The sum has read the receive slabs (on cuda: once the stream is done) before the peers may write them again.
+  EPF_RETURN_IF_ERROR(access_->Sync(stream));
+  EPF_RETURN_IF_ERROR(IssueCombineFree());
+  ++host_combines_;
+  return result;
 }
 
 absl::StatusOr<CombineResult> NormalRdmaStage::SumHosts(const CombineArgs& args, const InternodeHandle& plan,
@@ -506,6 +513,7 @@ absl::Status NormalRdmaStage::Reset(cudaStream_t stream) {
     EPF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status_, 0, sizeof(kernels::KernelStatus), stream));
   }
   EPF_RETURN_IF_ERROR(access_->Sync(stream));  // the calls words too: the next call is the first
+  host_combines_ = 0;
   return absl::OkStatus();
 }
 

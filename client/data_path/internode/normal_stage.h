@@ -157,6 +157,8 @@ class NormalRdmaStage {
   absl::Status IssueDispatchRows(const int32_t* counts, int row_bytes, int num_scales, int num_topk, bool has_weights);
   absl::Status IssueSlabFree();
   absl::Status IssueCombineRows(const int32_t* counts, int hidden, int num_topk);
+  // After a host-issued combine's sum: every other host may put the next combine's rows into our receive slabs.
+  absl::Status IssueCombineFree();
   kernels::InternodePackParams PackParams(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes,
                                           int num_scales, int num_topk) const;
   // After a failed call: marks its arrival at this host's ranks' NVLink-stage barriers (DataPath::AbandonCall) and
@@ -196,7 +198,11 @@ class NormalRdmaStage {
   kernels::InternodeRing device_rings_[kernels::kMaxInternodeRings] = {};
   int num_device_rings_ = 0;
   const uint64_t* lost_ranks_device_ = nullptr;
-  uint64_t host_call_ = 0;         // host backend: the current padded call's count (BeginCall's)
+  uint64_t host_call_ = 0;  // host backend: the current padded call's count (BeginCall's)
+  // Host-issued combines this rank finished since the path was made or reset: the next one waits until every other
+  // host freed its receive slab of the previous one (combine_free), so back-to-back combines never overwrite rows a
+  // peer is still summing. Every rank issues the same sequence of calls, so the counts agree.
+  uint64_t host_combines_ = 0;
   bool last_call_device_ = false;  // the last call ran its RDMA stage on the device (Check leaves after its errors)
   bool leave_launched_ = false;    // this call's device leave step was launched (FailCall does not mark again)
   // The daemon's lost-ranks words (group order; null without a counters page), and the ranks already lost when this

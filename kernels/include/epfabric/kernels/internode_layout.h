@@ -28,7 +28,10 @@ struct InternodeRdmaLayout {
   size_t dispatch_arrived = 0;  // uint64 [H]: dispatches whose rows from host h are in place
   size_t slab_free = 0;         // uint64 [H]: dispatches whose rows the gateway on host h has copied out
   size_t combine_arrived = 0;   // uint64 [H]: combines whose reduced rows from host h are in place
-  size_t send_count = 0;        // int64 [H]: the source of the count puts
+  // uint64 [H]: host-issued combines whose rows from this rank the rank on host h has summed (its receive slab for
+  // this host is free for the next combine's rows). Padded (device-issued) combines do not count here.
+  size_t combine_free = 0;
+  size_t send_count = 0;  // int64 [H]: the source of the count puts
   // uint64 [2]: this rank's dispatches and combines so far (written by this rank only: the waits' targets). In the
   // region rather than in the client so that a call replayed from a CUDA graph counts too.
   size_t calls = 0;
