@@ -26,7 +26,7 @@ fabric.require_torch()
 import torch  # noqa: E402
 
 import epfabric  # noqa: E402
-from epfabric import _lib, buffer as buffer_mod, low_latency as ll_mod  # noqa: E402
+from epfabric import _lib, buffer as buffer_mod, low_latency as ll_mod, normal as normal_mod  # noqa: E402
 
 N = 2
 M, HIDDEN, TOPK, EXPERTS = 128, 7168, 8, 288  # DeepEP's low-latency benchmark shape
@@ -35,8 +35,8 @@ NORMAL_TOKENS = 4096
 
 
 # The C functions the modules call directly on their hot paths (module globals), and the modules' `call`.
-_DIRECT = ((buffer_mod, "_GET_LAYOUT"), (buffer_mod, "_DISPATCH"), (buffer_mod, "_COMBINE"), (ll_mod, "_LL_DISPATCH"),
-           (ll_mod, "_LL_COMBINE"))
+_DIRECT = ((normal_mod, "_GET_LAYOUT"), (normal_mod, "_DISPATCH"), (normal_mod, "_COMBINE"),
+           (ll_mod, "_LL_DISPATCH"), (ll_mod, "_LL_COMBINE"))
 
 
 class CTimer:
@@ -58,13 +58,13 @@ class CTimer:
         return timed
 
     def __enter__(self):
-        buffer_mod.call = ll_mod.call = self._timed(self.original)
+        buffer_mod.call = normal_mod.call = ll_mod.call = self._timed(self.original)
         for module, name, fn in self.saved:
             setattr(module, name, self._timed(fn))
         return self
 
     def __exit__(self, *exc):
-        buffer_mod.call = ll_mod.call = self.original
+        buffer_mod.call = normal_mod.call = ll_mod.call = self.original
         for module, name, fn in self.saved:
             setattr(module, name, fn)
 
