@@ -317,6 +317,7 @@ class ElasticBufferTest(unittest.TestCase):
         print(f"seed {seed}, {hosts} host(s)", flush=True)
         with fabric.Fabric(N, hosts=hosts) as fab, tempfile.TemporaryDirectory() as tmp:
             env = dict(os.environ, EPFABRIC_SOCKET=str(fab.dir / "d{local_rank}.sock"), EPF_TEST_SEED=seed,
+                       PYTHONFAULTHANDLER="1",
                        PYTHONPATH=os.pathsep.join([str(fabric.ROOT / "python"), str(fabric.ROOT / "tests" / "python")]))
             procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), f"{tmp}/store", str(hosts)],
                                       env=dict(env, LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
@@ -330,7 +331,8 @@ class ElasticBufferTest(unittest.TestCase):
                         q.kill()
                     self.fail(f"rank {r} did not finish within 240 s")
                 outputs.append(out)
-            failed = [f"rank {r} failed:\n{outputs[r]}" for r, p in enumerate(procs) if p.returncode != 0]
+            failed = [f"rank {r} failed (exit status {p.returncode}):\n{outputs[r]}" for r, p in enumerate(procs)
+                      if p.returncode != 0]
             self.assertEqual(failed, [])
             for r in range(N):
                 self.assertIn(f"rank {r}: OK", outputs[r])
