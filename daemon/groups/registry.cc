@@ -391,7 +391,7 @@ void Registry::Adopt(const v1::JoinRequest& request) {
                              Clip(record.group().name()));
       continue;
     }
-    Entry entry{record.group(), record.token_sha256(), {}};
+    Entry entry{record.group(), record.token_sha256(), {}, /*client=*/{}};
     // A group adopted after a coordinator restart cannot be checked against committed incarnations.
     entry.info.set_state(v1::GROUP_STATE_DEGRADED);
     entries_[record.group().name()] = std::move(entry);

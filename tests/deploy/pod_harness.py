@@ -224,7 +224,9 @@ class Pod:
                 raise RuntimeError(f"{container['name']}: env {item['name']}: unsupported source")
             env[item["name"]] = value
         env.update(extra_env or {})
-        return {k: self.rewrite(v, mounts) for k, v in env.items()}
+        # PATH names the build's directories on this machine, not paths inside the container: a mount such as /tmp
+        # must not rewrite them (the build may live under it, as a CI clone in /tmp does).
+        return {k: v if k == "PATH" else self.rewrite(v, mounts) for k, v in env.items()}
 
     def argv_of(self, container, env, mounts):
         if "command" in container:
