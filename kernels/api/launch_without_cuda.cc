@@ -55,7 +55,6 @@ absl::Status LaunchIssueCommands(const std::vector<DeviceRing>&, const Command*,
                                  KernelStatus*, int*, cudaStream_t) {
   return NoKernels("transport issue_commands");
 }
-absl::Status LaunchSignalAdd(void*, int64_t, cudaStream_t) { return NoKernels("transport signal_add"); }
 }  // namespace transport
 
 }  // namespace epfabric::kernels
