@@ -48,8 +48,13 @@ struct ReceiveGroup {
   absl::Mutex mutex;
   bool closed ABSL_GUARDED_BY(mutex) = false;
   std::set<int> fds ABSL_GUARDED_BY(mutex);  // accepted connections, shut down when the group goes
-  // The proven connection of each (issuer rank, channel): a newer one replaces it (the issuer reconnected).
-  std::map<std::pair<int, int>, int> by_issuer ABSL_GUARDED_BY(mutex);
+  // The proven connection of each (issuer rank, channel): one accepted later replaces it (the issuer reconnected).
+  // Accept order, not handshake order, decides: handshakes of one issuer may finish in any order on a loaded host.
+  struct Proven {
+    int fd = -1;
+    uint64_t accept_serial = 0;
+  };
+  std::map<std::pair<int, int>, Proven> by_issuer ABSL_GUARDED_BY(mutex);
 };
 
 // Descriptors the data listener's connections may hold: a third of what the process may open beyond a reserve for
@@ -238,7 +243,9 @@ class SocketWireImpl final : public SocketWire {
         pending_.push_back(fd);
       }
       try {
-        std::thread([this, fd, accepted = absl::Now()] { Receive(fd, accepted); }).detach();
+        std::thread([this, fd, accepted = absl::Now(), serial = ++accept_serial_] {
+          Receive(fd, accepted, serial);
+        }).detach();
       } catch (const std::system_error& e) {
         // Out of threads: the peer's connection fails (its issuer reports the rank), this daemon stays up.
         Logger("transport")->warn("refused a data connection: cannot start a receiver thread ({})", e.what());
@@ -279,10 +286,11 @@ class SocketWireImpl final : public SocketWire {
   }
 
   // One accepted connection, from handshake to close.
-  void Receive(int fd, absl::Time accepted) {
+  // `accept_serial` orders the connections by accept.
+  void Receive(int fd, absl::Time accepted, uint64_t accept_serial) {
     const std::pair<int, int> issuer_channel = {-1, -1};
     std::pair<int, int> key = issuer_channel;
-    std::shared_ptr<ReceiveGroup> group = Handshake(fd, accepted + options_.handshake_timeout, &key);
+    std::shared_ptr<ReceiveGroup> group = Handshake(fd, accepted + options_.handshake_timeout, accept_serial, &key);
     {
       absl::MutexLock lock(&mutex_);
       pending_.remove(fd);
@@ -301,7 +309,7 @@ class SocketWireImpl final : public SocketWire {
       absl::MutexLock lock(&group->mutex);
       group->fds.erase(fd);
       auto it = group->by_issuer.find(key);
-      if (it != group->by_issuer.end() && it->second == fd) group->by_issuer.erase(it);
+      if (it != group->by_issuer.end() && it->second.fd == fd) group->by_issuer.erase(it);
     }
     close(fd);
     absl::MutexLock lock(&mutex_);
@@ -309,8 +317,10 @@ class SocketWireImpl final : public SocketWire {
   }
 
   // The group the connection proved it belongs to (registered in its fds, replacing the connection of the same
-  // issuer rank and channel), or null (counted, nothing written). The whole exchange ends by `deadline`.
-  std::shared_ptr<ReceiveGroup> Handshake(int fd, absl::Time deadline, std::pair<int, int>* key) {
+  // issuer rank and channel if that one was accepted earlier), or null (nothing written: refused and counted, or
+  // superseded by a later connection of the same issuer rank and channel). The whole exchange ends by `deadline`.
+  std::shared_ptr<ReceiveGroup> Handshake(int fd, absl::Time deadline, uint64_t accept_serial,
+                                          std::pair<int, int>* key) {
     const std::string peer = "data connection";
     Hello hello;
     if (!socket_wire::ReadFullBefore(fd, &hello, sizeof(hello), deadline, peer).ok()) {
@@ -359,11 +369,12 @@ class SocketWireImpl final : public SocketWire {
     *key = {hello.issuer_rank, hello.channel};
     absl::MutexLock lock(&group->mutex);
     if (group->closed) return nullptr;
-    auto [it, fresh] = group->by_issuer.emplace(*key, fd);
+    auto [it, fresh] = group->by_issuer.emplace(*key, ReceiveGroup::Proven{fd, accept_serial});
     if (!fresh) {
-      // The issuer reconnected (or someone holding the group's key opened another): the newest one serves.
-      shutdown(it->second, SHUT_RDWR);
-      it->second = fd;
+      // The issuer reconnected (or someone holding the group's key opened another): the last accepted one serves.
+      if (it->second.accept_serial > accept_serial) return nullptr;
+      shutdown(it->second.fd, SHUT_RDWR);
+      it->second = {fd, accept_serial};
     }
     group->fds.insert(fd);
     return group;
@@ -426,6 +437,7 @@ class SocketWireImpl final : public SocketWire {
   SocketWireCounters counters_ ABSL_GUARDED_BY(mutex_);
   int spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // the accept thread's
   absl::Time last_emfile_warning_ = absl::InfinitePast();   // the accept thread's
+  uint64_t accept_serial_ = 0;                              // the accept thread's: connections in accept order
 };
 
 void RegisteredLink::Shutdown() {
