@@ -106,12 +106,13 @@ absl::Status Buffer::Check(cudaStream_t stream) {
   if (s.stats != nullptr) (void)s.stats->Publish(stream);  // counters only: never fails the check
   absl::Status status = s.path->Check(stream);
   if (s.stats != nullptr) s.stats->Failure(status);
-  return s.config.low_latency ? s.ExplainFirstCall(std::move(status)) : status;
+  return s.config.low_latency ? s.ExplainFirstCall(std::move(status)) : s.NameGoneRanks(std::move(status));
 }
 
 absl::Status Buffer::Reset(cudaStream_t stream) {
   State& s = *state_;
   s.recv_hook_pending = false;
+  s.left_call = false;
   s.cursor = kernels::LowLatencyBufferCursor();
   s.generation_pending = true;
   return s.path->Reset(stream);

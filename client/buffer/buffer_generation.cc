@@ -97,7 +97,13 @@ absl::Status Buffer::State::CheckGeneration(bool may_mask, cudaStream_t stream) 
 }
 
 absl::Status Buffer::State::UsableForNormal() {
-  EPF_RETURN_IF_ERROR(CheckGeneration(/*may_mask=*/false, nullptr));
+  absl::Status generation = CheckGeneration(/*may_mask=*/false, nullptr);
+  if (absl::IsUnavailable(generation) && !left_call) {
+    // A peer left or changed: peers whose check passed a moment earlier may be waiting for this rank in the call.
+    left_call = true;
+    path->LeaveCall();
+  }
+  EPF_RETURN_IF_ERROR(generation);
   return Usable();
 }
 
@@ -124,6 +130,21 @@ absl::Status Buffer::State::ExplainFirstCall(absl::Status status) const {
                    "; this was among the first calls since this Buffer was made or reset: a peer whose Buffer was made "
                    "before this rank's client attached (this client replaced one that left) does not serve it until "
                    "every rank of the group makes a new Buffer or calls Reset"));
+}
+
+absl::Status Buffer::State::NameGoneRanks(absl::Status status) const {
+  const uint64_t* words = lease->lease_serials();
+  if (!absl::IsUnavailable(status) || words == nullptr || serials.empty()) return status;
+  const std::vector<uint64_t> now = ReadSerials(words, static_cast<int>(serials.size()));
+  std::string gone;
+  for (int r = 0; r < static_cast<int>(serials.size()); ++r) {
+    if (now[r] == serials[r] || r == lease->rank()) continue;
+    absl::StrAppend(&gone, "; rank ", r,
+                    now[r] == 0 ? " is lost (its client's lease ended since this Buffer was made)"
+                                : " has a new client since this Buffer was made");
+  }
+  if (gone.empty()) return status;
+  return absl::Status(status.code(), absl::StrCat(status.message(), gone));
 }
 
 absl::Status Buffer::State::MaskRank(int r, cudaStream_t stream) {

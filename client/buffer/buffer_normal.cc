@@ -46,6 +46,7 @@ absl::StatusOr<DispatchLayout> Buffer::GetDispatchLayout(const TensorView& topk_
 
 absl::StatusOr<DispatchResult> Buffer::Dispatch(const DispatchArgs& args, cudaStream_t stream) {
   absl::StatusOr<DispatchResult> result = DispatchUncounted(args, stream);
+  if (!result.ok()) result = state_->NameGoneRanks(result.status());
   if (internal::DataPathRecorder* stats = state_->stats.get(); stats != nullptr) {
     stats->Call(kernels::kOpDispatch, result.status());
     if (result.ok()) {
@@ -140,6 +141,7 @@ absl::StatusOr<DispatchResult> Buffer::DispatchUncounted(const DispatchArgs& arg
 
 absl::StatusOr<CombineResult> Buffer::Combine(const CombineArgs& args, cudaStream_t stream) {
   absl::StatusOr<CombineResult> result = CombineUncounted(args, stream);
+  if (!result.ok()) result = state_->NameGoneRanks(result.status());
   if (state_->stats != nullptr) state_->stats->Call(kernels::kOpCombine, result.status());
   return result;
 }

@@ -19,7 +19,11 @@ Proxy::Proxy(ProxyOptions options) : options_(options) {
 
 Proxy::~Proxy() {
   stop_.store(true);
-  for (auto& worker : workers_) worker->thread.join();
+  for (auto& worker : workers_) {
+    // Releasing the mutex re-evaluates the condition a worker without rings waits on.
+    { absl::MutexLock lock(&worker->mutex); }
+    worker->thread.join();
+  }
 }
 
 void Proxy::Add(const ProxiedRing& ring) {
@@ -48,6 +52,11 @@ void Proxy::Run(Worker* worker) {
     int taken = 0;
     {
       absl::MutexLock lock(&worker->mutex);
+      // A worker without rings waits for one: a daemon without groups has no thread waking up.
+      auto has_work = [this, worker]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(worker->mutex) {
+        return !worker->rings.empty() || stop_.load(std::memory_order_relaxed);
+      };
+      worker->mutex.Await(absl::Condition(&has_work));
       for (const ProxiedRing& r : worker->rings) taken += r.ring->Poll(r.link, *r.bounds, options_.budget_per_ring);
     }
     if (taken > 0) {

@@ -113,6 +113,11 @@ class NormalRdmaStage {
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
   absl::Status Check(cudaStream_t stream);
   absl::Status Reset(cudaStream_t stream);
+  // After a failed call, or one this rank refuses that its peers may have entered (DataPath::LeaveCall): marks its
+  // arrival at this host's ranks' NVLink-stage barriers (KernelPath::AbandonCall) and every word it writes at its
+  // peers on other hosts (arrivals of rows, releases of slabs), so that their waits for it end with UNAVAILABLE naming
+  // it, and waits (bounded) until the marks landed.
+  void LeaveCall();
 
  private:
   NormalRdmaStage() = default;
@@ -161,10 +166,6 @@ class NormalRdmaStage {
   absl::Status IssueCombineFree();
   kernels::InternodePackParams PackParams(const DispatchArgs& args, const InternodeHandle& plan, int row_bytes,
                                           int num_scales, int num_topk) const;
-  // After a failed call: marks its arrival at this host's ranks' NVLink-stage barriers (DataPath::AbandonCall) and
-  // every word it writes at its peers on other hosts (arrivals of rows, releases of slabs), so that their waits for
-  // it end with UNAVAILABLE naming it, and waits (bounded) until the marks landed.
-  void LeaveCall();
   int PeerRank(int host) const { return host * shape_.ranks_per_host + shape_.local_rank; }
   uint8_t* region() const { return static_cast<uint8_t*>(region_); }
   kernels::transport::RingIssuer& RingFor(int host) { return rings_[host % rings_.size()]; }
