@@ -1,9 +1,11 @@
 """Test support: a fabric of real epfabricd daemons (host backend by default) on Unix sockets and loopback, as
 `scripts/epf demo` starts them, plus helpers to run one function per rank concurrently."""
+import ctypes
 import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,13 @@ def require_torch():
         print(f"SKIPPED: torch is not importable by {sys.executable} ({error}); scripts/epf deps installs Debian's "
               "python3-torch for /usr/bin/python3")
         sys.exit(SKIP)
+
+
+def _die_with_parent():
+    """In the daemon's child before exec: SIGTERM when the test process dies, even by SIGKILL (a ctest timeout), so
+    that no daemon outlives its test."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class Fabric:
@@ -75,7 +84,8 @@ class Fabric:
             if coordinator:
                 flags.append(f"--coordinator={coordinator}")
             with open(self.dir / f"d{r}.log", "wb") as log:
-                self.procs.append(subprocess.Popen([self.daemon] + flags, stdout=log, stderr=log))
+                self.procs.append(subprocess.Popen([self.daemon] + flags, stdout=log, stderr=log,
+                                                   preexec_fn=_die_with_parent))
             self._wait(lambda: os.path.exists(self.sockets[r]), f"daemon {r}'s socket")
             if r == 0:
                 topology = json.loads(self.epctl_run(0, "topology", "--json"))
