@@ -64,9 +64,13 @@ std::shared_ptr<grpc::Channel> PeerLinks::Channel(const std::string& address) {
   if (it != channels_.end()) return it->second;
   grpc::ChannelArguments args;
   if (tls_ && !target_name_.empty()) args.SetSslTargetNameOverride(target_name_);
-  // Peers come and go (restarts); reconnect quickly instead of gRPC's default backoff of up to 2 minutes.
+  // Peers come and go (restarts); reconnect quickly instead of gRPC's default backoff of up to 2 minutes. The
+  // "minimum reconnect backoff" is gRPC's time limit of one connection attempt (TCP connect plus the HTTP/2 and TLS
+  // handshakes), not a pause: at 100 ms a starved or sanitised daemon's handshake timed out and every call on the
+  // channel failed UNAVAILABLE until the next attempt. A refused connection still fails at once; calls keep their
+  // own deadlines.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!secret_.empty()) {
