@@ -10,7 +10,7 @@ import textwrap
 import weakref
 
 import fabric
-from buffer_cases import N, SEED, FabricCase, bf16, topk_routing
+from buffer_cases import N, SEED, FabricCase, bf16, synchronized_buffer_class, topk_routing
 
 fabric.require_torch()
 import torch  # noqa: E402
@@ -29,8 +29,9 @@ class HandleLifetimeTest(FabricCase):
         nvl, rdma = epfabric.required_group_bytes(TOKENS, HIDDEN, TOPK, EXPERTS, low_latency, 1, N)
         token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
         self.addCleanup(self.client.delete_group, name, token)
-        return fabric.run_ranks(N, lambda r: epfabric.Buffer.attach(self.fabric.sockets[r], name, r, token,
-                                                                    **fabric.attach_options(N)))
+        buffer_class = synchronized_buffer_class(N)  # the ranks (threads) make their C Buffers together
+        return fabric.run_ranks(N, lambda r: buffer_class.attach(self.fabric.sockets[r], name, r, token,
+                                                                 **fabric.attach_options(N)))
 
     def normal_round(self, bufs):
         """One dispatch on every rank; each rank's (handle, received rows)."""
@@ -110,19 +111,21 @@ class HandleLifetimeTest(FabricCase):
             self.assertIn("destroyed", str(caught.exception))
 
     def test_interpreter_exit_in_any_order(self):
-        """A process that exits holding handles and Buffers (in a reference cycle, destroyed or not) exits cleanly."""
+        """A process that exits holding handles, with its Buffers in reference cycles or collected before exit,
+        destroyed or not, exits cleanly (PYTHONMALLOC=debug: a freed callback's memory does not pass for live)."""
         script = textwrap.dedent("""
-            import os, sys, threading
+            import os, sys
             sys.path.insert(0, os.environ["EPF_TEST_DIR"])
-            import fabric, torch, epfabric
+            import buffer_cases, fabric, torch
             sockets, name, token = os.environ["SOCKETS"].split(","), os.environ["GROUP"], os.environ["TOKEN"]
-            low_latency, destroy = os.environ["LL"] == "1", os.environ["DESTROY"] == "1"
+            low_latency, destroy, drop = (os.environ[k] == "1" for k in ("LL", "DESTROY", "DROP"))
+            buffer_class = buffer_cases.synchronized_buffer_class(len(sockets))
             keep = []
             def rank(r):
-                b = epfabric.Buffer.attach(sockets[r], name, r, token)
+                b = buffer_class.attach(sockets[r], name, r, token, **fabric.attach_options(len(sockets)))
                 gen = torch.Generator().manual_seed(r)
-                x = (torch.randn(16, 128, generator=gen)).to(torch.bfloat16)
-                idx = torch.randint(0, 8, (16, 1), generator=gen)
+                x, idx = fabric.to_dev((torch.randn(16, 128, generator=gen)).to(torch.bfloat16),
+                                       torch.randint(0, 8, (16, 1), generator=gen))
                 if low_latency:
                     out = b.low_latency_dispatch(x, idx, 16, 8, use_fp8=False, return_recv_hook=True)
                 else:
@@ -134,27 +137,32 @@ class HandleLifetimeTest(FabricCase):
                 keep.append(cycle)
                 return b
             bufs = fabric.run_ranks(len(sockets), rank)
+            outs = [cycle["out"] for cycle in keep]  # the handles, held to the end
             if destroy:
-                for b in bufs:
-                    b.destroy()
+                [b.destroy() for b in bufs]
+            if drop:  # the Buffers go (and a collection) before exit, the handles stay
+                bufs = keep = None
+                import gc
+                gc.collect()
             print("exiting", flush=True)
         """)
-        for low_latency in (False, True):
-            for destroy in (False, True):
-                with self.subTest(low_latency=low_latency, destroy=destroy):
-                    type(self).count += 1
-                    name = f"py-exit-{type(self).count}"
-                    nvl, rdma = epfabric.required_group_bytes(16, 128, 1, 8, low_latency, 1, N)
-                    token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
-                    self.addCleanup(self.client.delete_group, name, token)
-                    env = dict(os.environ, EPF_TEST_DIR=os.path.dirname(os.path.abspath(__file__)),
-                               SOCKETS=",".join(self.fabric.sockets), GROUP=name, TOKEN=token,
-                               LL=str(int(low_latency)), DESTROY=str(int(destroy)), PYTHONFAULTHANDLER="1")
-                    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                                          timeout=120)
-                    self.assertEqual(done.returncode, 0, f"exit status {done.returncode}:\n{done.stdout}{done.stderr}")
-                    self.assertIn("exiting", done.stdout)
-                    self.assertNotIn("Fatal Python error", done.stderr)
+        cases = [(ll, d, dr) for ll in (False, True) for d in (False, True) for dr in (False, True)]
+        for low_latency, destroy, drop in cases:
+            with self.subTest(low_latency=low_latency, destroy=destroy, drop=drop):
+                type(self).count += 1
+                name = f"py-exit-{type(self).count}"
+                nvl, rdma = epfabric.required_group_bytes(16, 128, 1, 8, low_latency, 1, N)
+                token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
+                self.addCleanup(self.client.delete_group, name, token)
+                env = dict(os.environ, EPF_TEST_DIR=os.path.dirname(os.path.abspath(__file__)),
+                           SOCKETS=",".join(self.fabric.sockets), GROUP=name, TOKEN=token,
+                           LL=str(int(low_latency)), DESTROY=str(int(destroy)), DROP=str(int(drop)),
+                           PYTHONFAULTHANDLER="1", PYTHONMALLOC="debug")
+                done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                      timeout=120)
+                self.assertEqual(done.returncode, 0, f"exit status {done.returncode}:\n{done.stdout}{done.stderr}")
+                self.assertIn("exiting", done.stdout)
+                self.assertNotIn("Fatal Python error", done.stderr)
 
 
 if __name__ == "__main__":
