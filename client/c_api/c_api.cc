@@ -24,6 +24,9 @@ struct epf_lease {
 };
 struct epf_buffer {
   std::unique_ptr<epfabric::client::Buffer> buffer;
+  // Expires when the Buffer is destroyed: its hooks hold a weak reference and refuse to run after that (a hook runs
+  // on the Buffer's state; handles own everything they free and need no such check).
+  std::shared_ptr<const bool> alive = std::make_shared<const bool>(true);
 };
 struct epf_dispatch_handle {
   std::shared_ptr<const epfabric::client::DispatchHandle> handle;
@@ -37,6 +40,7 @@ struct epf_layout_keep {
 };
 struct epf_hook {
   std::function<absl::Status(cudaStream_t)> run;
+  std::weak_ptr<const bool> buffer_alive;  // epf_buffer::alive of the Buffer whose call made it
 };
 
 namespace {
@@ -280,6 +284,12 @@ uint64_t epf_lease_num_normal_bytes(const epf_lease* lease) { return lease->leas
 uint64_t epf_lease_num_normal_rdma_bytes(const epf_lease* lease) {
   return lease->lease->group().num_normal_rdma_bytes();
 }
+epf_status epf_lease_group_bytes(const epf_lease* lease, uint64_t* nvl_bytes, uint64_t* rdma_bytes) {
+  if (lease == nullptr || nvl_bytes == nullptr || rdma_bytes == nullptr) return Fail(Null("lease or outputs"));
+  *nvl_bytes = lease->lease->group().num_nvl_bytes();
+  *rdma_bytes = lease->lease->group().num_rdma_bytes();
+  return Report(absl::OkStatus());
+}
 int epf_lease_num_nvl_ranks(const epf_lease* lease) { return static_cast<int>(lease->lease->nvl_ranks().size()); }
 epf_status epf_lease_healthy(const epf_lease* lease) { return Report(lease->lease->Healthy()); }
 
@@ -516,7 +526,7 @@ epf_status epf_low_latency_dispatch_ex(epf_buffer* buffer, const epf_ll_dispatch
   out->packed_recv_src_info = FromView(result->packed_recv_src_info.view);
   out->packed_recv_layout_range = FromView(result->packed_recv_layout_range.view);
   out->handle = new epf_ll_handle{std::move(result->handle), static_cast<int>(a.x.shape.empty() ? 0 : a.x.shape[0])};
-  out->hook = result->recv_hook ? new epf_hook{std::move(result->recv_hook)} : nullptr;
+  out->hook = result->recv_hook ? new epf_hook{std::move(result->recv_hook), buffer->alive} : nullptr;
   return Report(absl::OkStatus());
 }
 
@@ -548,13 +558,16 @@ epf_status epf_low_latency_combine_ex(epf_buffer* buffer, const epf_ll_combine_a
   auto result = buffer->buffer->LowLatencyCombine(a, Stream(stream));
   if (!result.ok()) return Fail(result.status());
   out->combined_x = FromView(result->combined_x.view);
-  out->hook = result->recv_hook ? new epf_hook{std::move(result->recv_hook)} : nullptr;
+  out->hook = result->recv_hook ? new epf_hook{std::move(result->recv_hook), buffer->alive} : nullptr;
   return Report(absl::OkStatus());
 }
 
 epf_status epf_hook_run(epf_hook* hook, void* stream) {
   if (hook == nullptr) return Fail(Null("hook"));
   if (!hook->run) return Fail(absl::FailedPreconditionError("the hook has already run"));
+  if (hook->buffer_alive.expired()) {
+    return Fail(absl::FailedPreconditionError("the hook's Buffer was destroyed: a hook runs on its Buffer"));
+  }
   absl::Status ran = hook->run(Stream(stream));
   hook->run = nullptr;
   return Report(ran);

@@ -1,5 +1,10 @@
 """The handles that dispatch calls return (DeepEP's tuples, with the library's own record kept as attributes) and
-the receive hook of low latency: owned C objects, released when collected."""
+the receive hook of low latency: owned C objects, released when collected.
+
+Lifetime: a C handle frees its tensors through the allocator callbacks of the Buffer that made it (epfabric.h: the
+allocator's functions must stay valid until its last handle is destroyed). So each handle keeps that allocator (the
+owner of the ctypes callbacks) alive itself: it may be collected before or after its Buffer, after Buffer.destroy(),
+and at interpreter exit in any order."""
 import ctypes
 from typing import Optional
 
@@ -60,7 +65,7 @@ class DispatchHandle(tuple):
     def __new__(cls, c_handle: ctypes.c_void_p, num_recv_tokens: int, num_tokens: int, hidden: int, topk: int,
                 is_token_in_rank: Optional[torch.Tensor] = None, rank_prefix_matrix: Optional[torch.Tensor] = None,
                 internode: bool = False, serial: int = 0, recv_gbl_rank_prefix_sum: Optional[torch.Tensor] = None,
-                order: Optional[torch.Tensor] = None):
+                order: Optional[torch.Tensor] = None, allocator: Optional[object] = None):
         known = {"is_token_in_rank": is_token_in_rank, "rank_prefix_matrix": rank_prefix_matrix,
                  "recv_gbl_rank_prefix_sum": recv_gbl_rank_prefix_sum}
         fields = []
@@ -71,6 +76,7 @@ class DispatchHandle(tuple):
             fields.append(value)
         self = super().__new__(cls, fields)
         self._c = c_handle
+        self._allocator = allocator  # the Buffer's _tensors.Allocator: the callbacks the C handle frees through
         self._serial = serial  # which C Buffer of its Buffer made it (Buffer._normal_serial)
         # Across hosts: the library's received row of each of DeepEP's rows (by source rank), or None (same order).
         self._order = order
@@ -91,7 +97,8 @@ class DispatchHandle(tuple):
         c_handle, self._c = self._c, None
         fields = dict(zip(_INTERNODE_FIELDS, self))
         return DispatchHandle(c_handle, self.num_recv_tokens, self.num_tokens, self.hidden, self.topk,
-                              fields["is_token_in_rank"], None, True, self._serial, recv_gbl_rank_prefix_sum, order)
+                              fields["is_token_in_rank"], None, True, self._serial, recv_gbl_rank_prefix_sum, order,
+                              self._allocator)
 
     def __del__(self):
         if lib is not None and getattr(self, "_c", None):
@@ -104,9 +111,10 @@ class LowLatencyHandle(tuple):
     hidden, num_experts), plus the library's record that combine needs."""
 
     def __new__(cls, c_handle: ctypes.c_void_p, src_info: torch.Tensor, layout_range: torch.Tensor, max_tokens: int,
-                hidden: int, num_experts: int, num_tokens: int, serial: int = 0):
+                hidden: int, num_experts: int, num_tokens: int, serial: int = 0, allocator: Optional[object] = None):
         self = super().__new__(cls, (src_info, layout_range, max_tokens, hidden, num_experts))
         self._c = c_handle
+        self._allocator = allocator  # as DispatchHandle's
         self._serial = serial  # which low-latency C Buffer of its Buffer made it (Buffer._ll_serial)
         self.num_tokens = num_tokens
         return self

@@ -9,7 +9,7 @@ import os
 import pathlib
 
 ABI_VERSION = 1
-ABI_MINOR_VERSION = 9  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
+ABI_MINOR_VERSION = 10  # the additions to ABI 1 this package calls (epfabric.h, EPF_ABI_MINOR_VERSION)
 MAX_DIMS = 4
 
 BF16, FP8_E4M3, FLOAT32, INT32, INT64, BOOL = range(6)
@@ -153,6 +153,7 @@ _SIGNATURES = {
     "epf_lease_low_latency": (_I, [_P]),
     "epf_lease_num_normal_bytes": (ctypes.c_uint64, [_P]),
     "epf_lease_num_normal_rdma_bytes": (ctypes.c_uint64, [_P]),
+    "epf_lease_group_bytes": (_S, [_P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]),
     "epf_lease_num_nvl_ranks": (_I, [_P]),
     "epf_lease_healthy": (_S, [_P]),
     "epf_lease_region": (_S, [_P, _I, _PP, ctypes.POINTER(ctypes.c_uint64)]),

@@ -85,8 +85,12 @@ class Buffer(NormalMixin, LowLatencyMixin):
         self._ll_key = None  # the last low-latency (max_tokens, hidden, topk, num_experts) that was accepted
         self._normal_serial = 0  # C Buffers made for normal mode so far (a handle records the one that made it)
         self._ll_serial = 0  # the same for low latency
-        self.num_nvl_bytes = self._region_bytes(False)
-        self.num_rdma_bytes = self._region_bytes(True)
+        # The sizes the group was created with, the same on every rank and backend (a mapped region may be larger:
+        # cuda rounds it up to its allocation granularity). Every decision about what a call fits is made from these,
+        # so every rank makes the same one.
+        nvl, rdma = ctypes.c_uint64(), ctypes.c_uint64()
+        call("epf_lease_group_bytes", lease, ctypes.byref(nvl), ctypes.byref(rdma))
+        self.num_nvl_bytes, self.num_rdma_bytes = nvl.value, rdma.value
 
     @classmethod
     def attach(cls, socket: str, group: str, rank: int, token: str, *, timeout_s: float = 5.0,
@@ -236,12 +240,14 @@ class Buffer(NormalMixin, LowLatencyMixin):
         Returns:
             tensor: a view of the region (no copy).
         """
-        data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
+        data, mapped = ctypes.c_void_p(), ctypes.c_uint64()
         call("epf_lease_region", self._live_lease(), int(bool(use_rdma_buffer)), ctypes.byref(data),
-             ctypes.byref(nbytes))
-        if offset < 0 or offset > nbytes.value:
-            raise ValueError(f"offset = {offset}: the region has {nbytes.value} bytes")
-        raw = _tensors.from_pointer(data.value + offset, nbytes.value - offset, self.device)
+             ctypes.byref(mapped))
+        # The group's size (what DeepEP's buffer has), not the mapping's, which cuda rounds up.
+        nbytes = min(mapped.value, self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes)
+        if offset < 0 or offset > nbytes:
+            raise ValueError(f"offset = {offset}: the region has {nbytes} bytes")
+        raw = _tensors.from_pointer(data.value + offset, nbytes - offset, self.device)
         element = torch.empty((), dtype=dtype).element_size()
         t = raw[:(raw.numel() // element) * element].view(dtype)
         if size is None:
@@ -272,11 +278,6 @@ class Buffer(NormalMixin, LowLatencyMixin):
         if self._lease is None:
             raise RuntimeError("this Buffer was destroyed")
         return self._lease
-
-    def _region_bytes(self, rdma):
-        data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
-        return nbytes.value if lib.epf_lease_region(self._lease, int(rdma), ctypes.byref(data),
-                                                    ctypes.byref(nbytes)) == 0 else 0
 
     def _stream(self):
         if self._dev_index >= 0:
@@ -310,14 +311,29 @@ class Buffer(NormalMixin, LowLatencyMixin):
         """
         return False
 
+    def _agree_max(self, value: int) -> int:
+        """The largest `value` over the ranks of the group, for decisions every rank must make alike (the shape of a
+        new C Buffer). epfabric.Buffer has no channel between its ranks: this rank's own. epfabric.deep_ep.Buffer
+        gathers it over its process group.
+
+        Arguments:
+            value: this rank's value.
+
+        Returns:
+            the largest over the ranks.
+        """
+        return value
+
     def _renew(self, name: str, config: "_lib.BufferConfig", shape: Dict[str, int]) -> None:
         """Makes the C Buffer of attribute `name` (`_cbuf` or `_ll_cbuf`) for `config`, replacing the one there.
 
         Every rank replaces its C Buffer at the same call (they see the same sequence of shapes, as in DeepEP's usage),
         so: the ranks synchronize (nothing of the group in flight), each destroys its old C Buffer, makes the new one
         and resets it (the new layout's signals in its own region are zeroed), and the ranks synchronize again before
-        anyone writes into a peer's region. The first C Buffer of a mode needs none of it (the daemon zeroed the
-        region when the lease started).
+        anyone writes into a peer's region. The first C Buffer of a mode needs no reset (the daemon zeroed the region
+        when the lease started), but the ranks still synchronize after making it: making one allocates device and
+        pinned memory and loads kernels, which, for ranks that share a GPU as threads of one process, would keep this
+        rank's kernels from running beside a peer's first kernel that already waits for them (until its timeout).
 
         Arguments:
             name: `_cbuf` (normal mode) or `_ll_cbuf` (low latency).
@@ -340,4 +356,4 @@ class Buffer(NormalMixin, LowLatencyMixin):
         setattr(self, name, cbuf)
         if old is not None:
             call("epf_buffer_reset", cbuf, self._stream())
-            self._sync_ranks()
+        self._sync_ranks()

@@ -236,6 +236,14 @@ class Buffer(_buffer.Buffer):
         self._collectives.barrier()
         return True
 
+    def _agree_max(self, value: int) -> int:
+        """The largest `value` over the process group (an all-gather).
+
+        Returns:
+            the largest over the ranks.
+        """
+        return max(self._collectives.all_gather_object(int(value)))
+
     def destroy(self) -> None:
         """Every rank calls it (explicitly_destroy=True): leases end, then rank 0 deletes the group it created."""
         super().destroy()

@@ -98,7 +98,8 @@ class LowLatencyMixin:
         finally:
             self._alloc.end_call()
         handle = LowLatencyHandle(ctypes.c_void_p(result.handle), src_info, layout_range,
-                                  num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0], self._ll_serial)
+                                  num_max_dispatch_tokens_per_rank, hidden, num_experts, x.shape[0], self._ll_serial,
+                                  self._alloc)
         hook = Hook(self, result.hook) if result.hook else None
         if use_fp8:
             recv_x = (recv_x, scales.transpose(1, 2))  # stored [L, G, R*M]; DeepEP's [L, R*M, G] view of it

@@ -171,7 +171,7 @@ class NormalMixin:
             internode = self.group_size != self.num_nvl_ranks
             new_handle = DispatchHandle(ctypes.c_void_p(result.handle), result.num_recv_tokens, num_tokens, hidden,
                                         topk, is_token_in_rank, self._handle_prefix_matrix(result.handle),
-                                        internode, self._normal_serial)
+                                        internode, self._normal_serial, allocator=self._alloc)
             per_expert = calls.counts[:min(result.num_local_experts, _MAX_LOCAL_EXPERTS)]
             if internode and recv_topk_idx is not None:
                 new_handle = self._deep_ep_order(new_handle, recv_topk_idx, num_tokens, data.device)
@@ -336,12 +336,18 @@ class NormalMixin:
 
     def _ensure_normal(self, hidden: int, topk: int, num_experts: int, num_tokens: int,
                        config: Optional[Config]) -> None:
-        """Makes sure the normal-mode C Buffer serves a dispatch of this shape: the one there when it does (hidden and
-        top-k up to its own, the same experts, tokens up to what it holds), else a new one (_renew) for a shape that
-        covers both (the larger hidden size and top-k) when the group's regions hold it with `num_tokens` tokens per
-        rank, else for this call's shape alone. The SM count (channels) is fixed when a C Buffer is made: a call whose
-        Config asks for another count runs on the C Buffer there (DeepEP's callers tune num_sms call by call; making a
-        C Buffer synchronizes every rank).
+        """Makes sure the normal-mode C Buffer serves a dispatch of this shape: the one there when it serves the shape
+        (hidden and top-k up to its own, the same experts), else a new one (_renew) for a shape that covers both (the
+        larger hidden size and top-k) when the group's regions hold it with the tokens of every rank, else for this
+        call's shape alone. The SM count (channels) is fixed when a C Buffer is made: a call whose Config asks for
+        another count runs on the C Buffer there (DeepEP's callers tune num_sms call by call; making a C Buffer
+        synchronizes every rank).
+
+        Every rank makes the same decisions by construction: whether to replace the C Buffer depends only on the shape
+        (which DeepEP's callers keep the same on every rank) and on the group's sizes (epf_lease_group_bytes, the same
+        on every rank and backend), never on this rank's token count or on how large its mapping happens to be. The
+        new C Buffer's shape is chosen from the most tokens any rank has in this call (_agree_max), so every rank
+        makes the same one, or every rank refuses.
 
         Arguments:
             hidden: the call's hidden size.
@@ -351,34 +357,31 @@ class NormalMixin:
             config: the call's Config (its num_sms for a new C Buffer), or None for the Buffer's.
 
         Raises:
-            ValueError: the group's regions hold no C Buffer for this call, saying the bytes it needs and the bytes the
-                group has.
+            ValueError: the group's regions hold no C Buffer for this call, or the C Buffer there (which serves the
+                shape) holds fewer tokens per rank than this call has, saying the bytes it needs and the bytes the
+                group has. Nothing is replaced and nothing is launched.
         """
         key = (hidden, topk, num_experts)
         cfg = self._cfg
-        if cfg is not None:
-            if key == self._normal_key and num_tokens <= cfg["max_tokens"]:  # as the last call: checked then
-                return
-            if (hidden <= cfg["hidden"] and topk <= cfg["topk"] and num_experts == cfg["num_experts"]
-                    and num_tokens <= cfg["max_tokens"]):
-                self._normal_key = key
-                return
+        if cfg is not None and (key == self._normal_key or (hidden <= cfg["hidden"] and topk <= cfg["topk"]
+                                                            and num_experts == cfg["num_experts"])):
+            if num_tokens > cfg["max_tokens"]:  # this rank's input: refused here, before anything is launched
+                self._refuse_tokens(num_tokens, hidden, topk, num_experts, cfg["num_sms"],
+                                    f"this Buffer's C Buffer (set up for {cfg}) holds at most {cfg['max_tokens']} "
+                                    "tokens per rank")
+            self._normal_key = key
+            return
         num_sms = config.num_sms if config is not None else (self._num_sms or type(self).num_sms)
+        most_tokens = self._agree_max(num_tokens)
         candidates = [(hidden, max(topk, 1))]
         if cfg is not None:
             candidates.insert(0, (max(hidden, cfg["hidden"]), max(topk, cfg["topk"])))
         for cover_hidden, cover_topk in candidates:
-            c = self._normal_fit(cover_hidden, cover_topk, num_experts, num_sms, num_tokens)
+            c = self._normal_fit(cover_hidden, cover_topk, num_experts, num_sms, most_tokens)
             if c is not None:
                 break
         else:
-            hosts = self.group_size // self.num_nvl_ranks
-            need = required_group_bytes(max(num_tokens, 1), hidden, max(topk, 1), num_experts, False, hosts,
-                                        self.num_nvl_ranks, num_sms)
-            have = self._normal_region_bytes()
-            raise ValueError(f"a dispatch of {num_tokens} tokens of hidden {hidden}, top-{topk}, {num_experts} "
-                             f"experts, {num_sms} SMs needs {need[0]} NVL and {need[1]} RDMA bytes per rank; the "
-                             f"group has {have[0]} NVL and {have[1]} RDMA bytes for normal mode")
+            self._refuse_tokens(most_tokens, hidden, topk, num_experts, num_sms, "")
         shape = {"hidden": c.hidden, "topk": c.max_topk, "num_experts": num_experts, "num_sms": num_sms,
                  "max_tokens": c.max_tokens_per_rank}
         self._normal_key = None
@@ -386,6 +389,17 @@ class NormalMixin:
         self._cfg = shape
         self._normal_serial += 1
         self._normal_key = key
+
+    def _refuse_tokens(self, num_tokens: int, hidden: int, topk: int, num_experts: int, num_sms: int,
+                       why: str) -> None:
+        """Raises the ValueError of a dispatch that the group's regions (or the C Buffer there) do not hold."""
+        hosts = self.group_size // self.num_nvl_ranks
+        need = required_group_bytes(max(num_tokens, 1), hidden, max(topk, 1), num_experts, False, hosts,
+                                    self.num_nvl_ranks, num_sms)
+        have = self._normal_region_bytes()
+        raise ValueError(f"a dispatch of {num_tokens} tokens of hidden {hidden}, top-{topk}, {num_experts} experts, "
+                         f"{num_sms} SMs needs {need[0]} NVL and {need[1]} RDMA bytes per rank; the group has "
+                         f"{have[0]} NVL and {have[1]} RDMA bytes for normal mode" + (f" ({why})" if why else ""))
 
     def _check_handle(self, handle: "DispatchHandle", what: str) -> None:
         """A handle from a C Buffer that has since been replaced (another shape) is refused."""

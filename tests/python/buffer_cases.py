@@ -3,9 +3,18 @@ seeded generator (the seed is printed), references computed with torch, and a fa
 class whose groups every rank attaches in its own thread."""
 import os
 import random
+import threading
 import unittest
 
 import fabric
+
+if fabric.BACKEND == "cuda":
+    # The ranks of these tests are threads of one process sharing one CUDA context. CUDA loads kernels lazily (torch
+    # asks for it), and loading a kernel waits for the kernels running on the device: a rank whose first torch op
+    # (or first library call) loads code while a peer's library kernel already waits for this rank stalls until that
+    # kernel times out. Everything is loaded when the context is made instead (before torch makes it; a process per
+    # rank, as servers run, does not need this).
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 fabric.require_torch()
 import torch  # noqa: E402
@@ -39,6 +48,28 @@ def torch_layout(topk_idx, num_experts, n):
     return in_rank.sum(0, dtype=torch.int32), per_expert, in_rank
 
 
+def synchronized_buffer_class(n):
+    """An epfabric.Buffer whose ranks, threads of this process, synchronize through a threading.Barrier where
+    epfabric.deep_ep.Buffer's use their process group: around making or replacing a C Buffer (_sync_ranks) and to
+    agree on the most tokens of a call (_agree_max). deep_ep_test and elastic_test run the process-group ones."""
+    barrier = threading.Barrier(n)
+    values = {}
+
+    class Synchronized(epfabric.Buffer):
+        def _sync_ranks(self):
+            barrier.wait(60)
+            return True
+
+        def _agree_max(self, value):
+            values[self.rank] = value
+            barrier.wait(60)
+            most = max(values.values())
+            barrier.wait(60)
+            return most
+
+    return Synchronized
+
+
 class FabricCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -57,7 +88,8 @@ class FabricCase(unittest.TestCase):
         nvl, rdma = epfabric.required_group_bytes(max_tokens, hidden, topk, num_experts, low_latency, 1, N)
         token = self.client.create_group(name, list(range(N)), nvl, rdma, low_latency)
         self.addCleanup(self.client.delete_group, name, token)
-        attach = (buffer_class or epfabric.Buffer).attach
+        # Normal mode makes its C Buffers at the calls, on every rank at once: the ranks synchronize around that.
+        attach = (buffer_class or (epfabric.Buffer if low_latency else synchronized_buffer_class(N))).attach
         buffers = fabric.run_ranks(N, lambda r: attach(self.fabric.sockets[r], name, r, token,
                                                        enable_shrink=enable_shrink, **fabric.attach_options(N)))
         self.addCleanup(lambda: [b.destroy() for b in buffers])

@@ -5,7 +5,7 @@ import threading
 import unittest
 
 import fabric
-from buffer_cases import N, SEED, FabricCase, bf16, topk_routing, torch_layout
+from buffer_cases import N, SEED, FabricCase, bf16, synchronized_buffer_class, topk_routing, torch_layout
 
 fabric.require_torch()
 import torch  # noqa: E402
@@ -269,14 +269,7 @@ class PerCallShapeTest(FabricCase):
     hidden, topk, experts, tokens = 256, 4, 16, 24
 
     def test_normal_mode_replaces_its_c_buffer_for_another_shape(self):
-        barrier = threading.Barrier(N)
-
-        class Synchronized(epfabric.Buffer):
-            def _sync_ranks(self):
-                barrier.wait(60)
-                return True
-
-        bufs = self.group(False, 64, self.hidden, self.topk, self.experts, buffer_class=Synchronized)
+        bufs = self.group(False, 64, self.hidden, self.topk, self.experts, buffer_class=synchronized_buffer_class(N))
         gens = [torch.Generator().manual_seed(SEED + r) for r in range(N)]
         ins = [(bf16(gens[r], self.tokens, self.hidden), topk_routing(gens[r], self.tokens, self.experts, self.topk),
                 torch.rand(self.tokens, self.topk, generator=gens[r])) for r in range(N)]
@@ -300,6 +293,15 @@ class PerCallShapeTest(FabricCase):
             with self.assertRaisesRegex(ValueError, "dispatch again"):  # its C Buffer was replaced
                 b.combine(no_topk[0], no_topk[4])
             out["handle"] = (handle[0], handle[4] is in_rank, len(handle))
+            # A shape the C Buffer does not serve, that fits rank 0's tokens nowhere and the others' (2) easily: every
+            # rank decides alike from the most tokens of any rank, so all refuse and none replaces its C Buffer.
+            n = self.tokens if r == 0 else 2
+            part = b.get_dispatch_layout(idx[:n], self.experts)
+            with self.assertRaises(ValueError) as caught:
+                b.dispatch(torch.zeros(n, 4 * self.hidden, dtype=torch.bfloat16, device=x.device),
+                           num_tokens_per_rank=part[0], is_token_in_rank=part[3], num_tokens_per_expert=part[2],
+                           topk_idx=idx[:n])
+            out["uneven"] = (str(caught.exception), b._normal_serial)
             big = torch.zeros(self.tokens, wide, dtype=torch.bfloat16, device=x.device)
             with self.assertRaises(ValueError) as caught:  # more than the group's memory: nothing is replaced
                 b.dispatch(big, **layout, topk_idx=idx)
@@ -315,6 +317,10 @@ class PerCallShapeTest(FabricCase):
             self.assertEqual((out["first"]["hidden"], out["first"]["topk"]), (self.hidden, 1))
             self.assertEqual((out["second"]["hidden"], out["second"]["topk"]), (self.hidden, self.topk))
             self.assertEqual(out["serial"], 2, "the call that did not fit replaced nothing")
+            uneven, serial = out["uneven"]
+            self.assertEqual(serial, 2, f"rank {r}: a refused call replaced the C Buffer")
+            self.assertIn(f"a dispatch of {self.tokens} tokens of hidden {4 * self.hidden}", uneven,
+                          f"rank {r} decides from the most tokens of any rank")
             NormalModeTest.check_dispatch(self, r, ins, *out["recv"])
             NormalModeTest.check_dispatch(self, r, ins, *out["again"])
             tuned, serial, tuned_combined = out["tuned"]

@@ -5,7 +5,13 @@
  *  - Every call that can fail returns an epf_status: 0 is OK, other values are absl/gRPC status codes
  *    (EPF_INVALID_ARGUMENT = 3, ...). epf_last_error() gives the message of the calling thread's last failure.
  *  - Objects are opaque pointers, created by one call and released by its _destroy. A Buffer must be destroyed before
- *    its lease, a lease before its client; handles may outlive nothing but their Buffer.
+ *    its lease, a lease before its client. Handles (epf_dispatch_handle, epf_ll_handle), hooks (epf_hook) and
+ *    layouts (epf_layout_release) own what they free: they may be destroyed before or after their Buffer, lease and
+ *    client, in any order. Their memory goes back through the Buffer's allocator, so the allocator's functions and
+ *    ctx must stay valid until the last of them is destroyed (with the library's own allocator on cuda: the stream
+ *    of the call that made them must still exist, its memory is freed in that stream's order). A handle is used
+ *    (combine, cached dispatch) only with the Buffer that made it; a hook that runs after its Buffer was destroyed
+ *    fails with EPF_FAILED_PRECONDITION.
  *  - Tensors are contiguous row-major: a data pointer, a dtype and a shape. Outputs are allocated through the
  *    allocator given to epf_buffer_create (a framework hands out its own memory, no copies); the output descriptors
  *    returned point into that memory. The allocator's free is called when the library no longer needs a block (the
@@ -33,8 +39,9 @@ extern "C" {
  *      serve both modes; the transport's rings);
  *   7: epf_buffer_create_opts with epf_buffer_options (who issues low latency's puts across hosts).
  *   8: epf_buffer_options.enable_shrink (masking lost ranks is opt-in);
- *   9: epf_dispatch_handle_rank_prefix_matrix (DeepEP's rank_prefix_matrix of a dispatch within one host). */
-#define EPF_ABI_MINOR_VERSION 9
+ *   9: epf_dispatch_handle_rank_prefix_matrix (DeepEP's rank_prefix_matrix of a dispatch within one host);
+ *  10: epf_lease_group_bytes (the region sizes the group was created with, the same on every rank). */
+#define EPF_ABI_MINOR_VERSION 10
 
 typedef int32_t epf_status;
 enum {
@@ -137,6 +144,9 @@ int epf_lease_low_latency(const epf_lease* lease);
 uint64_t epf_lease_num_normal_bytes(const epf_lease* lease);
 /* The same for each RDMA region (a group across hosts that serves both modes); 0 otherwise. */
 uint64_t epf_lease_num_normal_rdma_bytes(const epf_lease* lease);
+/* The group's num_nvl_bytes and num_rdma_bytes as CreateGroup was given them: the same on every rank and backend.
+ * A region as mapped (epf_lease_region) may be larger (cuda rounds it up to its allocation granularity). */
+epf_status epf_lease_group_bytes(const epf_lease* lease, uint64_t* nvl_bytes, uint64_t* rdma_bytes);
 /* Ranks on this host (the lease's NVLink peers), this rank included. */
 int epf_lease_num_nvl_ranks(const epf_lease* lease);
 /* OK while the group is usable; UNAVAILABLE when degraded. */
