@@ -136,7 +136,7 @@ def check_pod(where, spec, flags, services_seen, privileged=False, issuers=None)
     """flags: binary -> the flags its --help lists; privileged: the pod's namespace enforces Pod Security
     "privileged" (node agents); issuers: the (kind, name) of the cert-manager issuers the overlay defines (None: not
     known here)."""
-    daemon_flags, epctl_flags = flags["epfabricd"], flags["epctl"]
+    epctl_flags = flags["epctl"]
     for key in ("hostIPC", "hostPID", "hostNetwork", "shareProcessNamespace"):
         if spec.get(key):
             fail(where, f"{key} is set")
