@@ -489,8 +489,15 @@ def serving_standin_across(members, ranks_per_pod):
     size_flags = [f"--nvl_bytes={sizes[0]}"] + ([f"--rdma_bytes={sizes[1]}"] if len(sizes) > 1 else [])
     group = f"harness-{members[0][0].name}"
     first = sockets[0]
-    code, output = run(first[0], ["epctl", f"--socket={first[1]}", "--json", "create-group", f"--group={group}",
-                                  f"--ranks={','.join(map(str, fabric_ranks))}"] + size_flags)
+    # A create that could not reach a member is rolled back everywhere; a serving process tries again, and so does
+    # the stand-in (a loaded CI machine can stall a TLS handshake past the call's deadline), at most 3 times.
+    for attempt in range(3):
+        code, output = run(first[0], ["epctl", f"--socket={first[1]}", "--json", "create-group", f"--group={group}",
+                                      f"--ranks={','.join(map(str, fabric_ranks))}"] + size_flags)
+        if code == 0 or not any(c in output for c in ("UNAVAILABLE", "DEADLINE_EXCEEDED")):
+            break
+        print(f"  {where}: create-group attempt {attempt + 1}: {output.strip()[-300:]}", flush=True)
+        time.sleep(1)
     if code != 0:
         fail(where, f"create-group: {output}")
         return
