@@ -389,7 +389,10 @@ class Pod:
         probe = container.get(kind)
         if probe is None:
             return True
-        deadline = time.monotonic() + min(limit_s, probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3))
+        # A failing startup or liveness probe restarts the container after failureThreshold periods: that bounds the
+        # wait. A failing readiness probe only keeps the pod out of service until it passes: `limit_s` bounds it.
+        window = probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+        deadline = time.monotonic() + (limit_s if kind == "readinessProbe" else min(limit_s, window))
         while True:
             code, output = self.run(container, probe["exec"]["command"], timeout=probe.get("timeoutSeconds", 5) + 5)
             if code == 0:
@@ -591,7 +594,7 @@ def start_pod(pod, skip=(), ready=True):
 
 
 def wait_ready(pod, daemons):
-    return all(pod.wait_probe(container, "readinessProbe") for container in daemons)
+    return all(pod.wait_probe(container, "readinessProbe", limit_s=90) for container in daemons)
 
 
 def finish_pod(pod, daemons):
