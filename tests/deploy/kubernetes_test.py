@@ -1,19 +1,31 @@
 #!/usr/bin/env python3
 """Checks deploy/kubernetes against the binaries it runs.
 
-  kubernetes_test.py manifests EPFABRICD EPCTL   every manifest parses; invariants of every pod spec (raw files)
-  kubernetes_test.py kustomize EPFABRICD EPCTL   `kubectl kustomize` renders each overlay; the invariants again on
-                                                 the rendered objects (exit 77 = skipped when kubectl is absent)
+  kubernetes_test.py manifests EPFABRICD EPCTL DEVICE_PLUGIN   every manifest parses; invariants of every pod spec
+                                                              (raw files)
+  kubernetes_test.py kustomize EPFABRICD EPCTL DEVICE_PLUGIN   `kubectl kustomize` renders each overlay; the
+                                                              invariants again on the rendered objects (exit 77 =
+                                                              skipped when kubectl is absent)
 
-Invariants: no privileged container, no privilege escalation, read-only root filesystems, no hostIPC/hostPID/
-hostNetwork/shareProcessNamespace; every epfabricd flag exists in `epfabricd --help` and every epctl flag in
-`epctl --help`; probes ask the daemon's own socket, readiness on epfabric.v1.Fabric, and every probed health service
-is one a real daemon answers; the socket directory is a mounted volume shared with the pod's other containers that
-use it; metrics, peer and data container ports agree with --metrics_listen/--peer_listen/--data_listen, and a daemon
-whose peer port serves other hosts gives the socket wire's data listener a fixed port.
+Every object has apiVersion, kind and metadata.name; every workload (Pod, Deployment, DaemonSet, StatefulSet, Job,
+LeaderWorkerSet's leader and worker templates) has containers with a name and an image.
+Invariants of every pod: no privileged container, no privilege escalation, read-only root filesystems, no hostIPC/
+hostPID/hostNetwork/shareProcessNamespace; every flag given to epfabricd, epctl or epfabric_device_plugin (as the
+container's command and args, or on a command line of a `sh -c` script) is one the binary's --help lists; probes ask
+the daemon's own socket, readiness on epfabric.v1.Fabric, and every probed health service is one a real daemon
+answers; the socket directory is a mounted volume shared with the pod's other containers that use it; metrics, peer
+and data container ports agree with --metrics_listen/--peer_listen/--data_listen, and a daemon whose peer port serves
+other hosts gives the socket wire's data listener a fixed port; a peer port off loopback listens on an address that
+other pods can dial (not 0.0.0.0: a daemon announces the address it listens on).
+Tenancy and credentials (issue #34, item 10): hostPath volumes and NVIDIA_VISIBLE_DEVICES only in pods of a
+namespace that enforces Pod Security "privileged" (the per-node agents); every TLS key a daemon reads is on a
+cert-manager csi-driver volume (made for that pod, never a Secret that other pods mount too), mounted by that daemon
+only, whose Issuer the overlay defines; no Secret volume anywhere. Images: every container that runs our binaries
+names the image `epfabric` (what the Dockerfile's build line tags), and every overlay pins it with `images:`.
 """
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +58,33 @@ def fail(where, message):
     failures.append(f"{where}: {message}")
 
 
+BINARIES = ("epfabricd", "epctl", "epfabric_device_plugin")
+
+
+def invocations(container):
+    """(binary, args) for every run of one of our binaries by the container: its command/args, or the command lines
+    of a `sh -c` script (continuation lines joined, `exec` dropped)."""
+    argv = list(container.get("command") or []) + list(container.get("args") or [])
+    if not container.get("command"):
+        argv = ["epfabricd"] + argv  # the image's ENTRYPOINT
+    if len(argv) >= 3 and argv[0] in ("sh", "/bin/sh", "bash") and argv[1] == "-c":
+        found = []
+        script = argv[2].replace("\\\n", " ")
+        for line in re.split(r"\n|&&|;", script):
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                words = line.split()
+            while words and words[0] in ("exec", "then", "else", "do"):
+                words = words[1:]
+            if words and os.path.basename(words[0]) in BINARIES:
+                found.append((os.path.basename(words[0]), words[1:]))
+        return found
+    if argv and os.path.basename(argv[0]) in BINARIES:
+        return [(os.path.basename(argv[0]), argv[1:])]
+    return []
+
+
 def flags_of(binary):
     out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
     return set(re.findall(r"--([a-z_]+)", out))
@@ -64,7 +103,25 @@ def pod_specs(doc):
         return [doc.get("spec", {})]
     if kind in ("Deployment", "DaemonSet", "StatefulSet", "Job", "ReplicaSet"):
         return [doc["spec"]["template"]["spec"]]
+    if kind == "LeaderWorkerSet":
+        templates = doc["spec"]["leaderWorkerTemplate"]
+        return [templates[t]["spec"] for t in ("leaderTemplate", "workerTemplate") if t in templates]
     return []
+
+
+def check_object(where, doc):
+    for field in ("apiVersion", "kind"):
+        if not doc.get(field):
+            fail(where, f"no {field}")
+    if doc.get("kind") != "Kustomization" and not (doc.get("metadata") or {}).get("name"):
+        fail(where, "no metadata.name")
+    for spec in pod_specs(doc):
+        containers = spec.get("initContainers", []) + spec.get("containers", [])
+        if not spec.get("containers"):
+            fail(where, "a pod template without containers")
+        for c in containers:
+            if not c.get("name") or not c.get("image"):
+                fail(where, f"a container without name or image: {c.get('name')}")
 
 
 def flag_values(args, flag):
@@ -75,14 +132,44 @@ def probe_command(container, probe):
     return ((container.get(probe) or {}).get("exec") or {}).get("command") or []
 
 
-def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
+def check_pod(where, spec, flags, services_seen, privileged=False, issuers=None):
+    """flags: binary -> the flags its --help lists; privileged: the pod's namespace enforces Pod Security
+    "privileged" (node agents); issuers: the (kind, name) of the cert-manager issuers the overlay defines (None: not
+    known here)."""
+    epctl_flags = flags["epctl"]
     for key in ("hostIPC", "hostPID", "hostNetwork", "shareProcessNamespace"):
         if spec.get(key):
             fail(where, f"{key} is set")
     containers = spec.get("initContainers", []) + spec.get("containers", [])
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for volume in volumes.values():
+        if "hostPath" in volume and not privileged:
+            fail(where, f"volume {volume['name']}: hostPath in a pod outside a privileged namespace (tenants reach "
+                        "the daemons through the device plugin)")
+        if "secret" in volume:
+            fail(where, f"volume {volume['name']}: a Secret volume (TLS keys come per pod from the csi-driver)")
+        csi = volume.get("csi")
+        if csi and csi.get("driver") == "csi.cert-manager.io" and issuers is not None:
+            attributes = csi.get("volumeAttributes", {})
+            issuer = (attributes.get("csi.cert-manager.io/issuer-kind", "Issuer"),
+                      attributes.get("csi.cert-manager.io/issuer-name"))
+            if issuer not in issuers:
+                fail(where, f"volume {volume['name']}: {issuer[0]} {issuer[1]} is not defined by the overlay")
     for c in containers:
         cw = f"{where} container {c['name']}"
+        runs = invocations(c)
+        if runs and c.get("image") != "epfabric":
+            fail(cw, f"image {c.get('image')}: our binaries come from image 'epfabric' (the Dockerfile's tag; "
+                     "overlays pin it with images:)")
+        for binary, args in runs:
+            for a in args:
+                m = re.match(r"--([a-z_]+)", a)
+                if m and m.group(1) not in flags[binary]:
+                    fail(cw, f"flag --{m.group(1)} is not in {binary} --help")
+        for item in c.get("env", []):
+            if item["name"] == "NVIDIA_VISIBLE_DEVICES" and not privileged:
+                fail(cw, "sets NVIDIA_VISIBLE_DEVICES outside a privileged namespace: GPUs come through the "
+                         "scheduler (a DRA claim, a device plugin's limits)")
         for item in c.get("env", []):
             if item["name"].startswith("EPFABRIC_") and item["name"] not in LIBRARY_ENV:
                 fail(cw, f"env {item['name']}: nothing in python/epfabric, client/ or tools/ reads it")
@@ -97,14 +184,14 @@ def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
         for m in c.get("volumeMounts", []):
             if m["name"] not in volumes:
                 fail(cw, f"mounts volume {m['name']} that the pod does not define")
-        args = c.get("args") or []
-        if "epfabric" not in c.get("image", "") or not any(a.startswith("--client_socket=") for a in args):
+        daemons = [args for binary, args in runs if binary == "epfabricd"]
+        if not daemons:
             continue
         # An epfabricd container.
-        for a in args:
-            m = re.match(r"--([a-z_]+)", a)
-            if m and m.group(1) not in daemon_flags:
-                fail(cw, f"flag --{m.group(1)} is not in epfabricd --help")
+        args = daemons[0]
+        if not flag_values(args, "client_socket"):
+            fail(cw, "epfabricd without --client_socket")
+            continue
         socket = flag_values(args, "client_socket")[0]
         socket_dir = os.path.dirname(socket)
         if socket_dir not in mounts:
@@ -118,6 +205,20 @@ def check_pod(where, spec, daemon_flags, epctl_flags, services_seen):
         for secret in flag_values(args, "fabric_secret_file"):
             if os.path.dirname(secret) not in mounts:
                 fail(cw, f"{secret} is not on a mounted volume")
+        for key in flag_values(args, "tls_key"):
+            directory = os.path.dirname(key)
+            volume = volumes.get(mounts.get(directory, ""), {})
+            if (volume.get("csi") or {}).get("driver") != "csi.cert-manager.io":
+                fail(cw, f"--tls_key={key}: not on a cert-manager csi-driver volume of this pod")
+                continue
+            sharers = [o["name"] for o in containers if o is not c and
+                       any(m["name"] == mounts[directory] for m in o.get("volumeMounts", []))]
+            if sharers:
+                fail(cw, f"the TLS key's volume {mounts[directory]} is mounted by {sharers} too")
+        for listen in flag_values(args, "peer_listen") + flag_values(args, "data_listen"):
+            if listen.startswith(("0.0.0.0:", "[::]:")) and flag_values(args, "world_size") != ["1"]:
+                fail(cw, f"{listen}: a daemon announces the address it listens on, which other pods cannot dial "
+                         "(listen on $(POD_IP))")
         for flag, port_prefix in (("metrics_listen", "metrics"), ("peer_listen", "peer"), ("data_listen", "data")):
             for value in flag_values(args, flag):
                 port = int(value.rsplit(":", 1)[1])
@@ -176,17 +277,43 @@ def check_services_against_daemon(daemon, epctl, services):
         shutil.rmtree(work, ignore_errors=True)
 
 
+def overlay_context(objects, default_namespace):
+    """The namespaces that enforce Pod Security "privileged" and the cert-manager issuers among `objects`."""
+    privileged = {d["metadata"]["name"] for d in objects if d.get("kind") == "Namespace" and
+                  (d["metadata"].get("labels") or {}).get("pod-security.kubernetes.io/enforce") == "privileged"}
+    issuers = {(d["kind"], d["metadata"]["name"]) for d in objects if d.get("kind") in ("Issuer", "ClusterIssuer")}
+    return privileged, issuers
+
+
+def check_image_name():
+    """The Dockerfile's documented build tags the image `epfabric`; every overlay renames exactly that image."""
+    dockerfile = open(os.path.join(ROOT, "Dockerfile")).read()
+    if not re.search(r"build -t epfabric \.", dockerfile):
+        fail("Dockerfile", "its build line does not tag the image 'epfabric', the name the manifests use")
+    for overlay in OVERLAYS:
+        path = os.path.join(KUBE, overlay, "kustomization.yaml")
+        if not os.path.exists(path):
+            fail(overlay, "no kustomization.yaml")
+            continue
+        images = yaml.safe_load(open(path)).get("images") or []
+        if [i.get("name") for i in images] != ["epfabric"]:
+            fail(overlay, f"kustomization images: {images}: expected one entry renaming 'epfabric'")
+
+
 def main():
-    if len(sys.argv) != 4 or sys.argv[1] not in ("manifests", "kustomize"):
+    if len(sys.argv) != 5 or sys.argv[1] not in ("manifests", "kustomize"):
         print(__doc__)
         return 2
-    mode, daemon, epctl = sys.argv[1:]
-    daemon_flags, epctl_flags = flags_of(daemon), flags_of(epctl)
-    if "metrics_listen" not in daemon_flags:
-        fail(daemon, "--help lists no --metrics_listen")
+    mode, daemon, epctl, plugin = sys.argv[1:]
+    flags = {"epfabricd": flags_of(daemon), "epctl": flags_of(epctl), "epfabric_device_plugin": flags_of(plugin)}
+    for binary, expected in (("epfabricd", "metrics_listen"), ("epctl", "socket"),
+                             ("epfabric_device_plugin", "socket_dir")):
+        if expected not in flags[binary]:
+            fail(binary, f"--help lists no --{expected}: the flag check would check nothing")
     services = set()
     if mode == "manifests":
         count = 0
+        folders = {}
         for path in manifest_files():
             rel = os.path.relpath(path, ROOT)
             try:
@@ -196,14 +323,21 @@ def main():
                 continue
             for doc in docs:
                 count += 1
-                if "apiVersion" not in doc or "kind" not in doc:
-                    fail(rel, "an object without apiVersion/kind")
+                check_object(rel, doc)
+            folders.setdefault(os.path.dirname(path), []).extend((rel, d) for d in docs)
+        for folder, entries in sorted(folders.items()):
+            kustomization = os.path.join(folder, "kustomization.yaml")
+            namespace = (yaml.safe_load(open(kustomization)) or {}).get("namespace") if os.path.exists(
+                kustomization) else None
+            privileged, issuers = overlay_context([d for _, d in entries], namespace)
+            for rel, doc in entries:
+                if doc.get("kind") == "Kustomization":
+                    continue
+                doc_namespace = (doc.get("metadata") or {}).get("namespace") or namespace
                 for spec in pod_specs(doc):
-                    check_pod(f"{rel} {doc['kind']}/{doc['metadata']['name']}", spec, daemon_flags, epctl_flags,
-                              services)
-        for overlay in OVERLAYS:
-            if not os.path.exists(os.path.join(KUBE, overlay, "kustomization.yaml")):
-                fail(overlay, "no kustomization.yaml")
+                    check_pod(f"{rel} {doc['kind']}/{doc['metadata']['name']}", spec, flags, services,
+                              privileged=doc_namespace in privileged, issuers=issuers)
+        check_image_name()
         print(f"{count} objects in {len(list(manifest_files()))} files")
     else:
         kubectl = shutil.which("kubectl")
@@ -217,15 +351,24 @@ def main():
                 fail(overlay, f"kubectl kustomize failed: {r.stderr}")
                 continue
             docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+            for doc in docs:
+                check_object(overlay, doc)
+            privileged, issuers = overlay_context(docs, None)
             workloads = [d for d in docs if pod_specs(d)]
             if not workloads:
                 fail(overlay, "renders no workload")
             for doc in workloads:
-                check_pod(f"{overlay} {doc['kind']}/{doc['metadata']['name']}", pod_specs(doc)[0], daemon_flags,
-                          epctl_flags, services)
-                for c in pod_specs(doc)[0].get("initContainers", []) + pod_specs(doc)[0].get("containers", []):
-                    if c["image"] == "epfabric":
-                        fail(overlay, f"container {c['name']}: image not pinned by the overlay")
+                namespace = doc["metadata"].get("namespace")
+                for spec in pod_specs(doc):
+                    rendered = {**spec, "initContainers": [dict(c, image="epfabric") if c["image"].endswith(
+                        "/epfabric:0.1.0") else c for c in spec.get("initContainers", [])],
+                                "containers": [dict(c, image="epfabric") if c["image"].endswith("/epfabric:0.1.0")
+                                               else c for c in spec.get("containers", [])]}
+                    check_pod(f"{overlay} {doc['kind']}/{doc['metadata']['name']}", rendered, flags, services,
+                              privileged=namespace in privileged, issuers=issuers)
+                    for c in spec.get("initContainers", []) + spec.get("containers", []):
+                        if c["image"] == "epfabric":
+                            fail(overlay, f"container {c['name']}: image not pinned by the overlay")
             print(f"{overlay}: {len(docs)} objects")
     if services:
         check_services_against_daemon(daemon, epctl, services)
