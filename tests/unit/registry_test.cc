@@ -13,6 +13,7 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/registry.h"
+#include "security/group_secrets.h"
 
 namespace epfabric::daemon {
 namespace {
@@ -87,6 +88,7 @@ class RegistryTest : public ::testing::Test {
     record->mutable_group()->set_num_nvl_bytes(4096);
     record->mutable_group()->set_state(v1::GROUP_STATE_READY);
     record->set_token_sha256(common::Sha256Hex(token));
+    record->set_deletion_key(security::DeletionKey(token));
     return join;
   }
 
@@ -94,7 +96,8 @@ class RegistryTest : public ::testing::Test {
     v1::RetireGroupRequest retire;
     retire.set_fabric_id(kFabric);
     retire.set_name(name);
-    retire.set_token(token);
+    retire.set_nonce("0123456789abcdef0123456789abcdef");
+    retire.set_proof(security::RetireProof(security::DeletionKey(token), name, retire.nonce()));
     retire.set_force(force);
     return registry_->Retire(retire);
   }
