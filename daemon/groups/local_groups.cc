@@ -46,7 +46,8 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   }
   for (const std::string* hex : {&request.token_sha256(), &request.data_key(), &request.deletion_key()}) {
     if (!IsHex64(*hex)) {
-      return absl::InvalidArgumentError("token_sha256, data_key, deletion_key: each 64 hex digits of the group's token");
+      return absl::InvalidArgumentError(
+          "token_sha256, data_key, deletion_key: each 64 hex digits of the group's token");
     }
   }
   const v1::Membership view = membership_->View();

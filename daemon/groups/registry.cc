@@ -141,7 +141,8 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   prepare.set_deletion_key(security::DeletionKey(token));
   prepare.set_epoch(view.epoch());
   std::vector<int> ranks(request.ranks().begin(), request.ranks().end());
-  auto prepared = CallMembers(*links_, addresses, prepare, &StartPrepare, deadline);
+  // A member's answers count only with its proof: whoever holds a dead member's port cannot take part in the create.
+  auto prepared = CallMembers(*links_, addresses, prepare, &StartPrepare, deadline, "/epfabric.v1.Peer/PrepareGroup");
   for (size_t i = 0; i < prepared.size(); ++i) {
     if (prepared[i].status.ok()) continue;
     const int rank = request.ranks(static_cast<int>(i));
@@ -174,7 +175,8 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   commit.set_name(request.name());
   commit.set_epoch(view.epoch());
   for (MemberReply<v1::PrepareGroupResponse>& p : prepared) *commit.add_members() = std::move(p.response);
-  const auto committed = CallMembers(*links_, addresses, commit, &StartCommit, deadline);
+  const auto committed =
+      CallMembers(*links_, addresses, commit, &StartCommit, deadline, "/epfabric.v1.Peer/CommitGroup");
   for (size_t i = 0; i < committed.size(); ++i) {
     if (committed[i].status.ok()) continue;
     const int rank = request.ranks(static_cast<int>(i));
@@ -220,11 +222,11 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
     } else if (unknown) {
       return absl::NotFoundError(absl::StrCat("no group named '", request.name(), "'"));
     } else if (!request.force() && it->second.deletion_key.empty()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("group '", request.name(),
-                       "' was reported by a member that did not send its deletion key; only a forced delete removes it"));
-    } else if (!request.force() &&
-               !security::RetireProofMatches(it->second.deletion_key, request.name(), request.nonce(), request.proof())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "group '", request.name(),
+          "' was reported by a member that did not send its deletion key; only a forced delete removes it"));
+    } else if (!request.force() && !security::RetireProofMatches(it->second.deletion_key, request.name(),
+                                                                 request.nonce(), request.proof())) {
       return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.name(), "'"));
     } else if (!request.force() && (it->second.info.state() == v1::GROUP_STATE_CREATING ||
                                     it->second.info.state() == v1::GROUP_STATE_DELETING)) {

@@ -328,9 +328,9 @@ class Connection {
   bool faulted_ ABSL_GUARDED_BY(mutex_) = false;  // the ack thread saw the current connection fail
   absl::Status fault_ ABSL_GUARDED_BY(mutex_);
   int fd_ ABSL_GUARDED_BY(mutex_) = -1;
-  int fd_unlocked_ = -1;    // fd_, for the sender thread that sets it
-  bool cut_short_ = false;  // the sender thread's: the last handshake ended by the listener closing it
-  SessionKeys keys_ = {};   // the sender thread's: of the current connection
+  int fd_unlocked_ = -1;      // fd_, for the sender thread that sets it
+  bool cut_short_ = false;    // the sender thread's: the last handshake ended by the listener closing it
+  SessionKeys keys_ = {};     // the sender thread's: of the current connection
   std::vector<uint8_t> out_;  // the sender thread's: a sealed header and a batch of sealed records
   std::thread sender_;
 };

@@ -35,7 +35,7 @@ inline constexpr size_t kKeyBytes = 32;
 // A Put's payload travels in sealed records of at most this many bytes (a receiver buffers one before it lands).
 inline constexpr uint64_t kRecordBytes = 64 << 10;
 // Sealed records sent (and received) with one call: fewer system calls, and the buffer stays in the cache.
-inline constexpr uint64_t kRecordsPerBatch = 16;
+inline constexpr uint64_t kRecordsPerBatch = 4;
 inline constexpr size_t kSealedHeaderBytes = 32 + kTagBytes;  // a FrameHeader and its tag
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kMacHexBytes = 64;
@@ -84,8 +84,7 @@ class FrameCipher {
 
   // Encrypts `bytes` of `in` into `out` (they may be the same) as record `index` of frame `header.seq`, the header
   // as associated data, and writes the tag. bytes = 0 seals the header alone.
-  void Seal(const FrameHeader& header, uint32_t index, const void* in, void* out, size_t bytes,
-            uint8_t tag[kTagBytes]);
+  void Seal(const FrameHeader& header, uint32_t index, const void* in, void* out, size_t bytes, uint8_t tag[kTagBytes]);
   // Decrypts and checks record `index` of frame `header.seq`; false when the tag does not match (then `out` holds
   // bytes nobody may use).
   bool Open(const FrameHeader& header, uint32_t index, const void* in, void* out, size_t bytes,

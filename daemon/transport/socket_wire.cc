@@ -16,9 +16,9 @@
 #include <list>
 #include <map>
 #include <set>
-#include <vector>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -399,10 +399,9 @@ class SocketWireImpl final : public SocketWire {
     uint64_t expected_seq = 1;
     auto refuse = [&](const FrameHeader& header, absl::string_view why) {
       Count(&SocketWireCounters::frames_refused);
-      return absl::InvalidArgumentError(absl::StrCat(peer, ": refused frame (type ", header.type, ", seq ",
-                                                     header.seq, ", offset ", header.offset, ", arg ", header.arg,
-                                                     "; region of ", group.region_bytes, " bytes): ", why,
-                                                     "; connection closed"));
+      return absl::InvalidArgumentError(absl::StrCat(peer, ": refused frame (type ", header.type, ", seq ", header.seq,
+                                                     ", offset ", header.offset, ", arg ", header.arg, "; region of ",
+                                                     group.region_bytes, " bytes): ", why, "; connection closed"));
     };
     while (true) {
       uint8_t sealed_header[socket_wire::kSealedHeaderBytes];

@@ -113,8 +113,7 @@ std::string SessionKey(const std::string& data_key, const std::string& label, co
   return std::string(reinterpret_cast<char*>(out), 32);
 }
 
-Session ProvenSession(int port, const std::string& group, const std::string& token, int issuer, int dest,
-                      int channel) {
+Session ProvenSession(int port, const std::string& group, const std::string& token, int issuer, int dest, int channel) {
   Session session;
   const int fd = Dial(port);
   if (fd < 0) return session;
@@ -198,8 +197,9 @@ bool ClosedByPeer(int fd, absl::Duration timeout) {
 class DataPort : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto fabric = FabricUnderTest::Start(2, {"--transport=socket", "--heartbeat_ms=100", "--heartbeat_misses=20"},
-                                         {{0, {"--host_id=host-a"}}, {1, {"--host_id=host-b", "--metrics_listen=127.0.0.1:0"}}});
+    auto fabric =
+        FabricUnderTest::Start(2, {"--transport=socket", "--heartbeat_ms=100", "--heartbeat_misses=20"},
+                               {{0, {"--host_id=host-a"}}, {1, {"--host_id=host-b", "--metrics_listen=127.0.0.1:0"}}});
     ASSERT_TRUE(fabric.ok()) << fabric.status();
     fabric_ = std::move(*fabric);
     ASSERT_TRUE(fabric_->WaitComplete().ok());
@@ -404,28 +404,29 @@ TEST_F(DataPort, ForgedReplayedAndReorderedFramesAreRefusedAndLandNothing) {
     std::function<std::string(const Session&)> bytes;  // sent on a fresh proven connection
   };
   const std::vector<Forgery> forgeries = {
-      {"a wrong tag", [&](const Session& s) {
+      {"a wrong tag",
+       [&](const Session& s) {
          std::string frame = PutFrame(s.to_destination, 1, 0, marked);
          frame.back() ^= 1;
          return frame;
        }},
-      {"a changed byte of ciphertext", [&](const Session& s) {
+      {"a changed byte of ciphertext",
+       [&](const Session& s) {
          std::string frame = PutFrame(s.to_destination, 1, 0, marked);
          frame[48 + 100] ^= 0x40;
          return frame;
        }},
-      {"a changed header (offset)", [&](const Session& s) {
+      {"a changed header (offset)",
+       [&](const Session& s) {
          std::string frame = PutFrame(s.to_destination, 1, 0, marked);
          const uint64_t offset = 8192;
          std::memcpy(frame.data() + 16, &offset, 8);
          return frame;
        }},
-      {"a frame ahead of its turn (seq 2 first)", [&](const Session& s) {
-         return PutFrame(s.to_destination, 2, 0, marked);
-       }},
-      {"a frame sealed with the other direction's key", [&](const Session& s) {
-         return PutFrame(s.to_issuer, 1, 0, marked);
-       }},
+      {"a frame ahead of its turn (seq 2 first)",
+       [&](const Session& s) { return PutFrame(s.to_destination, 2, 0, marked); }},
+      {"a frame sealed with the other direction's key",
+       [&](const Session& s) { return PutFrame(s.to_issuer, 1, 0, marked); }},
   };
   int sent = 0;
   for (const Forgery& forgery : forgeries) {

@@ -20,7 +20,7 @@ namespace {
 using ::testing::HasSubstr;
 using Code = grpc::StatusCode;
 
-// Records every RetireGroup and PrepareGroup it receives, and answers nothing useful.
+// Records every RetireGroup, PrepareGroup and CommitGroup it receives; answers OK (without the fabric's proof).
 class Impostor final : public v1::Peer::Service {
  public:
   grpc::Status RetireGroup(grpc::ServerContext*, const v1::RetireGroupRequest* request,
@@ -33,7 +33,16 @@ class Impostor final : public v1::Peer::Service {
                             v1::PrepareGroupResponse*) override {
     std::lock_guard<std::mutex> lock(mutex_);
     prepares_.push_back(*request);
-    return grpc::Status(Code::UNAVAILABLE, "impostor");
+    return grpc::Status::OK;
+  }
+  grpc::Status CommitGroup(grpc::ServerContext*, const v1::CommitGroupRequest*, v1::CommitGroupResponse*) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++commits_;
+    return grpc::Status::OK;
+  }
+  int commits() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return commits_;
   }
   std::vector<v1::RetireGroupRequest> retires() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -48,6 +57,7 @@ class Impostor final : public v1::Peer::Service {
   std::mutex mutex_;
   std::vector<v1::RetireGroupRequest> retires_;
   std::vector<v1::PrepareGroupRequest> prepares_;
+  int commits_ = 0;
 };
 
 std::unique_ptr<grpc::Server> Listen(const std::string& address, Impostor* impostor) {
@@ -105,7 +115,8 @@ TEST(GroupSecrets, AForwardedDeleteCarriesNoToken) {
 }
 
 // A PrepareGroup reaches whoever holds a member's port while the coordinator still takes that member for up: it
-// carries the token's digest and the keys derived from it, not the token. The group is created and works without
+// carries the token's digest and the keys derived from it, not the token, and its answer without the fabric's proof
+// ends the create before any Commit. The group is created and works without
 // the token on the members: Attach and the fd side channel compare digests, the data key opens the data port.
 TEST(GroupSecrets, APrepareCarriesNoToken) {
   // A member is taken for down after 50 missed beats of 100 ms: time to put an impostor on its port.
@@ -133,7 +144,10 @@ TEST(GroupSecrets, APrepareCarriesNoToken) {
   v1::CreateGroupResponse created;
   grpc::Status status = CreateGroup(**fabric, 0, "tenant", {0, 2}, 1 << 20, &created);
   server->Shutdown();
-  EXPECT_FALSE(status.ok()) << "the impostor cannot prepare";
+  EXPECT_EQ(status.error_code(), Code::UNAUTHENTICATED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("without the fabric's proof"));
+  EXPECT_EQ(impostor.commits(), 0) << "a create went on past an answer without the proof";
+  EXPECT_FALSE(Listed(**fabric, 0, "tenant"));
   const std::vector<v1::PrepareGroupRequest> prepares = impostor.prepares();
   ASSERT_FALSE(prepares.empty()) << "the coordinator still took rank 2 for up: " << status.error_message();
   for (const v1::PrepareGroupRequest& prepare : prepares) {
