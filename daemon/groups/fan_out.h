@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -45,17 +46,21 @@ using StartPeerCall = void (*)(v1::Peer::Stub* stub, grpc::ClientContext* contex
 
 // Sends `request` to the peer server at every address at once (an empty address is skipped), each call with
 // `deadline` (default: kPeerCallDeadline from now), and waits for every answer. The replies are in the order of
-// `addresses`. Call it without holding any lock: it waits on other daemons.
+// `addresses`. Call it without holding any lock: it waits on other daemons. With `proven_method` (the call's full
+// gRPC method name), an OK answer counts only with its server's proof (PeerLinks::VerifyAnswer; a fabric secret
+// configured): one without becomes UNAUTHENTICATED, as from whoever holds a dead member's port.
 template <typename Request, typename Response>
 std::vector<MemberReply<Response>> CallMembers(fabric::PeerLinks& links, const std::vector<std::string>& addresses,
                                                const Request& request, StartPeerCall<Request, Response> start,
-                                               absl::Time deadline = absl::InfiniteFuture()) {
+                                               absl::Time deadline = absl::InfiniteFuture(),
+                                               const char* proven_method = nullptr) {
   if (deadline == absl::InfiniteFuture()) deadline = absl::Now() + kPeerCallDeadline;
   const size_t count = addresses.size();
   std::vector<MemberReply<Response>> replies(count);
   if (count == 0) return replies;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(count);
   std::vector<std::shared_ptr<v1::Peer::Stub>> stubs(count);
+  std::vector<std::string> nonces(count);
   absl::BlockingCounter pending(static_cast<int>(count));
   for (size_t i = 0; i < count; ++i) {
     if (addresses[i].empty()) {
@@ -65,6 +70,7 @@ std::vector<MemberReply<Response>> CallMembers(fabric::PeerLinks& links, const s
     replies[i].called = true;
     contexts[i] = std::make_unique<grpc::ClientContext>();
     contexts[i]->set_deadline(absl::ToChronoTime(deadline));
+    if (proven_method != nullptr) nonces[i] = links.ExpectProof(*contexts[i]);
     stubs[i] = links.Stub(addresses[i]);
     start(stubs[i].get(), contexts[i].get(), &request, &replies[i].response,
           [&replies, &pending, i](grpc::Status status) {
@@ -73,6 +79,15 @@ std::vector<MemberReply<Response>> CallMembers(fabric::PeerLinks& links, const s
           });
   }
   pending.Wait();  // the contexts and stubs outlive every call
+  for (size_t i = 0; i < count && proven_method != nullptr; ++i) {
+    if (!replies[i].called || !replies[i].status.ok()) continue;
+    if (absl::Status proven = links.VerifyAnswer(*contexts[i], nonces[i], proven_method, replies[i].response);
+        !proven.ok()) {
+      replies[i].status =
+          grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                       absl::StrCat(addresses[i], " answered without the fabric's proof: ", proven.message()));
+    }
+  }
   return replies;
 }
 

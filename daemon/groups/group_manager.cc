@@ -8,7 +8,9 @@
 #include "epfabric/common/status_macros.h"
 #include "epfabric/proto/grpc_status.h"
 #include "groups/fan_out.h"
+#include "groups/group_checks.h"
 #include "logging.h"
+#include "security/group_secrets.h"
 
 namespace epfabric::daemon::groups {
 namespace {
@@ -162,7 +164,12 @@ absl::Status GroupManager::DeleteGroup(const v1::DeleteGroupRequest& request) {
   v1::RetireGroupRequest retire;
   retire.set_fabric_id(membership_->config().fabric_id);
   retire.set_name(request.name());
-  retire.set_token(request.token());
+  // The token stays here: the coordinator's port may be held by someone else (a dead coordinator's, with a fabric
+  // secret only). A proof made with the deletion key for this name and a fresh nonce goes instead.
+  if (!request.force()) {
+    retire.set_nonce(RandomHex128());
+    retire.set_proof(security::RetireProof(security::DeletionKey(request.token()), request.name(), retire.nonce()));
+  }
   retire.set_force(request.force());
   if (membership_->is_coordinator()) return registry_.Retire(retire);
   grpc::ClientContext context;

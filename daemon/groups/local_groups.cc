@@ -10,14 +10,26 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "groups/group_checks.h"
 #include "logging.h"
+#include "security/group_secrets.h"
 
 namespace epfabric::daemon::groups {
+namespace {
+
+bool IsHex64(const std::string& text) {
+  if (text.size() != 64) return false;
+  for (char c : text) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareGroupRequest& request,
                                                               absl::Time deadline) {
@@ -32,7 +44,12 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   if (position == info.ranks().end()) {
     return absl::InvalidArgumentError(absl::StrCat("group.ranks: rank ", self, " is not a member"));
   }
-  if (request.token().size() != 32) return absl::InvalidArgumentError("token: not a group token");
+  for (const std::string* hex : {&request.token_sha256(), &request.data_key(), &request.deletion_key()}) {
+    if (!IsHex64(*hex)) {
+      return absl::InvalidArgumentError(
+          "token_sha256, data_key, deletion_key: each 64 hex digits of the group's token");
+    }
+  }
   const v1::Membership view = membership_->View();
   if (request.epoch() != view.epoch()) {
     return absl::AbortedError(absl::StrCat("epoch: the coordinator prepares at epoch ", request.epoch(), ", rank ",
@@ -51,7 +68,8 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
   LocalGroup group;
   group.info = info;
   group.info.set_state(v1::GROUP_STATE_CREATING);  // until Commit, whatever the request said
-  group.token = request.token();
+  group.token_sha256 = request.token_sha256();
+  group.deletion_key = request.deletion_key();
   group.group_rank = group_rank;
   // Fabric rank 0 coordinates; at this epoch the view names the incarnation that sent the Prepare.
   group.coordinator_incarnation = view.members_size() > 0 ? view.members(0).incarnation() : 0;
@@ -84,7 +102,7 @@ absl::StatusOr<v1::PrepareGroupResponse> LocalGroups::Prepare(const v1::PrepareG
     transport_spec.world = info.ranks_size();
     transport_spec.channels = static_cast<int>(info.transport_channels());
     transport_spec.slots = info.ring_slots();
-    transport_spec.token = request.token();
+    transport_spec.data_key = request.data_key();
     transport_spec.rdma = group.rdma.get();
     EPF_ASSIGN_OR_RETURN(group.transport, transport_->OpenGroup(transport_spec, response.mutable_transport()));
   }
@@ -186,7 +204,8 @@ std::vector<v1::GroupRecord> LocalGroups::LocalRecords() const {
     if (group.info.state() == v1::GROUP_STATE_CREATING) continue;
     v1::GroupRecord record;
     *record.mutable_group() = group.info;
-    record.set_token_sha256(common::Sha256Hex(group.token));
+    record.set_token_sha256(group.token_sha256);
+    record.set_deletion_key(group.deletion_key);
     records.push_back(std::move(record));
   }
   return records;
@@ -379,7 +398,7 @@ absl::StatusOr<v1::AttachResponse> LocalGroups::DescribeForAttach(const v1::Atta
         absl::StrCat("group '", request.group(), "' has no region on this daemon (rank ", self, ")"));
   }
   const LocalGroup& group = it->second;
-  if (!ConstantTimeEquals(group.token, request.token())) {
+  if (!security::TokenMatchesDigest(request.token(), group.token_sha256)) {
     return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.group(), "'"));
   }
   if (request.rank() < 0 || request.rank() >= group.info.ranks_size()) {
@@ -448,7 +467,7 @@ absl::StatusOr<SharedRegion> LocalGroups::ShareRegion(const std::string& group_n
         absl::StrCat("group: '", group_name, "' has no region on this daemon (rank ", self, ")"));
   }
   const LocalGroup& group = it->second;
-  if (!ConstantTimeEquals(group.token, token)) {
+  if (!security::TokenMatchesDigest(token, group.token_sha256)) {
     return absl::PermissionDeniedError(absl::StrCat("token: wrong token for group '", group_name, "'"));
   }
   if (group_rank < 0 || group_rank >= group.info.ranks_size()) {

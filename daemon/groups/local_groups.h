@@ -33,7 +33,10 @@ namespace epfabric::daemon::groups {
 // One group as this daemon holds it.
 struct LocalGroup {
   v1::GroupInfo info;
-  std::string token;
+  // Of the token, never the token (security/group_secrets.h): its SHA-256 (hex), which Attach and the fd side
+  // channel compare the client's token with, and the deletion key (reported in Joins).
+  std::string token_sha256;
+  std::string deletion_key;
   int group_rank = -1;
   // Shared so that a lease that ends can zero them outside the lock; the group's Release waits for that to finish,
   // so that the memory is freed when the released group is destroyed.

@@ -6,11 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/kernels/transport/ring.h"
 #include "groups/group_checks.h"
 #include "logging.h"
+#include "security/group_secrets.h"
 
 namespace epfabric::daemon::groups {
 namespace {
@@ -126,7 +126,7 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
       return absl::AlreadyExistsError(absl::StrCat("name: a group named '", request.name(), "' exists"));
     }
     EPF_RETURN_IF_ERROR(CheckQuotaLocked(client, info));
-    entries_[request.name()] = Entry{info, common::Sha256Hex(token), {}, client};
+    entries_[request.name()] = Entry{info, security::TokenDigest(token), security::DeletionKey(token), {}, client};
   }
   std::vector<std::string> addresses;
   for (int rank : request.ranks()) addresses.push_back(view.members(rank).peer_address());
@@ -135,10 +135,14 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   v1::PrepareGroupRequest prepare;
   prepare.set_fabric_id(config.fabric_id);
   *prepare.mutable_group() = info;
-  prepare.set_token(token);
+  // What members need of the token, not the token (security/group_secrets.h).
+  prepare.set_token_sha256(security::TokenDigest(token));
+  prepare.set_data_key(security::DataKey(token));
+  prepare.set_deletion_key(security::DeletionKey(token));
   prepare.set_epoch(view.epoch());
   std::vector<int> ranks(request.ranks().begin(), request.ranks().end());
-  auto prepared = CallMembers(*links_, addresses, prepare, &StartPrepare, deadline);
+  // A member's answers count only with its proof: whoever holds a dead member's port cannot take part in the create.
+  auto prepared = CallMembers(*links_, addresses, prepare, &StartPrepare, deadline, "/epfabric.v1.Peer/PrepareGroup");
   for (size_t i = 0; i < prepared.size(); ++i) {
     if (prepared[i].status.ok()) continue;
     const int rank = request.ranks(static_cast<int>(i));
@@ -171,7 +175,8 @@ absl::StatusOr<v1::CreateGroupResponse> Registry::Propose(const v1::CreateGroupR
   commit.set_name(request.name());
   commit.set_epoch(view.epoch());
   for (MemberReply<v1::PrepareGroupResponse>& p : prepared) *commit.add_members() = std::move(p.response);
-  const auto committed = CallMembers(*links_, addresses, commit, &StartCommit, deadline);
+  const auto committed =
+      CallMembers(*links_, addresses, commit, &StartCommit, deadline, "/epfabric.v1.Peer/CommitGroup");
   for (size_t i = 0; i < committed.size(); ++i) {
     if (committed[i].status.ok()) continue;
     const int rank = request.ranks(static_cast<int>(i));
@@ -216,7 +221,12 @@ absl::Status Registry::Retire(const v1::RetireGroupRequest& request) {
       for (int rank = 0; rank < config.world_size; ++rank) info.add_ranks(rank);
     } else if (unknown) {
       return absl::NotFoundError(absl::StrCat("no group named '", request.name(), "'"));
-    } else if (!request.force() && !ConstantTimeEquals(it->second.token_sha256, common::Sha256Hex(request.token()))) {
+    } else if (!request.force() && it->second.deletion_key.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "group '", request.name(),
+          "' was reported by a member that did not send its deletion key; only a forced delete removes it"));
+    } else if (!request.force() && !security::RetireProofMatches(it->second.deletion_key, request.name(),
+                                                                 request.nonce(), request.proof())) {
       return absl::PermissionDeniedError(absl::StrCat("wrong token for group '", request.name(), "'"));
     } else if (!request.force() && (it->second.info.state() == v1::GROUP_STATE_CREATING ||
                                     it->second.info.state() == v1::GROUP_STATE_DELETING)) {
@@ -386,12 +396,12 @@ void Registry::Adopt(const v1::JoinRequest& request) {
     const auto& ranks = record.group().ranks();
     if (absl::Status valid = ValidateGroupInfo(record.group(), world_size);
         !valid.ok() || std::find(ranks.begin(), ranks.end(), request.member().rank()) == ranks.end() ||
-        record.token_sha256().size() != 64) {
+        record.token_sha256().size() != 64 || (!record.deletion_key().empty() && record.deletion_key().size() != 64)) {
       Logger("groups")->warn("rank {} reported group '{}' that does not check out; ignored", request.member().rank(),
                              Clip(record.group().name()));
       continue;
     }
-    Entry entry{record.group(), record.token_sha256(), {}, /*client=*/{}};
+    Entry entry{record.group(), record.token_sha256(), record.deletion_key(), {}, /*client=*/{}};
     // A group adopted after a coordinator restart cannot be checked against committed incarnations.
     entry.info.set_state(v1::GROUP_STATE_DEGRADED);
     entries_[record.group().name()] = std::move(entry);

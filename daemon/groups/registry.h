@@ -53,8 +53,9 @@ class Registry {
   absl::StatusOr<v1::CreateGroupResponse> Propose(const v1::CreateGroupRequest& request,
                                                   absl::Time deadline = absl::InfiniteFuture(),
                                                   const std::string& client = {}) ABSL_LOCKS_EXCLUDED(mutex_);
-  // DeleteGroup on the coordinator: checks the token, Release on every live member, forgets the name. Members that are
-  // down or do not answer are released when they answer again (RetryPendingReleases); the name is free once they are.
+  // DeleteGroup on the coordinator: checks the proof of the token (RetireGroupRequest.proof), Release on every live
+  // member, forgets the name. Members that are down or do not answer are released when they answer again
+  // (RetryPendingReleases); the name is free once they are.
   absl::Status Retire(const v1::RetireGroupRequest& request) ABSL_LOCKS_EXCLUDED(mutex_);
   // Registers the groups a (re)joining member holds, so that a restarted coordinator knows them again; never one this
   // registry deleted or rolled back in the last kRetiredMemory (the Join's snapshot predates its release).
@@ -73,6 +74,7 @@ class Registry {
   struct Entry {
     v1::GroupInfo info;
     std::string token_sha256;            // the coordinator keeps only the token's digest
+    std::string deletion_key;            // and its deletion key (security::DeletionKey): checks RetireGroup's proof
     std::vector<uint64_t> incarnations;  // of the members at Commit, by group rank
     std::string client;                  // who created it (empty: adopted, or not known)
   };

@@ -224,8 +224,8 @@ std::vector<Family> DaemonMetrics::CollectState() const {
   out.push_back(std::move(commands).Build());
   out.push_back(FamilyBuilder("epfabric_transport_data_refusals_total",
                               "Socket wire data listener: handshakes refused (unknown group, wrong proof), frames "
-                              "refused (outside the region, bad sequence; the connection is closed), connections over "
-                              "the limit",
+                              "refused (failed authentication, outside the region, bad sequence; the connection is "
+                              "closed), connections over the limit",
                               MetricType::kCounter)
                     .Add({{"what", "handshake"}}, static_cast<double>(s.data_handshakes_refused))
                     .Add({{"what", "frame"}}, static_cast<double>(s.data_frames_refused))

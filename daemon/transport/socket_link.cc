@@ -151,6 +151,7 @@ class Connection {
     const std::string mine = ClientProof(setup_.data_key, hello, server_nonce);
     EPF_RETURN_IF_ERROR(WriteFull(fd, mine.data(), mine.size(), peer_));
     SetIoTimeout(fd, absl::ZeroDuration());
+    keys_ = DeriveSessionKeys(setup_.data_key, hello, server_nonce);
     return absl::OkStatus();
   }
 
@@ -171,14 +172,14 @@ class Connection {
       }
       std::thread acker;
       try {
-        acker = std::thread([this, fd = fd_unlocked_] { Acknowledge(fd); });
+        acker = std::thread([this, fd = fd_unlocked_, key = keys_] { Acknowledge(fd, key.to_issuer); });
       } catch (const std::system_error& e) {
         FailOutstanding(OutOfThreads("acknowledgement", e));
         std::thread none;
         Disconnect(none);
         continue;
       }
-      absl::Status ended = Stream(fd_unlocked_);
+      absl::Status ended = Stream(fd_unlocked_, keys_.to_destination);
       if (!ended.ok()) FailOutstanding(ended);
       Disconnect(acker);
     }
@@ -213,7 +214,8 @@ class Connection {
 
   // Frames of this connection in order until a fault (its status), idle_close without anything outstanding, or
   // shutdown (OK for both).
-  absl::Status Stream(int fd) {
+  absl::Status Stream(int fd, const uint8_t key[kKeyBytes]) {
+    FrameCipher cipher(key);
     std::unique_ptr<RegionIo> io;
     uint64_t seq = 0;
     while (true) {
@@ -233,35 +235,58 @@ class Connection {
         queue_.pop_front();
         awaiting_.emplace_back(++seq, item.cookie);  // before the frame leaves, so that its ack finds it
       }
-      if (absl::Status sent = SendFrame(fd, item, seq, io); !sent.ok()) return sent;
+      if (absl::Status sent = SendFrame(fd, item, seq, io, cipher); !sent.ok()) return sent;
     }
   }
 
-  absl::Status SendFrame(int fd, const Item& item, uint64_t seq, std::unique_ptr<RegionIo>& io) {
-    FrameHeader header = {static_cast<uint32_t>(item.type), 0, seq, item.dst_offset, item.arg};
-    EPF_RETURN_IF_ERROR(WriteFull(fd, &header, sizeof(header), peer_));
-    if (item.type != FrameType::kPut) return absl::OkStatus();
-    if (io == nullptr) {
+  // The header and its tag, then (Put) the payload in sealed records (socket_protocol.h), a batch of them per write.
+  absl::Status SendFrame(int fd, const Item& item, uint64_t seq, std::unique_ptr<RegionIo>& io, FrameCipher& cipher) {
+    const FrameHeader header = {static_cast<uint32_t>(item.type), 0, seq, item.dst_offset, item.arg};
+    if (out_.empty()) out_.resize(kSealedHeaderBytes + kRecordsPerBatch * (kRecordBytes + kTagBytes));
+    std::memcpy(out_.data(), &header, sizeof(header));
+    cipher.Seal(header, 0, nullptr, nullptr, 0, out_.data() + sizeof(header));
+    size_t used = kSealedHeaderBytes;
+    if (item.type == FrameType::kPut && io == nullptr) {
       EPF_ASSIGN_OR_RETURN(io, MakeRegionIo(setup_.region));
     }
-    for (uint64_t done = 0; done < item.arg;) {
-      const uint64_t n = std::min(io->chunk_bytes(), item.arg - done);
+    const uint64_t payload = item.type == FrameType::kPut ? item.arg : 0;
+    uint32_t index = 0;
+    for (uint64_t done = 0; done < payload;) {
+      const uint64_t n = std::min(io->chunk_bytes(), payload - done);
       EPF_ASSIGN_OR_RETURN(const void* source, io->Source(item.src_offset + done, n));
-      EPF_RETURN_IF_ERROR(WriteFull(fd, source, n, peer_));
+      for (uint64_t at = 0; at < n;) {
+        const size_t r = static_cast<size_t>(std::min(kRecordBytes, n - at));
+        if (used + r + kTagBytes > out_.size()) {
+          EPF_RETURN_IF_ERROR(WriteFull(fd, out_.data(), used, peer_));
+          used = 0;
+        }
+        uint8_t* sealed = out_.data() + used;
+        cipher.Seal(header, ++index, static_cast<const uint8_t*>(source) + at, sealed, r, sealed + r);
+        used += r + kTagBytes;
+        at += r;
+      }
       done += n;
     }
-    return absl::OkStatus();
+    return WriteFull(fd, out_.data(), used, peer_);
   }
 
-  // Completes acknowledged frames; on a fault, tells the sender (which fails what is outstanding) and returns.
-  void Acknowledge(int fd) {
+  // An acknowledgement counts only when its tag (the listener's key of this connection) checks out.
+  void Acknowledge(int fd, const uint8_t key[kKeyBytes]) {
+    FrameCipher cipher(key);
     uint64_t acked = 0;
     while (true) {
       FrameHeader ack;
+      uint8_t tag[kTagBytes];
       absl::Status fault;
       std::vector<uint64_t> done;
-      if (absl::Status read = ReadFull(fd, &ack, sizeof(ack), peer_); !read.ok()) {
+      uint8_t sealed[kSealedHeaderBytes];
+      const absl::Status read = ReadFull(fd, sealed, sizeof(sealed), peer_);
+      std::memcpy(&ack, sealed, sizeof(ack));
+      std::memcpy(tag, sealed + sizeof(ack), sizeof(tag));
+      if (!read.ok()) {
         fault = absl::UnavailableError(absl::StrCat(read.message(), " (rank ", dest_rank_, " lost)"));
+      } else if (!cipher.Open(ack, 0, nullptr, nullptr, 0, tag)) {
+        fault = absl::UnavailableError(absl::StrCat(peer_, ": an acknowledgement failed its authentication"));
       } else {
         absl::MutexLock lock(&mutex_);
         const uint64_t sent = awaiting_.empty() ? acked : awaiting_.back().first;
@@ -303,8 +328,10 @@ class Connection {
   bool faulted_ ABSL_GUARDED_BY(mutex_) = false;  // the ack thread saw the current connection fail
   absl::Status fault_ ABSL_GUARDED_BY(mutex_);
   int fd_ ABSL_GUARDED_BY(mutex_) = -1;
-  int fd_unlocked_ = -1;    // fd_, for the sender thread that sets it
-  bool cut_short_ = false;  // the sender thread's: the last handshake ended by the listener closing it
+  int fd_unlocked_ = -1;      // fd_, for the sender thread that sets it
+  bool cut_short_ = false;    // the sender thread's: the last handshake ended by the listener closing it
+  SessionKeys keys_ = {};     // the sender thread's: of the current connection
+  std::vector<uint8_t> out_;  // the sender thread's: a sealed header and a batch of sealed records
   std::thread sender_;
 };
 

@@ -4,6 +4,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -30,14 +32,89 @@ std::string Transcript(absl::string_view label, const Hello& hello, const uint8_
 
 }  // namespace
 
-std::string DataKey(const std::string& token) { return common::HmacSha256Hex(token, "epfabric data v1"); }
-
 std::string ServerProof(const std::string& key, const Hello& hello, const uint8_t* server_nonce) {
   return common::HmacSha256Hex(key, Transcript("epfd-server|", hello, server_nonce));
 }
 
 std::string ClientProof(const std::string& key, const Hello& hello, const uint8_t* server_nonce) {
   return common::HmacSha256Hex(key, Transcript("epfd-client|", hello, server_nonce));
+}
+
+namespace {
+
+void SessionKey(const std::string& data_key, absl::string_view label, const Hello& hello, const uint8_t* server_nonce,
+                uint8_t out[kKeyBytes]) {
+  const std::string text = Transcript(label, hello, server_nonce);
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), data_key.data(), static_cast<int>(data_key.size()),
+       reinterpret_cast<const unsigned char*>(text.data()), text.size(), out, &length);
+}
+
+// The GCM nonce of record `index` of frame `seq`.
+void RecordNonce(uint64_t seq, uint32_t index, uint8_t nonce[12]) {
+  std::memcpy(nonce, &seq, 8);
+  std::memcpy(nonce + 8, &index, 4);
+}
+
+}  // namespace
+
+SessionKeys DeriveSessionKeys(const std::string& data_key, const Hello& hello, const uint8_t* server_nonce) {
+  SessionKeys keys;
+  SessionKey(data_key, "epfd-key-to-destination|", hello, server_nonce, keys.to_destination);
+  SessionKey(data_key, "epfd-key-to-issuer|", hello, server_nonce, keys.to_issuer);
+  return keys;
+}
+
+FrameCipher::FrameCipher(const uint8_t key[kKeyBytes]) : context_(EVP_CIPHER_CTX_new()) {
+  std::memcpy(key_, key, kKeyBytes);
+}
+
+FrameCipher::~FrameCipher() {
+  EVP_CIPHER_CTX_free(static_cast<EVP_CIPHER_CTX*>(context_));
+  OPENSSL_cleanse(key_, sizeof(key_));
+}
+
+void FrameCipher::Seal(const FrameHeader& header, uint32_t index, const void* in, void* out, size_t bytes,
+                       uint8_t tag[kTagBytes]) {
+  auto* ctx = static_cast<EVP_CIPHER_CTX*>(context_);
+  uint8_t nonce[12];
+  RecordNonce(header.seq, index, nonce);
+  int n = 0;
+  // The key schedule once per direction of use; then only the nonce.
+  if (mode_ != 1) EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key_, nullptr);
+  mode_ = 1;
+  EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce);
+  EVP_EncryptUpdate(ctx, nullptr, &n, reinterpret_cast<const unsigned char*>(&header), sizeof(header));
+  if (bytes > 0) {
+    EVP_EncryptUpdate(ctx, static_cast<unsigned char*>(out), &n, static_cast<const unsigned char*>(in),
+                      static_cast<int>(bytes));
+  }
+  unsigned char end[kTagBytes];  // GCM's final step writes no bytes
+  EVP_EncryptFinal_ex(ctx, end, &n);
+  EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, kTagBytes, tag);
+}
+
+bool FrameCipher::Open(const FrameHeader& header, uint32_t index, const void* in, void* out, size_t bytes,
+                       const uint8_t tag[kTagBytes]) {
+  auto* ctx = static_cast<EVP_CIPHER_CTX*>(context_);
+  uint8_t nonce[12];
+  RecordNonce(header.seq, index, nonce);
+  int n = 0;
+  uint8_t expected[kTagBytes];
+  std::memcpy(expected, tag, kTagBytes);
+  if (mode_ != 2 && EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, key_, nullptr) != 1) return false;
+  mode_ = 2;
+  if (EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, nonce) != 1) return false;
+  if (EVP_DecryptUpdate(ctx, nullptr, &n, reinterpret_cast<const unsigned char*>(&header), sizeof(header)) != 1) {
+    return false;
+  }
+  if (bytes > 0 && EVP_DecryptUpdate(ctx, static_cast<unsigned char*>(out), &n, static_cast<const unsigned char*>(in),
+                                     static_cast<int>(bytes)) != 1) {
+    return false;
+  }
+  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, kTagBytes, expected) != 1) return false;
+  unsigned char end[kTagBytes];  // GCM's final step writes no bytes
+  return EVP_DecryptFinal_ex(ctx, end, &n) == 1;
 }
 
 void RandomBytes(uint8_t* bytes, size_t n) {

@@ -18,9 +18,11 @@
 #include <set>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/status_macros.h"
 #include "epfabric/daemon/options.h"
@@ -290,7 +292,9 @@ class SocketWireImpl final : public SocketWire {
   void Receive(int fd, absl::Time accepted, uint64_t accept_serial) {
     const std::pair<int, int> issuer_channel = {-1, -1};
     std::pair<int, int> key = issuer_channel;
-    std::shared_ptr<ReceiveGroup> group = Handshake(fd, accepted + options_.handshake_timeout, accept_serial, &key);
+    socket_wire::SessionKeys keys = {};
+    std::shared_ptr<ReceiveGroup> group =
+        Handshake(fd, accepted + options_.handshake_timeout, accept_serial, &key, &keys);
     {
       absl::MutexLock lock(&mutex_);
       pending_.remove(fd);
@@ -298,7 +302,8 @@ class SocketWireImpl final : public SocketWire {
       if (shed_fds_.erase(fd) != 0) --shed_;
     }
     if (group != nullptr) {
-      absl::Status ended = Serve(fd, *group);
+      absl::Status ended = Serve(fd, *group, keys);
+      OPENSSL_cleanse(&keys, sizeof(keys));
       if (absl::IsDeadlineExceeded(ended)) {
         Logger("transport")
             ->info("data connection of group '{}' idle for {}: closed", group->name,
@@ -319,8 +324,8 @@ class SocketWireImpl final : public SocketWire {
   // The group the connection proved it belongs to (registered in its fds, replacing the connection of the same
   // issuer rank and channel if that one was accepted earlier), or null (nothing written: refused and counted, or
   // superseded by a later connection of the same issuer rank and channel). The whole exchange ends by `deadline`.
-  std::shared_ptr<ReceiveGroup> Handshake(int fd, absl::Time deadline, uint64_t accept_serial,
-                                          std::pair<int, int>* key) {
+  std::shared_ptr<ReceiveGroup> Handshake(int fd, absl::Time deadline, uint64_t accept_serial, std::pair<int, int>* key,
+                                          socket_wire::SessionKeys* keys) {
     const std::string peer = "data connection";
     Hello hello;
     if (!socket_wire::ReadFullBefore(fd, &hello, sizeof(hello), deadline, peer).ok()) {
@@ -366,6 +371,7 @@ class SocketWireImpl final : public SocketWire {
     }
     // Proven: from now on a connection that carries nothing for idle_timeout is closed.
     socket_wire::SetIoTimeout(fd, options_.idle_timeout);
+    *keys = socket_wire::DeriveSessionKeys(group->key, hello, nonce);
     *key = {hello.issuer_rank, hello.channel};
     absl::MutexLock lock(&group->mutex);
     if (group->closed) return nullptr;
@@ -380,34 +386,65 @@ class SocketWireImpl final : public SocketWire {
     return group;
   }
 
-  // Frames until the connection ends. Every frame is checked against the region before a byte is written.
-  absl::Status Serve(int fd, ReceiveGroup& group) {
+  // Frames until the connection ends. Every frame is authenticated (its header's tag, then each record of a Put's
+  // payload before that record is written) and checked against the region before a byte is written; a frame that
+  // fails either closes the connection and is counted. Records of a Put that checked out before a forged one may have
+  // landed (they are the issuer's bytes); the issuer sees the connection end and fails the put.
+  absl::Status Serve(int fd, ReceiveGroup& group, const socket_wire::SessionKeys& keys) {
     const std::string peer = absl::StrCat("group '", group.name, "' data connection");
+    socket_wire::FrameCipher opener(keys.to_destination);
+    socket_wire::FrameCipher sealer(keys.to_issuer);
     std::unique_ptr<RegionIo> io;
+    std::vector<uint8_t> batch;  // sealed records as they arrive, opened in place
     uint64_t expected_seq = 1;
+    auto refuse = [&](const FrameHeader& header, absl::string_view why) {
+      Count(&SocketWireCounters::frames_refused);
+      return absl::InvalidArgumentError(absl::StrCat(peer, ": refused frame (type ", header.type, ", seq ", header.seq,
+                                                     ", offset ", header.offset, ", arg ", header.arg, "; region of ",
+                                                     group.region_bytes, " bytes): ", why, "; connection closed"));
+    };
     while (true) {
+      uint8_t sealed_header[socket_wire::kSealedHeaderBytes];
+      EPF_RETURN_IF_ERROR(socket_wire::ReadFull(fd, sealed_header, sizeof(sealed_header), peer));
       FrameHeader header;
-      EPF_RETURN_IF_ERROR(socket_wire::ReadFull(fd, &header, sizeof(header), peer));
+      std::memcpy(&header, sealed_header, sizeof(header));
+      if (!opener.Open(header, 0, nullptr, nullptr, 0, sealed_header + sizeof(header))) {
+        return refuse(header, "its header failed authentication");
+      }
       const uint64_t size = group.region_bytes;
       const bool put = header.type == static_cast<uint32_t>(FrameType::kPut);
       const bool signal = header.type == static_cast<uint32_t>(FrameType::kSignal);
       const uint64_t bytes = put ? header.arg : 8;
       const bool valid = (put || signal) && header.seq == expected_seq && bytes > 0 && header.offset <= size &&
                          bytes <= size - header.offset && (!signal || header.offset % 8 == 0);
-      if (!valid) {
-        Count(&SocketWireCounters::frames_refused);
-        return absl::InvalidArgumentError(absl::StrCat(peer, ": refused frame (type ", header.type, ", seq ",
-                                                       header.seq, ", offset ", header.offset, ", arg ", header.arg,
-                                                       "; region of ", size, " bytes); connection closed"));
-      }
+      if (!valid) return refuse(header, "outside the region, out of sequence or of no known type");
       if (io == nullptr) {
         EPF_ASSIGN_OR_RETURN(io, MakeRegionIo(group.region));
       }
       if (put) {
+        constexpr uint64_t kSealedRecord = socket_wire::kRecordBytes + socket_wire::kTagBytes;
+        if (batch.empty()) batch.resize(socket_wire::kRecordsPerBatch * kSealedRecord);
+        uint32_t index = 0;
         for (uint64_t done = 0; done < bytes;) {
           const uint64_t n = std::min(io->chunk_bytes(), bytes - done);
           EPF_ASSIGN_OR_RETURN(void* staged, io->Stage(header.offset + done, n));
-          EPF_RETURN_IF_ERROR(socket_wire::ReadFull(fd, staged, n, peer));
+          for (uint64_t at = 0; at < n;) {
+            // A batch of records at once: whole records of kRecordBytes, the chunk's last one shorter.
+            const uint64_t records = std::min(socket_wire::kRecordsPerBatch,
+                                              (n - at + socket_wire::kRecordBytes - 1) / socket_wire::kRecordBytes);
+            const uint64_t plain = std::min(records * socket_wire::kRecordBytes, n - at);
+            EPF_RETURN_IF_ERROR(
+                socket_wire::ReadFull(fd, batch.data(), plain + records * socket_wire::kTagBytes, peer));
+            for (uint64_t i = 0; i < records; ++i) {
+              const size_t r = static_cast<size_t>(std::min(socket_wire::kRecordBytes, n - at));
+              uint8_t* sealed = batch.data() + i * kSealedRecord;
+              if (!opener.Open(header, ++index, sealed, sealed, r, sealed + r)) {
+                return refuse(header, absl::StrCat("record ", index, " of its payload failed authentication"));
+              }
+              std::memcpy(static_cast<uint8_t*>(staged) + at, sealed, r);
+              at += r;
+            }
+          }
           EPF_RETURN_IF_ERROR(io->Land(header.offset + done, n));
           done += n;
         }
@@ -415,8 +452,11 @@ class SocketWireImpl final : public SocketWire {
         EPF_RETURN_IF_ERROR(io->SignalAdd(header.offset, static_cast<int64_t>(header.arg)));
       }
       Count(&SocketWireCounters::frames_applied);
-      FrameHeader ack = {static_cast<uint32_t>(FrameType::kAck), 0, header.seq, 0, 0};
-      EPF_RETURN_IF_ERROR(socket_wire::WriteFull(fd, &ack, sizeof(ack), peer));
+      const FrameHeader ack = {static_cast<uint32_t>(FrameType::kAck), 0, header.seq, 0, 0};
+      uint8_t sealed_ack[sizeof(FrameHeader) + socket_wire::kTagBytes];
+      std::memcpy(sealed_ack, &ack, sizeof(ack));
+      sealer.Seal(ack, 0, nullptr, nullptr, 0, sealed_ack + sizeof(ack));
+      EPF_RETURN_IF_ERROR(socket_wire::WriteFull(fd, sealed_ack, sizeof(sealed_ack), peer));
       ++expected_seq;
     }
   }

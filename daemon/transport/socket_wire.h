@@ -43,7 +43,7 @@ struct SocketWireOptions {
 // What the data listener refused, for tests, Ops and metrics.
 struct SocketWireCounters {
   uint64_t handshakes_refused = 0;   // unknown group, wrong proof, bad hello, too slow, shed for a newer one
-  uint64_t frames_refused = 0;       // out of range, bad sequence or type: the connection is closed
+  uint64_t frames_refused = 0;       // failed authentication, out of range, bad sequence or type: connection closed
   uint64_t connections_refused = 0;  // over max_connections (or the descriptor budget), or out of descriptors
   uint64_t frames_applied = 0;
 };

@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "epfabric/common/status_macros.h"
 #include "logging.h"
-#include "transport/socket_protocol.h"
 #include "transport/verbs/verbs_logic.h"
 #include "transport/verbs/verbs_wire.h"
 
@@ -129,7 +128,7 @@ absl::StatusOr<std::unique_ptr<GroupTransport>> Transport::OpenGroup(const Group
   setup.self_rank = spec.self_rank;
   setup.world = spec.world;
   setup.channels = spec.channels;
-  setup.data_key = socket_wire::DataKey(spec.token);
+  setup.data_key = spec.data_key;
   setup.region = spec.rdma;
   setup.sink = group.get();
   group->bounds_.self_rank = spec.self_rank;

@@ -84,7 +84,7 @@ struct GroupTransportSpec {
   int world = 0;
   int channels = 0;
   uint32_t slots = 0;
-  std::string token;  // the group's token (the data key is derived from it)
+  std::string data_key;  // the group's data key (security::DataKey of its token; the token stays with the coordinator)
   memory::Region* rdma = nullptr;
 };
 

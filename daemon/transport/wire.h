@@ -32,8 +32,8 @@ struct GroupSetup {
   int self_rank = -1;  // this daemon's group rank
   int world = 0;       // group size
   int channels = 1;    // transport channels (one ring and one connection / queue pair per peer and channel)
-  // SHA-256 of "epfabric data v1" keyed by the group's token (common::HmacSha256): the key that data connections of
-  // this group prove, so that the token itself never leaves the daemon. Empty on wires that do not need it.
+  // HMAC-SHA256 of "epfabric data v1" keyed by the group's token (security::DataKey): the key that data connections
+  // of this group prove and are sealed with; members get it instead of the token. Empty on wires that do not need it.
   std::string data_key;
   // This member's RDMA region (host memory or device memory). Owned by the group; outlives the link.
   memory::Region* region = nullptr;

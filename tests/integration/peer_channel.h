@@ -12,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "epfabric/common/peer_auth.h"
+#include "epfabric/v1/peer.pb.h"
 #include "integration/daemon_under_test.h"
 
 namespace epfabric::testing {
@@ -22,6 +23,22 @@ inline std::string TestFabricSecret() {
   std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   while (!secret.empty() && secret.back() == '\n') secret.pop_back();
   return secret;
+}
+
+// What a coordinator sends members of a group's token (daemon/security/group_secrets.h): its digest, data key and
+// deletion key, never the token.
+inline void SetGroupSecrets(v1::PrepareGroupRequest* prepare, const std::string& token) {
+  prepare->set_token_sha256(common::Sha256Hex(token));
+  prepare->set_data_key(common::HmacSha256Hex(token, "epfabric data v1"));
+  prepare->set_deletion_key(common::HmacSha256Hex(token, "epfabric retire v1"));
+}
+
+// What a forwarded DeleteGroup carries instead of the token: a nonce and the proof made with the deletion key.
+inline void SetRetireProof(v1::RetireGroupRequest* retire, const std::string& token,
+                           const std::string& nonce = "0123456789abcdef0123456789abcdef") {
+  retire->set_nonce(nonce);
+  retire->set_proof(common::HmacSha256Hex(common::HmacSha256Hex(token, "epfabric retire v1"),
+                                          "epfd-retire|" + retire->name() + "|" + nonce));
 }
 
 // Copies every proof that a channel's calls carry into `proofs` (what an impostor on the callee's port receives).

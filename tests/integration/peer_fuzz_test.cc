@@ -60,6 +60,7 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   v1::GroupRecord* record = join.add_groups();
   *record->mutable_group() = view.groups(0);
   record->set_token_sha256(common::Sha256Hex(created.token()));
+  record->set_deletion_key(common::HmacSha256Hex(created.token(), "epfabric retire v1"));
   v1::HeartbeatRequest beat;
   beat.set_fabric_id(fabric_id);
   beat.set_rank(1);
@@ -75,12 +76,12 @@ TEST(PeerFuzz, MutatedRequestsToEveryMethodCrashNothing) {
   v1::RetireGroupRequest retire;
   retire.set_fabric_id(fabric_id);
   retire.set_name("g");
-  retire.set_token(created.token());
+  SetRetireProof(&retire, created.token());
   v1::PrepareGroupRequest prepare;
   prepare.set_fabric_id(fabric_id);
   *prepare.mutable_group() = view.groups(0);
   prepare.mutable_group()->set_name("p");
-  prepare.set_token(created.token());
+  SetGroupSecrets(&prepare, created.token());
   prepare.set_epoch(view.membership().epoch());
   v1::CommitGroupRequest commit;
   commit.set_fabric_id(fabric_id);

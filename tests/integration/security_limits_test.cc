@@ -66,7 +66,7 @@ TEST(PeerRequests, ForgedGroupRequestsAreRefusedAndCrashNothing) {
   prepare.mutable_group()->add_ranks(1);
   prepare.mutable_group()->add_ranks(100000);
   prepare.mutable_group()->set_num_nvl_bytes(4096);
-  prepare.set_token(std::string(32, 'a'));
+  SetGroupSecrets(&prepare, std::string(32, 'a'));
   prepare.set_epoch(view.membership().epoch());
   v1::PrepareGroupResponse prepared;
   grpc::Status status = Timed([&](auto* c) { return as_zero->PrepareGroup(c, prepare, &prepared); });
@@ -119,7 +119,7 @@ TEST(PeerRequests, ForgedGroupRequestsAreRefusedAndCrashNothing) {
   v1::RetireGroupRequest retire;
   retire.set_fabric_id(fabric_id);
   retire.set_name("phantom");
-  retire.set_token("x");
+  SetRetireProof(&retire, "x");
   v1::RetireGroupResponse retired;
   status = Timed([&](auto* c) { return as_one->RetireGroup(c, retire, &retired); });
   EXPECT_EQ(status.error_code(), Code::NOT_FOUND) << status.error_message();
@@ -218,7 +218,7 @@ TEST(PeerRequests, ACommitThatMisstatesThisMembersOwnRegionIsRefused) {
       PeerAs((*fabric)->Fabric(0)->membership().members(1).peer_address(), fabric_id, {common::PeerRole::kMember, 0});
   v1::PrepareGroupRequest prepare;
   prepare.set_fabric_id(fabric_id);
-  prepare.set_token(std::string(32, 't'));
+  SetGroupSecrets(&prepare, std::string(32, 't'));
   prepare.set_epoch((*fabric)->Fabric(1)->membership().epoch());
   v1::GroupInfo* group = prepare.mutable_group();
   group->set_name("forged");

@@ -359,10 +359,10 @@ TEST_F(TransportTest, AStrangerOnTheDataPortWritesNothing) {
     to.sin_port = htons(static_cast<uint16_t>(port));
     to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
-    // Hello (magic "EPFD", version 1, group, issuer 0, destination 1, channel 0, nonce), then a guessed proof, then
+    // Hello (magic "EPFD", version 2, group, issuer 0, destination 1, channel 0, nonce), then a guessed proof, then
     // a put frame of 64 bytes at offset 0 and its payload.
     std::string hello(100, '\0');
-    const uint32_t words[2] = {0x44465045, 1};
+    const uint32_t words[2] = {0x44465045, 2};
     std::memcpy(hello.data(), words, 8);
     std::memcpy(hello.data() + 8, "guarded", 7);
     const int32_t ranks[3] = {0, 1, 0};

@@ -10,6 +10,7 @@
 #include "fabric/membership.h"
 #include "groups/group_checks.h"
 #include "groups/group_manager.h"
+#include "security/group_secrets.h"
 #include "services/ops_service.h"
 
 namespace epfabric::daemon {
@@ -202,7 +203,7 @@ v1::MemberInfo Self() {
   return self;
 }
 
-// A group token has the shape of the coordinator's (128 random bits, hex): Prepare refuses others.
+// A group token as the coordinator makes them (128 random bits, hex); members get its digest and keys.
 constexpr char kToken[] = "0123456789abcdef0123456789abcdef";
 
 class LeasesTest : public ::testing::Test {
@@ -217,7 +218,9 @@ class LeasesTest : public ::testing::Test {
     prepare.mutable_group()->set_name("g");
     prepare.mutable_group()->add_ranks(0);
     prepare.mutable_group()->set_num_nvl_bytes(4096);
-    prepare.set_token(kToken);
+    prepare.set_token_sha256(security::TokenDigest(kToken));
+    prepare.set_data_key(security::DataKey(kToken));
+    prepare.set_deletion_key(security::DeletionKey(kToken));
     prepare.set_epoch(membership_.View().epoch());
     auto prepared = groups_.Prepare(prepare);
     ASSERT_TRUE(prepared.ok()) << prepared.status();

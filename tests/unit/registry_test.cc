@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "epfabric/common/peer_auth.h"
@@ -13,6 +14,7 @@
 #include "fabric/membership.h"
 #include "fabric/peer_links.h"
 #include "groups/registry.h"
+#include "security/group_secrets.h"
 
 namespace epfabric::daemon {
 namespace {
@@ -21,7 +23,10 @@ constexpr char kFabric[] = "registry-test";
 
 class FakeMember final : public v1::Peer::Service {
  public:
-  grpc::Status PrepareGroup(grpc::ServerContext*, const v1::PrepareGroupRequest*, v1::PrepareGroupResponse*) override {
+  grpc::Status PrepareGroup(grpc::ServerContext*, const v1::PrepareGroupRequest* request,
+                            v1::PrepareGroupResponse*) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    last_prepare = *request;
     return grpc::Status::OK;
   }
   grpc::Status CommitGroup(grpc::ServerContext*, const v1::CommitGroupRequest*, v1::CommitGroupResponse*) override {
@@ -32,6 +37,8 @@ class FakeMember final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
   std::atomic<int> releases{0};
+  std::mutex mutex;
+  v1::PrepareGroupRequest last_prepare;
 };
 
 v1::MemberInfo Coordinator() {
@@ -87,6 +94,7 @@ class RegistryTest : public ::testing::Test {
     record->mutable_group()->set_num_nvl_bytes(4096);
     record->mutable_group()->set_state(v1::GROUP_STATE_READY);
     record->set_token_sha256(common::Sha256Hex(token));
+    record->set_deletion_key(security::DeletionKey(token));
     return join;
   }
 
@@ -94,7 +102,8 @@ class RegistryTest : public ::testing::Test {
     v1::RetireGroupRequest retire;
     retire.set_fabric_id(kFabric);
     retire.set_name(name);
-    retire.set_token(token);
+    retire.set_nonce("0123456789abcdef0123456789abcdef");
+    retire.set_proof(security::RetireProof(security::DeletionKey(token), name, retire.nonce()));
     retire.set_force(force);
     return registry_->Retire(retire);
   }
@@ -157,6 +166,61 @@ TEST_F(RegistryTest, AdoptedGroupsOnceDeletedAreNotAdoptedAgain) {
   // A group nobody deleted is adopted as before.
   registry_->Adopt(JoinReporting("still-held", "fedcba9876543210fedcba9876543210"));
   EXPECT_EQ(registry_->Groups().count("still-held"), 1u);
+}
+
+// Members get the token's digest and the keys derived from it, never the token; a delete proves the token with the
+// deletion key, for its own name.
+TEST_F(RegistryTest, MembersGetNoTokenAndADeleteProvesItForItsName) {
+  v1::CreateGroupRequest create;
+  create.set_name("secret");
+  create.add_ranks(1);
+  create.set_num_nvl_bytes(4096);
+  auto created = registry_->Propose(create);
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string& token = created->token();
+  {
+    std::lock_guard<std::mutex> lock(member_.mutex);
+    const v1::PrepareGroupRequest& prepare = member_.last_prepare;
+    EXPECT_TRUE(prepare.token().empty());
+    EXPECT_EQ(prepare.token_sha256(), security::TokenDigest(token));
+    EXPECT_EQ(prepare.data_key(), security::DataKey(token));
+    EXPECT_EQ(prepare.deletion_key(), security::DeletionKey(token));
+    EXPECT_EQ(prepare.SerializeAsString().find(token), std::string::npos);
+  }
+  v1::RetireGroupRequest retire;
+  retire.set_fabric_id(kFabric);
+  retire.set_name("secret");
+  retire.set_nonce("00112233445566778899aabbccddeeff");
+  // Made for another name, with another token, with a nonce of the wrong shape: refused, the group stays.
+  retire.set_proof(security::RetireProof(security::DeletionKey(token), "other", retire.nonce()));
+  EXPECT_TRUE(absl::IsPermissionDenied(registry_->Retire(retire)));
+  retire.set_proof(security::RetireProof(security::DeletionKey(std::string(32, '0')), "secret", retire.nonce()));
+  EXPECT_TRUE(absl::IsPermissionDenied(registry_->Retire(retire)));
+  retire.set_nonce("short");
+  retire.set_proof(security::RetireProof(security::DeletionKey(token), "secret", retire.nonce()));
+  EXPECT_TRUE(absl::IsPermissionDenied(registry_->Retire(retire)));
+  retire.set_token(token);  // the old way: the token itself is not taken either
+  retire.clear_proof();
+  EXPECT_TRUE(absl::IsPermissionDenied(registry_->Retire(retire)));
+  EXPECT_EQ(registry_->Groups().count("secret"), 1u);
+  EXPECT_EQ(member_.releases.load(), 0);
+  // The proof made from the token for this name deletes.
+  retire.clear_token();
+  retire.set_nonce("00112233445566778899aabbccddeeff");
+  retire.set_proof(security::RetireProof(security::DeletionKey(token), "secret", retire.nonce()));
+  EXPECT_TRUE(registry_->Retire(retire).ok());
+  EXPECT_EQ(registry_->Groups().count("secret"), 0u);
+
+  // A group adopted from a Join without its deletion key is deleted only by force.
+  // (Another token: the registry remembers the deleted group's digest and would not adopt it.)
+  const std::string other = "77777777777777777777777777777777";
+  v1::JoinRequest join = JoinReporting("unkeyed", other);
+  join.mutable_groups(0)->clear_deletion_key();
+  registry_->Adopt(join);
+  ASSERT_EQ(registry_->Groups().count("unkeyed"), 1u);
+  absl::Status refused = Delete("unkeyed", other);
+  EXPECT_TRUE(absl::IsPermissionDenied(refused)) << refused;
+  EXPECT_TRUE(Delete("unkeyed", "", /*force=*/true).ok());
 }
 
 }  // namespace
