@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -134,7 +135,11 @@ absl::Status Buffer::State::ExplainFirstCall(absl::Status status) const {
 
 absl::Status Buffer::State::NameGoneRanks(absl::Status status) const {
   const uint64_t* words = lease->lease_serials();
-  if (!absl::IsUnavailable(status) || words == nullptr || serials.empty()) return status;
+  // Only a wait that ended on a peer leaving says nothing of why; a lost rank's own error already names it.
+  if (!absl::IsUnavailable(status) || !absl::StrContains(status.message(), "left the call") || words == nullptr ||
+      serials.empty()) {
+    return status;
+  }
   const std::vector<uint64_t> now = ReadSerials(words, static_cast<int>(serials.size()));
   std::string gone;
   for (int r = 0; r < static_cast<int>(serials.size()); ++r) {

@@ -59,8 +59,8 @@ struct Buffer::State {
   // Low latency: a timeout in the first calls of a generation, with what may explain it (a peer still serving the
   // previous generation) and what to do.
   absl::Status ExplainFirstCall(absl::Status status) const;
-  // A wait that ended because a peer left the call (UNAVAILABLE): adds the ranks whose client left or changed since
-  // the generation was taken, which is usually why the peer left.
+  // A wait that ended because a peer left the call (UNAVAILABLE "... left the call"): adds the ranks whose client left
+  // or changed since the generation was taken, which is usually why the peer left.
   absl::Status NameGoneRanks(absl::Status status) const;
   // Low latency with enable_shrink: masks rank r in stream order.
   absl::Status MaskRank(int r, cudaStream_t stream);
