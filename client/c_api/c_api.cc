@@ -3,6 +3,7 @@
 // message.
 #include "epfabric/epfabric.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -458,7 +459,8 @@ epf_status epf_dispatch_ex(epf_buffer* buffer, const epf_dispatch_args* args, co
   if (out->num_recv_tokens_per_expert != nullptr) {
     const size_t n =
         std::min<size_t>(result->num_recv_tokens_per_expert.size(), std::max(out->num_local_experts_capacity, 0));
-    std::memcpy(out->num_recv_tokens_per_expert, result->num_recv_tokens_per_expert.data(), n * sizeof(int32_t));
+    // std::copy_n, not memcpy: the vector is empty (its data() may be null) when nothing was counted.
+    std::copy_n(result->num_recv_tokens_per_expert.begin(), n, out->num_recv_tokens_per_expert);
   }
   out->handle = new epf_dispatch_handle{std::move(result->handle)};
   return Report(absl::OkStatus());
