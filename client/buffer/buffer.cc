@@ -112,7 +112,6 @@ absl::Status Buffer::Check(cudaStream_t stream) {
 absl::Status Buffer::Reset(cudaStream_t stream) {
   State& s = *state_;
   s.recv_hook_pending = false;
-  s.left_call = false;
   s.cursor = kernels::LowLatencyBufferCursor();
   s.generation_pending = true;
   return s.path->Reset(stream);

@@ -98,13 +98,7 @@ absl::Status Buffer::State::CheckGeneration(bool may_mask, cudaStream_t stream) 
 }
 
 absl::Status Buffer::State::UsableForNormal() {
-  absl::Status generation = CheckGeneration(/*may_mask=*/false, nullptr);
-  if (absl::IsUnavailable(generation) && !left_call) {
-    // A peer left or changed: peers whose check passed a moment earlier may be waiting for this rank in the call.
-    left_call = true;
-    path->LeaveCall();
-  }
-  EPF_RETURN_IF_ERROR(generation);
+  EPF_RETURN_IF_ERROR(CheckGeneration(/*may_mask=*/false, nullptr));
   return Usable();
 }
 

@@ -39,15 +39,13 @@ struct Buffer::State {
   bool generation_pending = true;  // made or reset: the next call takes the generation (TakeGeneration)
   uint32_t NextCallTag() { return kernels::LowLatencyCallTag(generation, call_index++); }
   bool recv_hook_pending = false;  // a low-latency send phase whose receive hook has not run yet
-  bool left_call = false;          // normal mode: DataPath::LeaveCall ran since the Buffer was made or reset
 
   // Unavailable when the lease's group is degraded.
   absl::Status Usable() const;
   // Low latency: as Usable, except that a DEGRADED group whose lost ranks are known and do not include this one is
   // usable, with those ranks masked in stream order (elastic EP: the survivors go on without them).
   absl::Status UsableForLowLatency(cudaStream_t stream);
-  // Normal mode: CheckGeneration (never masking), then Usable. A refusal because a rank left or changed also ends the
-  // waits of peers that already entered the call (DataPath::LeaveCall).
+  // Normal mode: CheckGeneration (never masking), then Usable.
   absl::Status UsableForNormal();
   // The first call after the Buffer was made or reset: waits (up to config.timeout) until every rank of the group has
   // a client, then takes the generation from their lease serials and starts the call count afresh. UNAVAILABLE

@@ -58,10 +58,6 @@ class DataPath {
   virtual absl::Status Check(cudaStream_t stream) = 0;
   // Buffer::Reset: the region's signals, the status word, the rank mask, and across hosts the transport's words.
   virtual absl::Status Reset(cudaStream_t stream) = 0;
-  // Normal mode: this rank refuses a call that its peers may already have entered (a rank of the Buffer's
-  // generation left or changed): the peers' waits for it in this call end now with UNAVAILABLE naming it, not at
-  // their timeout. Every rank resets before the next call. Best effort; at most once per reset (the Buffer's rule).
-  virtual void LeaveCall() = 0;
 };
 
 // The path for `lease`'s group in `config`'s mode: checks that the regions (the mode's part of them, in a group that

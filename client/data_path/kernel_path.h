@@ -76,7 +76,6 @@ class KernelPath : public DataPath {
   // and it comes to no barrier until every rank reset: the other ranks' waits for it end now rather than at their
   // timeout (kernels::IntranodeAbandonCall, kernels::host_backend::IntranodeAbandonCall).
   virtual void AbandonCall() = 0;
-  void LeaveCall() final { AbandonCall(); }
   // The same in stream order, only if `failed` (device memory) records a failure then: the worst-case calls of a
   // group across hosts, whose RDMA stage fails on the device (cuda only).
   virtual absl::Status AbandonCallIfFailed(const kernels::KernelStatus* /*failed*/, cudaStream_t /*stream*/) {

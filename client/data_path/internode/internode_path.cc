@@ -74,9 +74,6 @@ class InternodePath final : public DataPath {
   absl::Status Reset(cudaStream_t stream) override {
     return normal_ != nullptr ? normal_->Reset(stream) : low_latency_->Reset(stream);
   }
-  void LeaveCall() override {
-    if (normal_ != nullptr) normal_->LeaveCall();
-  }
 
  private:
   // The Buffer calls only its mode's methods (RequireMode); these keep a wrong call an error rather than a crash.

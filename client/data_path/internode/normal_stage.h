@@ -113,10 +113,9 @@ class NormalRdmaStage {
   absl::StatusOr<CombineResult> Combine(const CombineArgs& args, cudaStream_t stream);
   absl::Status Check(cudaStream_t stream);
   absl::Status Reset(cudaStream_t stream);
-  // After a failed call, or one this rank refuses that its peers may have entered (DataPath::LeaveCall): marks its
-  // arrival at this host's ranks' NVLink-stage barriers (KernelPath::AbandonCall) and every word it writes at its
-  // peers on other hosts (arrivals of rows, releases of slabs), so that their waits for it end with UNAVAILABLE naming
-  // it, and waits (bounded) until the marks landed.
+  // After a failed call: marks its arrival at this host's ranks' NVLink-stage barriers (KernelPath::AbandonCall) and
+  // every word it writes at its peers on other hosts (arrivals of rows, releases of slabs), so that their waits for
+  // it end with UNAVAILABLE naming it, and waits (bounded) until the marks landed.
   void LeaveCall();
 
  private:
