@@ -448,11 +448,17 @@ void Membership::RunMemberStep() {
   bool joined = false;
   uint64_t epoch = 0;
   v1::MemberInfo self;
+  // A heartbeat answered late is still an answer: it may take until the coordinator would count as silent. On a
+  // starved host (many daemons on few cores) every answer can take longer than one interval, and a deadline of one
+  // interval would turn a slow coordinator into a lost one.
+  absl::Duration heartbeat_deadline = config_.heartbeat_interval;
   {
     absl::MutexLock lock(&mutex_);
     joined = joined_;
     epoch = view_.epoch();
     self = self_;
+    heartbeat_deadline = std::max(heartbeat_deadline,
+                                  last_contact_ + config_.heartbeat_interval * config_.heartbeat_misses - absl::Now());
   }
   auto stub = links_->Stub(config_.coordinator);
   grpc::Status status;
@@ -508,7 +514,7 @@ void Membership::RunMemberStep() {
     request.set_incarnation(incarnation_);
     request.set_epoch(epoch);
     grpc::ClientContext context;
-    SetDeadline(context, config_.heartbeat_interval);
+    SetDeadline(context, heartbeat_deadline);
     const std::string nonce = links_->ExpectProof(context);
     v1::HeartbeatResponse response;
     status = stub->Heartbeat(&context, request, &response);

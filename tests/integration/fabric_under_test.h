@@ -9,12 +9,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "epfabric/v1/control.grpc.pb.h"
 #include "epfabric/v1/ops.grpc.pb.h"
 #include "integration/daemon_under_test.h"
+#include "support/sanitizers.h"
 
 namespace epfabric::testing {
+
+// Heartbeat flags of a fabric whose tests move data and never kill a daemon: a member is marked down after 1 s of
+// silence (5 s under sanitizers). Many daemons and workers on CI's 2 cores under ASan starve a daemon for more than
+// 1 s, and a false "down" degrades every group on it.
+inline std::vector<std::string> DataPathHeartbeatFlags() {
+  return {"--heartbeat_ms=100", absl::StrCat("--heartbeat_misses=", static_cast<int>(10 * kSanitizerSlowdown))};
+}
 
 class FabricUnderTest {
  public:

@@ -51,8 +51,9 @@ class InternodeTest : public ::testing::Test {
     per_host_ = per_host;
     std::map<int, std::vector<std::string>> flags;
     for (int r = 0; r < hosts * per_host; ++r) flags[r] = {absl::StrCat("--host_id=host-", r / per_host)};
-    auto fabric = FabricUnderTest::Start(hosts * per_host,
-                                         {"--heartbeat_ms=100", "--heartbeat_misses=10", TransportFlag()}, flags);
+    std::vector<std::string> fabric_flags = DataPathHeartbeatFlags();
+    fabric_flags.push_back(TransportFlag());
+    auto fabric = FabricUnderTest::Start(hosts * per_host, fabric_flags, flags);
     ASSERT_TRUE(fabric.ok()) << fabric.status();
     fabric_ = std::move(*fabric);
     ASSERT_TRUE(fabric_->WaitComplete().ok());

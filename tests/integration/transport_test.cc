@@ -65,8 +65,9 @@ absl::StatusOr<uint64_t> RegionBytes(const std::vector<std::string>& args) {
 class TransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto fabric =
-        FabricUnderTest::Start(kRanks, {"--heartbeat_ms=100", "--heartbeat_misses=10", TransportFlag()}, TwoHosts());
+    std::vector<std::string> flags = DataPathHeartbeatFlags();
+    flags.push_back(TransportFlag());
+    auto fabric = FabricUnderTest::Start(kRanks, flags, TwoHosts());
     ASSERT_TRUE(fabric.ok()) << fabric.status();
     fabric_ = std::move(*fabric);
     ASSERT_TRUE(fabric_->WaitComplete().ok());
