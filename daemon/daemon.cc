@@ -312,6 +312,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                                                           : absl::StrCat(peer_listen.host, ":0"));
     transport_options.proxy.threads = options.proxy_threads;
     transport_options.proxy.spin = absl::Microseconds(options.proxy_spin_us);
+    transport_options.proxy.max_sleep = absl::Microseconds(options.proxy_max_sleep_us);
     transport_options.name_prefix = absl::StrCat(options.fabric_id, ".d", options.rank);
     EPF_ASSIGN_OR_RETURN(s->transport, transport::Transport::Start(transport_options));
   }

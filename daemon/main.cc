@@ -69,6 +69,9 @@ ABSL_FLAG(std::string, data_listen, "",
           "Socket wire: host:port of the data listener; empty = the --peer_listen host, any free port.");
 ABSL_FLAG(int, proxy_threads, 2, "Threads that drain the transport's command rings (1..64).");
 ABSL_FLAG(int, proxy_spin_us, 1000, "How long an idle proxy thread spins before it sleeps, in microseconds.");
+ABSL_FLAG(int, proxy_max_sleep_us, 1000,
+          "The longest pause of an idle proxy thread, in microseconds (the pause grows to 1/20 of the idle time): a "
+          "command posted during a pause waits up to this long.");
 ABSL_FLAG(bool, version, false, "Print the version and exit.");
 
 namespace {
@@ -120,6 +123,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
   o.proxy_threads = absl::GetFlag(FLAGS_proxy_threads);
   o.proxy_spin_us = absl::GetFlag(FLAGS_proxy_spin_us);
+  o.proxy_max_sleep_us = absl::GetFlag(FLAGS_proxy_max_sleep_us);
   EPF_RETURN_IF_ERROR(epfabric::daemon::ValidateOptions(o));
   return o;
 }

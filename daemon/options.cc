@@ -143,6 +143,9 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
   if (o.proxy_spin_us < 0 || o.proxy_spin_us > 1000000) {
     return FlagError("proxy_spin_us", absl::StrCat(o.proxy_spin_us, " is not in 0..1000000"));
   }
+  if (o.proxy_max_sleep_us < 10 || o.proxy_max_sleep_us > 100000) {
+    return FlagError("proxy_max_sleep_us", absl::StrCat(o.proxy_max_sleep_us, " is not in 10..100000"));
+  }
   if (!o.coordinator.empty() && !o.insecure_peer_port && tls_files == 0) {
     auto coordinator = ParseHostPort(o.coordinator);
     if (coordinator.ok() && !IsLoopbackHost(coordinator->host)) {

@@ -21,4 +21,11 @@ bool RankLost(const uint64_t* lost_ranks_host, const uint64_t* ignore, int rank)
   return ((word >> (rank % 64)) & 1u) != 0;
 }
 
+int FirstLostRank(const uint64_t* lost_ranks_host, const uint64_t* ignore, int num_ranks, int self) {
+  for (int r = 0; r < num_ranks; ++r) {
+    if (r != self && RankLost(lost_ranks_host, ignore, r)) return r;
+  }
+  return -1;
+}
+
 }  // namespace epfabric::client::internal

@@ -14,5 +14,7 @@ void InitLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 void RefreshLostIgnore(const uint64_t* lost_ranks_host, uint64_t* ignore);
 // A host-side wait's check: the daemon published `rank` as lost and `ignore` does not hide it.
 bool RankLost(const uint64_t* lost_ranks_host, const uint64_t* ignore, int rank);
+// The first of ranks [0, num_ranks) other than `self` that RankLost reports; -1 when none.
+int FirstLostRank(const uint64_t* lost_ranks_host, const uint64_t* ignore, int num_ranks, int self);
 
 }  // namespace epfabric::client::internal

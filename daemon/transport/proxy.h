@@ -1,7 +1,8 @@
 // The proxy threads: a few per daemon (--proxy_threads), each sweeping the command rings assigned to it and posting
-// their commands on the groups' links. A sweep that finds nothing spins for --proxy_spin_us, then sleeps with a
-// growing pause (up to 1 ms): a daemon whose groups are idle costs a few % of a core per thread, a busy one picks
-// commands up within microseconds. A thread without rings blocks until one is added.
+// their commands on the groups' links. A sweep that finds nothing spins for --proxy_spin_us, then sleeps with a pause
+// that grows with the idle time (1/20 of it, up to --proxy_max_sleep_us, 1 ms): a daemon whose groups are idle costs
+// a few % of a core per thread, a busy one picks commands up within microseconds. A thread without rings blocks until
+// one is added.
 #pragma once
 
 #include <atomic>

@@ -67,16 +67,14 @@ absl::StatusOr<View> MakeView(const IntranodeGroup& group) {
   return View{group, layout, group.rank, num_ranks, group.config.num_experts / num_ranks, group.config.max_channels};
 }
 
-// The barrier cannot complete without a rank that has not arrived and never will: the first rank from `from` on
-// (those not confirmed yet: the ranks are awaited one after another) that the daemon published as lost and that has
-// not arrived at this barrier; -1 when none. A lost rank that arrived before it died does not count. All of them are
-// checked, not only the one awaited: a late but live rank would otherwise hide a lost one behind it for as long as it
-// takes (on CI, 328 ms of survivors busy with their own checks).
-int LostBeforeArriving(const View& v, int from, int32_t epoch) {
-  for (int q = from; q < v.num_ranks; ++q) {
-    if (q == v.rank || !RankLost(LossWords(v.group.lost_ranks, v.group.lost_ignore, q), q)) continue;
-    const int32_t* arrived = v.Section<int32_t>(v.rank, v.layout.barrier_arrive) + kBarrierLane * v.num_ranks + q;
-    if (LoadAcquire(arrived) == epoch) return q;
+// The barrier ends unfinished once the daemon has published any rank of the group as lost (one `lost_ignore` does not
+// hide): the first such rank other than this one; -1 when none. Normal mode masks no rank, so no call of this Buffer's
+// generation can succeed once a rank is lost: the ranks that come to the call after the loss is published refuse it
+// (Buffer::State::CheckGeneration) and never arrive, live as they are, and waiting for them would end only at the
+// timeout. So every rank counts, not only the one awaited, and a lost rank that arrived before it died counts too.
+int FirstLostRank(const View& v) {
+  for (int q = 0; q < v.num_ranks; ++q) {
+    if (q != v.rank && RankLost(LossWords(v.group.lost_ranks, v.group.lost_ignore, q), q)) return q;
   }
   return -1;
 }
@@ -104,7 +102,7 @@ bool Barrier(const View& v, FailureRecord* failure) {
               ahead = static_cast<int32_t>(static_cast<uint32_t>(LoadAcquire(arrived)) - static_cast<uint32_t>(*epoch));
               return ahead != 0;
             },
-            v.group.timeout_ns, [&] { return (lost = LostBeforeArriving(v, peer, *epoch)) >= 0; })) {
+            v.group.timeout_ns, [&] { return (lost = FirstLostRank(v)) >= 0; })) {
       failure->RecordWait(lost >= 0, WaitSite::kBarrier, v.rank, lost >= 0 ? lost : peer, kBarrierLane);
       return false;
     }

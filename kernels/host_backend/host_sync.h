@@ -163,8 +163,10 @@ bool BoundedWait(Ready&& ready, uint64_t timeout_ns, GiveUp&& give_up) {
     if (iter < 256) {
       std::this_thread::yield();
     } else {
-      const int shift = iter < 256 + 6 ? static_cast<int>(iter - 256) : 6;
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(1 << shift, 50)));
+      const auto waited = std::chrono::steady_clock::now() - start;
+      std::this_thread::sleep_for(std::clamp(waited / 20,
+                                             std::chrono::steady_clock::duration(std::chrono::microseconds(1)),
+                                             std::chrono::steady_clock::duration(std::chrono::milliseconds(1))));
     }
   }
 }

@@ -346,6 +346,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFlags{{"--client_socket=$DIR/s", "--tls_cert=$DIR/c", "--tls_key=$DIR/k", "--tls_ca=$DIR/a"},
                  "--tls_cert: '$DIR/c' is not a readable file"},
         BadFlags{{"--client_socket=$DIR/s", "--heartbeat_ms=5"}, "--heartbeat_ms: 5 is not in 10..60000"},
+        BadFlags{{"--client_socket=$DIR/s", "--proxy_max_sleep_us=5"}, "--proxy_max_sleep_us: 5 is not in 10..100000"},
         BadFlags{{"--client_socket=$DIR/s", "--memory_sharing=nccl"},
                  "--memory_sharing: 'nccl' is not one of posix_fd, cuda_ipc"},
         BadFlags{{"--client_socket=$DIR/s", "--fabric_id="}, "--fabric_id: must be 1-128 bytes"},

@@ -44,7 +44,9 @@ absl::StatusOr<std::unique_ptr<DaemonUnderTest>> DaemonUnderTest::Start(const st
   auto daemon = std::unique_ptr<DaemonUnderTest>(new DaemonUnderTest());
   daemon->dir_ = MakeTempDir();
   daemon->socket_ = daemon->dir_ + "/d.sock";
-  std::vector<std::string> argv = {DaemonBinary(), "--client_socket=" + daemon->socket_, "--peer_listen=127.0.0.1:0"};
+  // Idle proxy threads pause up to 20 ms (docs/internode.md): the tests run dozens of daemons on CI's 2 cores.
+  std::vector<std::string> argv = {DaemonBinary(), "--client_socket=" + daemon->socket_, "--peer_listen=127.0.0.1:0",
+                                   "--proxy_max_sleep_us=20000"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto process = Subprocess::Start(WithPeerCredential(argv));
   if (!process.ok()) return process.status();

@@ -76,7 +76,8 @@ class Fabric:
         for r in range(self.n):
             flags = [f"--rank={r}", f"--world_size={self.n}", f"--fabric_id=py-{os.getpid()}-{id(self)}",
                      f"--backend={self.backend}", f"--client_socket={self.sockets[r]}", "--peer_listen=127.0.0.1:0",
-                     "--log_level=warn", f"--fabric_secret_file={secret}"] + self.extra_flags
+                     "--log_level=warn", f"--fabric_secret_file={secret}",
+                     "--proxy_max_sleep_us=20000"] + self.extra_flags
             if self.hosts > 1:
                 flags += [f"--host_id=host-{r // (self.n // self.hosts)}", "--transport=socket"]
             if self.backend == "cuda":

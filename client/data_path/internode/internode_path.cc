@@ -200,9 +200,9 @@ absl::StatusOr<std::unique_ptr<DataPath>> NewLowLatencyInternodePath(Lease* leas
   if (device_issue) {
     EPF_ASSIGN_OR_RETURN(stage, NewLowLatencyDeviceStage(path.get(), std::move(remote), lease, config.timeout));
   } else if (relay) {
-    EPF_ASSIGN_OR_RETURN(stage,
-                         NewLowLatencyRelayStage(path.get(), std::move(remote), layout, lease->rank(),
-                                                 all.peer_regions[lease->rank()], all.lost_ranks_host, config.timeout));
+    EPF_ASSIGN_OR_RETURN(stage, NewLowLatencyRelayStage(path.get(), std::move(remote), layout, lease->rank(),
+                                                        all.peer_regions[lease->rank()], all.lost_ranks_host,
+                                                        config.enable_shrink, config.timeout));
   } else {
     stage = NewLowLatencyAsWrittenStage(path.get(), std::move(remote));
   }

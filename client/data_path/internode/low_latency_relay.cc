@@ -50,7 +50,7 @@ class LowLatencyRelayStage final : public LowLatencyRdmaStage {
  public:
   LowLatencyRelayStage(KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote,
                        std::unique_ptr<RegionAccess> access, const kernels::LowLatencyLayout& layout, int rank,
-                       void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout)
+                       void* own_region, const uint64_t* lost_ranks_host, bool masks_lost_ranks, absl::Duration timeout)
       : LowLatencyRdmaStage(inner),
         remote_(std::move(remote)),
         access_(std::move(access)),
@@ -60,6 +60,7 @@ class LowLatencyRelayStage final : public LowLatencyRdmaStage {
         own_region_(static_cast<uint8_t*>(own_region)),
         num_ranks_(layout.num_ranks),
         lost_ranks_(lost_ranks_host),
+        masks_lost_ranks_(masks_lost_ranks),
         timeout_(timeout) {
     InitLostIgnore(lost_ranks_, lost_ignore_);
   }
@@ -152,6 +153,9 @@ class LowLatencyRelayStage final : public LowLatencyRdmaStage {
   // half, or from the inbox for a rank on another host). A rank the daemon publishes as lost stops being awaited (the
   // kernel then masks it without failing the call, as within one host). A rank still silent at the deadline is masked
   // for this and later calls and the call reports DEADLINE_EXCEEDED naming it, after the kernel ran without it.
+  // A Buffer that masks no rank (enable_shrink off) cannot complete a call once any rank is lost, and the ranks that
+  // come to the call after the loss refuse it (Buffer::State::CheckGeneration) and never send, live as they are: a
+  // wait on them ends as soon as any rank is lost, UNAVAILABLE naming it.
   // The time waited for each remote rank is added to `wait_cost` (device int64 [num_ranks]) when given.
   absl::Status Await(Awaited what, const RankSet& sources, int half, int64_t* wait_cost, cudaStream_t stream) {
     const uint8_t* own = own_region_ + half * l_.half_bytes;
@@ -178,6 +182,16 @@ class LowLatencyRelayStage final : public LowLatencyRdmaStage {
         }
       }
       if (pending.empty()) break;
+      if (!masks_lost_ranks_) {
+        if (const int gone = FirstLostRank(lost_ranks_, lost_ignore_, num_ranks_, rank_); gone >= 0) {
+          int awaited = 0;
+          while (!pending.has(awaited)) ++awaited;
+          return absl::UnavailableError(absl::StrFormat(
+              "rank %d stopped waiting for low-latency %s from rank %d (across hosts, host-side wait): rank %d is "
+              "lost, and a Buffer without enable_shrink completes no call without it",
+              rank_, AwaitedName(what), awaited, gone));
+        }
+      }
       if (absl::Now() > deadline) break;
       // Polling costs a small device-to-host copy; after the first rounds, leave the CPU to others between reads.
       if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -329,6 +343,7 @@ class LowLatencyRelayStage final : public LowLatencyRdmaStage {
   const int num_ranks_;
   const uint64_t* lost_ranks_;
   uint64_t lost_ignore_[kernels::kLostRankWords] = {};
+  const bool masks_lost_ranks_;  // BufferConfig::enable_shrink
   const absl::Duration timeout_;
   absl::Status timed_out_;  // a host-side wait that ended at its deadline in this call
 };
@@ -337,7 +352,7 @@ class LowLatencyRelayStage final : public LowLatencyRdmaStage {
 
 absl::StatusOr<std::unique_ptr<LowLatencyRdmaStage>> NewLowLatencyRelayStage(
     KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote, const kernels::LowLatencyLayout& layout, int rank,
-    void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout) {
+    void* own_region, const uint64_t* lost_ranks_host, bool masks_lost_ranks, absl::Duration timeout) {
   if (layout.signal_bytes / sizeof(uint64_t) > static_cast<size_t>(kRegionAccessMaxWords)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the low-latency signals of this shape (%d bytes) exceed what the relay reads at once (%d bytes): fewer "
@@ -345,8 +360,9 @@ absl::StatusOr<std::unique_ptr<LowLatencyRdmaStage>> NewLowLatencyRelayStage(
         layout.signal_bytes, kRegionAccessMaxWords * sizeof(uint64_t)));
   }
   EPF_ASSIGN_OR_RETURN(std::unique_ptr<RegionAccess> access, NewRegionAccess(inner->backend()));
-  return std::unique_ptr<LowLatencyRdmaStage>(std::make_unique<LowLatencyRelayStage>(
-      inner, std::move(remote), std::move(access), layout, rank, own_region, lost_ranks_host, timeout));
+  return std::unique_ptr<LowLatencyRdmaStage>(
+      std::make_unique<LowLatencyRelayStage>(inner, std::move(remote), std::move(access), layout, rank, own_region,
+                                             lost_ranks_host, masks_lost_ranks, timeout));
 }
 
 }  // namespace epfabric::client::internal

@@ -98,10 +98,10 @@ class LowLatencyRdmaStage {
 // written, waits on the host until what this rank's next step needs has arrived (so that no kernel spins while the
 // daemon lands bytes on the same GPU), then launches the next step. `inner` is the kernel path over all ranks,
 // reached through remote->Reach; `own_region` this rank's low-latency region; `lost_ranks_host` the daemon's
-// lost-ranks words for the group's ranks.
+// lost-ranks words for the group's ranks; `masks_lost_ranks` the Buffer's enable_shrink.
 absl::StatusOr<std::unique_ptr<LowLatencyRdmaStage>> NewLowLatencyRelayStage(
     KernelPath* inner, std::unique_ptr<LowLatencyRemote> remote, const kernels::LowLatencyLayout& layout, int rank,
-    void* own_region, const uint64_t* lost_ranks_host, absl::Duration timeout);
+    void* own_region, const uint64_t* lost_ranks_host, bool masks_lost_ranks, absl::Duration timeout);
 
 // Low latency across hosts on the cuda backend with device-issued puts (low_latency_device.cc,
 // kernels/low_latency_remote.h): every step a launch on the caller's stream, every wait a kernel's, so that calls can

@@ -79,9 +79,10 @@ struct DaemonOptions {
   std::string transport = "auto";
   // Socket wire: host:port of the data listener; "" = the peer listener's host, any free port.
   std::string data_listen;
-  // Proxy threads that drain the command rings, and how long an idle one spins before it sleeps.
+  // Proxy threads that drain the command rings, how long an idle one spins before it sleeps, and its longest pause.
   int proxy_threads = 2;
   int proxy_spin_us = 1000;
+  int proxy_max_sleep_us = 1000;
 };
 
 // --tenant_labels parsed: uid -> label. Labels are [A-Za-z0-9._-]{1,63}.
