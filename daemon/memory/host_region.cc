@@ -47,9 +47,29 @@ class HostRegion final : public Region {
   void* base() const override { return base_; }
   int shareable_fd() const override { return fd_.get(); }
 
+  // The whole pages of the range are replaced by fresh ones (a hole punched in the memfd, then reserved again, as at
+  // creation: the region keeps its pages, and a full tmpfs is an error here, not a SIGBUS in a client); only the
+  // partial pages at the ends are written. Writing zeros through this mapping instead faults in every page it has
+  // not touched yet: 64 MiB took 400 ms that way on a virtual machine here, against 40 ms.
   absl::Status Zero(uint64_t offset, uint64_t bytes) override {
     EPF_RETURN_IF_ERROR(CheckZeroRange(offset, bytes, descriptor_.size_bytes()));
-    std::memset(static_cast<char*>(base_) + offset, 0, bytes);
+    char* base = static_cast<char*>(base_);
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t first = (offset + page - 1) / page * page;
+    const uint64_t last = (offset + bytes) / page * page;
+    if (last <= first || fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(first),
+                                   static_cast<off_t>(last - first)) != 0) {
+      std::memset(base + offset, 0, bytes);
+      return absl::OkStatus();
+    }
+    std::memset(base + offset, 0, first - offset);
+    std::memset(base + last, 0, offset + bytes - last);
+    if (const int error = posix_fallocate(fd_.get(), static_cast<off_t>(first), static_cast<off_t>(last - first));
+        error != 0) {
+      return absl::ResourceExhaustedError(absl::StrCat("zeroing memfd ", name_, ": its pages were released and ",
+                                                       last - first,
+                                                       " bytes could not be reserved again: ", ErrnoText(error)));
+    }
     return absl::OkStatus();
   }
 

@@ -268,6 +268,38 @@ TEST(HostRegionTest, ZeroClearsExactlyTheRange) {
   EXPECT_TRUE(absl::IsInvalidArgument((*region)->Zero(8193, 0)));
 }
 
+// A range with whole pages inside: every mapping reads zeros exactly there, the memfd keeps its size and its reserved
+// pages (a hole would be a SIGBUS risk later), and the pages take writes again afterwards.
+TEST(HostRegionTest, ZeroReleasesTheWholePagesAndEveryMappingSeesZeros) {
+  std::unique_ptr<RegionAllocator> allocator = MakeHostAllocator(TestPrefix(), 0);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t size = 6 * page;
+  absl::StatusOr<std::unique_ptr<Region>> region = allocator->Allocate(Spec(size));
+  ASSERT_TRUE(region.ok()) << region.status();
+  common::UniqueFd client_fd = DuplicateFd(**region);
+  absl::StatusOr<client::memory::MappedRegion> mapped =
+      client::memory::ImportRegion((*region)->descriptor(), client_fd.get());
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  auto* daemon_view = static_cast<unsigned char*>((*region)->base());
+  auto* client_view = static_cast<unsigned char*>(mapped->data());
+  std::memset(client_view, 0xCD, size);
+  struct stat before {};
+  ASSERT_EQ(fstat(client_fd.get(), &before), 0);
+  const uint64_t begin = page / 2, end = 5 * page - 7;  // pages 1-3 whole, 0 and 4 partly
+  ASSERT_TRUE((*region)->Zero(begin, end - begin).ok());
+  struct stat after {};
+  ASSERT_EQ(fstat(client_fd.get(), &after), 0);
+  EXPECT_EQ(after.st_blocks, before.st_blocks) << "the zeroed pages are no longer reserved";
+  EXPECT_EQ(after.st_size, static_cast<off_t>(size));
+  for (uint64_t i = 0; i < size; ++i) {
+    const unsigned char want = (i >= begin && i < end) ? 0 : 0xCD;
+    ASSERT_EQ(daemon_view[i], want) << "daemon's mapping, byte " << i;
+    ASSERT_EQ(client_view[i], want) << "client's mapping, byte " << i;
+  }
+  std::memset(client_view + 2 * page, 0x5A, page);
+  EXPECT_EQ(daemon_view[2 * page + 17], 0x5A);
+}
+
 TEST(HostRegionTest, BadSpecsAreInvalidArgument) {
   std::unique_ptr<RegionAllocator> allocator = MakeHostAllocator(TestPrefix(), 0);
   RegionSpec spec = Spec(4096);
