@@ -60,7 +60,7 @@ class DataPath {
   // still in its last call of the previous generation cleans the half this rank's first dispatch writes into.
   // DEADLINE_EXCEEDED naming the ranks that did not begin. Unimplemented where a path cannot read its signals from
   // the host yet (cuda, across hosts).
-  virtual absl::Status AwaitFirstDispatchOfPeers(uint32_t tag, int half, absl::Duration timeout) {
+  virtual absl::Status AwaitFirstDispatchOfPeers(uint32_t /*tag*/, int /*half*/, absl::Duration /*timeout*/) {
     return absl::UnimplementedError(
         "Rejoin of a replacement (a Buffer that made no call yet) is implemented on the host backend within one host "
         "only");
