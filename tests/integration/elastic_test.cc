@@ -68,5 +68,38 @@ TEST_F(Elastic, AKilledRankIsMaskedAndItsReplacementRejoinsAtACallBoundary) {
   if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 
+// The checks of the masked rounds can fail: rank 0 flips one bit of its first combined value in every round that ran
+// with rank 3 masked, and reports exactly those rounds as mismatches; the other ranks are unaffected.
+TEST_F(Elastic, AWrongValueInAMaskedRoundIsReported) {
+  const std::vector<std::string> shape =
+      Shape("low_latency", 16, 256, 4, 16, /*fp8=*/true, TestSeed() + 1,
+            {absl::StrCat("--timeout_ms=", static_cast<int>(5000 * kSanitizerSlowdown)), "--fixed_tokens"});
+  auto token = CreateGroup("elastic-flip", shape);
+  ASSERT_TRUE(token.ok()) << token.status();
+  const std::string dir = ::testing::TempDir() + "/elastic-flip-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto start = [&](int rank, std::vector<std::string> extra) {
+    std::vector<std::string> scenario = shape;
+    scenario.insert(scenario.end(), extra.begin(), extra.end());
+    if (rank == 0) scenario.push_back("--flip_masked_output");
+    return StartWorker("elastic-flip", *token, rank, scenario);
+  };
+  auto run = RunElasticScenario(start, kRanks, dir, {.victim = 3, .rounds_after = 2}, kSanitizerSlowdown);
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_EQ(run->finished.size(), static_cast<size_t>(kRanks));
+  const Finished& flipped = run->finished[0];
+  EXPECT_EQ(flipped.exit_code, 1) << flipped.Describe();
+  EXPECT_EQ(flipped.result.count("ok") ? flipped.result.at("ok") : "", "0") << flipped.Describe();
+  EXPECT_THAT(flipped.err, HasSubstr("combined_x (rank(s) 3 masked)[0] differs from the reference"))
+      << flipped.Describe();
+  for (int r = 1; r < kRanks; ++r) {
+    const Finished& f = run->finished[r];
+    EXPECT_EQ(f.exit_code, 0) << f.Describe();
+    EXPECT_EQ(f.result.count("ok") ? f.result.at("ok") : "", "1") << f.Describe();
+  }
+  if (!HasFailure()) std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace epfabric::testing

@@ -317,6 +317,7 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   stats->masked = masked;
   auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
   if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;
+  if (s.flip_masked_output && !masked.empty() && !got.empty()) got[0] ^= 0x0100;
   if (!masked.empty()) {
     // Every element against the reference that excludes exactly the masked ranks (bit-exact: the same operations).
     checks.Exact(absl::StrCat("combined_x (rank(s) ", absl::StrJoin(masked, ","), " masked)"), got,

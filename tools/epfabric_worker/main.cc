@@ -94,6 +94,8 @@ ABSL_FLAG(int, sigkill_delay_us, 500, "See --sigkill_in_dispatch.");
 ABSL_FLAG(bool, reset_first, false, "Call Buffer::Reset() before the first round (a rank that rejoins).");
 ABSL_FLAG(bool, flip_one_output, false,
           "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
+ABSL_FLAG(bool, flip_masked_output, false,
+          "Tests of the checks: as --flip_one_output, in the rounds that ran with a rank masked only (--shrink).");
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
 ABSL_FLAG(int, hosts, 1,
@@ -177,6 +179,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   s.num_sms = absl::GetFlag(FLAGS_num_sms);
   s.exact = absl::GetFlag(FLAGS_exact);
   s.flip_one_output = absl::GetFlag(FLAGS_flip_one_output);
+  s.flip_masked_output = absl::GetFlag(FLAGS_flip_masked_output);
   if (s.routing != "random" && s.routing != "silent" && s.routing != "nowhere" && s.routing != "one_expert") {
     std::cerr << "unknown --routing=" << s.routing << "\n";
     return kExitUsage;

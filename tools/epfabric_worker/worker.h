@@ -65,6 +65,7 @@ struct Scenario {
   bool cached = false;           // normal mode: also a cached dispatch with the round's handle, checked the same
   int worst_tokens = 0;          // normal mode: DispatchArgs.num_worst_tokens (outputs of that many rows, padding)
   bool shrink = false;  // low latency: BufferConfig.enable_shrink; rounds with masked ranks are checked, not failed
+  bool flip_masked_output = false;  // tests of the checks: as flip_one_output, in rounds with a rank masked only
 };
 
 inline float ExpertScale(int64_t expert) { return 1.0f + static_cast<float>(expert % 8) * 0.125f; }
