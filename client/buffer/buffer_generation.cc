@@ -1,6 +1,7 @@
 // The group's generation as a Buffer sees it (docs/data-layout.md, "Generations"): taken from every rank's lease
 // serial at the first call after the Buffer was made or reset, checked before every call, and what a call does when
-// a rank's client left or changed since (fail naming it, or mask it in low latency with enable_shrink).
+// a rank's client left or changed since (fail naming it, or mask it in low latency with enable_shrink); and the
+// collective Rejoin that takes a new generation with a replacement client at a call boundary (docs/elastic.md).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -146,18 +147,85 @@ absl::Status Buffer::State::NameGoneRanks(absl::Status status) const {
   return absl::Status(status.code(), absl::StrCat(status.message(), gone));
 }
 
-absl::Status Buffer::State::MaskRank(int r, cudaStream_t stream) {
+absl::Status Buffer::State::MaskRank(int r, cudaStream_t stream) { return SetRankMask(r, /*masked=*/true, stream); }
+
+absl::Status Buffer::State::SetRankMask(int r, bool masked, cudaStream_t stream) {
   int32_t* mask = path->LowLatencyRankMask();
   if (path->backend() == Backend::kCuda) {
     // Any nonzero word masks; stream order keeps it behind the calls already queued.
-    const cudaError_t error = cudaMemsetAsync(mask + r, 1, sizeof(int32_t), stream);
+    const cudaError_t error = cudaMemsetAsync(mask + r, masked ? 1 : 0, sizeof(int32_t), stream);
     if (error != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("masking rank ", r, ": ", cudaGetErrorString(error)));
+      return absl::InternalError(
+          absl::StrCat(masked ? "masking" : "unmasking", " rank ", r, ": ", cudaGetErrorString(error)));
     }
   } else {
-    mask[r] = 1;
+    // The calls run on this thread; the atomic store only keeps the kernels' concurrent acquire loads well defined.
+    __atomic_store_n(mask + r, masked ? 1 : 0, __ATOMIC_RELEASE);
   }
   return absl::OkStatus();
+}
+
+// ---- elastic EP: rejoin at a call boundary ----
+
+std::vector<int> Buffer::RanksWaitingToRejoin() const {
+  const State& s = *state_;
+  std::vector<int> waiting;
+  const uint64_t* words = s.lease->lease_serials();
+  if (!s.config.low_latency || words == nullptr || s.serials.empty()) return waiting;
+  const std::vector<uint64_t> now = ReadSerials(words, static_cast<int>(s.serials.size()));
+  for (int r = 0; r < static_cast<int>(now.size()); ++r) {
+    if (now[r] != 0 && now[r] != s.serials[r]) waiting.push_back(r);
+  }
+  return waiting;
+}
+
+absl::Status Buffer::Rejoin(cudaStream_t stream) {
+  State& s = *state_;
+  if (!s.config.low_latency) {
+    return absl::FailedPreconditionError(
+        "Rejoin needs a low-latency Buffer; in normal mode every rank calls Reset (no call of the group in flight)");
+  }
+  EPF_RETURN_IF_ERROR(s.RequireMode(/*low_latency=*/true, "Rejoin"));
+  if (s.cursor.Peek() != 0) {
+    // Every rank's next call must use the half a fresh Buffer's first call uses (0): a survivor whose next call
+    // reused the half of its previous one could overwrite what a slower peer is still reading there.
+    return absl::FailedPreconditionError(
+        "Rejoin: an odd number of low-latency calls since this Buffer was made or reset (between a dispatch and its "
+        "combine); every rank rejoins between a combine and the next dispatch");
+  }
+  const uint64_t* words = s.lease->lease_serials();
+  if (words == nullptr) return absl::OkStatus();  // no counters page: no generations to change
+  if (!s.generation_pending) {
+    const std::vector<uint64_t> now = ReadSerials(words, static_cast<int>(s.serials.size()));
+    if (now == s.serials) return absl::OkStatus();  // nobody waiting: the generation and the masks stay
+  }
+  // A Buffer that made no call yet joins peers that are serving: it must not write into their regions before each
+  // of them finished its last call of the previous generation (that call cleans the half this rank writes first).
+  const bool joins_running_peers = s.generation_pending;
+  EPF_RETURN_IF_ERROR(s.TakeGeneration());  // every rank has a client now (waits for it): the new generation
+  if (int32_t* mask = s.path->LowLatencyRankMask(); mask != nullptr) {
+    for (int r = 0; r < s.num_ranks; ++r) EPF_RETURN_IF_ERROR(s.SetRankMask(r, /*masked=*/false, stream));
+  }
+  if (!joins_running_peers || s.num_ranks == 1) return absl::OkStatus();
+  return s.path->AwaitFirstDispatchOfPeers(kernels::LowLatencyCallTag(s.generation, s.call_index), s.cursor.Peek(),
+                                           s.config.timeout);
+}
+
+absl::StatusOr<std::vector<int32_t>> Buffer::ActiveRanks(cudaStream_t stream) const {
+  const State& s = *state_;
+  const int32_t* mask = s.config.low_latency ? s.path->LowLatencyRankMask() : nullptr;
+  if (mask == nullptr) return absl::FailedPreconditionError("ActiveRanks needs a low-latency Buffer");
+  std::vector<int32_t> active(s.num_ranks, 0);
+  if (s.path->backend() == Backend::kCuda) {
+    cudaError_t error =
+        cudaMemcpyAsync(active.data(), mask, sizeof(int32_t) * s.num_ranks, cudaMemcpyDeviceToHost, stream);
+    if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+    if (error != cudaSuccess) return absl::InternalError(absl::StrCat("ActiveRanks: ", cudaGetErrorString(error)));
+  } else {
+    for (int r = 0; r < s.num_ranks; ++r) active[r] = __atomic_load_n(mask + r, __ATOMIC_ACQUIRE);
+  }
+  for (int32_t& a : active) a = a == 0 ? 1 : 0;
+  return active;
 }
 
 }  // namespace epfabric::client

@@ -62,6 +62,8 @@ struct Buffer::State {
   absl::Status NameGoneRanks(absl::Status status) const;
   // Low latency with enable_shrink: masks rank r in stream order.
   absl::Status MaskRank(int r, cudaStream_t stream);
+  // Low latency: sets (masked) or clears rank r's mask entry in stream order (Buffer::Rejoin clears them).
+  absl::Status SetRankMask(int r, bool masked, cudaStream_t stream);
   // FailedPrecondition when the Buffer is in the other mode, or (low latency) a receive hook is pending.
   absl::Status RequireMode(bool low_latency, const char* call) const;
   absl::StatusOr<Tensor> NewTensor(kernels::DType dtype, std::vector<int64_t> shape, cudaStream_t stream) {

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "epfabric/client/buffer.h"
 #include "epfabric/kernels/low_latency.h"
 
@@ -52,6 +53,18 @@ class DataPath {
   // int32 [num_ranks], nonzero = that rank is masked (set by the kernels when a wait on it times out, or by the
   // caller); device memory on cuda. nullptr in normal mode.
   virtual int32_t* LowLatencyRankMask() const = 0;
+
+  // Buffer::Rejoin of a rank that joins running peers (a replacement): waits (bounded) until every other rank's count
+  // signal for this rank's first local expert carries `tag` in `half` of this rank's region, i.e. until every peer
+  // began its first dispatch of the new generation. Only then may this rank write into the peers' regions: a peer
+  // still in its last call of the previous generation cleans the half this rank's first dispatch writes into.
+  // DEADLINE_EXCEEDED naming the ranks that did not begin. Unimplemented where a path cannot read its signals from
+  // the host yet (cuda, across hosts).
+  virtual absl::Status AwaitFirstDispatchOfPeers(uint32_t /*tag*/, int /*half*/, absl::Duration /*timeout*/) {
+    return absl::UnimplementedError(
+        "Rejoin of a replacement (a Buffer that made no call yet) is implemented on the host backend within one host "
+        "only");
+  }
 
   // ---- failures ----
   // Buffer::Check: a timeout or failure the asynchronous calls recorded, naming the rank (then cleared).

@@ -133,6 +133,91 @@ TEST(LowLatencyReference, MaskedRankTakesNoPart) {
   EXPECT_EQ(Bf16ToFloat(combined[0][0]), 0.5f * 5);  // expert 2 lives on the masked rank
 }
 
+// Elastic EP's oracle (issue #36): with any set of ranks masked, every survivor's outputs are the full reference's
+// without them, element by element, on random inputs: a masked source's segments are absent (count 0, the later
+// sources' segments move up, rows and scales otherwise equal); a survivor's combined rows equal the full combine with
+// the masked ranks' expert outputs replaced by zeros (their partial sums add nothing).
+TEST(LowLatencyReference, MaskedReferenceIsTheFullOneWithoutTheMaskedRanks) {
+  std::mt19937_64 rng(20261129);
+  const LowLatencyShape shape{
+      .num_ranks = 4, .num_experts = 16, .hidden = 256, .max_tokens_per_rank = 8, .num_topk = 4};
+  const int R = shape.num_ranks, L = shape.num_local_experts(), H = shape.hidden, G = H / 128;
+  const size_t slots = shape.recv_slots();
+  for (int trial = 0; trial < 8; ++trial) {
+    std::vector<LowLatencyRankInput> in(R);
+    for (LowLatencyRankInput& r : in) {
+      r.num_tokens = static_cast<int>(rng() % (shape.max_tokens_per_rank + 1));
+      r.topk_idx.resize(static_cast<size_t>(r.num_tokens) * shape.num_topk);
+      for (int64_t& e : r.topk_idx) e = static_cast<int64_t>(rng() % (shape.num_experts + 2)) - 1;  // some -1
+      r.x.resize(static_cast<size_t>(r.num_tokens) * H);
+      for (uint16_t& v : r.x) v = FloatToBf16(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 64.0f);
+      r.topk_weights.resize(r.topk_idx.size());
+      for (float& w : r.topk_weights) w = static_cast<float>(rng() % 1000) / 1000.0f;
+    }
+    std::vector<bool> mask(R, false);
+    mask[rng() % R] = true;
+    if (trial % 2 == 1) mask[rng() % R] = true;  // sometimes two
+    const auto full = LowLatencyDispatchReference(shape, {.use_fp8 = true}, in);
+    const auto masked = LowLatencyDispatchReference(shape, {.use_fp8 = true}, in, mask);
+    // Expert outputs: a function of each packed row alone (its first element, scaled per expert), so the same
+    // token gives the same row wherever its segment landed.
+    auto expert_outputs = [&](const std::vector<LowLatencyDispatchOutput>& d, const std::vector<bool>& zero) {
+      std::vector<std::vector<uint16_t>> outs(R);
+      for (int r = 0; r < R; ++r) {
+        outs[r].assign(static_cast<size_t>(L) * slots * H, 0);
+        if (zero[r]) continue;
+        for (int e = 0; e < L; ++e) {
+          for (int j = 0; j < d[r].packed_recv_count[e]; ++j) {
+            const size_t row = static_cast<size_t>(e) * slots + j;
+            for (int h = 0; h < H; ++h) {
+              const float v =
+                  Fp8E4M3ToFloat(d[r].packed_recv_x[row * H + h]) * d[r].scales[(e * G + h / 128) * slots + j];
+              outs[r][row * H + h] = FloatToBf16(v * (1.0f + 0.125f * (r * L + e)));
+            }
+          }
+        }
+      }
+      return outs;
+    };
+    const auto combined = LowLatencyCombineReference(shape, in, expert_outputs(masked, mask), masked, mask);
+    const auto zeroed = LowLatencyCombineReference(shape, in, expert_outputs(full, mask), full);
+    for (int r = 0; r < R; ++r) {
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << ", rank " << r);
+      if (mask[r]) {
+        EXPECT_EQ(masked[r].packed_recv_count, std::vector<int32_t>(L, 0));
+        continue;
+      }
+      for (int e = 0; e < L; ++e) {
+        int64_t begin = 0;
+        for (int s = 0; s < R; ++s) {
+          const int64_t want_range = full[r].layout_range[e * R + s];
+          const int64_t want_begin = want_range >> 32, want_count = want_range & 0xffffffff;
+          const int64_t count = mask[s] ? 0 : want_count;
+          ASSERT_EQ(masked[r].layout_range[e * R + s], Range(begin, count)) << "expert " << e << " source " << s;
+          for (int64_t j = 0; j < count; ++j) {
+            const size_t got = e * slots + begin + j, want = e * slots + want_begin + j;
+            ASSERT_EQ(masked[r].src_info[got], full[r].src_info[want]);
+            ASSERT_EQ(masked[r].topk_slot[got], full[r].topk_slot[want]);
+            for (int g = 0; g < G; ++g) {
+              ASSERT_EQ(masked[r].scales[(e * G + g) * slots + begin + j],
+                        full[r].scales[(e * G + g) * slots + want_begin + j]);
+            }
+            for (int h = 0; h < H; ++h)
+              ASSERT_EQ(masked[r].packed_recv_x[got * H + h], full[r].packed_recv_x[want * H + h]);
+          }
+          begin += count;
+        }
+        EXPECT_EQ(masked[r].packed_recv_count[e], begin);
+      }
+      ASSERT_EQ(combined[r].size(), zeroed[r].size());
+      for (size_t i = 0; i < combined[r].size(); ++i) {
+        // +0 and -0 alike: the full combine adds the zero partial sums the masked one skips.
+        ASSERT_EQ(Bf16ToFloat(combined[r][i]), Bf16ToFloat(zeroed[r][i])) << "element " << i;
+      }
+    }
+  }
+}
+
 TEST(LowLatencyReference, Fp8DispatchDequantisesCloseToTheInput) {
   LowLatencyShape shape{.num_ranks = 2, .num_experts = 8, .hidden = 512, .max_tokens_per_rank = 16, .num_topk = 4};
   std::mt19937 rng(7);

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "checks.h"
 #include "graphs.h"
 #include "memory.h"
@@ -107,6 +108,64 @@ LowLatencyRound MakeLowLatencyRound(const Scenario& s, int num_ranks, int rank, 
   return x;
 }
 
+std::vector<bool> MaskFlags(const std::vector<int>& masked, int num_ranks) {
+  std::vector<bool> flags(num_ranks, false);
+  for (int r : masked) flags[r] = true;
+  return flags;
+}
+
+// Every rank's combined rows when `masked` take no part (kernels/reference: nothing dispatched to or from them, their
+// experts count as zero), with the experts applied to the reference's dispatch without them.
+std::vector<std::vector<uint16_t>> MaskedCombineReference(const LowLatencyRound& x, const Scenario& s,
+                                                          const std::vector<int>& masked) {
+  const std::vector<bool> flags = MaskFlags(masked, x.shape.num_ranks);
+  const auto dispatched = host::LowLatencyDispatchReference(x.shape, {.use_fp8 = s.fp8}, x.inputs, flags);
+  std::vector<std::vector<uint16_t>> expert_outputs(x.shape.num_ranks);
+  for (int r = 0; r < x.shape.num_ranks; ++r) {
+    const host::LowLatencyDispatchOutput& o = dispatched[r];
+    expert_outputs[r] =
+        LowLatencyExpertOutputs(x.shape, s.fp8, r, o.packed_recv_count.data(), o.packed_recv_x.data(), o.scales.data());
+  }
+  return host::LowLatencyCombineReference(x.shape, x.inputs, expert_outputs, dispatched, flags);
+}
+
+// A dispatch that ran with ranks masked: per (local expert, source) the count is the masked reference's (0 from a
+// masked source), except that a source first masked during this call (`masked_before` lacks it: it was lost while
+// the call waited for it) may also have delivered its rows for that expert before it went, all of them: the
+// unmasked reference's count. The segments follow each other in source order, and packed_recv_count is their sum.
+void CheckMaskedLayout(const LowLatencyRound& x, int rank, const std::vector<int>& masked_before,
+                       const std::vector<int>& masked, const std::vector<int32_t>& count,
+                       const std::vector<int64_t>& layout_range, Checks& checks) {
+  const int R = x.shape.num_ranks, L = x.shape.num_local_experts();
+  const std::vector<bool> before = MaskFlags(masked_before, R);
+  const auto reference =
+      host::LowLatencyDispatchReference(x.shape, {.use_fp8 = false}, x.inputs, MaskFlags(masked, R))[rank];
+  const host::LowLatencyDispatchOutput& full = x.dispatched[rank];
+  for (int e = 0; e < L; ++e) {
+    int64_t begin = 0;
+    for (int src = 0; src < R; ++src) {
+      const size_t at = static_cast<size_t>(e) * R + src;
+      const int64_t got_begin = layout_range[at] >> 32, got = static_cast<uint32_t>(layout_range[at]);
+      const int64_t want = static_cast<uint32_t>(reference.layout_range[at]);
+      const int64_t all = static_cast<uint32_t>(full.layout_range[at]);
+      const bool lost_now = std::find(masked.begin(), masked.end(), src) != masked.end() && !before[src];
+      if (got != want && !(lost_now && got == all)) {
+        checks.Fail(absl::StrCat("packed_recv_layout_range[expert ", e, "][source ", src, "]: count ", got,
+                                 ", expected ", want, lost_now ? absl::StrCat(" or ", all, " (lost in this call)") : "",
+                                 " with rank(s) ", absl::StrJoin(masked, ","), " masked"));
+      }
+      if (got_begin != begin) {
+        checks.Fail(absl::StrCat("packed_recv_layout_range[expert ", e, "][source ", src, "]: begins at ", got_begin,
+                                 ", expected ", begin));
+      }
+      begin += got;
+    }
+    if (count[e] != begin) {
+      checks.Fail(absl::StrCat("packed_recv_count[expert ", e, "] = ", count[e], ", the segments sum to ", begin));
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, int round, Checks& checks,
@@ -125,6 +184,16 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   for (const auto* v : {&x_view, &idx_view, &w_view}) {
     if (!v->ok()) return v->status();
   }
+  // The ranks masked now (nonzero entries of the Buffer's rank mask).
+  auto masked_ranks = [&] {
+    std::vector<int> masked;
+    const auto mask = mem.Download<int32_t>(buffer.LowLatencyRankMask(), R);
+    for (int r = 0; r < static_cast<int>(mask.size()); ++r) {
+      if (mask[r] != 0) masked.push_back(r);
+    }
+    return masked;
+  };
+  const std::vector<int> masked_before = s.shrink ? masked_ranks() : std::vector<int>{};
   auto start = std::chrono::steady_clock::now();
   NoteCallStarted();
   MaybeDieDuringThisDispatch();
@@ -141,25 +210,21 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->dispatch_ms = MsSince(start);
   NoteDispatchCompleted();
-  // A rank masked now (its daemon published it as lost, or a wait on it timed out) is missing from this round's
-  // outputs: nothing is compared, but the combine still runs (the other survivors wait for it), and the round reports
-  // the masked ranks.
-  auto masked_ranks = [&] {
-    std::vector<int> masked;
-    const auto mask = mem.Download<int32_t>(buffer.LowLatencyRankMask(), R);
-    for (int r = 0; r < static_cast<int>(mask.size()); ++r) {
-      if (mask[r] != 0) masked.push_back(r);
-    }
-    return masked;
-  };
+  // Without --shrink, a rank masked now (its daemon published it as lost, or a wait on it timed out) fails the round:
+  // nothing is compared, but the combine still runs (the other survivors wait for it), and the round reports the
+  // masked ranks. With --shrink the round goes on, checked against the reference without them.
   auto masked_error = [&](const std::vector<int>& masked) {
     return absl::UnavailableError(absl::StrCat("low-latency round ", round, " ran with rank(s) ",
                                                absl::StrJoin(masked, ","), " masked (lost or silent), seen after ",
                                                stats->combine_ms > 0 ? "the combine" : "the dispatch", " (",
                                                MsSince(start), " ms into it)"));
   };
-  if (const std::vector<int> masked = masked_ranks(); !masked.empty()) {
+  const std::vector<int> masked_in_dispatch = masked_ranks();
+  if (!masked_in_dispatch.empty()) {
     NoteMaskSeen();
+    stats->first_masked_ok_unix_ns = absl::GetCurrentTimeNanos();
+  }
+  if (!masked_in_dispatch.empty() && !s.shrink) {
     const std::vector<uint16_t> zeros(static_cast<size_t>(L) * slots * H, 0);
     auto expert_view = mem.Upload(zeros, DType::kBF16, {L, static_cast<int64_t>(slots), H});
     if (!expert_view.ok()) return expert_view.status();
@@ -170,35 +235,51 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
                   {.x = *expert_view, .topk_idx = *idx_view, .topk_weights = *w_view, .handle = recv->handle});
     if (!combined.ok()) return combined.status();
     if (absl::Status done = buffer.Check(); !done.ok()) return done;
-    return masked_error(masked);
+    return masked_error(masked_in_dispatch);
   }
 
   const auto count = mem.Download<int32_t>(recv->packed_recv_count.view, L);
-  checks.Exact("packed_recv_count", count, want.packed_recv_count);
-  checks.Exact("packed_recv_layout_range", mem.Download<int64_t>(recv->packed_recv_layout_range.view, L * R),
-               want.layout_range);
+  const auto layout_range = mem.Download<int64_t>(recv->packed_recv_layout_range.view, L * R);
   const auto packed_x = mem.Download<uint8_t>(recv->packed_recv_x.view, L * slots * H * elem);
   const auto scales = mem.Download<float>(recv->packed_recv_x_scales.view, s.fp8 ? L * slots * G : 0);
   const auto src_info = mem.Download<int32_t>(recv->packed_recv_src_info.view, L * slots);
   const bool usable = count.size() == static_cast<size_t>(L) && packed_x.size() == L * slots * H * elem &&
-                      src_info.size() == L * slots && scales.size() == (s.fp8 ? L * slots * G : 0);
+                      src_info.size() == L * slots && scales.size() == (s.fp8 ? L * slots * G : 0) &&
+                      layout_range.size() == static_cast<size_t>(L) * R;
   // When the outputs are too small nothing is compared; the combine still runs (the peers wait for it).
   if (!usable) checks.Fail("low-latency dispatch outputs are smaller than [L, R*M, hidden]");
+  if (masked_in_dispatch.empty()) {
+    checks.Exact("packed_recv_count", count, want.packed_recv_count);
+    checks.Exact("packed_recv_layout_range", layout_range, want.layout_range);
+  } else if (usable) {
+    CheckMaskedLayout(x, rank, masked_before, masked_in_dispatch, count, layout_range, checks);
+  }
+  // Row by row per (local expert, source rank) segment: where the reference put the source's rows, and where this
+  // call put them (the same place unless a source was masked, whose rows are then absent and the later ones move up).
   uint64_t received = 0;
   for (int e = 0; usable && e < L; ++e) {
-    const size_t n = static_cast<size_t>(std::max(0, std::min(count[e], want.packed_recv_count[e])));
-    received += n;
-    const size_t base = static_cast<size_t>(e) * slots;
-    checks.Exact(absl::StrCat("packed_recv_x[expert ", e, "]"),
-                 std::vector<uint8_t>(packed_x.begin() + base * H * elem, packed_x.begin() + (base + n) * H * elem),
-                 want.packed_recv_x.data() + base * H * elem, n * H * elem);
-    checks.Exact(absl::StrCat("packed_recv_src_info[expert ", e, "]"),
-                 std::vector<int32_t>(src_info.begin() + base, src_info.begin() + base + n),
-                 want.src_info.data() + base, n);
-    for (int g = 0; s.fp8 && g < G; ++g) {
-      const size_t at = (static_cast<size_t>(e) * G + g) * slots;
-      checks.Exact(absl::StrCat("packed_recv_x_scales[expert ", e, "][group ", g, "]"),
-                   std::vector<float>(scales.begin() + at, scales.begin() + at + n), want.scales.data() + at, n);
+    received += static_cast<size_t>(std::max(0, std::min<int>(count[e], static_cast<int>(slots))));
+    for (int src = 0; src < R; ++src) {
+      const int64_t got_range = layout_range[static_cast<size_t>(e) * R + src];
+      const int64_t want_range = want.layout_range[static_cast<size_t>(e) * R + src];
+      const size_t got_begin = static_cast<size_t>(got_range >> 32), want_begin = static_cast<size_t>(want_range >> 32);
+      const size_t n = std::min<size_t>(static_cast<uint32_t>(got_range), static_cast<uint32_t>(want_range));
+      if (n == 0 || got_begin + n > slots) continue;  // a bad range was reported by the layout checks
+      const size_t base = static_cast<size_t>(e) * slots;
+      const std::string where = absl::StrCat("[expert ", e, "][source ", src, "]");
+      checks.Exact(absl::StrCat("packed_recv_x", where),
+                   std::vector<uint8_t>(packed_x.begin() + (base + got_begin) * H * elem,
+                                        packed_x.begin() + (base + got_begin + n) * H * elem),
+                   want.packed_recv_x.data() + (base + want_begin) * H * elem, n * H * elem);
+      checks.Exact(absl::StrCat("packed_recv_src_info", where),
+                   std::vector<int32_t>(src_info.begin() + base + got_begin, src_info.begin() + base + got_begin + n),
+                   want.src_info.data() + base + want_begin, n);
+      for (int g = 0; s.fp8 && g < G; ++g) {
+        const size_t at = (static_cast<size_t>(e) * G + g) * slots;
+        checks.Exact(absl::StrCat("packed_recv_x_scales", where, "[group ", g, "]"),
+                     std::vector<float>(scales.begin() + at + got_begin, scales.begin() + at + got_begin + n),
+                     want.scales.data() + at + want_begin, n);
+      }
     }
   }
   for (int t = 0; t < T; ++t) {
@@ -225,14 +306,24 @@ absl::Status RunLowLatencyRound(Buffer& buffer, Memory& mem, const Scenario& s, 
   }
   if (absl::Status done = buffer.Check(); !done.ok()) return done;
   stats->combine_ms = MsSince(start);
-  // A rank lost during the combine is masked there: its outputs are missing from this round's result.
-  if (const std::vector<int> masked = masked_ranks(); !masked.empty()) {
+  // A rank lost during the combine is masked there: without --shrink its outputs are missing from this round's
+  // result and the round fails; with it the result is checked against the reference without the masked ranks.
+  const std::vector<int> masked = masked_ranks();
+  if (!masked.empty() && masked_in_dispatch.empty()) {
     NoteMaskSeen();
-    return masked_error(masked);
+    stats->first_masked_ok_unix_ns = absl::GetCurrentTimeNanos();
   }
-
+  if (!masked.empty() && !s.shrink) return masked_error(masked);
+  stats->masked = masked;
   auto got = mem.Download<uint16_t>(combined->combined_x.view, static_cast<size_t>(T) * H);
   if (s.flip_one_output && !got.empty()) got[0] ^= 0x0100;
+  if (s.flip_masked_output && !masked.empty() && !got.empty()) got[0] ^= 0x0100;
+  if (!masked.empty()) {
+    // Every element against the reference that excludes exactly the masked ranks (bit-exact: the same operations).
+    checks.Exact(absl::StrCat("combined_x (rank(s) ", absl::StrJoin(masked, ","), " masked)"), got,
+                 MaskedCombineReference(x, s, masked)[rank]);
+    return absl::OkStatus();
+  }
   if (s.exact) checks.Exact("combined_x", got, x.combined[rank]);
   checks.WeightedSum("combined_x (weighted sum)", got, x.exact, x.magnitude);
   for (size_t i = 0; i < got.size() && i < x.exact_bf16.size(); ++i) {

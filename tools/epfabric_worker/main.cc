@@ -51,6 +51,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checks.h"
+#include "elastic.h"
 #include "graphs.h"
 #include "memory.h"
 #include "restart_probe.h"
@@ -93,6 +94,8 @@ ABSL_FLAG(int, sigkill_delay_us, 500, "See --sigkill_in_dispatch.");
 ABSL_FLAG(bool, reset_first, false, "Call Buffer::Reset() before the first round (a rank that rejoins).");
 ABSL_FLAG(bool, flip_one_output, false,
           "Tests of the checks: flip one bit of this rank's first combined value before comparing (must fail).");
+ABSL_FLAG(bool, flip_masked_output, false,
+          "Tests of the checks: as --flip_one_output, in the rounds that ran with a rank masked only (--shrink).");
 ABSL_FLAG(bool, region_bytes, false, "Print RequiredRegionBytes for the scenario and --ranks, then exit.");
 ABSL_FLAG(int, ranks, 4, "--region_bytes: number of same-host ranks.");
 ABSL_FLAG(int, hosts, 1,
@@ -122,6 +125,14 @@ ABSL_FLAG(int64_t, launch_unix_ns, 0,
           "restart_to_first_dispatch_ms from it to the first completed dispatch, which there also includes making "
           "every rank's inputs and the host reference; --restart_probe measures the restart path alone.");
 ABSL_FLAG(int, device, -1, "CUDA device when devices are visible; -1: rank modulo the visible devices.");
+ABSL_FLAG(bool, shrink, false,
+          "Low latency: BufferConfig.enable_shrink. A round that runs with ranks masked (lost, or silent past the "
+          "timeout) is checked against the reference without them instead of failing; the round reports them.");
+ABSL_FLAG(std::string, elastic_dir, "",
+          "Low latency with --shrink: elastic EP through files in DIR (tools/epfabric_worker/elastic.h): rounds until "
+          "DIR/rejoin_at, Buffer::Rejoin there, then --repeats rounds at full strength.");
+ABSL_FLAG(bool, replacement, false, "--elastic_dir: this process replaces a rank's client that left.");
+ABSL_FLAG(int, round_pause_ms, 0, "--elastic_dir: pause between rounds (a serving engine's work between steps).");
 ABSL_FLAG(bool, restart_probe, false,
           "Measure only what a restarted serving process pays before its first dispatch (needs --launch_unix_ns): "
           "connect, attach (maps every same-host region), Buffer::Create, one layout + dispatch of this rank's own "
@@ -168,6 +179,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
   s.num_sms = absl::GetFlag(FLAGS_num_sms);
   s.exact = absl::GetFlag(FLAGS_exact);
   s.flip_one_output = absl::GetFlag(FLAGS_flip_one_output);
+  s.flip_masked_output = absl::GetFlag(FLAGS_flip_masked_output);
   if (s.routing != "random" && s.routing != "silent" && s.routing != "nowhere" && s.routing != "one_expert") {
     std::cerr << "unknown --routing=" << s.routing << "\n";
     return kExitUsage;
@@ -200,6 +212,12 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
     std::cerr << "--worst_tokens needs normal mode and a count >= 0\n";
     return kExitUsage;
   }
+  s.shrink = absl::GetFlag(FLAGS_shrink);
+  const std::string elastic_dir = absl::GetFlag(FLAGS_elastic_dir);
+  if ((s.shrink && !s.low_latency) || (!elastic_dir.empty() && (!s.shrink || graph || s.hooks))) {
+    std::cerr << "--shrink needs --mode=low_latency; --elastic_dir needs --shrink (no --graph, no --hooks)\n";
+    return kExitUsage;
+  }
   BufferConfig config{.max_tokens_per_rank = s.tokens,
                       .hidden = s.hidden,
                       .max_topk = s.topk,
@@ -207,6 +225,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
                       .num_sms = s.num_sms,
                       .low_latency = s.low_latency,
                       .timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)),
+                      .enable_shrink = s.shrink,
                       .force_internode = s.force_internode,
                       .low_latency_relay = absl::GetFlag(FLAGS_relay)};
   config.low_latency_issue = issue == "device"  ? BufferConfig::LowLatencyIssue::kDevice
@@ -337,6 +356,30 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
 
   int timeouts = 0;
   const int repeats = absl::GetFlag(FLAGS_repeats);
+  if (!elastic_dir.empty()) {
+    ElasticOutcome outcome;
+    const ElasticOptions options{.dir = elastic_dir,
+                                 .replacement = absl::GetFlag(FLAGS_replacement),
+                                 .rounds_after = repeats,
+                                 .round_pause_ms = absl::GetFlag(FLAGS_round_pause_ms),
+                                 .max_time = absl::Seconds(absl::GetFlag(FLAGS_max_seconds))};
+    if (absl::Status ran = RunElastic(**buffer, mem, s, options, checks, &outcome); !ran.ok()) {
+      return fail("elastic", ran);
+    }
+    if (checks.failures() > 0) {
+      std::cout << prefix << " ok=0 mismatches=" << checks.failures() << " error=\"outputs differ (see stderr)\""
+                << std::endl;
+      return kExitMismatch;
+    }
+    std::cout << prefix
+              << absl::StrFormat(
+                     " ok=1 rounds=%d masked_rounds=%d full_rounds_after=%d rejoin_round=%d "
+                     "rejoin_ms=%.3f first_masked_ok_unix_ns=%d restart_to_first_dispatch_ms=%.2f",
+                     outcome.rounds, outcome.masked_rounds, outcome.full_rounds_after, outcome.rejoin_round,
+                     outcome.rejoin_ms, outcome.first_masked_ok_unix_ns, RestartToFirstDispatchMs())
+              << std::endl;
+    return 0;
+  }
   if (absl::GetFlag(FLAGS_until_timeout)) {
     // Rounds until a peer stops answering (the test kills one), then recovery.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_max_seconds));

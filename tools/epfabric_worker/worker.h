@@ -64,6 +64,8 @@ struct Scenario {
   bool hooks = false;            // low latency: odd rounds through DeepEP's receive hooks
   bool cached = false;           // normal mode: also a cached dispatch with the round's handle, checked the same
   int worst_tokens = 0;          // normal mode: DispatchArgs.num_worst_tokens (outputs of that many rows, padding)
+  bool shrink = false;  // low latency: BufferConfig.enable_shrink; rounds with masked ranks are checked, not failed
+  bool flip_masked_output = false;  // tests of the checks: as flip_one_output, in rounds with a rank masked only
 };
 
 inline float ExpertScale(int64_t expert) { return 1.0f + static_cast<float>(expert % 8) * 0.125f; }
@@ -80,6 +82,10 @@ struct RoundStats {
   uint64_t bytes = 0;   // payload this rank sent: dispatched rows + combined rows
   int tokens = 0;       // tokens this rank dispatched
   int remote_rows = 0;  // groups across hosts: rows this rank sent to other hosts (one per token and remote host)
+  // Low latency with --shrink: the ranks masked at the end of the round (its outputs were checked without them), and
+  // when the round's first call that returned with a rank masked returned (Unix ns; 0: none).
+  std::vector<int> masked;
+  int64_t first_masked_ok_unix_ns = 0;
 };
 
 // Milliseconds from --launch_unix_ns to the end of this process' first completed dispatch; -1 until then (or

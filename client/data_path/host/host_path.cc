@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "data_path/kernel_path.h"
 #include "data_path/lost_ranks.h"
@@ -99,6 +102,33 @@ class HostDataPath final : public KernelPath {
   void* LowLatencyCombineInputBuffer() const override { return kernels::LowLatencyCombineInputBuffer(ll_); }
   int32_t* LowLatencyRankMask() const override {
     return config_.config.low_latency ? const_cast<int32_t*>(rank_mask_.data()) : nullptr;
+  }
+
+  absl::Status AwaitFirstDispatchOfPeers(uint32_t tag, int half, absl::Duration timeout) override {
+    if (!config_.config.low_latency || !ll_.remote_ranks.empty())
+      return DataPath::AwaitFirstDispatchOfPeers(tag, half, timeout);
+    const kernels::LowLatencyLayout& l = ll_.layout;
+    // Local expert 0's count from source s: [local][source] words at dispatch_count_offset of this rank's half.
+    const auto* counts = reinterpret_cast<const uint64_t*>(static_cast<const uint8_t*>(ll_.peer_regions[ll_.rank]) +
+                                                           l.half_bytes * half + l.dispatch_count_offset);
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      std::vector<int> missing;
+      for (int s = 0; s < ll_.num_ranks; ++s) {
+        if (s != ll_.rank && kernels::LowLatencyCountOf(__atomic_load_n(counts + s, __ATOMIC_ACQUIRE), tag) < 0) {
+          missing.push_back(s);
+        }
+      }
+      if (missing.empty()) return absl::OkStatus();
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "Rejoin: rank(s) ", absl::StrJoin(missing, ", "),
+            " did not begin the new generation's first "
+            "dispatch within ",
+            absl::FormatDuration(timeout), " (every rank of the group calls Rejoin at the same call boundary)"));
+      }
+      absl::SleepFor(absl::Microseconds(50));
+    }
   }
 
   absl::Status Check(cudaStream_t /*stream*/) override { return absl::OkStatus(); }

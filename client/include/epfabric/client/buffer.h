@@ -294,6 +294,30 @@ class Buffer {
   // After DeadlineExceeded: every rank calls Reset (no call of the group in flight) before the next operation.
   absl::Status Reset(cudaStream_t stream = nullptr);
 
+  // ---- elastic EP (low latency; docs/elastic.md) ----
+  // The ranks whose client attached after this Buffer's generation was taken (a replacement of a client that left):
+  // they are ready to serve, and Rejoin brings them in. Ascending; empty when none (or before the first call, or in
+  // normal mode). Reads the lease serials the daemon publishes; no daemon call.
+  std::vector<int> RanksWaitingToRejoin() const;
+  // Low latency: a new generation of the group with every rank's current client, taken at a call boundary that the
+  // serving engine chose: EVERY rank calls it at the same point of its call sequence (the survivors between a
+  // combine and the next dispatch; a replacement after Buffer::Create, before its first call). The masked ranks
+  // that now have a client are unmasked, the call count starts again (the tags of the new generation), and the
+  // next call routes to them. Nothing is re-allocated or zeroed and nothing waits on the peers: the tags keep every
+  // earlier word from being read, and the double-buffer order is kept (the survivors' next call uses half 0, as a
+  // fresh Buffer's first does). Waits (up to config.timeout) until every rank has a client; UNAVAILABLE naming those
+  // that have none. A Buffer that made no call yet (the replacement's) also waits until every other rank began the
+  // new generation's first dispatch (its peers must be done with the previous generation before it writes to them;
+  // DEADLINE_EXCEEDED naming those that did not): so it is for joining running peers, never for ranks that all start
+  // together. No rank waiting (the generation is unchanged): OK, nothing changes. FailedPrecondition in normal mode
+  // (there every rank calls Reset), with a receive hook pending, or between a dispatch and its combine. The
+  // replacement's side is implemented on the host backend within one host (UNIMPLEMENTED on cuda and across hosts
+  // for now; the survivors' side works on every path).
+  absl::Status Rejoin(cudaStream_t stream = nullptr);
+  // Low latency: per rank 1 when it takes part in this Buffer's calls, 0 when it is masked (Mooncake EP's
+  // active_ranks). A host copy of LowLatencyRankMask (cuda: after the calls queued on `stream`).
+  absl::StatusOr<std::vector<int32_t>> ActiveRanks(cudaStream_t stream = nullptr) const;
+
   struct State;
 
  private:
