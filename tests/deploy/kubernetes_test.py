@@ -22,8 +22,9 @@ namespace that enforces Pod Security "privileged" (the per-node agents); every T
 cert-manager csi-driver volume (made for that pod, never a Secret that other pods mount too), mounted by that daemon
 only, whose Issuer the overlay defines; a LeaderWorkerSet's daemons hold pod certificates of that LWS
 (epfabric-member:<lws>:pod:${POD_NAME}) with --ranks_per_pod = the pod's daemons and --fabric_id = the leader's name,
-other daemons a CN naming a rank of their --fabric_id; no Secret volume anywhere. Images: every container that runs our binaries
-names the image `epfabric` (what the Dockerfile's build line tags), and every overlay pins it with `images:`.
+other daemons a CN naming a rank of their --fabric_id; no Secret volume anywhere. Images: every container that runs
+our binaries names the image `epfabric` (what the Dockerfile's build line tags), and every overlay pins it with
+`images:`.
 """
 import os
 import re
