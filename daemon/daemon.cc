@@ -282,6 +282,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   auth_config.secret = secret;
   auth_config.mutual_tls = s->links->tls();
   auth_config.insecure = options.insecure_peer_port;
+  auth_config.ranks_per_pod = options.ranks_per_pod;
   s->peer_auth = std::make_unique<security::PeerAuthenticator>(std::move(auth_config));
   if (!s->links->tls() && secret.empty()) {
     Logger("daemon")->warn("the peer port {} accepts every caller (--insecure_peer_port): tests only",

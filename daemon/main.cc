@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate for mutual TLS on the peer
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for mutual TLS on the peer port.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle that peers' certificates must chain to.");
 ABSL_FLAG(std::string, tls_target_name, "", "Name to check in peers' certificates instead of the dialled host.");
+ABSL_FLAG(int, ranks_per_pod, 0,
+          "Daemons per LeaderWorkerSet pod: a certificate with CN epfabric-member:<lws>:pod:<pod name> acts as ranks "
+          "[w x N, (w + 1) x N) of fabric <lws>-<group> (w: the pod's worker index). 0: pod certificates are refused.");
 ABSL_FLAG(
     std::string, transport, "auto",
     "Wire between hosts: auto (verbs when an RDMA device can register the regions, else socket), socket or verbs.");
@@ -119,6 +122,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   o.tls_target_name = absl::GetFlag(FLAGS_tls_target_name);
+  o.ranks_per_pod = absl::GetFlag(FLAGS_ranks_per_pod);
   o.transport = absl::GetFlag(FLAGS_transport);
   o.data_listen = absl::GetFlag(FLAGS_data_listen);
   o.proxy_threads = absl::GetFlag(FLAGS_proxy_threads);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "epfabric/common/peer_auth.h"
 #include "epfabric/common/status_macros.h"
+#include "security/member_identity.h"
 #include "spdlog/common.h"
 
 namespace epfabric::daemon {
@@ -56,6 +57,23 @@ namespace {
 
 absl::Status FlagError(const char* flag, const std::string& message) {
   return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", message));
+}
+
+// This daemon's own certificate must let it act as its --rank in its --fabric_id: its peers would refuse every call
+// otherwise, and a daemon that starts anyway hangs unready instead of saying which certificate it holds.
+absl::Status CheckOwnCertificate(const DaemonOptions& o) {
+  absl::StatusOr<std::string> cn = security::CertificateCommonName(o.tls_cert);
+  if (!cn.ok()) return FlagError("tls_cert", std::string(cn.status().message()));
+  absl::StatusOr<security::MemberScope> scope = security::MemberScopeOf(*cn, o.fabric_id, o.ranks_per_pod);
+  if (!scope.ok()) {
+    return FlagError("tls_cert", absl::StrCat(scope.status().message(), "; this daemon is rank ", o.rank, " of fabric ",
+                                              o.fabric_id, " (--ranks_per_pod=", o.ranks_per_pod, ")"));
+  }
+  if (!scope->Covers(o.rank)) {
+    return FlagError("tls_cert", absl::StrCat("the certificate (CN '", *cn, "') names ", scope->Describe(),
+                                              " of fabric ", o.fabric_id, ", not --rank=", o.rank));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -110,6 +128,10 @@ absl::Status ValidateOptions(const DaemonOptions& o) {
       return FlagError(flag, absl::StrCat("'", path, "' is not a readable file"));
     }
   }
+  if (o.ranks_per_pod < 0 || o.ranks_per_pod > security::kMaxFabricRanks) {
+    return FlagError("ranks_per_pod", absl::StrCat(o.ranks_per_pod, " is not in 0..", security::kMaxFabricRanks));
+  }
+  if (tls_files == 3) EPF_RETURN_IF_ERROR(CheckOwnCertificate(o));
   auto listen = ParseHostPort(o.peer_listen);
   if (!listen.ok()) return FlagError("peer_listen", std::string(listen.status().message()));
   // A fabric secret never protects traffic that leaves the host: its proofs travel with the requests in plaintext.

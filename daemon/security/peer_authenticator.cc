@@ -3,9 +3,7 @@
 #include <optional>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "epfabric/common/status_macros.h"
 
@@ -14,7 +12,7 @@ namespace epfabric::daemon::security {
 std::string PeerIdentity::Describe() const {
   if (!authenticated) return "an unauthenticated caller";
   if (role == common::PeerRole::kOps) return "ops tooling";
-  return absl::StrCat("member rank ", rank);
+  return absl::StrCat("member ", MemberScope{first_rank, end_rank, pod}.Describe());
 }
 
 std::string MemberCommonName(absl::string_view fabric_id, int rank) {
@@ -30,14 +28,17 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::FromCommonName(absl::string_view
     identity.role = common::PeerRole::kOps;
     return identity;
   }
-  const std::vector<absl::string_view> parts = absl::StrSplit(cn, ':');
-  if (parts.size() == 3 && parts[0] == "epfabric-member" && parts[1] == config_.fabric_id &&
-      absl::SimpleAtoi(parts[2], &identity.rank) && identity.rank >= 0) {
-    return identity;
+  if (!IsMemberCommonName(cn)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        method, ": the client certificate's CN '", cn, "' is neither '", MemberCommonName(config_.fabric_id, 0),
+        "' (any rank), a pod's nor '", OpsCommonName(config_.fabric_id), "'"));
   }
-  return absl::UnauthenticatedError(absl::StrCat(method, ": the client certificate's CN '", cn, "' is neither '",
-                                                 MemberCommonName(config_.fabric_id, 0), "' (any rank) nor '",
-                                                 OpsCommonName(config_.fabric_id), "'"));
+  absl::StatusOr<MemberScope> scope = MemberScopeOf(cn, config_.fabric_id, config_.ranks_per_pod);
+  if (!scope.ok()) return absl::UnauthenticatedError(absl::StrCat(method, ": ", scope.status().message()));
+  identity.first_rank = scope->first_rank;
+  identity.end_rank = scope->end_rank;
+  identity.pod = scope->pod;
+  return identity;
 }
 
 absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, const std::string* tls_common_name,
@@ -60,9 +61,11 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::Check(absl::string_view method, 
     PeerIdentity from_secret;
     from_secret.authenticated = true;
     from_secret.role = verified.claim.role;
-    from_secret.rank = verified.claim.rank;
+    from_secret.first_rank = verified.claim.rank;
+    from_secret.end_rank = verified.claim.role == common::PeerRole::kMember ? verified.claim.rank + 1 : -1;
     from_secret.nonce = verified.nonce;
-    if (identity.has_value() && (identity->role != from_secret.role || identity->rank != from_secret.rank)) {
+    if (identity.has_value() && (identity->role != from_secret.role || (from_secret.role == common::PeerRole::kMember &&
+                                                                        !identity->ActsAs(from_secret.first_rank)))) {
       return absl::UnauthenticatedError(absl::StrCat(method, ": the certificate names ", identity->Describe(),
                                                      " but the fabric credential names ", from_secret.Describe()));
     }
@@ -110,7 +113,7 @@ absl::StatusOr<PeerIdentity> PeerAuthenticator::RequireMember(const grpc::Server
     return absl::PermissionDeniedError(
         absl::StrCat(method, ": needs a member's credential; the caller is ", identity->Describe()));
   }
-  if (rank >= 0 && identity->rank != rank) {
+  if (rank >= 0 && !identity->ActsAs(rank)) {
     return absl::PermissionDeniedError(
         absl::StrCat(method, ": only rank ", rank, " may call this; the caller is ", identity->Describe()));
   }

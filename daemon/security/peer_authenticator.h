@@ -2,12 +2,13 @@
 //
 // Credentials (docs/security.md):
 //  - mutual TLS: the client certificate chains to the fabric CA (gRPC checks that) and its subject CN names the
-//    fabric and the role: "epfabric-member:<fabric_id>:<rank>" for a member daemon, "epfabric-ops:<fabric_id>" for
-//    read-only ops tooling;
+//    fabric and the role: a member daemon's (security/member_identity.h: one rank, or a LeaderWorkerSet pod's ranks)
+//    or "epfabric-ops:<fabric_id>" for read-only ops tooling;
 //  - a fabric secret (--fabric_secret_file): a per-call HMAC proof (common/peer_auth.h) naming the role and rank,
 //    covering the request the handler received, with a nonce that is accepted once;
 //  - --insecure_peer_port: nothing is checked (tests only; the daemon logs a warning at start).
-// When both TLS and a secret are configured, a call must carry both and they must name the same rank.
+// When both TLS and a secret are configured, a call must carry both, and the proof's rank must be one the
+// certificate covers.
 #pragma once
 
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "epfabric/common/peer_auth.h"
+#include "security/member_identity.h"
 
 namespace epfabric::daemon::security {
 
@@ -27,13 +29,19 @@ struct PeerAuthConfig {
   std::string secret;       // empty: no fabric secret
   bool mutual_tls = false;  // the peer server requires and verifies client certificates
   bool insecure = false;    // --insecure_peer_port without TLS or secret: accept every call
+  int ranks_per_pod = 0;    // ranks of one LeaderWorkerSet pod (pod certificates); 0: pod certificates refused
 };
 
 struct PeerIdentity {
   common::PeerRole role = common::PeerRole::kMember;
-  int rank = -1;               // the member's rank; -1 for ops or when unchecked
+  // The ranks a member may act as, [first_rank, end_rank): one for a rank certificate or a fabric-secret proof, its
+  // pod's for a pod certificate; -1 for ops or when unchecked.
+  int first_rank = -1;
+  int end_rank = -1;
+  std::string pod;             // the pod a pod certificate names
   bool authenticated = false;  // false only with --insecure_peer_port
   std::string nonce;           // the proof's nonce (fabric secret only): the answer's proof is bound to it
+  bool ActsAs(int rank) const { return rank >= first_rank && rank < end_rank; }
   std::string Describe() const;
 };
 
@@ -57,7 +65,7 @@ class PeerAuthenticator {
   absl::StatusOr<PeerIdentity> Authenticate(const grpc::ServerContext& context, absl::string_view method,
                                             const google::protobuf::MessageLite& request) const;
 
-  // A member of this fabric; with `rank` >= 0, exactly that rank. PERMISSION_DENIED names who called.
+  // A member of this fabric; with `rank` >= 0, one that may act as that rank. PERMISSION_DENIED names who called.
   absl::StatusOr<PeerIdentity> RequireMember(const grpc::ServerContext& context, absl::string_view method,
                                              const google::protobuf::MessageLite& request, int rank = -1) const;
   // A member or ops tooling (read-only methods).

@@ -20,8 +20,11 @@ other pods can dial (not 0.0.0.0: a daemon announces the address it listens on).
 Tenancy and credentials (issue #34, item 10): hostPath volumes and NVIDIA_VISIBLE_DEVICES only in pods of a
 namespace that enforces Pod Security "privileged" (the per-node agents); every TLS key a daemon reads is on a
 cert-manager csi-driver volume (made for that pod, never a Secret that other pods mount too), mounted by that daemon
-only, whose Issuer the overlay defines; no Secret volume anywhere. Images: every container that runs our binaries
-names the image `epfabric` (what the Dockerfile's build line tags), and every overlay pins it with `images:`.
+only, whose Issuer the overlay defines; a LeaderWorkerSet's daemons hold pod certificates of that LWS
+(epfabric-member:<lws>:pod:${POD_NAME}) with --ranks_per_pod = the pod's daemons and --fabric_id = the leader's name,
+other daemons a CN naming a rank of their --fabric_id; no Secret volume anywhere. Images: every container that runs
+our binaries names the image `epfabric` (what the Dockerfile's build line tags), and every overlay pins it with
+`images:`.
 """
 import os
 import re
@@ -109,6 +112,10 @@ def pod_specs(doc):
     return []
 
 
+def lws_name(doc):
+    return doc["metadata"]["name"] if doc.get("kind") == "LeaderWorkerSet" else None
+
+
 def check_object(where, doc):
     for field in ("apiVersion", "kind"):
         if not doc.get(field):
@@ -132,10 +139,10 @@ def probe_command(container, probe):
     return ((container.get(probe) or {}).get("exec") or {}).get("command") or []
 
 
-def check_pod(where, spec, flags, services_seen, privileged=False, issuers=None):
+def check_pod(where, spec, flags, services_seen, privileged=False, issuers=None, lws=None):
     """flags: binary -> the flags its --help lists; privileged: the pod's namespace enforces Pod Security
     "privileged" (node agents); issuers: the (kind, name) of the cert-manager issuers the overlay defines (None: not
-    known here)."""
+    known here); lws: the name of the LeaderWorkerSet whose template this is (None: another workload)."""
     epctl_flags = flags["epctl"]
     for key in ("hostIPC", "hostPID", "hostNetwork", "shareProcessNamespace"):
         if spec.get(key):
@@ -215,6 +222,8 @@ def check_pod(where, spec, flags, services_seen, privileged=False, issuers=None)
                        any(m["name"] == mounts[directory] for m in o.get("volumeMounts", []))]
             if sharers:
                 fail(cw, f"the TLS key's volume {mounts[directory]} is mounted by {sharers} too")
+            check_member_certificate(cw, args, volume, lws, len([o for o in containers if any(
+                b == "epfabricd" for b, _ in invocations(o))]))
         for listen in flag_values(args, "peer_listen") + flag_values(args, "data_listen"):
             if listen.startswith(("0.0.0.0:", "[::]:")) and flag_values(args, "world_size") != ["1"]:
                 fail(cw, f"{listen}: a daemon announces the address it listens on, which other pods cannot dial "
@@ -253,6 +262,28 @@ def check_pod(where, spec, flags, services_seen, privileged=False, issuers=None)
             other_mounts = {m["mountPath"]: m["name"] for m in other.get("volumeMounts", [])}
             if socket_dir in other_mounts and other_mounts[socket_dir] != mounts.get(socket_dir):
                 fail(cw, f"{other['name']} mounts another volume at {socket_dir}")
+
+
+def check_member_certificate(where, args, volume, lws, daemons_in_pod):
+    """A daemon's csi-driver certificate: a LeaderWorkerSet pod's daemons hold pod certificates of that LWS
+    (epfabric-member:<lws>:pod:${POD_NAME}: one template serves every worker, so a literal rank would be every
+    worker's) with --ranks_per_pod = the pod's daemons and --fabric_id = the leader's name; elsewhere the CN names
+    the daemon's --fabric_id."""
+    cn = (volume.get("csi") or {}).get("volumeAttributes", {}).get("csi.cert-manager.io/common-name", "")
+    fabric = (flag_values(args, "fabric_id") or [""])[0]
+    if lws is not None:
+        wanted = f"epfabric-member:{lws}:pod:${{POD_NAME}}"
+        if cn != wanted:
+            fail(where, f"certificate CN {cn!r}: a LeaderWorkerSet pod's daemon needs {wanted!r}")
+        if flag_values(args, "ranks_per_pod") != [str(daemons_in_pod)]:
+            fail(where, f"--ranks_per_pod={flag_values(args, 'ranks_per_pod')}: the pod runs {daemons_in_pod} daemons")
+        # $$ is Kubernetes' escape of the shell's $.
+        if fabric != "$${LWS_LEADER_ADDRESS%%.*}":
+            fail(where, f"--fabric_id={fabric}: a LeaderWorkerSet group's fabric is its leader's name "
+                        "($${LWS_LEADER_ADDRESS%%.*})")
+        return
+    if not re.fullmatch(rf"epfabric-member:{re.escape(fabric)}:(0|[1-9][0-9]*)", cn):
+        fail(where, f"certificate CN {cn!r} names no rank of --fabric_id={fabric}")
 
 
 def check_services_against_daemon(daemon, epctl, services):
@@ -336,7 +367,7 @@ def main():
                 doc_namespace = (doc.get("metadata") or {}).get("namespace") or namespace
                 for spec in pod_specs(doc):
                     check_pod(f"{rel} {doc['kind']}/{doc['metadata']['name']}", spec, flags, services,
-                              privileged=doc_namespace in privileged, issuers=issuers)
+                              privileged=doc_namespace in privileged, issuers=issuers, lws=lws_name(doc))
         check_image_name()
         print(f"{count} objects in {len(list(manifest_files()))} files")
     else:
@@ -365,7 +396,7 @@ def main():
                                 "containers": [dict(c, image="epfabric") if c["image"].endswith("/epfabric:0.1.0")
                                                else c for c in spec.get("containers", [])]}
                     check_pod(f"{overlay} {doc['kind']}/{doc['metadata']['name']}", rendered, flags, services,
-                              privileged=namespace in privileged, issuers=issuers)
+                              privileged=namespace in privileged, issuers=issuers, lws=lws_name(doc))
                     for c in spec.get("initContainers", []) + spec.get("containers", []):
                         if c["image"] == "epfabric":
                             fail(overlay, f"container {c['name']}: image not pinned by the overlay")

@@ -338,7 +338,8 @@ def example_per_node(node):
 
 
 def example_multi_node(node):
-    """A LeaderWorkerSet group: the leader pod and its workers as "hosts" of one fabric on loopback."""
+    """A LeaderWorkerSet group of 3 pods (the manifest's size or more: any size works with pod certificates) as
+    "hosts" of one fabric on loopback; pod certificates checked for the ranks and the fabric their pods' names give."""
     folder = KUBE / "multi-node"
     namespace = load(folder / "namespace.yaml")[0]
     level = namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
@@ -346,25 +347,18 @@ def example_multi_node(node):
                if d["kind"] in ("Issuer", "ClusterIssuer")}
     lws = next(d for d in load(folder / "leaderworkerset.yaml") if d["kind"] == "LeaderWorkerSet")
     name, templates = lws["metadata"]["name"], lws["spec"]["leaderWorkerTemplate"]
-    size = templates["size"]
-    # As the LWS controller names group 0's pods and addresses its leader (the headless Service named after the LWS).
-    leader_name = f"{name}-0"
-    leader_address = f"{leader_name}.{name}.{namespace['metadata']['name']}"
-    pods = []
-    for index in range(size):
-        template = templates.get("leaderTemplate") if index == 0 else None
-        spec = (template or templates["workerTemplate"])["spec"]
-        check_pod_security(f"multi-node pod {index}", spec, level)
-        injected = {"LWS_LEADER_ADDRESS": leader_address, "LWS_GROUP_SIZE": str(size), "LWS_WORKER_INDEX": str(index)}
-        pod = Pod(node, leader_name if index == 0 else f"{leader_name}-{index}", namespace["metadata"]["name"], spec,
-                  dockerfile_image(), injected_env=injected, issuers=issuers)
-        if index == 0:
-            node.dns[leader_address] = pod
-        pods.append(pod)
-    # No pod holds a key of another pod's daemon: every TLS key is on a volume of its own pod, made for that pod.
-    names = [cn for pod in pods for cn in getattr(pod, "certificates", {}).values()]
-    if len(names) != len(set(names)):
-        fail("multi-node", f"two daemons' certificates have one name: {sorted(names)}")
+    size = max(templates["size"], 3)
+    pods = [lws_pod(node, lws, 0, index, size, namespace, issuers) for index in range(size)]
+    for index, pod in enumerate(pods):
+        check_pod_security(f"multi-node pod {index}", pod.spec, level)
+        node.dns.setdefault(pod.injected_env["LWS_LEADER_ADDRESS"], pod)
+    # No pod holds a key of another pod's daemon: every TLS key is on a volume of its own pod, made for that pod, and
+    # its certificate names that pod (the ranks and the fabric follow from the name).
+    for pod in pods:
+        expected = f"epfabric-member:{name}:pod:{pod.name}"
+        names = set(getattr(pod, "certificates", {}).values())
+        if names != {expected}:
+            fail(pod.name, f"its daemons' certificates name {sorted(names)}, not {expected}")
     check_rank_guard(node, pods[-1], size)
     started = []
     for pod in pods:
@@ -375,6 +369,7 @@ def example_multi_node(node):
     for pod, daemons in zip(pods, started):
         if not wait_ready(pod, daemons):
             return
+    check_other_group_refused(node, lws, pods, namespace, issuers)
     members = []
     for pod in pods:
         server = next(c for c in pod.spec["containers"] if c["name"] == "server")
@@ -387,21 +382,66 @@ def example_multi_node(node):
         finish_pod(pod, daemons)
 
 
+def lws_pod(node, lws, group, index, size, namespace, issuers, leader_address=None):
+    """Pod `index` of group `group`, named and given the env as the LWS controller does (leader <lws>-<group>,
+    workers <lws>-<group>-<index>; the leader's address through the headless Service named after the LWS)."""
+    name, templates = lws["metadata"]["name"], lws["spec"]["leaderWorkerTemplate"]
+    leader_name = f"{name}-{group}"
+    template = templates.get("leaderTemplate") if index == 0 else None
+    spec = (template or templates["workerTemplate"])["spec"]
+    injected = {"LWS_LEADER_ADDRESS": leader_address or f"{leader_name}.{name}.{namespace['metadata']['name']}",
+                "LWS_GROUP_SIZE": str(size), "LWS_WORKER_INDEX": str(index)}
+    return Pod(node, leader_name if index == 0 else f"{leader_name}-{index}", namespace["metadata"]["name"], spec,
+               dockerfile_image(), injected_env=injected, issuers=issuers)
+
+
 def check_rank_guard(node, pod, size):
-    """A daemon whose rank from LWS's env is not its certificate's (a group of another size) exits 2 and says so."""
+    """A daemon whose rank from LWS's env is outside its pod certificate's ranks (the env of another worker) exits 2
+    and names the certificate's pod and ranks."""
     container = pod.spec["initContainers"][0]
-    stray = Pod(node, f"{pod.name}-of-{size + 1}", pod.namespace, {"volumes": pod.spec["volumes"]},
+    stray = Pod(node, f"{pod.name}-as-{size}", pod.namespace, {"volumes": pod.spec["volumes"]},
                 pod.image, injected_env=dict(pod.injected_env, LWS_GROUP_SIZE=str(size + 1),
                                              LWS_WORKER_INDEX=str(size)), issuers=set(pod.issuers))
+    # It holds the real pod's certificates (the stray's own were issued for its own name).
+    for volume in pod.spec["volumes"]:
+        if "csi" in volume:
+            stray.volumes[volume["name"]] = pod.volumes[volume["name"]]
     process = stray.start(container)
     process.expected_exit = True
     try:
         code = process.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        fail(stray.name, "a daemon of a group of another size started instead of refusing")
+        fail(stray.name, "a daemon with a rank outside its pod certificate's started instead of refusing")
         return
-    if code != 2 or "certificate names rank" not in stray.log(container):
-        fail(stray.name, f"exit {code} (expected 2 with the certificate's rank): {stray.log(container)}")
+    if code != 2 or f"names pod {pod.name} (ranks" not in stray.log(container):
+        fail(stray.name, f"exit {code} (expected 2 naming the certificate's pod {pod.name}): {stray.log(container)}")
+
+
+def check_other_group_refused(node, lws, pods, namespace, issuers):
+    """A worker of group 1 (its own certificate from the same Issuer, its own fabric) whose leader address leads to
+    group 0's leader: its daemon starts, group 0's coordinator refuses its Join, and group 0's fabric stays whole."""
+    crossed = f"{lws['metadata']['name']}-1.crossed"
+    other = lws_pod(node, lws, 1, 1, len(pods), namespace, issuers, leader_address=crossed)
+    node.dns[crossed] = pods[0]
+    container = other.spec["initContainers"][0]
+    other.start(container)
+    wanted = f"names pod {other.name} of fabric {lws['metadata']['name']}-1"
+    deadline = time.monotonic() + 20
+    while wanted not in other.log(container):
+        if time.monotonic() > deadline:
+            fail(other.name, f"group 0's coordinator did not refuse it ('{wanted}'): {other.log(container)}")
+            return
+        time.sleep(0.2)
+    leader_daemon = pods[0].spec["initContainers"][0]
+    code, output = pods[0].run(leader_daemon, probe_socket_command(leader_daemon, "fabric"))
+    if code != 0 or "degraded: no" not in output:
+        fail(pods[0].name, f"group 0's fabric after group 1's worker tried to join: {output}")
+
+
+def probe_socket_command(container, verb):
+    """epctl on the daemon's own socket (the one its probes ask)."""
+    probe = container["startupProbe"]["exec"]["command"]
+    return ["epctl"] + [a for a in probe[1:] if a.startswith("--socket=")] + [verb]
 
 
 EXAMPLES = {"dockerfile": example_dockerfile, "sidecar": example_sidecar, "single-pod": example_single_pod,

@@ -16,6 +16,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "integration/fabric_under_test.h"
 #include "integration/peer_channel.h"
+#include "integration/test_pki.h"
 
 namespace epfabric::testing {
 namespace {
@@ -287,35 +288,7 @@ TEST(PeerAuth, DaemonRefusesAPeerPortOffLoopbackWithoutTlsAndAnOpenSecret) {
   std::filesystem::remove_all(dir);
 }
 
-// ---- mutual TLS: certificates name the fabric and the rank ----
-
-struct Pki {
-  std::string dir, name, ca, ca_key;
-};
-
-Pki MakeCa(const std::string& dir, const std::string& name) {
-  Pki pki{dir, name, dir + "/" + name + "-ca.pem", dir + "/" + name + "-ca.key"};
-  RunResult result = RunBinary(
-      {"/bin/sh", "-c",
-       absl::StrCat("set -e; cd ", dir, "; openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ",
-                    "-keyout ", pki.ca_key, " -out ", pki.ca, " -days 1 -subj /CN=", name, "-ca 2>/dev/null")});
-  EXPECT_EQ(result.exit_code, 0) << result.err;
-  return pki;
-}
-
-// A certificate for `cn` signed by `pki`, valid as server (127.0.0.1, localhost) and client; returns TLS flags.
-std::vector<std::string> Issue(const Pki& pki, const std::string& file, const std::string& cn) {
-  const std::string base = pki.dir + "/" + file;
-  RunResult result = RunBinary(
-      {"/bin/sh", "-c",
-       absl::StrCat("set -e; openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ", base,
-                    ".key -out ", base, ".csr -subj '/CN=", cn, "' 2>/dev/null;",
-                    "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth\\n' > ",
-                    base, ".ext; openssl x509 -req -in ", base, ".csr -CA ", pki.ca, " -CAkey ", pki.ca_key,
-                    " -CAcreateserial -out ", base, ".pem -days 1 -extfile ", base, ".ext 2>/dev/null")});
-  EXPECT_EQ(result.exit_code, 0) << result.err;
-  return {"--tls_cert=" + base + ".pem", "--tls_key=" + base + ".key", "--tls_ca=" + pki.ca};
-}
+// ---- mutual TLS: certificates name the fabric and the rank (pod certificates: security_pod_identity_test.cc) ----
 
 TEST(PeerAuth, MutualTlsBindsTheRankToTheCertificate) {
   const std::string dir = MakeTempDir();
@@ -332,22 +305,41 @@ TEST(PeerAuth, MutualTlsBindsTheRankToTheCertificate) {
   ASSERT_TRUE(fabric.ok()) << fabric.status();
   ASSERT_TRUE((*fabric)->WaitComplete().ok()) << "daemons with certificates for their ranks form a fabric";
 
-  // A certificate from another CA, and a good CA's certificate for rank 0 used by rank 2: neither joins.
+  // A certificate from another CA for rank 2: the daemon starts (its CN fits its rank) but never joins.
   auto wider = FabricUnderTest::Start(3, flags, per_rank);
   ASSERT_TRUE(wider.ok()) << wider.status();
   ASSERT_TRUE((*wider)->WaitComplete().ok());
   (*wider)->Kill(2);
-  for (const std::vector<std::string>& tls :
-       {Issue(rogue, "rogue2", absl::StrCat("epfabric-member:", fabric_id, ":2")), per_rank[0]}) {
-    std::vector<std::string> intruder_flags = {absl::StrCat("--rank=2"), "--world_size=3", "--fabric_id=" + fabric_id,
-                                               "--backend=host", "--coordinator=" + (*wider)->coordinator()};
-    intruder_flags.insert(intruder_flags.end(), kFast.begin(), kFast.end());
-    intruder_flags.insert(intruder_flags.end(), tls.begin(), tls.end());
-    auto intruder = DaemonUnderTest::Start(intruder_flags);
-    ASSERT_TRUE(intruder.ok()) << intruder.status();
-    absl::SleepFor(absl::Milliseconds(1500));
-    EXPECT_NE((*wider)->Fabric(0)->membership().members(2).state(), v1::MEMBER_STATE_UP);
-  }
+  std::vector<std::string> intruder_flags = {absl::StrCat("--rank=2"), "--world_size=3", "--fabric_id=" + fabric_id,
+                                             "--backend=host", "--coordinator=" + (*wider)->coordinator()};
+  intruder_flags.insert(intruder_flags.end(), kFast.begin(), kFast.end());
+  const std::vector<std::string> rogue_tls = Issue(rogue, "rogue2", absl::StrCat("epfabric-member:", fabric_id, ":2"));
+  std::vector<std::string> rogue_flags = intruder_flags;
+  rogue_flags.insert(rogue_flags.end(), rogue_tls.begin(), rogue_tls.end());
+  auto intruder = DaemonUnderTest::Start(rogue_flags);
+  ASSERT_TRUE(intruder.ok()) << intruder.status();
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_NE((*wider)->Fabric(0)->membership().members(2).state(), v1::MEMBER_STATE_UP);
+
+  // The good CA's certificate for rank 0 used as rank 2: the daemon refuses to start (exit 2, naming the
+  // certificate), and a hand-made peer presenting it as rank 2 is refused by the coordinator.
+  std::vector<std::string> stolen_flags = intruder_flags;
+  stolen_flags.insert(stolen_flags.begin(), {DaemonBinary(), "--client_socket=" + dir + "/stolen.sock"});
+  stolen_flags.insert(stolen_flags.end(), per_rank[0].begin(), per_rank[0].end());
+  RunResult stolen = RunBinary(stolen_flags);
+  EXPECT_EQ(stolen.exit_code, 2);
+  EXPECT_THAT(stolen.err, HasSubstr(absl::StrCat("--tls_cert: the certificate (CN 'epfabric-member:", fabric_id,
+                                                 ":0') names rank 0 of fabric ", fabric_id, ", not --rank=2")));
+  auto as_two = v1::Peer::NewStub(TlsPeerChannel(
+      (*wider)->coordinator(), IssueFiles(good, "member0b", absl::StrCat("epfabric-member:", fabric_id, ":0"))));
+  v1::HeartbeatRequest beat;
+  beat.set_fabric_id(fabric_id);
+  beat.set_rank(2);
+  v1::HeartbeatResponse answer;
+  const grpc::Status refused =
+      WithDeadline([&](grpc::ClientContext* c) { return as_two->Heartbeat(c, beat, &answer); });
+  EXPECT_EQ(refused.error_code(), Code::PERMISSION_DENIED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("only rank 2 may call this; the caller is member rank 0"));
 
   // epctl: plaintext and wrong-CA callers are refused; an ops certificate of the fabric reads.
   const std::vector<std::string> ops_tls = Issue(good, "ops", "epfabric-ops:" + fabric_id);

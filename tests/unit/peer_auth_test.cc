@@ -3,6 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -105,7 +108,8 @@ TEST(PeerAuthenticator, SecretModeNeedsAProofAndBindsTheRank) {
       kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 2}, kBody, now), kBody, now);
   ASSERT_TRUE(member.ok()) << member.status();
   EXPECT_TRUE(member->authenticated);
-  EXPECT_EQ(member->rank, 2);
+  EXPECT_EQ(member->first_rank, 2);
+  EXPECT_EQ(member->end_rank, 3);
   auto ops = auth.Check(kJoin, nullptr, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kOps, -1}, kBody, now),
                         kBody, now);
   ASSERT_TRUE(ops.ok());
@@ -118,7 +122,9 @@ TEST(PeerAuthenticator, TlsModeReadsTheRoleFromTheCommonName) {
   const std::string member_cn = daemon::security::MemberCommonName("fab", 5);
   auto member = auth.Check(kJoin, &member_cn, "", kBody, now);
   ASSERT_TRUE(member.ok()) << member.status();
-  EXPECT_EQ(member->rank, 5);
+  EXPECT_EQ(member->first_rank, 5);
+  EXPECT_TRUE(member->ActsAs(5));
+  EXPECT_FALSE(member->ActsAs(4));
   const std::string ops_cn = daemon::security::OpsCommonName("fab");
   EXPECT_EQ(auth.Check(kJoin, &ops_cn, "", kBody, now)->role, PeerRole::kOps);
   for (const std::string cn : {"localhost", "epfabric-member:other:1", "epfabric-member:fab:-1", "epfabric-ops:x"}) {
@@ -138,6 +144,98 @@ TEST(PeerAuthenticator, TlsAndSecretMustNameTheSameRank) {
   auto mismatch = auth.Check(
       kJoin, &cn, common::MakePeerProof(kSecret, "fab", kJoin, {PeerRole::kMember, 0}, kBody, now), kBody, now);
   EXPECT_THAT(mismatch.status().message(), HasSubstr("the certificate names member rank 1"));
+}
+
+// ---- pod certificates (LeaderWorkerSet): the pod's name gives the fabric and the ranks ----
+
+TEST(MemberScope, APodCertificateCoversItsWorkersRanksInItsGroupsFabric) {
+  using daemon::security::MemberScopeOf;
+  auto leader = MemberScopeOf("epfabric-member:moe:pod:moe-0", "moe-0", 2);
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  EXPECT_EQ(leader->first_rank, 0);
+  EXPECT_EQ(leader->end_rank, 2);
+  EXPECT_EQ(leader->Describe(), "pod moe-0 (ranks 0-1)");
+  auto worker = MemberScopeOf("epfabric-member:moe:pod:moe-0-3", "moe-0", 2);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->first_rank, 6);
+  EXPECT_EQ(worker->end_rank, 8);
+  EXPECT_TRUE(worker->Covers(7));
+  EXPECT_FALSE(worker->Covers(8));
+  EXPECT_FALSE(worker->Covers(5));
+  // An LWS name with dashes and digits of its own, a group past 9, 8 GPUs per pod.
+  auto long_name = MemberScopeOf("epfabric-member:ds-v3-2:pod:ds-v3-2-12-5", "ds-v3-2-12", 8);
+  ASSERT_TRUE(long_name.ok()) << long_name.status();
+  EXPECT_EQ(long_name->first_rank, 40);
+  EXPECT_EQ(long_name->end_rank, 48);
+  // The literal rank form still holds.
+  auto literal = MemberScopeOf("epfabric-member:moe-0:3", "moe-0", 2);
+  ASSERT_TRUE(literal.ok()) << literal.status();
+  EXPECT_EQ(literal->Describe(), "rank 3");
+}
+
+TEST(MemberScope, RefusesPodsOfOtherGroupsAndNamesNoLwsPodHas) {
+  using daemon::security::MemberScopeOf;
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"epfabric-member:moe:pod:moe-1-1", "names pod moe-1-1 of fabric moe-1 (LeaderWorkerSet moe group 1), not moe-0"},
+      {"epfabric-member:moe:pod:moe-1", "of fabric moe-1"},
+      // Another LWS whose name ends like a group of this one ("moe-0" group 2's leader): its own CN names it.
+      {"epfabric-member:moe-0:pod:moe-0-2", "of fabric moe-0-2"},
+      {"epfabric-member:moe:pod:other-0-1", "which is no pod of LeaderWorkerSet moe"},
+      {"epfabric-member:moe:pod:moe-0-0", "is not 'moe-<group>' or 'moe-<group>-<worker>'"},
+      {"epfabric-member:moe:pod:moe-0-01", "is not 'moe-<group>'"},
+      {"epfabric-member:moe:pod:moe-00-1", "is not 'moe-<group>'"},
+      {"epfabric-member:moe:pod:moe-0-1-1", "is not 'moe-<group>'"},
+      {"epfabric-member:moe:pod:moe-0-+1", "is not 'moe-<group>'"},
+      {"epfabric-member:moe:pod:moe-0-", "is not 'moe-<group>'"},
+      {"epfabric-member:moe:pod:moe-0-99999", "beyond 4095"},
+      {"epfabric-member::pod:-0-1", "is neither a rank's nor a pod's"},
+      {"epfabric-member:moe:node:moe-0-1", "is neither a rank's nor a pod's"},
+      {"epfabric-member:moe-1:0", "names fabric moe-1, not moe-0"},
+      {"epfabric-member:moe-0:01", "names no rank"},
+      {"epfabric-ops:moe-0", "is not a member's"},
+  };
+  for (const auto& [cn, why] : refused) {
+    auto scope = MemberScopeOf(cn, "moe-0", 2);
+    ASSERT_FALSE(scope.ok()) << cn;
+    EXPECT_EQ(scope.status().code(), absl::StatusCode::kUnauthenticated) << cn;
+    EXPECT_THAT(scope.status().message(), HasSubstr(why)) << cn;
+  }
+  // Without --ranks_per_pod a pod certificate says nothing about ranks: refused, and the message says what is missing.
+  EXPECT_THAT(MemberScopeOf("epfabric-member:moe:pod:moe-0-1", "moe-0", 0).status().message(),
+              HasSubstr("takes no pod certificates (no --ranks_per_pod)"));
+}
+
+TEST(PeerAuthenticator, APodCertificateActsOnlyAsItsPodsRanks) {
+  daemon::security::PeerAuthConfig config{"moe-0", "", /*mutual_tls=*/true, /*insecure=*/false};
+  config.ranks_per_pod = 2;
+  daemon::security::PeerAuthenticator auth(config);
+  const absl::Time now = absl::Now();
+  const std::string worker_cn = "epfabric-member:moe:pod:moe-0-1";
+  auto worker = auth.Check(kJoin, &worker_cn, "", kBody, now);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_TRUE(worker->ActsAs(2));
+  EXPECT_TRUE(worker->ActsAs(3));
+  EXPECT_FALSE(worker->ActsAs(1));
+  EXPECT_FALSE(worker->ActsAs(4));
+  EXPECT_EQ(worker->Describe(), "member pod moe-0-1 (ranks 2-3)");
+  const std::string other_group = "epfabric-member:moe:pod:moe-1-1";
+  auto refused = auth.Check(kJoin, &other_group, "", kBody, now);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(refused.status().message(), HasSubstr("/epfabric.v1.Peer/Join: the certificate's CN"));
+  // With a fabric secret too, the proof's rank must be one of the pod's.
+  daemon::security::PeerAuthConfig both{"moe-0", kSecret, /*mutual_tls=*/true, /*insecure=*/false};
+  both.ranks_per_pod = 2;
+  daemon::security::PeerAuthenticator with_secret(both);
+  EXPECT_TRUE(with_secret
+                  .Check(kJoin, &worker_cn,
+                         common::MakePeerProof(kSecret, "moe-0", kJoin, {PeerRole::kMember, 3}, kBody, now), kBody, now)
+                  .ok());
+  auto outside =
+      with_secret.Check(kJoin, &worker_cn,
+                        common::MakePeerProof(kSecret, "moe-0", kJoin, {PeerRole::kMember, 0}, kBody, now), kBody, now);
+  EXPECT_THAT(outside.status().message(),
+              HasSubstr("the certificate names member pod moe-0-1 (ranks 2-3) but the fabric credential names member "
+                        "rank 0"));
 }
 
 TEST(PeerAuthenticator, AProofIsAcceptedOnceForTheRequestItWasMadeFor) {

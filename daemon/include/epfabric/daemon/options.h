@@ -73,6 +73,10 @@ struct DaemonOptions {
   std::string tls_ca;
   // Name checked in peers' certificates instead of the dialled host.
   std::string tls_target_name;
+  // Ranks (daemons) of one LeaderWorkerSet pod: a pod certificate ("epfabric-member:<lws>:pod:<pod>") covers
+  // [worker x ranks_per_pod, (worker + 1) x ranks_per_pod) (daemon/security/member_identity.h). 0: pod certificates
+  // are refused, this daemon's own included.
+  int ranks_per_pod = 0;
 
   // Transport between hosts (docs/internode.md): "auto" (verbs when a device can register the regions, else
   // socket), "socket" or "verbs".
