@@ -339,6 +339,7 @@ int Main(int64_t main_unix_ns, EarlyCudaContext* early) {
       absl::Status ran = s.low_latency ? RunLowLatencyRound(**buffer, mem, s, round, checks, &stats, graphs.get())
                                        : RunNormalRound(**buffer, mem, s, round, checks, &stats, normal_graphs.get());
       if (!ran.ok()) return ran;
+      if (round == 0) std::cout << "EPF_EVENT rank=" << rank << " running" << std::endl;
       if (both) {
         RoundStats ll_stats;
         if (absl::Status ll = RunLowLatencyRound(*ll_buffer, mem, ll_scenario, round, checks, &ll_stats); !ll.ok()) {
